@@ -1,0 +1,157 @@
+"""Run a profile's rule set over the graph: which tensors get Q/DQ, and why each op does or not.
+
+The result is data: :class:`Annotations` (tensor -> what kind of Q/DQ, read by which consumers)
+and one :class:`Decision` per node (quantized by which rule, or the reason it stays float).
+Nothing here edits the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from onnxq import ir
+from onnxq.backends.profile import BackendProfile
+from onnxq.config import QuantConfig
+from onnxq.rewrites.pattern import Context, Decline, Match, Spec
+from onnxq.rewrites.rules import RULE_SETS
+
+
+@dataclass
+class TensorAnnotation:
+    """The merged specs of one tensor."""
+
+    tensor: str
+    kind: str
+    consumers: list[tuple[str, int]]
+    axis: int | None = None
+    inputs: tuple[str, ...] = ()
+    rules: list[str] = field(default_factory=list)
+    method: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What happened to one node."""
+
+    node: str
+    op_type: str
+    quantized: bool
+    rule: str
+    reason: str = ""
+    tensors: tuple[str, ...] = ()
+
+
+@dataclass
+class Annotations:
+    """Every annotated tensor (in graph order) and a decision per node."""
+
+    tensors: dict[str, TensorAnnotation]
+    decisions: list[Decision]
+
+    def of_kind(self, kind: str) -> list[TensorAnnotation]:
+        return [t for t in self.tensors.values() if t.kind == kind]
+
+
+def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig) -> Annotations:
+    """Match ``profile``'s rule set over ``graph``'s top-level nodes."""
+    ctx = Context(profile, config, graph, shape_path=shape_path(graph, profile))
+    rules = RULE_SETS[profile.rule_set]
+    tensors: dict[str, TensorAnnotation] = {}
+    decisions: list[Decision] = []
+    fused_into: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.name in ctx.claimed:
+            decisions.append(Decision(node.name, node.op_type, True, "fused",
+                                      f"folded into {fused_into.get(node.name, 'its producer')}"
+                                      "'s output quantization"))
+            continue
+        reason = _precheck(node, ctx)
+        if reason:
+            decisions.append(Decision(node.name, node.op_type, False, "", reason))
+            continue
+        candidates = [r for r in rules if node.op_type in r.op_types]
+        if not candidates:
+            decisions.append(Decision(
+                node.name, node.op_type, False, "",
+                f"no {profile.name} rule quantizes {node.op_type}: it stays float"))
+            continue
+        closest: tuple[str, str] | None = None
+        before = set(ctx.claimed)
+        for r in candidates:
+            result = r.annotate(Match(node, graph), ctx)
+            if isinstance(result, Decline):
+                closest = closest or (r.name, result.reason)
+                continue
+            conflict = _conflict(tensors, result)
+            if conflict:
+                closest = closest or (r.name, conflict)
+                ctx.claimed.intersection_update(before)
+                continue
+            for spec in result:
+                _merge(tensors, spec, r.name, config, graph)
+            ctx.claimed.add(node.name)
+            for extra in ctx.claimed - before - {node.name}:
+                fused_into[extra] = node.name
+            decisions.append(Decision(node.name, node.op_type, True, r.name,
+                                      tensors=tuple(s.tensor for s in result)))
+            break
+        else:
+            assert closest is not None
+            decisions.append(Decision(node.name, node.op_type, False, closest[0], closest[1]))
+    return Annotations(tensors, decisions)
+
+
+def _precheck(node, ctx: Context) -> str | None:
+    excluded = ctx.config.node_excluded(node.name, node.op_type)
+    if excluded:
+        return f"excluded by {excluded}"
+    if ir.has_subgraph(node):
+        return (f"{node.op_type} holds subgraphs; onnxq quantizes the top-level graph and "
+                "leaves control-flow bodies float")
+    if node.domain not in ir.DEFAULT_DOMAINS:
+        return f"custom-domain op ({node.domain}) stays float"
+    if node.op_type in ctx.profile.shape_ops or all(
+            t in ctx.shape_path for t in node.output if t):
+        return "shape/index computation: never quantized"
+    return None
+
+
+def _conflict(tensors: dict[str, TensorAnnotation], specs: list[Spec]) -> str | None:
+    for spec in specs:
+        have = tensors.get(spec.tensor)
+        if have is None:
+            continue
+        if have.kind != spec.kind or have.axis != spec.axis:
+            return (f"tensor {spec.tensor!r} is already quantized as {have.kind}"
+                    f"{'' if have.axis is None else f' (axis {have.axis})'} by "
+                    f"{', '.join(sorted(set(have.rules)))}; a second, different spec would clash")
+    return None
+
+
+def _merge(tensors: dict[str, TensorAnnotation], spec: Spec, rule_name: str,
+           config: QuantConfig, graph: ir.Graph) -> None:
+    entry = tensors.get(spec.tensor)
+    if entry is None:
+        entry = TensorAnnotation(spec.tensor, spec.kind, [], spec.axis, spec.inputs)
+        tensors[spec.tensor] = entry
+    for c in spec.consumers:
+        if c not in entry.consumers:
+            entry.consumers.append(c)
+    entry.rules.append(rule_name)
+    if entry.kind == "activation":
+        readers = [(n.name, n.op_type) for n, _ in graph.consumers.get(spec.tensor, [])]
+        entry.method = config.method_for(spec.tensor, readers)
+
+
+def shape_path(graph: ir.Graph, profile: BackendProfile) -> set[str]:
+    """Tensors computed from shapes or indices (downstream of Shape/Size/..., or integer)."""
+    path: set[str] = set()
+    for node in graph.nodes:
+        outs = [o for o in node.output if o]
+        if node.op_type in profile.shape_ops:
+            path.update(outs)
+            continue
+        live = [t for t in node.input if t and not graph.is_const(t)]
+        if live and all(t in path for t in live):
+            path.update(outs)
+    return path

@@ -1,0 +1,182 @@
+"""The pipeline as one readable function: load, simplify, annotate, calibrate, materialize,
+validate, report."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from onnxq import ir
+from onnxq.annotate import Annotations, annotate
+from onnxq.backends.check import check
+from onnxq.backends.profile import PROFILES, BackendProfile
+from onnxq.backends.validate import fidelity, run_outputs
+from onnxq.calibrate import CalibrationResult, calibrate
+from onnxq.config import QuantConfig
+from onnxq.data import model_inputs, open_source
+from onnxq.errors import BackendConstraintError, CalibrationDataError, ConfigError, OutputError
+from onnxq.materialize import materialize
+from onnxq.observers import HISTOGRAM_METHODS, MethodOptions, QParams, activation_qparams
+from onnxq.report import Report
+from onnxq.rewrites.simplify import simplify
+
+ModelLike = str | os.PathLike[str] | onnx.ModelProto
+
+
+@dataclass
+class QuantizedModel:
+    """The result of :func:`quantize`: the Q/DQ model and its report."""
+
+    model: onnx.ModelProto
+    report: Report
+    source: Path | None = None
+
+    def save(self, path: str | os.PathLike[str], report: str | os.PathLike[str] | None = None,
+             external_data: bool | None = None) -> list[Path]:
+        """Write the model (atomically; never over the input file) and optionally the report."""
+        out = Path(path)
+        if self.source is not None and out.resolve() == self.source.resolve():
+            raise OutputError(
+                f"output path {out} is the input model; choose another path (the input is never "
+                "overwritten)"
+            )
+        written = ir.save_model(self.model, out, external_data=external_data)
+        if report is not None:
+            self.report.write(report)
+            written.append(Path(report))
+        return written
+
+
+def resolve_config(config: QuantConfig | str | os.PathLike[str] | dict[str, Any] | None,
+                   **options: Any) -> QuantConfig:
+    """A config from a QuantConfig, a YAML path or a dict, with keyword options on top."""
+    if config is None:
+        base = QuantConfig()
+    elif isinstance(config, QuantConfig):
+        base = config
+    elif isinstance(config, dict):
+        base = QuantConfig.from_dict(config)
+    elif isinstance(config, (str, os.PathLike)):
+        base = QuantConfig.from_yaml(config)
+    else:
+        raise ConfigError(f"config must be a QuantConfig, a dict or a YAML path, got "
+                          f"{type(config).__name__}")
+    given = {k: v for k, v in options.items() if v is not None}
+    return base.replace(**given) if given else base
+
+
+def load(model: ModelLike, profile: BackendProfile) -> tuple[onnx.ModelProto, Path | None]:
+    """Load from a path, or take a copy of an in-memory model (the caller's stays untouched)."""
+    if isinstance(model, onnx.ModelProto):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        ir.check_model(copy, where="model")
+        copy = ir.upgrade_opset(copy, profile.min_opset)
+        ir.name_nodes(copy.graph)
+        return ir.infer_shapes(copy), None
+    if not isinstance(model, (str, os.PathLike)):
+        raise ConfigError(f"model must be a path or an onnx.ModelProto, got {type(model).__name__}")
+    return ir.load_model(model, profile.min_opset), Path(model)
+
+
+def quantize(model: ModelLike, calibration: Any = None, *,
+             backend: str | None = None, method: str | None = None,
+             exclude: Iterable[str] | None = None,
+             config: QuantConfig | str | os.PathLike[str] | dict[str, Any] | None = None,
+             batch_size: int = 1, **options: Any) -> QuantizedModel:
+    """Quantize ``model`` to an INT8 Q/DQ model.
+
+    Args:
+        model: an ONNX file path or an ``onnx.ModelProto`` (never modified).
+        calibration: a folder of ``.npz``/``.npy`` batches, one ``.npz`` with a leading sample
+            axis, or any iterable of ``{input_name: np.ndarray}``.
+        backend: ``tensorrt`` (default) or ``onnxruntime``.
+        method: activation range method (``onnxq.observers.METHODS``).
+        exclude: glob patterns over node names that stay float.
+        config: a :class:`QuantConfig`, a dict of its fields, or a YAML file; the keyword
+            arguments above (and ``options``, any QuantConfig field) override it.
+        batch_size: batch size when ``calibration`` is one ``.npz`` of samples.
+
+    Returns:
+        A :class:`QuantizedModel` with ``.model``, ``.report`` and ``.save(path)``.
+    """
+    cfg = resolve_config(config, backend=backend, method=method,
+                         exclude=tuple(exclude) if exclude is not None else None, **options)
+    profile = PROFILES[cfg.backend]
+    loaded, source = load(model, profile)
+    reference_bytes = ir.serialize(loaded) if ir.model_nbytes(loaded) < ir.PROTO_LIMIT else None
+    passes: list[str] = []
+    if cfg.simplify:
+        loaded, passes = simplify(loaded)
+    graph = ir.Graph(loaded)
+    annotations = annotate(graph, profile, cfg)
+    if calibration is None:
+        raise CalibrationDataError("no calibration data given; pass --calib DATA (a folder of "
+                                   ".npz batches, a .npz of samples, or .npy files)")
+    inputs = model_inputs(graph)
+    source_iter = open_source(calibration, inputs, batch_size)
+    observed = _observed(annotations)
+    result = calibrate(loaded, observed, source_iter, inputs, max_batches=cfg.max_batches,
+                       hold=cfg.fidelity_batches, progress=cfg.progress)
+    qparams, warnings = _qparams(annotations, result, profile, cfg)
+    placed = materialize(loaded, annotations, qparams, profile, cfg)
+    report = Report(
+        model=source.name if source else "<in-memory model>", backend=profile.name,
+        config=cfg.to_dict(), simplify_passes=passes, decisions=annotations.decisions,
+        placed=placed, calibration_batches=result.batches_seen, warnings=warnings)
+    _validate(loaded, reference_bytes, result, profile, report)
+    return QuantizedModel(loaded, report, source)
+
+
+def _observed(annotations: Annotations) -> dict[str, bool]:
+    tensors: dict[str, bool] = {}
+    for ann in annotations.of_kind("activation"):
+        tensors[ann.tensor] = ann.method in HISTOGRAM_METHODS
+    return tensors
+
+
+def _qparams(annotations: Annotations, result: CalibrationResult, profile: BackendProfile,
+             cfg: QuantConfig) -> tuple[dict[str, QParams], list[str]]:
+    opts = MethodOptions(percentile=cfg.percentile)
+    out: dict[str, QParams] = {}
+    warnings: list[str] = []
+    for ann in annotations.of_kind("activation"):
+        stats = result.stats[ann.tensor]
+        if stats.count == 0:
+            warnings.append(f"tensor {ann.tensor!r} produced no float values during calibration; "
+                            "it stays float")
+            continue
+        qp = activation_qparams(stats, ann.method, profile.activation_dtype,
+                                profile.activation_symmetric, opts)
+        if qp.note:
+            warnings.append(f"tensor {ann.tensor!r}: {qp.note}")
+        out[ann.tensor] = qp
+    return out, warnings
+
+
+def _validate(model: onnx.ModelProto, reference_bytes: bytes | None, result: CalibrationResult,
+              profile: BackendProfile, report: Report) -> None:
+    violations = check(model, profile)
+    report.violations = violations
+    if violations:
+        raise BackendConstraintError(
+            f"the quantized model breaks {len(violations)} {profile.name} constraint(s), first: "
+            f"{violations[0]}; this is a bug in onnxq's placement, please report it",
+            violations)
+    report.fidelity_mode = ("onnxruntime, Q/DQ fused into int8 kernels" if
+                            profile.fused_validation else
+                            "onnxruntime, fusion off: the Q/DQ graph's own arithmetic")
+    if not result.held:
+        return
+    quant = run_outputs(model, result.held, profile.fused_validation, "quantized")
+    if reference_bytes is None:
+        report.warnings.append("model too large to keep a float copy: fidelity not measured")
+        return
+    reference = onnx.load_from_string(reference_bytes)
+    ref = run_outputs(reference, result.held, True, "float")
+    report.fidelity = fidelity(ref, quant)

@@ -1,0 +1,144 @@
+"""The static constraint checker: ``check(model, profile)`` lists every violation.
+
+It reads only the graph, so it runs everywhere (no GPU, no TensorRT).  What it enforces comes
+from the profile: symmetric zero points, allowed Q/DQ element types, per-axis scales only on
+constants, the weight axis of each op, the minimum opset for ``axis``, forbidden op types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from onnxq import ir
+from onnxq.backends.profile import BackendProfile
+from onnxq.errors import Violation
+
+QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+def check(model: onnx.ModelProto, profile: BackendProfile) -> list[Violation]:
+    """Every way ``model`` breaks ``profile``'s constraints (empty list: it conforms)."""
+    out: list[Violation] = []
+    opset = ir.opset_version(model)
+    for graph, where in _graphs(model.graph, ""):
+        index = ir.Graph(_as_model(model, graph))
+        for node in graph.node:
+            name = f"{where}{node.name or node.op_type}"
+            if node.op_type in profile.forbidden_ops:
+                out.append(Violation(name, "op_type", f"Q/DQ format (no {node.op_type})",
+                                     node.op_type))
+            if node.op_type in QDQ and node.domain in ir.DEFAULT_DOMAINS:
+                out.extend(_check_qdq(node, name, index, profile, opset))
+    return out
+
+
+def _graphs(graph: onnx.GraphProto, prefix: str) -> Iterator[tuple[onnx.GraphProto, str]]:
+    yield graph, prefix
+    for node in graph.node:
+        for attr in node.attribute:
+            subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subs:
+                yield from _graphs(sub, f"{prefix}{node.name}/{attr.name}/")
+
+
+def _as_model(model: onnx.ModelProto, graph: onnx.GraphProto) -> onnx.ModelProto:
+    if graph is model.graph:
+        return model
+    wrapper = onnx.ModelProto()
+    wrapper.graph.CopyFrom(graph)
+    wrapper.opset_import.extend(model.opset_import)
+    return wrapper
+
+
+def _check_qdq(node: onnx.NodeProto, name: str, g: ir.Graph, profile: BackendProfile,
+               opset: int) -> list[Violation]:
+    v: list[Violation] = []
+    attrs = ir.node_attrs(node)
+    scale_name = node.input[1] if len(node.input) > 1 else ""
+    zp_name = node.input[2] if len(node.input) > 2 else ""
+    scale = g.const_value(scale_name) if scale_name else None
+    if scale is None:
+        v.append(Violation(name, "scale", "a constant initializer", f"non-constant {scale_name!r}"))
+    else:
+        if scale.ndim > 1:
+            v.append(Violation(name, "scale shape", "scalar or 1-D", str(list(scale.shape))))
+        if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+            bad = scale[~(np.isfinite(scale) & (scale > 0))].ravel()[:3].tolist()
+            v.append(Violation(name, "scale", "> 0 and finite", f"{bad}"))
+    if "axis" in attrs and opset < 13:
+        v.append(Violation(name, "axis", "opset >= 13 for the axis attribute", f"opset {opset}"))
+    v.extend(_check_zero_point(node, name, g, profile, zp_name))
+    per_axis = scale is not None and scale.ndim == 1 and scale.size > 1
+    if per_axis:
+        v.extend(_check_per_axis(node, name, g, profile, int(attrs.get("axis", 1)), scale.size))
+    return v
+
+
+def _check_zero_point(node: onnx.NodeProto, name: str, g: ir.Graph, profile: BackendProfile,
+                      zp_name: str) -> list[Violation]:
+    if not zp_name:
+        if node.op_type == "QuantizeLinear" and "uint8" not in profile.allowed_qdq_dtypes:
+            return [Violation(name, "zero_point", "an int8 zero point",
+                              "absent (QuantizeLinear then produces uint8)")]
+        return []
+    zp = g.const_value(zp_name)
+    elem = g.elem_type(zp_name)
+    dtype = TensorProto.DataType.Name(elem).lower() if elem else "unknown"
+    out = []
+    if zp is None:
+        out.append(Violation(name, "zero_point", "a constant", f"non-constant {zp_name!r}"))
+    if dtype not in profile.allowed_qdq_dtypes:
+        out.append(Violation(name, "zero_point dtype",
+                             " or ".join(sorted(profile.allowed_qdq_dtypes)), dtype))
+    if zp is not None and profile.activation_symmetric and np.any(zp != 0):
+        out.append(Violation(name, "zero_point", "0 (symmetric)",
+                             f"{np.unique(zp).ravel()[:3].tolist()}"))
+    return out
+
+
+def _check_per_axis(node: onnx.NodeProto, name: str, g: ir.Graph, profile: BackendProfile,
+                    axis: int, n_scales: int) -> list[Violation]:
+    data = node.input[0]
+    weight = data
+    if not g.is_const(data):
+        producer = g.producer.get(data)
+        if producer is not None and producer.op_type == "QuantizeLinear" and g.is_const(
+                producer.input[0]):
+            weight = producer.input[0]
+        elif not profile.per_axis_activations:
+            return [Violation(name, "scale", "per-tensor for an activation",
+                              f"{n_scales} per-axis scales on non-constant {data!r}")]
+    out = []
+    shape = g.shape(weight)
+    if shape is not None and shape:
+        ax = axis % len(shape)
+        if isinstance(shape[ax], int) and shape[ax] != n_scales:
+            out.append(Violation(name, "scale count", f"dim[{ax}] = {shape[ax]}",
+                                 f"{n_scales} scales"))
+        out.extend(_check_weight_axis(node, name, g, profile, ax, len(shape)))
+    return out
+
+
+def _check_weight_axis(node: onnx.NodeProto, name: str, g: ir.Graph, profile: BackendProfile,
+                       axis: int, rank: int) -> list[Violation]:
+    """The axis of a per-channel weight must be the output-channel axis of its consumer."""
+    tensor = node.output[0]
+    if node.op_type == "QuantizeLinear":  # Q -> DQ on a float weight: look behind the DQ
+        readers = g.consumers.get(tensor, [])
+        if len(readers) != 1:
+            return []
+        tensor = readers[0][0].output[0]
+    out = []
+    for consumer, index in g.consumers.get(tensor, []):
+        spec = profile.weight_axes.get(consumer.op_type)
+        if spec is None or index != spec.input_index:
+            continue
+        want = spec.resolve(ir.node_attrs(consumer), rank)  # type: ignore[arg-type]
+        if want != axis:
+            out.append(Violation(name, "axis", f"{want} (output channels of {consumer.op_type} "
+                                 f"{consumer.name})", str(axis)))
+    return out

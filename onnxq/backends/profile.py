@@ -1,0 +1,129 @@
+"""Backend profiles: what each backend requires and rewards, as data.
+
+Nothing outside ``onnxq/backends`` branches on a backend's name: rules, materialize and the
+checker read these fields.  Sources for every fact: ``BACKENDS.md`` in the design notes
+(TensorRT's ONNX parser, NVIDIA's explicit-quantization guide, onnxruntime's QDQ fusions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class WeightAxis:
+    """Which axis of an op's weight holds the output channels.
+
+    ``axis`` is used unless ``attribute`` is set and present on the node, in which case
+    ``by_attribute[value]`` is used (Gemm: transB=1 -> axis 0, transB=0 -> axis 1).
+    A negative axis counts from the end (MatMul's right-hand side ``[K, N]``: -1).
+    """
+
+    axis: int
+    attribute: str | None = None
+    by_attribute: tuple[tuple[int, int], ...] = ()
+    input_index: int = 1
+
+    def resolve(self, attrs: dict[str, int], rank: int) -> int:
+        """The non-negative axis for a node with these attributes and a weight of ``rank``."""
+        axis = self.axis
+        if self.attribute is not None:
+            value = attrs.get(self.attribute, 0)
+            axis = dict(self.by_attribute).get(value, axis)
+        return axis % rank if rank else 0
+
+
+WEIGHT_AXES: dict[str, WeightAxis] = {
+    "Conv": WeightAxis(0),
+    "ConvTranspose": WeightAxis(1),
+    "Gemm": WeightAxis(1, attribute="transB", by_attribute=((1, 0), (0, 1))),
+    "MatMul": WeightAxis(-1),
+}
+
+# Ops that only move, select or reorder values: their output can share the input's qparams.
+PASSTHROUGH_OPS: frozenset[str] = frozenset(
+    {"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Relu",
+     "Pad", "Gather", "Split", "DepthToSpace", "SpaceToDepth", "Resize", "Identity"}
+)
+
+# Ops that build shapes and indices: everything downstream of them is never quantized.
+SHAPE_OPS: frozenset[str] = frozenset({"Shape", "Size", "NonZero", "Range", "ConstantOfShape"})
+
+
+@dataclass(frozen=True)
+class BackendProfile:
+    """Everything onnxq needs to know about one backend.
+
+    Attributes:
+        name: the ``--backend`` value.
+        activation_dtype: ``int8`` or ``uint8`` for activations.
+        activation_symmetric: zero point fixed at 0 (TensorRT requires it).
+        weight_qmax: largest int8 weight magnitude (127; 63 where 7-bit weights avoid the
+            int16 saturation of onnxruntime's u8s8 kernels on CPUs without VNNI).
+        weight_axes: per-op weight channel axis.
+        rule_set: name of the ordered rule set in ``onnxq.rewrites.rules`` to place Q/DQ.
+        quantize_outputs: whether quantized ops also get Q/DQ on their outputs (onnxruntime
+            needs DQ -> op -> Q groups to fuse an integer kernel; TensorRT does not want it).
+        bias: ``float`` (TensorRT fuses float bias) or ``int32`` (scale = input x weight scale).
+        min_opset: the lowest opset the output may have (13: per-axis Q/DQ).
+        forbidden_ops: op types the backend's parser rejects in a Q/DQ model.
+        allowed_qdq_dtypes: element types a Q/DQ node may produce or read.
+        per_axis_activations: whether per-axis scales are allowed on non-constant tensors.
+        min_channels: Conv/Gemm/MatMul with fewer input or output channels stay float.
+        fused_validation: whether fidelity is measured with onnxruntime's Q/DQ fusion on (the
+            kernels the user will run) or off (the graph's own arithmetic, what TensorRT runs).
+    """
+
+    name: str
+    activation_dtype: str
+    activation_symmetric: bool
+    weight_qmax: int = 127
+    weight_axes: dict[str, WeightAxis] = field(default_factory=lambda: dict(WEIGHT_AXES))
+    rule_set: str = "tensorrt"
+    quantize_outputs: bool = False
+    bias: str = "float"
+    min_opset: int = 13
+    forbidden_ops: frozenset[str] = frozenset()
+    allowed_qdq_dtypes: frozenset[str] = frozenset({"int8"})
+    per_axis_activations: bool = False
+    fused_validation: bool = False
+    min_channels: int = 0
+    passthrough_ops: frozenset[str] = PASSTHROUGH_OPS
+    shape_ops: frozenset[str] = SHAPE_OPS
+
+    def replace(self, **changes: object) -> BackendProfile:
+        """A copy with some fields changed."""
+        import dataclasses
+
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+TENSORRT = BackendProfile(
+    name="tensorrt",
+    activation_dtype="int8",
+    activation_symmetric=True,
+    rule_set="tensorrt",
+    quantize_outputs=False,
+    bias="float",
+    forbidden_ops=frozenset(
+        {"QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QLinearAdd",
+         "QLinearMul", "QLinearConcat", "QLinearGlobalAveragePool", "QLinearSigmoid",
+         "QLinearLeakyRelu", "DynamicQuantizeLinear"}
+    ),
+    allowed_qdq_dtypes=frozenset({"int8"}),
+    fused_validation=False,
+    min_channels=16,
+)
+
+ONNXRUNTIME = BackendProfile(
+    name="onnxruntime",
+    activation_dtype="uint8",
+    activation_symmetric=False,
+    rule_set="onnxruntime",
+    quantize_outputs=True,
+    bias="int32",
+    allowed_qdq_dtypes=frozenset({"int8", "uint8", "int32"}),
+    fused_validation=True,
+)
+
+PROFILES: dict[str, BackendProfile] = {p.name: p for p in (TENSORRT, ONNXRUNTIME)}

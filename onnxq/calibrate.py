@@ -1,0 +1,177 @@
+"""The streaming calibration engine.
+
+One augmented model exposes exactly the tensors to observe as extra outputs; onnxruntime runs
+it batch by batch, each batch's activations go to the tensors' :class:`TensorStats` and are
+dropped.  Memory depends on the number of observed tensors, never on the number of batches.
+When exposing every tensor at once would pass ``memory_budget`` bytes for one batch, the tensors
+are observed in groups, one pass over the data per group (the data must then be re-iterable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from onnxq import ir
+from onnxq.data import Batch, InputSpec, batches_total, check_batch
+from onnxq.errors import CalibrationDataError, UnsupportedModelError
+from onnxq.observers import TensorStats
+
+DEFAULT_MEMORY_BUDGET = 4 * 2**30
+
+
+@dataclass
+class CalibrationResult:
+    """Statistics per observed tensor, and the first batches kept for fidelity checks."""
+
+    stats: dict[str, TensorStats]
+    batches_seen: int
+    held: list[Batch] = field(default_factory=list)
+
+
+def make_session(model: onnx.ModelProto, optimize: bool = True, workdir: Path | None = None):
+    """An onnxruntime CPU session for ``model`` (external data for huge models)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxq-")))
+        payload = ir.session_bytes_or_path(model, workdir)
+        try:
+            return ort.InferenceSession(payload, opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise UnsupportedModelError(
+                f"onnxruntime cannot load the model: {_one_line(exc)}; onnxq calibrates with "
+                "onnxruntime, so the model must run there"
+            ) from None
+
+
+def augmented(model: onnx.ModelProto, graph: ir.Graph, names: list[str]) -> onnx.ModelProto:
+    """A copy of ``model`` whose outputs are exactly ``names`` (weights shared via bytes)."""
+    aug = onnx.ModelProto()
+    outputs = list(model.graph.output)
+    del model.graph.output[:]
+    try:
+        aug.CopyFrom(model)
+    finally:
+        model.graph.output.extend(outputs)
+    for name in names:
+        aug.graph.output.append(graph.value_info(name))
+    return aug
+
+
+def calibrate(
+    model: onnx.ModelProto,
+    tensors: dict[str, bool],
+    source: Iterable[Batch],
+    inputs: list[InputSpec],
+    *,
+    max_batches: int | None = None,
+    hold: int = 0,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    progress: bool = True,
+) -> CalibrationResult:
+    """Observe ``tensors`` (name -> needs a histogram) over the batches of ``source``."""
+    graph = ir.Graph(model)
+    stats = {name: TensorStats(name, histogram=hist) for name, hist in tensors.items()}
+    names = sorted(tensors)
+    groups = _groups(graph, names, memory_budget)
+    if len(groups) > 1 and iter(source) is source:  # type: ignore[comparison-overlap]
+        raise CalibrationDataError(
+            f"observing {len(names)} tensors needs {len(groups)} passes over the data (memory "
+            "budget), but the calibration source can be read only once; pass a folder, a list, "
+            "or raise the memory budget"
+        )
+    held: list[Batch] = []
+    seen = 0
+    for gi, group in enumerate(groups):
+        session = make_session(augmented(model, graph, group)) if group else None
+        label = "calibrating" if len(groups) == 1 else f"calibrating {gi + 1}/{len(groups)}"
+        seen = 0
+        for index, raw in enumerate(_progress(_limit(source, max_batches), label, progress,
+                                              _total(source, max_batches))):
+            batch = check_batch(raw, inputs, index)
+            if gi == 0 and len(held) < hold:
+                held.append(batch)
+            if session is not None:
+                try:
+                    outs = session.run(group, batch)
+                except Exception as exc:
+                    raise CalibrationDataError(
+                        f"calibration batch {index}: onnxruntime failed on it: {_one_line(exc)}"
+                    ) from None
+                for name, value in zip(group, outs, strict=True):
+                    if np.issubdtype(value.dtype, np.floating):
+                        stats[name].update(value, where=f" in calibration batch {index}")
+                del outs
+            seen += 1
+        if seen == 0:
+            raise CalibrationDataError(
+                "the calibration data yielded no batches; give at least one batch"
+            )
+    return CalibrationResult(stats, seen, held)
+
+
+def _groups(graph: ir.Graph, names: list[str], budget: int) -> list[list[str]]:
+    """Split tensors so that one batch of each group stays under ``budget`` bytes."""
+    groups: list[list[str]] = [[]]
+    used = 0
+    for name in names:
+        size = _estimate_bytes(graph, name)
+        if groups[-1] and used + size > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(name)
+        used += size
+    return groups
+
+
+def _estimate_bytes(graph: ir.Graph, name: str) -> int:
+    shape = graph.shape(name)
+    if shape is None:
+        return 4 * 2**20
+    n = 1
+    for d in shape:
+        n *= d if isinstance(d, int) and d > 0 else 64
+    return 4 * n
+
+
+def _limit(source: Iterable[Batch], max_batches: int | None) -> Iterator[Batch]:
+    it = iter(source)
+    return it if max_batches is None else itertools.islice(it, max_batches)
+
+
+def _total(source: Iterable[Batch], max_batches: int | None) -> int | None:
+    total = batches_total(source)
+    if total is None:
+        return max_batches
+    return total if max_batches is None else min(total, max_batches)
+
+
+def _progress(it: Iterator[Batch], label: str, enabled: bool,
+              total: int | None) -> Iterator[Batch]:
+    if not enabled:
+        return it
+    from tqdm import tqdm
+
+    return iter(tqdm(it, desc=label, total=total, unit="batch", file=sys.stderr,
+                     leave=False, dynamic_ncols=True))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:400] if text else type(exc).__name__

@@ -1,0 +1,175 @@
+"""``onnxq``: quantize ONNX models to INT8 Q/DQ, check them against a backend, explain placement.
+
+Exit codes: 0 success; 1 a check found violations; 2 a user error (one line on stderr, no
+traceback, nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from onnxq.errors import OnnxqError
+
+EPILOG = """\
+calibration data (--calib):
+  a folder of .npz files, one batch per file, keys = model input names (file-name order);
+  a folder of .npy files (single-input models); or one .npz whose arrays share a leading
+  sample axis (cut into --batch-size batches).
+
+examples:
+  onnxq quantize model.onnx -o model.int8.onnx --calib calib/
+  onnxq quantize model.onnx -o out.onnx --calib calib/ --backend onnxruntime --report r.json
+  onnxq check model.int8.onnx --backend tensorrt
+  onnxq explain model.onnx --backend tensorrt
+
+exit codes: 0 ok, 1 check found violations, 2 user error (bad input, options or data).
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    from onnxq import __version__
+    from onnxq.observers import METHODS
+
+    p = argparse.ArgumentParser(
+        prog="onnxq", description="Post-training INT8 quantization of ONNX models to Q/DQ "
+        "format that onnxruntime runs and TensorRT accepts.", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"onnxq {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    q = sub.add_parser("quantize", help="quantize a float ONNX model",
+                       description="Quantize a float ONNX model to INT8 Q/DQ.", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    q.add_argument("model", help="float ONNX model (never modified)")
+    q.add_argument("-o", "--output", required=True, help="output .onnx path (written atomically)")
+    q.add_argument("--calib", required=True, metavar="DATA", help="calibration data (see below)")
+    q.add_argument("--backend", choices=("tensorrt", "onnxruntime"),
+                   help="target backend (default tensorrt: symmetric int8, per-channel weights)")
+    q.add_argument("--method", choices=sorted(METHODS),
+                   help="activation range method (default: the config's, else percentile)")
+    q.add_argument("--percentile", type=float, help="percentile kept by --method percentile "
+                   "(default 99.99)")
+    q.add_argument("--config", metavar="FILE.yaml", help="QuantConfig YAML (see docs/config.md)")
+    q.add_argument("--exclude", action="append", metavar="GLOB", default=None,
+                   help="node-name glob that stays float (repeatable)")
+    q.add_argument("--report", metavar="FILE", help="write the report as .json or .html")
+    q.add_argument("--max-batches", type=int, help="use at most N calibration batches")
+    q.add_argument("--batch-size", type=int, default=1,
+                   help="batch size when --calib is one .npz of samples (default 1)")
+    q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
+    q.add_argument("--external-data", action="store_true",
+                   help="store weights in OUT.data beside the model (automatic above 2 GB)")
+    q.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
+
+    c = sub.add_parser("check", help="list backend constraint violations of a Q/DQ model",
+                       description="Check a Q/DQ model against a backend's constraints: zero "
+                       "points, scale values and shapes, per-axis scales only on weights, weight "
+                       "axes, opset, forbidden ops. Exit 1 if any violation.")
+    c.add_argument("model")
+    c.add_argument("--backend", choices=("tensorrt", "onnxruntime"), default="tensorrt")
+
+    e = sub.add_parser("explain", help="per op: quantized (which rule) or why not",
+                       description="Show where onnxq would place Q/DQ and why each op stays "
+                       "float, without calibrating.")
+    e.add_argument("model")
+    e.add_argument("--backend", choices=("tensorrt", "onnxruntime"), default="tensorrt")
+    e.add_argument("--config", metavar="FILE.yaml")
+    e.add_argument("--exclude", action="append", metavar="GLOB", default=None)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``onnxq`` console script."""
+    args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        if args.command == "quantize":
+            return _quantize(args)
+        if args.command == "check":
+            return _check(args)
+        return _explain(args)
+    except OnnxqError as exc:
+        print(f"onnxq: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("onnxq: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    from onnxq.api import quantize
+    from onnxq.errors import OutputError
+
+    out = Path(args.output)
+    if Path(args.model).exists() and out.exists() and out.resolve() == Path(args.model).resolve():
+        raise OutputError(f"output {out} is the input model; choose another path")
+    if not (out.parent if str(out.parent) else Path(".")).is_dir():
+        raise OutputError(f"output folder does not exist: {out.parent}")
+    result = quantize(
+        args.model, args.calib, backend=args.backend, method=args.method, exclude=args.exclude,
+        config=args.config, batch_size=args.batch_size, percentile=args.percentile,
+        max_batches=args.max_batches, simplify=False if args.no_simplify else None,
+        progress=False if args.quiet else None)
+    written = result.save(out, report=args.report,
+                          external_data=True if args.external_data else None)
+    if not args.quiet:
+        print(result.report.summary())
+        print("wrote " + ", ".join(str(w) for w in written))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from onnxq import ir
+    from onnxq.backends.check import check
+    from onnxq.backends.profile import PROFILES
+
+    profile = PROFILES[args.backend]
+    model = ir.load_model(args.model, min_opset=1)
+    violations = check(model, profile)
+    for v in violations:
+        print(v)
+    qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+    print(f"{args.model}: {len(violations)} {profile.name} violation(s), {qdq} Q/DQ nodes")
+    return 1 if violations else 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from onnxq import ir
+    from onnxq.annotate import annotate
+    from onnxq.api import resolve_config
+    from onnxq.backends.profile import PROFILES
+    from onnxq.rewrites.simplify import simplify
+
+    cfg = resolve_config(args.config, backend=args.backend,
+                         exclude=tuple(args.exclude) if args.exclude else None)
+    profile = PROFILES[cfg.backend]
+    model, _ = simplify(ir.load_model(args.model, profile.min_opset))
+    ann = annotate(ir.Graph(model), profile, cfg)
+    width = max((len(d.node) for d in ann.decisions), default=10)
+    for d in ann.decisions:
+        if d.quantized:
+            what = f"quantized by {d.rule}: " + ", ".join(d.tensors) if d.tensors else d.reason
+        else:
+            what = f"float: {d.reason}" + (f" [closest rule: {d.rule}]" if d.rule else "")
+        print(f"{d.node:<{width}}  {d.op_type:<18} {what}")
+    n_q = sum(d.quantized for d in ann.decisions)
+    print(f"{n_q} of {len(ann.decisions)} ops quantized for {profile.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def main_exit() -> None:
+    """Console-script wrapper: exit with :func:`main`'s code."""
+    sys.exit(main())

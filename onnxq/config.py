@@ -1,0 +1,276 @@
+"""QuantConfig: every option of a quantization run, as one frozen, validated value.
+
+The same object is built from CLI flags, from Python keyword arguments and from a YAML file
+(:meth:`QuantConfig.from_yaml`); ``to_yaml`` writes it back so a run can be reproduced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from onnxq.errors import ConfigError
+
+BACKENDS = ("tensorrt", "onnxruntime")
+WEIGHT_STORAGE = ("int8", "qdq")
+
+
+@dataclass(frozen=True)
+class Override:
+    """Per-node settings, matched by glob over node name, op type or tensor name.
+
+    A field left at ``None`` keeps the global setting.  ``exclude=True`` keeps the matched nodes
+    (or, with ``tensor``, the matched tensors) in float.
+    """
+
+    node: str | None = None
+    op_type: str | None = None
+    tensor: str | None = None
+    method: str | None = None
+    exclude: bool = False
+
+    def __post_init__(self) -> None:
+        if self.node is None and self.op_type is None and self.tensor is None:
+            raise ConfigError(
+                "overrides: each entry needs at least one of 'node', 'op_type' or 'tensor' "
+                "(a glob pattern); got an entry with none"
+            )
+        if self.method is not None:
+            _check_method(self.method, "overrides[].method")
+
+    def matches_node(self, node_name: str, op_type: str) -> bool:
+        """True if this override's node/op_type patterns (those given) all match."""
+        if self.tensor is not None and self.node is None and self.op_type is None:
+            return False
+        if self.node is not None and not fnmatch.fnmatchcase(node_name, self.node):
+            return False
+        return self.op_type is None or fnmatch.fnmatchcase(op_type, self.op_type)
+
+    def matches_tensor(self, tensor_name: str) -> bool:
+        """True if this override names tensors and ``tensor_name`` matches."""
+        return self.tensor is not None and fnmatch.fnmatchcase(tensor_name, self.tensor)
+
+
+def _check_method(name: str, where: str) -> None:
+    from onnxq.observers import METHODS
+
+    if name not in METHODS:
+        raise ConfigError(
+            f"{where}: unknown calibration method {name!r}; valid: {', '.join(sorted(METHODS))}"
+        )
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """All options of one quantization run.
+
+    Attributes:
+        backend: ``tensorrt`` (symmetric int8, per-channel weights; the default) or
+            ``onnxruntime`` (Q/DQ groups that onnxruntime's CPU kernels fuse).
+        method: activation range method, a name from ``onnxq.observers.METHODS``.
+        percentile: the percentile kept by the ``percentile`` method (0 < p <= 100).
+        exclude: glob patterns over node names; matching nodes stay float.
+        overrides: per-node/op-type/tensor settings (:class:`Override`).
+        max_batches: use at most this many calibration batches (``None``: all).
+        fidelity_batches: how many calibration batches are kept to measure the quantized model
+            against the float model.
+        weight_storage: ``int8`` (int8 initializer + DequantizeLinear) or ``qdq`` (float
+            initializer + QuantizeLinear -> DequantizeLinear).
+        min_channels: Conv/Gemm/MatMul with fewer input or output channels stay float
+            (INT8 does not pay for them in TensorRT); 0 disables the rule, ``None`` takes the
+            backend profile's default.
+        simplify: run the simplify passes before placing Q/DQ.
+        progress: show progress bars on stderr.
+    """
+
+    backend: str = "tensorrt"
+    method: str = "percentile"
+    percentile: float = 99.99
+    exclude: tuple[str, ...] = ()
+    overrides: tuple[Override, ...] = ()
+    max_batches: int | None = None
+    fidelity_batches: int = 4
+    weight_storage: str = "int8"
+    min_channels: int | None = None
+    simplify: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(
+                f"backend: unknown backend {self.backend!r}; valid: {', '.join(BACKENDS)}"
+            )
+        _check_method(self.method, "method")
+        if not (0.0 < float(self.percentile) <= 100.0):
+            raise ConfigError(f"percentile: must be in (0, 100], got {self.percentile!r}")
+        if self.weight_storage not in WEIGHT_STORAGE:
+            raise ConfigError(
+                f"weight_storage: got {self.weight_storage!r}; valid: {', '.join(WEIGHT_STORAGE)}"
+            )
+        if self.max_batches is not None and self.max_batches < 1:
+            raise ConfigError(f"max_batches: must be >= 1, got {self.max_batches}")
+        if self.fidelity_batches < 0:
+            raise ConfigError(f"fidelity_batches: must be >= 0, got {self.fidelity_batches}")
+        if self.min_channels is not None and self.min_channels < 0:
+            raise ConfigError(f"min_channels: must be >= 0, got {self.min_channels}")
+        # Normalise lists given from Python or YAML into tuples so the config stays hashable.
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+        object.__setattr__(self, "overrides", tuple(self.overrides))
+
+    # -- queries used by the pipeline -------------------------------------------------------
+    def node_excluded(self, node_name: str, op_type: str) -> str | None:
+        """The pattern that keeps this node float, or ``None``."""
+        for pattern in self.exclude:
+            if fnmatch.fnmatchcase(node_name, pattern):
+                return f"--exclude {pattern}"
+        for ov in self.overrides:
+            if ov.exclude and ov.matches_node(node_name, op_type):
+                return f"override {_describe(ov)} exclude"
+        return None
+
+    def tensor_excluded(self, tensor_name: str) -> str | None:
+        """The override that keeps this tensor float, or ``None``."""
+        for ov in self.overrides:
+            if ov.exclude and ov.matches_tensor(tensor_name):
+                return f"override {_describe(ov)} exclude"
+        return None
+
+    def method_for(self, tensor_name: str, consumers: list[tuple[str, str]]) -> str:
+        """The calibration method of a tensor: the last matching override wins.
+
+        ``consumers`` lists ``(node_name, op_type)`` of the nodes that read the tensor.
+        """
+        method = self.method
+        for ov in self.overrides:
+            if ov.method is None:
+                continue
+            if ov.matches_tensor(tensor_name) or any(
+                ov.matches_node(n, t) for n, t in consumers
+            ):
+                method = ov.method
+        return method
+
+    # -- (de)serialisation ------------------------------------------------------------------
+    def replace(self, **changes: Any) -> QuantConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (YAML/JSON-ready), overrides as dicts without ``None`` fields."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "overrides":
+                value = [
+                    {k: v for k, v in dataclasses.asdict(o).items() if v is not None}
+                    for o in value
+                ]
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "config") -> QuantConfig:
+        """Build from a dict, naming unknown keys and wrong types."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected a mapping of options, got {type(data).__name__}")
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in known:
+                raise ConfigError(
+                    f"{where}: unknown key {key!r}; valid keys: {', '.join(sorted(known))}"
+                )
+            kwargs[key] = _coerce(key, value, where)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> QuantConfig:
+        """Load a YAML config file (safe loader: no code runs)."""
+        import yaml
+
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML: {exc}".replace("\n", " ")) from None
+        return cls.from_dict(data or {}, where=str(p))
+
+    def to_yaml(self) -> str:
+        """YAML text that :meth:`from_yaml` reads back to an equal config."""
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "backend": (str,),
+    "method": (str,),
+    "percentile": (int, float),
+    "exclude": (list, tuple),
+    "overrides": (list, tuple),
+    "max_batches": (int, type(None)),
+    "fidelity_batches": (int,),
+    "weight_storage": (str,),
+    "min_channels": (int, type(None)),
+    "simplify": (bool,),
+    "progress": (bool,),
+}
+
+
+def _coerce(key: str, value: Any, where: str) -> Any:
+    expected = _TYPES[key]
+    if isinstance(value, bool) and bool not in expected:
+        raise ConfigError(f"{where}: {key}: expected {_names(expected)}, got a boolean")
+    if not isinstance(value, expected):
+        raise ConfigError(
+            f"{where}: {key}: expected {_names(expected)}, got {type(value).__name__} {value!r}"
+        )
+    if key == "exclude":
+        if not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: exclude: expected a list of glob strings")
+        return tuple(value)
+    if key == "overrides":
+        return tuple(_override(i, v, where) for i, v in enumerate(value))
+    return value
+
+
+def _override(index: int, value: Any, where: str) -> Override:
+    if isinstance(value, Override):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: overrides[{index}]: expected a mapping")
+    valid = {f.name for f in dataclasses.fields(Override)}
+    for key in value:
+        if key not in valid:
+            raise ConfigError(
+                f"{where}: overrides[{index}]: unknown key {key!r}; valid: {', '.join(sorted(valid))}"
+            )
+    for key in ("node", "op_type", "tensor", "method"):
+        if value.get(key) is not None and not isinstance(value[key], str):
+            raise ConfigError(f"{where}: overrides[{index}].{key}: expected a string")
+    if not isinstance(value.get("exclude", False), bool):
+        raise ConfigError(f"{where}: overrides[{index}].exclude: expected true or false")
+    return Override(**value)
+
+
+def _names(types: tuple[type, ...]) -> str:
+    names = {int: "integer", float: "number", str: "string", bool: "boolean", list: "list",
+             tuple: "list", type(None): "null"}
+    return " or ".join(dict.fromkeys(names[t] for t in types))
+
+
+def _describe(ov: Override) -> str:
+    parts = [f"{k}={getattr(ov, k)}" for k in ("node", "op_type", "tensor") if getattr(ov, k)]
+    return "(" + ", ".join(parts) + ")"
+
+
+__all__ = ["BACKENDS", "Override", "QuantConfig"]

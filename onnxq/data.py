@@ -1,0 +1,210 @@
+"""Calibration data sources.
+
+Anything iterable that yields ``{input_name: np.ndarray}`` is a source.  From disk:
+
+* a folder of ``.npz`` files, one batch per file, keys = model input names, read in file-name
+  order;
+* a folder of ``.npy`` files, for single-input models;
+* one ``.npz`` whose arrays share a leading sample axis, cut into batches of ``batch_size``.
+
+Files are read lazily, one batch at a time, with ``allow_pickle=False``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from onnx import helper
+
+from onnxq.errors import CalibrationDataError
+
+Batch = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What the model expects of one input."""
+
+    name: str
+    dtype: np.dtype  # type: ignore[type-arg]
+    shape: tuple[int | str | None, ...] | None
+
+
+def model_inputs(graph: Any) -> list[InputSpec]:
+    """The model's (non-initializer) inputs, from an ``onnxq.ir.Graph``."""
+    specs = []
+    for name in graph.graph_inputs:
+        elem = graph.elem_type(name)
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem)) if elem else np.dtype("float32")
+        specs.append(InputSpec(name, dtype, graph.shape(name)))
+    return specs
+
+
+class NpzFolder:
+    """A folder of ``.npz`` (or ``.npy``) batches, in file-name order; re-iterable."""
+
+    def __init__(self, folder: Path, inputs: list[InputSpec]):
+        self.folder = folder
+        npz = sorted(p for p in folder.iterdir() if p.suffix == ".npz" and p.is_file())
+        npy = sorted(p for p in folder.iterdir() if p.suffix == ".npy" and p.is_file())
+        if npz and npy:
+            raise CalibrationDataError(
+                f"{folder}: holds both .npz and .npy files; keep one kind per folder"
+            )
+        self.files = npz or npy
+        if not self.files:
+            raise CalibrationDataError(
+                f"{folder}: no .npz or .npy files; give a folder of batches (NNNN.npz with one "
+                "array per model input) or a single .npz file"
+            )
+        if npy and len(inputs) != 1:
+            raise CalibrationDataError(
+                f"{folder}: .npy files carry one array, but the model has {len(inputs)} inputs "
+                f"({', '.join(i.name for i in inputs)}); use .npz files keyed by input name"
+            )
+        self.inputs = inputs
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __iter__(self) -> Iterator[Batch]:
+        for path in self.files:
+            yield _read_batch(path, self.inputs)
+
+
+class NpzSamples:
+    """One ``.npz`` whose arrays share a leading sample axis, cut into batches."""
+
+    def __init__(self, path: Path, inputs: list[InputSpec], batch_size: int):
+        self.path = path
+        self.batch_size = batch_size
+        with _open_npz(path) as arrays:
+            self.arrays = {k: arrays[k] for k in arrays.files}
+        lengths = {k: len(v) for k, v in self.arrays.items() if v.ndim > 0}
+        if not lengths or len(set(lengths.values())) != 1:
+            raise CalibrationDataError(
+                f"{path}: arrays must share a leading sample axis; got lengths {lengths}"
+            )
+        self.samples = next(iter(lengths.values()))
+        self.inputs = inputs
+
+    def __len__(self) -> int:
+        return (self.samples + self.batch_size - 1) // self.batch_size
+
+    def __iter__(self) -> Iterator[Batch]:
+        for start in range(0, self.samples, self.batch_size):
+            yield {k: v[start : start + self.batch_size] for k, v in self.arrays.items()}
+
+
+def _open_npz(path: Path) -> Any:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise CalibrationDataError(f"{path}: cannot read as .npz/.npy: {exc}") from None
+
+
+def _read_batch(path: Path, inputs: list[InputSpec]) -> Batch:
+    if path.suffix == ".npy":
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise CalibrationDataError(f"{path}: cannot read as .npy: {exc}") from None
+        return {inputs[0].name: arr}
+    with _open_npz(path) as arrays:
+        try:
+            return {k: arrays[k] for k in arrays.files}
+        except (OSError, ValueError, EOFError) as exc:
+            raise CalibrationDataError(f"{path}: cannot read as .npz: {exc}") from None
+
+
+def open_source(source: Any, inputs: list[InputSpec], batch_size: int = 1) -> Iterable[Batch]:
+    """Turn a path, a mapping or an iterable into an iterable of batches."""
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.exists():
+            raise CalibrationDataError(f"calibration data not found: {path}")
+        if path.is_dir():
+            return NpzFolder(path, inputs)
+        if path.suffix == ".npz":
+            return NpzSamples(path, inputs, batch_size)
+        if path.suffix == ".npy" and len(inputs) == 1:
+            arr = _read_batch(path, inputs)[inputs[0].name]
+            return [{inputs[0].name: arr[i : i + batch_size]}
+                    for i in range(0, len(arr), batch_size)]
+        raise CalibrationDataError(
+            f"{path}: unsupported calibration data; give a folder of .npz/.npy batches or one "
+            ".npz file with a leading sample axis"
+        )
+    if isinstance(source, Mapping):
+        return [dict(source)]
+    if isinstance(source, Iterable):
+        return source
+    raise CalibrationDataError(
+        f"calibration data of type {type(source).__name__} is not supported; give a path or an "
+        "iterable of {input_name: numpy array}"
+    )
+
+
+def check_batch(batch: Any, inputs: list[InputSpec], index: int) -> Batch:
+    """Validate one batch against the model's inputs; returns it with matching dtypes."""
+    where = f"calibration batch {index}"
+    if not isinstance(batch, Mapping):
+        raise CalibrationDataError(
+            f"{where}: expected a dict {{input_name: array}}, got {type(batch).__name__}"
+        )
+    names = {i.name for i in inputs}
+    unknown = sorted(set(batch) - names)
+    missing = sorted(names - set(batch))
+    if unknown or missing:
+        raise CalibrationDataError(
+            f"{where}: input names do not match the model: "
+            + (f"missing {missing}" if missing else "")
+            + ("; " if missing and unknown else "")
+            + (f"unknown {unknown}" if unknown else "")
+            + f" (the model's inputs: {sorted(names)})"
+        )
+    out: Batch = {}
+    for spec in inputs:
+        arr = np.asarray(batch[spec.name])
+        if arr.dtype != spec.dtype:
+            if not np.can_cast(arr.dtype, spec.dtype, casting="same_kind"):
+                raise CalibrationDataError(
+                    f"{where}: input {spec.name!r} has dtype {arr.dtype}, the model expects "
+                    f"{spec.dtype}"
+                )
+            arr = arr.astype(spec.dtype)
+        if spec.shape is not None:
+            _check_shape(arr, spec, where)
+        if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+            raise CalibrationDataError(
+                f"{where}: input {spec.name!r} contains NaN or Inf; clean the data"
+            )
+        out[spec.name] = arr
+    return out
+
+
+def _check_shape(arr: np.ndarray, spec: InputSpec, where: str) -> None:
+    assert spec.shape is not None
+    ok = arr.ndim == len(spec.shape) and all(
+        not isinstance(d, int) or d == got for d, got in zip(spec.shape, arr.shape, strict=False)
+    )
+    if not ok:
+        expected = "[" + ", ".join("?" if not isinstance(d, int) else str(d)
+                                   for d in spec.shape) + "]"
+        raise CalibrationDataError(
+            f"{where}: input {spec.name!r} has shape {list(arr.shape)}, the model expects "
+            f"{expected}"
+        )
+
+
+def batches_total(source: Iterable[Batch]) -> int | None:
+    """The number of batches, if the source knows it."""
+    try:
+        return len(source)  # type: ignore[arg-type]
+    except TypeError:
+        return None

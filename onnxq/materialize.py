@@ -1,0 +1,128 @@
+"""Q/DQ insertion: the only place that writes QuantizeLinear/DequantizeLinear nodes.
+
+Input: the annotations (which tensors, read by which consumers) and qparams per activation.
+Weights get their qparams here, from their own values (symmetric, per channel on the profile's
+axis), and are stored as int8 initializers behind a DequantizeLinear, or as float initializers
+behind Q -> DQ (``weight_storage``).  Only the annotated consumers are rewired to the
+dequantized tensor; other readers keep the float tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from onnxq import ir
+from onnxq.annotate import Annotations, TensorAnnotation
+from onnxq.backends.profile import BackendProfile
+from onnxq.config import QuantConfig
+from onnxq.errors import InternalError
+from onnxq.observers import QParams, quantize_weight, weight_qparams
+
+QDQ_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One tensor that received Q/DQ: its kind and qparams."""
+
+    tensor: str
+    kind: str
+    qparams: QParams
+    consumers: tuple[tuple[str, int], ...]
+
+
+def materialize(model: onnx.ModelProto, annotations: Annotations,
+                activation_qparams: dict[str, QParams], profile: BackendProfile,
+                config: QuantConfig) -> list[Placed]:
+    """Insert Q/DQ into ``model`` (edited in place); returns what was placed, in order."""
+    graph = ir.Graph(model)
+    by_name = {n.name: n for n in graph.nodes}
+    weights: dict[str, QParams] = {}
+    placed: list[Placed] = []
+    for ann in annotations.tensors.values():
+        if ann.kind == "weight":
+            value = graph.const_value(ann.tensor)
+            if value is None:
+                raise InternalError(f"weight {ann.tensor!r} lost its constant value")
+            weights[ann.tensor] = weight_qparams(value, ann.axis, profile.weight_qmax)
+    for ann in annotations.tensors.values():
+        if ann.kind == "activation":
+            qp = activation_qparams.get(ann.tensor)
+            if qp is None:
+                continue  # no statistics (the report says so)
+            out = _qdq(graph, ann.tensor, qp)
+        elif ann.kind == "weight":
+            qp = weights[ann.tensor]
+            out = _weight(graph, ann.tensor, qp, profile, config)
+        else:
+            bias = _bias_qparams(graph, ann, activation_qparams, weights)
+            if bias is None:
+                continue
+            qp, values = bias
+            out = _dequantize_const(graph, ann.tensor, values, qp)
+        for node_name, index in ann.consumers:
+            graph.set_input(by_name[node_name], index, out)
+        placed.append(Placed(ann.tensor, ann.kind, qp, tuple(ann.consumers)))
+    if placed:
+        ir.set_opset(model, QDQ_OPSET)
+    graph.commit()
+    return placed
+
+
+def _consts(graph: ir.Graph, base: str, qp: QParams) -> tuple[str, str]:
+    scale = graph.add_initializer(graph.unique_name(f"{base}_scale"),
+                                  np.asarray(qp.scale, dtype=np.float32))
+    zero = graph.add_initializer(graph.unique_name(f"{base}_zero_point"),
+                                 np.asarray(qp.zero_point))
+    return scale, zero
+
+
+def _qdq(graph: ir.Graph, tensor: str, qp: QParams) -> str:
+    scale, zero = _consts(graph, tensor, qp)
+    attrs = {} if qp.axis is None else {"axis": qp.axis}
+    quantized = graph.unique_name(f"{tensor}_quantized")
+    dequantized = graph.unique_name(f"{tensor}_dequantized")
+    graph.add_node("QuantizeLinear", [tensor, scale, zero], [quantized],
+                   graph.unique_name(f"{tensor}_QuantizeLinear"), **attrs)
+    graph.add_node("DequantizeLinear", [quantized, scale, zero], [dequantized],
+                   graph.unique_name(f"{tensor}_DequantizeLinear"), **attrs)
+    return dequantized
+
+
+def _weight(graph: ir.Graph, tensor: str, qp: QParams, profile: BackendProfile,
+            config: QuantConfig) -> str:
+    if config.weight_storage == "qdq":
+        return _qdq(graph, tensor, qp)
+    value = graph.const_value(tensor)
+    assert value is not None
+    return _dequantize_const(graph, tensor, quantize_weight(value, qp, profile.weight_qmax), qp)
+
+
+def _dequantize_const(graph: ir.Graph, tensor: str, values: np.ndarray, qp: QParams) -> str:
+    stored = graph.add_initializer(graph.unique_name(f"{tensor}_quantized"), values)
+    scale, zero = _consts(graph, tensor, qp)
+    dequantized = graph.unique_name(f"{tensor}_dequantized")
+    attrs = {} if qp.axis is None else {"axis": qp.axis}
+    graph.add_node("DequantizeLinear", [stored, scale, zero], [dequantized],
+                   graph.unique_name(f"{tensor}_DequantizeLinear"), **attrs)
+    return dequantized
+
+
+def _bias_qparams(graph: ir.Graph, ann: TensorAnnotation, acts: dict[str, QParams],
+                  weights: dict[str, QParams]) -> tuple[QParams, np.ndarray] | None:
+    """int32 bias with scale = input scale x weight scale, zero point 0."""
+    x_name, w_name = ann.inputs
+    if x_name not in acts or w_name not in weights:
+        return None
+    bias = graph.const_value(ann.tensor)
+    if bias is None or bias.ndim != 1:
+        return None
+    scale = (acts[x_name].scale.astype(np.float64) * weights[w_name].scale.astype(np.float64))
+    scale = np.broadcast_to(scale, bias.shape).astype(np.float32)
+    scale = np.where(scale > 0, scale, np.float32(1e-8)).astype(np.float32)
+    q = np.clip(np.rint(bias.astype(np.float64) / scale), -(2**31), 2**31 - 1).astype(np.int32)
+    qp = QParams(scale, np.zeros(bias.shape, dtype=np.int32), 0, "derived")
+    return qp, q

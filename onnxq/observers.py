@@ -1,0 +1,329 @@
+"""Observers: streaming statistics of a tensor and the range methods that read them.
+
+One :class:`TensorStats` per observed tensor holds the exact min/max and one histogram; every
+histogram method (percentile, entropy, mse) reads that same histogram, so all of them are
+available from a single pass over the calibration data.
+
+The histogram is signed, over ``[-R, R]`` with :data:`BINS` bins, where ``R`` is always a power of
+two (at least the largest magnitude seen).  When a batch exceeds ``R``, ``R`` doubles and pairs of
+bins merge, which is exact.  Because ``R`` depends only on the largest magnitude seen, never on
+the order or size of batches, the same samples give the same histogram however they are batched,
+and merging two shards' statistics equals observing all the data (``merge``).
+
+Range methods are registered by name in :data:`METHODS`; :func:`get_method` names the valid ones
+when given an unknown name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from onnxq.errors import CalibrationDataError, ConfigError
+
+BINS = 4096  # signed bins over [-R, R]; 2048 per side, as TensorRT's entropy calibrator uses
+_MIN_RANGE = 2.0**-24
+_TINY = 1e-12
+
+
+@dataclass
+class TensorStats:
+    """Streaming min/max and histogram of one tensor (see the module docstring)."""
+
+    name: str
+    histogram: bool = True
+    count: int = 0
+    min: float = math.inf
+    max: float = -math.inf
+    range: float = 0.0  # R, a power of two, 0 until the first non-empty update
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(BINS, dtype=np.int64))
+
+    def update(self, x: np.ndarray, where: str = "") -> None:
+        """Add one batch of values of this tensor."""
+        if x.size == 0:
+            return
+        x = np.asarray(x)
+        if x.dtype != np.float32:
+            x = x.astype(np.float32)
+        lo = float(x.min())
+        hi = float(x.max())
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise CalibrationDataError(
+                f"tensor {self.name!r} has NaN or Inf values{where}; check the calibration data "
+                "(a NaN/Inf input or a model that overflows on it)"
+            )
+        self.count += int(x.size)
+        self.min = min(self.min, lo)
+        self.max = max(self.max, hi)
+        if not self.histogram:
+            return
+        self._grow(max(abs(lo), abs(hi)))
+        scale = BINS / (2.0 * self.range)  # a power of two: the product is exact
+        idx = x.reshape(-1) * np.float32(scale)
+        idx += np.float32(BINS // 2)
+        np.floor(idx, out=idx)
+        np.clip(idx, 0, BINS - 1, out=idx)
+        self.counts += np.bincount(idx.astype(np.int32), minlength=BINS)
+
+    def _grow(self, amax: float) -> None:
+        target = max(_MIN_RANGE, 2.0 ** math.ceil(math.log2(amax))) if amax > 0 else _MIN_RANGE
+        if self.range == 0.0:
+            self.range = target
+            return
+        while self.range < target:
+            merged = self.counts.reshape(-1, 2).sum(axis=1)
+            self.counts = np.zeros(BINS, dtype=np.int64)
+            self.counts[BINS // 4 : BINS // 4 + BINS // 2] = merged
+            self.range *= 2.0
+
+    def merge(self, other: TensorStats) -> TensorStats:
+        """Combine the statistics of two shards of data in place; returns ``self``."""
+        if other.count == 0:
+            return self
+        if self.count == 0:
+            self.count, self.min, self.max = other.count, other.min, other.max
+            self.range, self.counts = other.range, other.counts.copy()
+            return self
+        self.count += other.count
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+        if self.histogram and other.histogram:
+            theirs = TensorStats(self.name, range=other.range, counts=other.counts.copy())
+            target = max(self.range, other.range)
+            self._grow(target)
+            theirs._grow(target)
+            self.counts = self.counts + theirs.counts
+        return self
+
+    # -- views of the histogram -------------------------------------------------------------
+    def abs_histogram(self) -> tuple[np.ndarray, float]:
+        """Counts of |x| in BINS/2 bins over [0, R], and the bin width."""
+        half = BINS // 2
+        folded = self.counts[half:] + self.counts[:half][::-1]
+        return folded, self.range / half
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready dict (for calibration caches)."""
+        nz = np.nonzero(self.counts)[0]
+        return {
+            "count": self.count, "min": self.min, "max": self.max, "range": self.range,
+            "bins": [int(i) for i in nz], "counts": [int(self.counts[i]) for i in nz],
+        }
+
+    @classmethod
+    def from_json(cls, name: str, data: dict) -> TensorStats:  # type: ignore[type-arg]
+        """The inverse of :meth:`to_json`."""
+        stats = cls(name, count=int(data["count"]), min=float(data["min"]),
+                    max=float(data["max"]), range=float(data["range"]))
+        stats.counts[np.asarray(data["bins"], dtype=np.int64)] = np.asarray(
+            data["counts"], dtype=np.int64)
+        return stats
+
+
+# --------------------------------------------------------------------------- range methods
+@dataclass(frozen=True)
+class MethodOptions:
+    """Knobs of the range methods."""
+
+    percentile: float = 99.99
+    num_quant_levels: int = 128  # magnitudes representable on one side (int8: 128)
+
+
+RangeFn = Callable[[TensorStats, bool, MethodOptions], tuple[float, float]]
+
+
+def _minmax(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tuple[float, float]:
+    return stats.min, stats.max
+
+
+def _percentile(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tuple[float, float]:
+    p = opts.percentile / 100.0
+    if symmetric:
+        hist, width = stats.abs_histogram()
+        amax = _quantile_edge(hist, width, 0.0, p)
+        amax = min(amax, max(abs(stats.min), abs(stats.max)))
+        return -amax, amax
+    width = 2.0 * stats.range / BINS
+    lo = _quantile_edge(stats.counts, width, -stats.range, (1.0 - p) / 2.0, upper=False)
+    hi = _quantile_edge(stats.counts, width, -stats.range, 1.0 - (1.0 - p) / 2.0)
+    return max(lo, stats.min), min(hi, stats.max)
+
+
+def _quantile_edge(hist: np.ndarray, width: float, start: float, q: float,
+                   upper: bool = True) -> float:
+    total = hist.sum()
+    if total == 0:
+        return 0.0
+    cdf = np.cumsum(hist)
+    i = int(np.searchsorted(cdf, q * total, side="left"))
+    i = min(i, len(hist) - 1)
+    return start + (i + 1) * width if upper else start + i * width
+
+
+def _entropy(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tuple[float, float]:
+    """TensorRT's calibrator: the |x| threshold whose quantized distribution has least KL."""
+    hist, width = stats.abs_histogram()
+    nz = np.nonzero(hist)[0]
+    if nz.size == 0:
+        return 0.0, 0.0
+    last = int(nz[-1]) + 1
+    levels = opts.num_quant_levels
+    if last <= levels:
+        amax = last * width
+    else:
+        amax = _kl_threshold(hist[:last].astype(np.float64), levels) * width
+    amax = min(amax, max(abs(stats.min), abs(stats.max)))
+    if symmetric:
+        return -amax, amax
+    return max(stats.min, -amax), min(stats.max, amax)
+
+
+def _kl_threshold(hist: np.ndarray, levels: int) -> int:
+    """Number of bins to keep (TensorRT's entropy calibration, evaluated over a stride)."""
+    n = len(hist)
+    step = max(1, (n - levels) // 256)
+    best_i, best_kl = n, math.inf
+    total_tail = np.concatenate([np.cumsum(hist[::-1])[::-1], [0.0]])
+    for i in range(levels, n + 1, step):
+        p = hist[:i].copy()
+        p[-1] += total_tail[i]  # clip the outliers into the last kept bin
+        # merge i bins into `levels` groups, then expand back over the non-empty bins
+        edges = np.linspace(0, i, levels + 1).astype(np.int64)
+        sums = np.add.reduceat(hist[:i], edges[:-1])
+        nonzero = (hist[:i] > 0).astype(np.float64)
+        counts = np.add.reduceat(nonzero, edges[:-1])
+        avg = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
+        q = np.repeat(avg, np.diff(edges)) * nonzero
+        kl = _kl(p, q)
+        if kl < best_kl:
+            best_kl, best_i = kl, i
+    return best_i
+
+
+def _kl(p: np.ndarray, q: np.ndarray) -> float:
+    ps, qs = p.sum(), q.sum()
+    if ps == 0 or qs == 0:
+        return math.inf
+    p = p / ps
+    q = q / qs
+    mask = p > 0
+    if np.any(q[mask] == 0):
+        return math.inf
+    return float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
+
+
+def _mse(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tuple[float, float]:
+    """The |x| clip value minimising expected squared error (rounding inside, clipping out)."""
+    hist, width = stats.abs_histogram()
+    nz = np.nonzero(hist)[0]
+    if nz.size == 0:
+        return 0.0, 0.0
+    last = int(nz[-1]) + 1
+    centers = (np.arange(last) + 0.5) * width
+    counts = hist[:last].astype(np.float64)
+    candidates = np.unique(np.linspace(max(1, last // 32), last, 128).astype(np.int64)) * width
+    amax = max(abs(stats.min), abs(stats.max))
+    candidates = np.minimum(candidates, amax)
+    step = candidates / (opts.num_quant_levels - 1)
+    clipped = np.maximum(centers[None, :] - candidates[:, None], 0.0)
+    inside = centers[None, :] <= candidates[:, None]
+    err = np.where(inside, (step[:, None] ** 2) / 12.0, clipped**2) @ counts
+    best = float(candidates[int(np.argmin(err))])
+    if symmetric:
+        return -best, best
+    return max(stats.min, -best), min(stats.max, best)
+
+
+METHODS: dict[str, RangeFn] = {
+    "minmax": _minmax,
+    "percentile": _percentile,
+    "entropy": _entropy,
+    "mse": _mse,
+}
+HISTOGRAM_METHODS = frozenset({"percentile", "entropy", "mse"})
+
+
+def get_method(name: str) -> RangeFn:
+    """The range method registered as ``name``."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown calibration method {name!r}; valid: {', '.join(sorted(METHODS))}"
+        ) from None
+
+
+# --------------------------------------------------------------------------- qparams
+@dataclass(frozen=True)
+class QParams:
+    """Scale and zero point of one tensor (scalars, or 1-D along ``axis`` for weights)."""
+
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int | None = None
+    method: str = ""
+    low: float = 0.0
+    high: float = 0.0
+    note: str = ""
+
+
+def activation_qparams(stats: TensorStats, method: str, dtype: str, symmetric: bool,
+                       opts: MethodOptions | None = None) -> QParams:
+    """Per-tensor qparams of an activation from its statistics."""
+    opts = opts or MethodOptions()
+    lo, hi = get_method(method)(stats, symmetric, opts)
+    return range_to_qparams(lo, hi, dtype, symmetric, method)
+
+
+def range_to_qparams(lo: float, hi: float, dtype: str, symmetric: bool,
+                     method: str = "") -> QParams:
+    """Scale and zero point that cover ``[lo, hi]`` (always including 0)."""
+    note = ""
+    if symmetric:
+        amax = max(abs(lo), abs(hi))
+        if amax < _TINY:
+            amax, note = 1.0, "constant zero on the calibration data: scale set to 1/127"
+        qmax = 127.0
+        scale = np.float32(amax / qmax)
+        zp = np.zeros((), dtype=np.int8 if dtype == "int8" else np.uint8)
+        if dtype == "uint8":  # symmetric uint8 is centred on 128
+            scale = np.float32(amax / 127.5)
+            zp = np.array(128, dtype=np.uint8)
+        return QParams(np.asarray(scale, np.float32), zp, None, method, -amax, amax, note)
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    if hi - lo < _TINY:
+        lo, hi, note = -1.0, 1.0, "constant zero on the calibration data: range set to [-1, 1]"
+    qmin, qmax = (0, 255) if dtype == "uint8" else (-128, 127)
+    scale = np.float32((hi - lo) / (qmax - qmin))
+    zp = int(np.clip(round(qmin - lo / float(scale)), qmin, qmax))
+    zp_arr = np.array(zp, dtype=np.uint8 if dtype == "uint8" else np.int8)
+    return QParams(np.asarray(scale, np.float32), zp_arr, None, method, lo, hi, note)
+
+
+def weight_qparams(weight: np.ndarray, axis: int | None, qmax: int = 127) -> QParams:
+    """Symmetric int8 qparams of a weight, per channel along ``axis`` (or per tensor)."""
+    w = np.asarray(weight, dtype=np.float32)
+    if axis is None:
+        amax = np.asarray(np.abs(w).max() if w.size else 0.0, dtype=np.float32)
+    else:
+        reduce = tuple(i for i in range(w.ndim) if i != axis)
+        amax = np.abs(w).max(axis=reduce) if w.size else np.zeros(w.shape[axis], np.float32)
+    amax = np.where(amax > _TINY, amax, np.float32(1.0)).astype(np.float32)
+    scale = (amax / np.float32(qmax)).astype(np.float32)
+    zp = np.zeros(scale.shape, dtype=np.int8)
+    return QParams(scale, zp, axis, "minmax", float(-amax.max()), float(amax.max()))
+
+
+def quantize_weight(weight: np.ndarray, qp: QParams, qmax: int = 127) -> np.ndarray:
+    """int8 values of ``weight`` under ``qp`` (round half to even, as QuantizeLinear)."""
+    w = np.asarray(weight, dtype=np.float32)
+    scale = qp.scale
+    if qp.axis is not None:
+        shape = [1] * w.ndim
+        shape[qp.axis] = -1
+        scale = scale.reshape(shape)
+    q = np.rint(w / scale)
+    return np.clip(q, -qmax, qmax).astype(np.int8)

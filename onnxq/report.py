@@ -1,0 +1,169 @@
+"""The report: what was quantized (with qparams and observer), what was not and why, fidelity.
+
+The same inputs give the same bytes: no timestamps, no absolute paths, lists in graph order.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxq.annotate import Decision
+from onnxq.backends.validate import OutputFidelity
+from onnxq.errors import Violation
+from onnxq.materialize import Placed
+
+
+@dataclass
+class Report:
+    """Everything a user needs to trust (or debug) a quantized model."""
+
+    model: str
+    backend: str
+    config: dict[str, Any]
+    simplify_passes: list[str] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    placed: list[Placed] = field(default_factory=list)
+    calibration_batches: int = 0
+    fidelity: list[OutputFidelity] = field(default_factory=list)
+    fidelity_mode: str = ""
+    violations: list[Violation] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    # -- views ---------------------------------------------------------------------------
+    @property
+    def quantized_ops(self) -> list[Decision]:
+        """Nodes that got Q/DQ."""
+        return [d for d in self.decisions if d.quantized]
+
+    @property
+    def float_ops(self) -> list[Decision]:
+        """Nodes left float, each with its reason."""
+        return [d for d in self.decisions if not d.quantized]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        from onnxq import __version__
+
+        return {
+            "onnxq_version": __version__,
+            "model": self.model,
+            "backend": self.backend,
+            "config": self.config,
+            "simplify_passes": self.simplify_passes,
+            "summary": {
+                "ops": len(self.decisions),
+                "quantized_ops": len(self.quantized_ops),
+                "float_ops": len(self.float_ops),
+                "quantized_tensors": len(self.placed),
+                "calibration_batches": self.calibration_batches,
+            },
+            "quantized_tensors": [_placed(p) for p in self.placed],
+            "quantized_ops": [
+                {"node": d.node, "op_type": d.op_type, "rule": d.rule, "tensors": list(d.tensors),
+                 **({"note": d.reason} if d.reason else {})}
+                for d in self.quantized_ops
+            ],
+            "float_ops": [
+                {"node": d.node, "op_type": d.op_type, "reason": d.reason,
+                 **({"closest_rule": d.rule} if d.rule else {})}
+                for d in self.float_ops
+            ],
+            "fidelity": {"mode": self.fidelity_mode,
+                         "outputs": [asdict(f) for f in self.fidelity]},
+            "violations": [asdict(v) for v in self.violations],
+            "warnings": self.warnings,
+        }
+
+    def to_json(self) -> str:
+        """Deterministic JSON text."""
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+
+    def summary(self) -> str:
+        """A few readable lines for the terminal."""
+        lines = [
+            f"backend {self.backend}: {len(self.quantized_ops)} of {len(self.decisions)} ops "
+            f"quantized, {len(self.placed)} tensors with Q/DQ, "
+            f"{self.calibration_batches} calibration batches",
+        ]
+        reasons: dict[str, int] = {}
+        for d in self.float_ops:
+            reasons[f"{d.op_type}: {d.reason}"] = reasons.get(f"{d.op_type}: {d.reason}", 0) + 1
+        if reasons:
+            lines.append("left float:")
+            for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:12]:
+                lines.append(f"  {count:4d} x {reason}")
+            if len(reasons) > 12:
+                lines.append(f"  ... {len(reasons) - 12} more reasons in the report file")
+        for f in self.fidelity:
+            lines.append(f"fidelity {f.name} ({self.fidelity_mode}): cosine {f.cosine:.6f}, "
+                         f"max abs error {f.max_abs_error:.4g} (float range {f.float_max_abs:.4g})")
+        lines.extend(f"warning: {w}" for w in self.warnings)
+        return "\n".join(lines)
+
+    def to_html(self) -> str:
+        """A self-contained HTML page of the same content."""
+        d = self.to_dict()
+        esc = html.escape
+
+        def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+            head = "".join(f"<th>{esc(c)}</th>" for c in cols)
+            body = "".join(
+                "<tr>" + "".join(f"<td>{esc(_short(r.get(c, '')))}</td>" for c in cols) + "</tr>"
+                for r in rows)
+            return f"<table><tr>{head}</tr>{body}</table>"
+
+        return (
+            "<!doctype html><meta charset='utf-8'><title>onnxq report</title>"
+            "<style>body{font-family:sans-serif}td,th{border:1px solid #ccc;padding:2px 6px}"
+            "table{border-collapse:collapse;margin-bottom:1em}</style>"
+            f"<h1>onnxq report: {esc(self.model)}</h1><pre>{esc(self.summary())}</pre>"
+            "<h2>Quantized tensors</h2>"
+            + table(d["quantized_tensors"], ["tensor", "kind", "method", "scale", "zero_point",
+                                             "axis", "range"])
+            + "<h2>Float ops</h2>" + table(d["float_ops"], ["node", "op_type", "reason"])
+            + "<h2>Fidelity</h2>" + table(d["fidelity"]["outputs"],
+                                          ["name", "cosine", "max_abs_error"])
+        )
+
+    def write(self, path: str | Path) -> None:
+        """Write as JSON, or HTML for a ``.html`` path (atomically)."""
+        from onnxq.ir import atomic_write_bytes
+
+        p = Path(path)
+        text = self.to_html() if p.suffix.lower() in (".html", ".htm") else self.to_json()
+        atomic_write_bytes(p, text.encode("utf-8"))
+
+
+def _placed(p: Placed) -> dict[str, Any]:
+    qp = p.qparams
+    scale = np.asarray(qp.scale, dtype=np.float64)
+    zp = np.asarray(qp.zero_point)
+    out: dict[str, Any] = {
+        "tensor": p.tensor,
+        "kind": p.kind,
+        "method": qp.method,
+        "dtype": str(zp.dtype),
+        "scale": float(scale) if scale.ndim == 0 else [float(s) for s in scale],
+        "zero_point": int(zp) if zp.ndim == 0 else sorted({int(z) for z in zp.ravel()}),
+        "axis": qp.axis,
+        "range": [float(qp.low), float(qp.high)],
+        "consumers": [f"{n}:{i}" for n, i in p.consumers],
+    }
+    if qp.note:
+        out["note"] = qp.note
+    return out
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, list) and len(value) > 4:
+        return f"[{', '.join(f'{v:.4g}' if isinstance(v, float) else str(v) for v in value[:3])}"\
+               f", ... {len(value)} values]"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)

@@ -1,0 +1,222 @@
+"""Placement rules and the ordered rule sets that backend profiles name.
+
+Each rule anchors on one op type family and says which of the node's tensors get Q/DQ.  Order
+is priority: the first rule of a node's op type that does not decline claims the node.  What a
+rule needs to know about the backend (weight axes, whether outputs are quantized, bias mode,
+channel thresholds) comes from the profile, never from a branch on the backend's name.
+"""
+
+from __future__ import annotations
+
+from onnx import TensorProto
+
+from onnxq.rewrites.pattern import Context, Decline, Match, Rule, Spec, rule
+
+CONV_LIKE = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+
+
+# --------------------------------------------------------------------------- helpers
+def activation_problem(m: Match, ctx: Context, tensor: str) -> str | None:
+    """Why ``tensor`` cannot be quantized as an activation (``None`` if it can)."""
+    g = ctx.graph
+    if not tensor:
+        return "the input is missing"
+    if g.is_const(tensor):
+        return f"input {tensor!r} is a constant, not an activation"
+    elem = g.elem_type(tensor)
+    if elem is not None and elem != TensorProto.FLOAT:
+        return f"tensor {tensor!r} is {TensorProto.DataType.Name(elem).lower()}, not float32"
+    if tensor in ctx.shape_path:
+        return f"tensor {tensor!r} is part of a shape/index computation"
+    excluded = ctx.config.tensor_excluded(tensor)
+    if excluded:
+        return f"tensor {tensor!r} excluded by {excluded}"
+    return None
+
+
+def activation(m: Match, index: int) -> Spec:
+    return Spec(m.input(index), "activation", ((m.name, index),))
+
+
+def weight_spec(m: Match, ctx: Context, index: int) -> Spec | Decline:
+    """Per-channel spec of the constant weight at input ``index`` (axis from the profile)."""
+    name = m.input(index)
+    value = ctx.graph.const_value(name)
+    if value is None:
+        return Decline(f"weight {name!r} is not a constant")
+    if value.dtype != "float32":
+        return Decline(f"weight {name!r} is {value.dtype}, not float32")
+    where = ctx.profile.weight_axes.get(m.node.op_type)
+    axis = None
+    if where is not None and value.ndim >= 1:
+        if m.node.op_type == "MatMul" and value.ndim != 2:
+            axis = None  # batched right-hand side: one scale per tensor
+        else:
+            axis = where.resolve(m.attrs(), value.ndim)  # type: ignore[arg-type]
+    return Spec(name, "weight", ((m.name, index),), axis=axis)
+
+
+def output_specs(m: Match, ctx: Context, output: str) -> list[Spec]:
+    """Q/DQ on the node's output (read by all consumers), unless it is a graph output."""
+    g = ctx.graph
+    if output in g.graph_outputs or activation_problem(m, ctx, output):
+        return []
+    readers = tuple((n.name, i) for n, i in g.consumers.get(output, []))
+    if not readers or output in g.subgraph_reads:
+        return []
+    return [Spec(output, "activation", readers)]
+
+
+def fused_activation_output(m: Match, ctx: Context) -> str:
+    """The tensor whose quantization onnxruntime folds the op's ReLU/Clip into, if any."""
+    out = m.node.output[0]
+    readers = ctx.graph.consumers.get(out, [])
+    if len(readers) == 1 and out not in ctx.graph.graph_outputs:
+        nxt, _ = readers[0]
+        if nxt.op_type in ("Relu", "Clip") and nxt.name not in ctx.claimed:
+            ctx.claimed.add(nxt.name)
+            return nxt.output[0]
+    return out
+
+
+def small_decline(op: str, k: int, n: int, ctx: Context) -> Decline | None:
+    limit = ctx.min_channels
+    if limit and (k < limit or n < limit):
+        return Decline(
+            f"{op} with {k} input / {n} output channels (< min_channels={limit}): INT8 does not "
+            "pay for it, it stays float"
+        )
+    return None
+
+
+def weighted_op(m: Match, ctx: Context, k: int, n: int) -> list[Spec] | Decline:
+    """Activation input 0 + weight input 1 (+ int32 bias, output Q/DQ where the profile asks)."""
+    problem = activation_problem(m, ctx, m.input(0))
+    if problem:
+        return Decline(problem)
+    small = small_decline(m.node.op_type, k, n, ctx)
+    if small:
+        return small
+    w = weight_spec(m, ctx, 1)
+    if isinstance(w, Decline):
+        return w
+    specs = [activation(m, 0), w]
+    bias = m.input(2)
+    if bias and ctx.profile.bias == "int32" and ctx.graph.const_value(bias) is not None:
+        specs.append(Spec(bias, "bias", ((m.name, 2),), axis=0, inputs=(m.input(0), m.input(1))))
+    if ctx.profile.quantize_outputs:
+        specs += output_specs(m, ctx, fused_activation_output(m, ctx))
+    return specs
+
+
+# --------------------------------------------------------------------------- rules
+@rule("conv", "Conv", "ConvTranspose")
+def conv(m: Match, ctx: Context) -> list[Spec] | Decline:
+    """Conv/ConvTranspose: activation per-tensor, weight per output channel."""
+    w = ctx.graph.const_value(m.input(1))
+    if w is None or w.ndim < 3:
+        return Decline(f"weight {m.input(1)!r} is not a constant of rank >= 3")
+    group = int(m.attrs().get("group", 1))  # type: ignore[call-overload]
+    if m.node.op_type == "Conv":
+        out_c, in_c = w.shape[0], w.shape[1] * group
+    else:
+        in_c, out_c = w.shape[0], w.shape[1] * group
+    if group > 1 and ctx.min_channels:
+        kernel = min(w.shape[2:])
+        if out_c % 8 or kernel < 3:
+            return Decline(
+                f"grouped conv (group={group}) with {out_c} output channels and kernel {kernel}: "
+                "INT8 pays only when out_channels % 8 == 0 and kernel >= 3"
+            )
+        return weighted_op(m, ctx, max(in_c, ctx.min_channels), out_c)
+    return weighted_op(m, ctx, in_c, out_c)
+
+
+@rule("gemm", "Gemm")
+def gemm(m: Match, ctx: Context) -> list[Spec] | Decline:
+    """Gemm with a constant B: A per-tensor, B per output channel (axis from transB)."""
+    b = ctx.graph.const_value(m.input(1))
+    if b is None or b.ndim != 2:
+        return Decline("B is not a constant matrix (activation x activation Gemm stays float)")
+    trans_b = int(m.attrs().get("transB", 0))  # type: ignore[call-overload]
+    k, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+    return weighted_op(m, ctx, k, n)
+
+
+@rule("matmul", "MatMul")
+def matmul(m: Match, ctx: Context) -> list[Spec] | Decline:
+    """MatMul with a constant right-hand side [K, N]: weight per column (axis 1)."""
+    b = ctx.graph.const_value(m.input(1))
+    if b is None:
+        return Decline(
+            "activation x activation MatMul (attention core) stays float by default"
+        )
+    if b.ndim < 2:
+        return Decline("right-hand side is a vector (GEMV): INT8 does not pay")
+    return weighted_op(m, ctx, b.shape[-2], b.shape[-1])
+
+
+@rule("residual_add", "Add")
+def residual_add(m: Match, ctx: Context) -> list[Spec] | Decline:
+    """Residual Add: Q/DQ on the skip input only, so the Add fuses into the conv's epilogue."""
+    g = ctx.graph
+    a, b = m.input(0), m.input(1)
+    for t in (a, b):
+        problem = activation_problem(m, ctx, t)
+        if problem:
+            return Decline(problem)
+    if g.shape(a) is not None and g.shape(a) != g.shape(b):
+        return Decline("inputs have different shapes (broadcast Add is not a residual)")
+
+    def fusable(t: str) -> bool:
+        producer = g.producer.get(t)
+        return (producer is not None and producer.op_type in CONV_LIKE
+                and producer.name in ctx.claimed and len(g.consumers.get(t, [])) == 1)
+
+    if fusable(a):
+        return [activation(m, 1)]
+    if fusable(b):
+        return [activation(m, 0)]
+    return Decline("neither input comes straight from a quantized Conv/Gemm/MatMul, so the Add "
+                   "cannot fuse as a residual; it stays float")
+
+
+@rule("binary", "Add", "Mul")
+def binary(m: Match, ctx: Context) -> list[Spec] | Decline:
+    """Add/Mul of two activations with input and output Q/DQ (QLinearAdd/QLinearMul)."""
+    for index in (0, 1):
+        problem = activation_problem(m, ctx, m.input(index))
+        if problem:
+            return Decline(problem)
+    return [activation(m, 0), activation(m, 1), *output_specs(m, ctx, m.node.output[0])]
+
+
+@rule("concat", "Concat")
+def concat(m: Match, ctx: Context) -> list[Spec] | Decline:
+    """Concat of activations with input and output Q/DQ (QLinearConcat)."""
+    for index in range(len(m.node.input)):
+        problem = activation_problem(m, ctx, m.input(index))
+        if problem:
+            return Decline(problem)
+    outs = output_specs(m, ctx, m.node.output[0])
+    if not outs:
+        return Decline("its output is a graph output or unread; the concat stays float")
+    return [activation(m, i) for i in range(len(m.node.input))] + outs
+
+
+@rule("unary", "GlobalAveragePool", "AveragePool", "Sigmoid", "LeakyRelu")
+def unary(m: Match, ctx: Context) -> list[Spec] | Decline:
+    """Ops onnxruntime runs as QLinear kernels: input and output Q/DQ."""
+    problem = activation_problem(m, ctx, m.input(0))
+    if problem:
+        return Decline(problem)
+    outs = output_specs(m, ctx, m.node.output[0])
+    if not outs:
+        return Decline("its output is a graph output or unread; no integer kernel to fuse")
+    return [activation(m, 0), *outs]
+
+
+RULE_SETS: dict[str, tuple[Rule, ...]] = {
+    "tensorrt": (conv, gemm, matmul, residual_add),
+    "onnxruntime": (conv, gemm, matmul, binary, concat, unary),
+}

@@ -1,0 +1,211 @@
+"""Simplify passes: make weights visible as constants and remove what Q/DQ placement trips on.
+
+Each pass takes an :class:`onnxq.ir.Graph`, edits it through its methods and returns whether it
+changed anything; :func:`simplify` runs them to a fixed point.  Every pass keeps the model's
+outputs numerically equal (to float rounding) to the input's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnxq import ir
+from onnxq.errors import OnnxqError, UnsupportedModelError
+
+Pass = Callable[[ir.Graph], bool]
+
+NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
+                              "RandomUniformLike", "Multinomial", "Bernoulli"})
+FOLD_LIMIT_BYTES = 64 * 2**20
+
+
+def constants_to_initializers(graph: ir.Graph) -> bool:
+    """``Constant`` nodes become initializers (both are weights to the rules)."""
+    moved = []
+    for name, node in graph.constant_nodes.items():
+        if name in graph.graph_outputs:
+            continue
+        value = ir.constant_node_value(node)
+        if value is None:
+            continue
+        graph.add_initializer(name, value)
+        moved.append(node)
+    graph.remove_nodes(moved)
+    return bool(moved)
+
+
+def remove_identities(graph: ir.Graph) -> bool:
+    """Drop Identity and inference-mode Dropout, rewiring their readers."""
+    doomed = []
+    for node in graph.nodes:
+        if node.op_type not in ("Identity", "Dropout") or node.domain not in ir.DEFAULT_DOMAINS:
+            continue
+        if node.op_type == "Dropout":
+            if any(node.output[1:]) and any(graph.consumers.get(o) for o in node.output[1:] if o):
+                continue
+            if len(node.input) > 2 and node.input[2]:
+                mode = graph.const_value(node.input[2])
+                if mode is None or bool(mode):
+                    continue
+        out, src = node.output[0], node.input[0]
+        if out in graph.graph_outputs or out in graph.subgraph_reads:
+            continue
+        graph.replace_uses(out, src)
+        doomed.append(node)
+    graph.remove_nodes(doomed)
+    return bool(doomed)
+
+
+def fold_constants(graph: ir.Graph) -> bool:
+    """Evaluate nodes whose inputs are all constant; fold Shape of static shapes."""
+    from onnx.reference import ReferenceEvaluator
+
+    folded = []
+    for node in graph.nodes:
+        if (node.domain not in ir.DEFAULT_DOMAINS or node.op_type in NONDETERMINISTIC
+                or ir.has_subgraph(node) or node.op_type == "Constant"):
+            continue
+        if any(o in graph.graph_outputs for o in node.output):
+            continue
+        if node.op_type == "Shape":
+            shape = graph.shape(node.input[0])
+            if shape is None or not all(isinstance(d, int) for d in shape) or len(node.attribute):
+                continue
+            graph.add_initializer(node.output[0], np.asarray(shape, dtype=np.int64))
+            folded.append(node)
+            continue
+        inputs = [i for i in node.input if i]
+        if not inputs or not all(graph.is_const(i) for i in inputs):
+            continue
+        values = {i: graph.const_value(i) for i in inputs}
+        if any(v is None for v in values.values()):
+            continue
+        try:
+            outputs = _evaluate(ReferenceEvaluator, graph, node, values)  # type: ignore[arg-type]
+        except Exception:
+            continue  # the op stays; folding is an optimisation
+        size_in = sum(v.nbytes for v in values.values())  # type: ignore[union-attr]
+        size_out = sum(v.nbytes for v in outputs)
+        if size_out > max(FOLD_LIMIT_BYTES, 2 * size_in) and size_out > 2**20:
+            continue
+        for name, value in zip(node.output, outputs, strict=False):
+            if name:
+                graph.add_initializer(name, value)
+        folded.append(node)
+    graph.remove_nodes(folded)
+    return bool(folded)
+
+
+def _evaluate(evaluator: type, graph: ir.Graph, node: onnx.NodeProto,
+              values: dict[str, np.ndarray]) -> list[np.ndarray]:
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in values.items()]
+    outs = [helper.make_value_info(o, onnx.TypeProto()) for o in node.output if o]
+    sub = helper.make_graph([node], "fold", [], outs, inits)
+    model = helper.make_model(sub, opset_imports=list(graph.model.opset_import))
+    model.ir_version = graph.model.ir_version
+    results = evaluator(model).run(None, {})
+    return [np.asarray(r) for r in results]
+
+
+def fold_batchnorm(graph: ir.Graph) -> bool:
+    """BatchNormalization after Conv/ConvTranspose/Gemm folds into that op's weight and bias."""
+    doomed = []
+    for bn in graph.nodes:
+        if bn.op_type != "BatchNormalization" or len([o for o in bn.output if o]) != 1:
+            continue
+        producer = graph.producer.get(bn.input[0])
+        if producer is None or producer.op_type not in ("Conv", "ConvTranspose", "Gemm"):
+            continue
+        if len(graph.consumers.get(bn.input[0], [])) != 1 or bn.input[0] in graph.graph_outputs:
+            continue
+        params = [graph.const_value(t) for t in bn.input[1:5]]
+        weight = graph.const_value(producer.input[1])
+        if weight is None or any(p is None for p in params):
+            continue
+        eps = float(ir.node_attrs(bn).get("epsilon", 1e-5))
+        gamma, beta, mean, var = (np.asarray(p, dtype=np.float64) for p in params)  # type: ignore[arg-type]
+        scale = gamma / np.sqrt(var + eps)
+        folded = _scaled_weight(producer, weight.astype(np.float64), scale)
+        if folded is None:
+            continue
+        bias_name = producer.input[2] if len(producer.input) > 2 else ""
+        bias = graph.const_value(bias_name) if bias_name else np.zeros(len(scale))
+        if bias is None or np.asarray(bias).shape not in ((len(scale),), ()):
+            continue
+        new_bias = (np.asarray(bias, dtype=np.float64) - mean) * scale + beta
+        w_name = graph.unique_name(f"{producer.input[1]}_bn")
+        b_name = graph.unique_name(f"{producer.name}_bias_bn")
+        graph.add_initializer(w_name, folded.astype(weight.dtype))
+        graph.add_initializer(b_name, new_bias.astype(weight.dtype))
+        producer.input[1] = w_name
+        if len(producer.input) > 2:
+            producer.input[2] = b_name
+        else:
+            producer.input.append(b_name)
+        if bn.output[0] in graph.graph_outputs or bn.output[0] in graph.subgraph_reads:
+            producer.output[0] = bn.output[0]  # the folded op now produces the BN's tensor
+        else:
+            graph.replace_uses(bn.output[0], bn.input[0])
+        doomed.append(bn)
+    graph.remove_nodes(doomed)
+    return bool(doomed)
+
+
+def _scaled_weight(node: onnx.NodeProto, w: np.ndarray, scale: np.ndarray) -> np.ndarray | None:
+    attrs = ir.node_attrs(node)
+    if node.op_type == "Conv":
+        if w.shape[0] != len(scale):
+            return None
+        return w * scale.reshape(-1, *([1] * (w.ndim - 1)))
+    if node.op_type == "ConvTranspose":
+        group = int(attrs.get("group", 1))
+        c_in, c_out_g = w.shape[0], w.shape[1]
+        if c_out_g * group != len(scale):
+            return None
+        grouped = w.reshape(group, c_in // group, c_out_g, *w.shape[2:])
+        s = scale.reshape(group, 1, c_out_g, *([1] * (w.ndim - 2)))
+        return (grouped * s).reshape(w.shape)
+    # Gemm: only the plain y = A B' + C form folds exactly
+    if attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0 or w.ndim != 2:
+        return None
+    if attrs.get("transB", 0):
+        return w * scale[:, None] if w.shape[0] == len(scale) else None
+    return w * scale[None, :] if w.shape[1] == len(scale) else None
+
+
+DEFAULT_PASSES: tuple[Pass, ...] = (
+    constants_to_initializers,
+    remove_identities,
+    fold_constants,
+    fold_batchnorm,
+)
+
+
+def simplify(model: onnx.ModelProto, passes: tuple[Pass, ...] = DEFAULT_PASSES,
+             max_rounds: int = 8) -> tuple[onnx.ModelProto, list[str]]:
+    """Run ``passes`` to a fixed point; returns the model and the names of passes that fired."""
+    graph = ir.Graph(model)
+    fired: list[str] = []
+    for _ in range(max_rounds):
+        changed = False
+        for p in passes:
+            try:
+                modified = p(graph)
+            except OnnxqError:
+                raise
+            except Exception as exc:
+                raise UnsupportedModelError(
+                    f"simplify pass {p.__name__} failed on this model: {exc}; rerun with "
+                    "--no-simplify to skip the simplify passes"
+                ) from None
+            if modified:
+                graph.commit()
+                fired.append(p.__name__)
+                changed = True
+        if not changed:
+            break
+    return ir.infer_shapes(graph.model), sorted(set(fired))
