@@ -413,7 +413,7 @@ class Graph:
 
     def add_initializer(self, name: str, value: np.ndarray) -> str:
         """Add a constant; returns its name."""
-        tensor = numpy_helper.from_array(np.ascontiguousarray(value), name)
+        tensor = numpy_helper.from_array(np.asarray(value, order="C"), name)
         self.proto.initializer.append(tensor)
         self.initializers[name] = tensor
         self._names().add(name)
@@ -421,7 +421,7 @@ class Graph:
 
     def set_initializer(self, name: str, value: np.ndarray) -> None:
         """Replace the value of an existing initializer (or add it)."""
-        tensor = numpy_helper.from_array(np.ascontiguousarray(value), name)
+        tensor = numpy_helper.from_array(np.asarray(value, order="C"), name)
         for i, t in enumerate(self.proto.initializer):
             if t.name == name:
                 self.proto.initializer[i].CopyFrom(tensor)
@@ -433,8 +433,8 @@ class Graph:
     def add_node(self, op_type: str, inputs: list[str], outputs: list[str], name: str,
                  **attrs: Any) -> onnx.NodeProto:
         """Append a node (the next :meth:`commit` puts it in topological order)."""
-        node = helper.make_node(op_type, inputs, outputs, name=name, **attrs)
-        self.proto.node.append(node)
+        self.proto.node.append(helper.make_node(op_type, inputs, outputs, name=name, **attrs))
+        node = self.proto.node[-1]  # the graph's own copy, not the detached original
         for out in outputs:
             self.producer[out] = node
             self._names().add(out)
@@ -453,11 +453,18 @@ class Graph:
                     node.input[i] = new
 
     def remove_nodes(self, nodes: list[onnx.NodeProto]) -> None:
-        """Drop nodes (by identity)."""
-        doomed = {id(n) for n in nodes}
-        keep = [n for n in self.proto.node if id(n) not in doomed]
-        del self.proto.node[:]
-        self.proto.node.extend(keep)
+        """Drop nodes (matched by name, which :func:`name_nodes` made unique), then re-index.
+
+        Deleting in place keeps every other node object valid; rebuilding the repeated field
+        would silently detach the references held in the index.
+        """
+        if not nodes:
+            return
+        doomed = {n.name for n in nodes}
+        for i in range(len(self.proto.node) - 1, -1, -1):
+            if self.proto.node[i].name in doomed:
+                del self.proto.node[i]
+        self.reindex()
 
     def commit(self) -> None:
         """Topologically sort, drop dead nodes and unused initializers, re-index."""

@@ -1,0 +1,316 @@
+"""Placement rules: a match test, a decline test (with its reason) and a Q/DQ count per rule."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+import onnxq
+from onnxq import ir
+from onnxq.annotate import Annotations, annotate
+from onnxq.backends.profile import PROFILES
+from onnxq.config import QuantConfig
+from onnxq.rewrites.rules import RULE_SETS
+from tests import graphs
+
+
+def annotated(model: onnx.ModelProto, backend: str = "tensorrt", **options) -> Annotations:
+    graph = ir.Graph(ir.infer_shapes(model))
+    return annotate(graph, PROFILES[backend], QuantConfig(backend=backend, **options))
+
+
+def decision(ann: Annotations, node: str):
+    (found,) = [d for d in ann.decisions if d.node == node]
+    return found
+
+
+def kinds(ann: Annotations) -> dict[str, tuple[str, int | None]]:
+    return {t.tensor: (t.kind, t.axis) for t in ann.tensors.values()}
+
+
+def qdq_counts(model: onnx.ModelProto, backend: str) -> tuple[int, int]:
+    result = onnxq.quantize(model, graphs.random_batches(model, 3), backend=backend,
+                            progress=False)
+    out = result.model
+    return graphs.count_ops(out, "QuantizeLinear"), graphs.count_ops(out, "DequantizeLinear")
+
+
+def test_rule_sets_are_ordered_tuples_of_the_documented_rules():
+    assert [r.name for r in RULE_SETS["tensorrt"]] == ["conv", "gemm", "matmul", "residual_add"]
+    assert [r.name for r in RULE_SETS["onnxruntime"]] == [
+        "conv", "gemm", "matmul", "binary", "concat", "unary"]
+    for rules in RULE_SETS.values():
+        assert all(r.doc for r in rules)
+
+
+# ------------------------------------------------------------------------------- conv
+def test_conv_match_tensorrt_quantizes_input_and_weight_axis_0():
+    ann = annotated(graphs.conv_relu())
+    assert kinds(ann) == {"x": ("activation", None), "conv.weight": ("weight", 0)}
+    assert ann.tensors["x"].consumers == [("conv", 0)]
+    assert ann.tensors["conv.weight"].consumers == [("conv", 1)]
+    d = decision(ann, "conv")
+    assert d.quantized and d.rule == "conv" and d.tensors == ("x", "conv.weight")
+    relu = decision(ann, "relu")
+    assert not relu.quantized and "no tensorrt rule quantizes Relu" in relu.reason
+
+
+def test_conv_match_onnxruntime_adds_int32_bias_and_fuses_relu():
+    ann = annotated(graphs.conv_relu(), "onnxruntime")
+    assert kinds(ann) == {"x": ("activation", None), "conv.weight": ("weight", 0),
+                          "conv.bias": ("bias", 0)}
+    assert ann.tensors["conv.bias"].inputs == ("x", "conv.weight")
+    relu = decision(ann, "relu")
+    assert relu.quantized and relu.rule == "fused" and "conv" in relu.reason
+
+
+def test_conv_transpose_match_weight_axis_1():
+    ann = annotated(graphs.conv_transpose())
+    assert kinds(ann)["convt.weight"] == ("weight", 1)
+    assert decision(ann, "convt").rule == "conv"
+
+
+def test_conv_decline_small_channels():
+    ann = annotated(graphs.conv_small())
+    d = decision(ann, "conv")
+    assert not d.quantized and d.rule == "conv"
+    assert "Conv with 3 input / 16 output channels" in d.reason
+    assert "min_channels=16" in d.reason
+    assert ann.tensors == {}
+
+
+def test_conv_small_is_quantized_when_min_channels_is_disabled():
+    ann = annotated(graphs.conv_small(), min_channels=0)
+    assert decision(ann, "conv").quantized
+    assert kinds(ann)["conv.weight"] == ("weight", 0)
+
+
+def test_conv_decline_non_constant_weight():
+    d = decision(annotated(graphs.conv_dynamic_weight()), "conv")
+    assert not d.quantized
+    assert d.reason == "weight 'w' is not a constant of rank >= 3"
+
+
+def test_grouped_conv_decline_small_kernel_and_match_3x3():
+    d = decision(annotated(graphs.grouped_conv(kernel=1)), "conv")
+    assert not d.quantized and "grouped conv (group=2)" in d.reason and "kernel 1" in d.reason
+    ann = annotated(graphs.grouped_conv(kernel=3))
+    assert decision(ann, "conv").quantized
+    assert kinds(ann)["conv.weight"] == ("weight", 0)
+
+
+@pytest.mark.parametrize(("builder", "backend", "expected"), [
+    (graphs.conv_relu, "tensorrt", (1, 2)),
+    (graphs.conv_relu, "onnxruntime", (1, 3)),  # + int32 bias DQ
+    (graphs.conv_small, "tensorrt", (0, 0)),
+    (graphs.conv_transpose, "tensorrt", (1, 2)),
+    (graphs.conv_transpose, "onnxruntime", (1, 3)),
+])
+def test_conv_qdq_count(builder, backend, expected):
+    assert qdq_counts(builder(), backend) == expected
+
+
+def test_conv_qdq_wiring_tensorrt():
+    out = onnxq.quantize(graphs.conv_relu(), graphs.random_batches(graphs.conv_relu(), 2),
+                         progress=False).model
+    g = ir.Graph(out)
+    conv = g.node_by_name("conv")
+    act_dq = g.producer[conv.input[0]]
+    assert act_dq.op_type == "DequantizeLinear"
+    act_q = g.producer[act_dq.input[0]]
+    assert act_q.op_type == "QuantizeLinear" and act_q.input[0] == "x"
+    w_dq = g.producer[conv.input[1]]
+    assert w_dq.op_type == "DequantizeLinear"
+    assert g.const_value(w_dq.input[0]).dtype.name == "int8"
+    assert conv.input[2] == "conv.bias"  # TensorRT keeps a float bias
+
+
+# ------------------------------------------------------------------------------- gemm
+@pytest.mark.parametrize(("trans_b", "axis"), [(True, 0), (False, 1)])
+def test_gemm_match_weight_axis_follows_transb(trans_b, axis):
+    ann = annotated(graphs.gemm(trans_b=trans_b))
+    assert kinds(ann) == {"x": ("activation", None), "gemm.weight": ("weight", axis)}
+    assert decision(ann, "gemm").rule == "gemm"
+
+
+def test_gemm_decline_non_constant_b():
+    d = decision(annotated(graphs.gemm_act()), "gemm")
+    assert not d.quantized and d.rule == "gemm"
+    assert "B is not a constant matrix" in d.reason
+
+
+def test_gemm_decline_small_output():
+    d = decision(annotated(graphs.gemm(n=8)), "gemm")
+    assert not d.quantized and "32 input / 8 output channels" in d.reason
+
+
+@pytest.mark.parametrize(("trans_b", "backend", "expected"), [
+    (True, "tensorrt", (1, 2)),
+    (False, "tensorrt", (1, 2)),
+    (True, "onnxruntime", (1, 3)),
+    (False, "onnxruntime", (1, 3)),
+])
+def test_gemm_qdq_count(trans_b, backend, expected):
+    assert qdq_counts(graphs.gemm(trans_b=trans_b), backend) == expected
+
+
+# ------------------------------------------------------------------------------- matmul
+def test_matmul_match_const_kn_weight_axis_1():
+    ann = annotated(graphs.matmul_const())
+    assert kinds(ann) == {"x": ("activation", None), "matmul.weight": ("weight", 1)}
+
+
+def test_matmul_decline_activation_times_activation():
+    d = decision(annotated(graphs.matmul_act()), "matmul")
+    assert not d.quantized and d.rule == "matmul"
+    assert "activation x activation MatMul" in d.reason
+
+
+def test_matmul_decline_vector_right_hand_side():
+    d = decision(annotated(graphs.matmul_vector()), "matmul")
+    assert not d.quantized and "GEMV" in d.reason
+
+
+@pytest.mark.parametrize(("builder", "backend", "expected"), [
+    (graphs.matmul_const, "tensorrt", (1, 2)),
+    (graphs.matmul_const, "onnxruntime", (1, 2)),  # no bias; Relu output is a graph output
+    (graphs.matmul_act, "tensorrt", (0, 0)),
+    (graphs.matmul_act, "onnxruntime", (0, 0)),
+])
+def test_matmul_qdq_count(builder, backend, expected):
+    assert qdq_counts(builder(), backend) == expected
+
+
+# ------------------------------------------------------------------------------- residual_add
+def test_residual_add_match_quantizes_only_the_skip_input():
+    ann = annotated(graphs.residual_add())
+    d = decision(ann, "add")
+    assert d.quantized and d.rule == "residual_add" and d.tensors == ("skip",)
+    assert "conv2_out" not in ann.tensors
+    assert ann.tensors["skip"].kind == "activation"
+    assert ann.tensors["skip"].consumers == [("conv2", 0), ("add", 1)]
+    assert ann.tensors["skip"].rules == ["conv", "residual_add"]
+
+
+def test_residual_add_decline_without_conv_producer():
+    d = decision(annotated(graphs.binary("Add")), "binary")
+    assert not d.quantized and d.rule == "residual_add"
+    assert "neither input comes straight from a quantized Conv/Gemm/MatMul" in d.reason
+
+
+def test_residual_add_decline_broadcast():
+    d = decision(annotated(graphs.conv_add_broadcast()), "add")
+    assert not d.quantized and "different shapes" in d.reason
+
+
+def test_residual_add_decline_when_the_conv_is_float():
+    ann = annotated(graphs.residual_add(), exclude=("conv2",))
+    assert decision(ann, "conv2").reason == "excluded by --exclude conv2"
+    assert not decision(ann, "add").quantized
+
+
+def test_residual_add_qdq_count():
+    # x and skip get Q/DQ (skip shared by conv2 and the Add), plus two weight DQs
+    assert qdq_counts(graphs.residual_add(), "tensorrt") == (2, 4)
+    # onnxruntime: also conv2's output (read by the Add), and two int32 bias DQs
+    assert qdq_counts(graphs.residual_add(), "onnxruntime") == (3, 7)
+
+
+# ------------------------------------------------------------------------------- binary
+@pytest.mark.parametrize("op_type", ["Add", "Mul"])
+def test_binary_match_inputs_and_output(op_type):
+    ann = annotated(graphs.binary(op_type), "onnxruntime")
+    assert kinds(ann) == {"a": ("activation", None), "b": ("activation", None),
+                          "bin_out": ("activation", None)}
+    assert ann.tensors["bin_out"].consumers == [("relu", 0)]
+    assert decision(ann, "binary").rule == "binary"
+
+
+def test_binary_decline_constant_input():
+    d = decision(annotated(graphs.mul_const(), "onnxruntime"), "binary")
+    assert not d.quantized and d.rule == "binary"
+    assert d.reason == "input 'mul.scale' is a constant, not an activation"
+
+
+@pytest.mark.parametrize(("builder", "expected"), [
+    (lambda: graphs.binary("Add"), (3, 3)),
+    (lambda: graphs.binary("Mul"), (3, 3)),
+    (lambda: graphs.binary("Add", tail=False), (2, 2)),  # graph output: no output Q/DQ
+    (graphs.mul_const, (0, 0)),
+])
+def test_binary_qdq_count(builder, expected):
+    assert qdq_counts(builder(), "onnxruntime") == expected
+
+
+def test_binary_is_not_in_the_tensorrt_rule_set():
+    assert qdq_counts(graphs.binary("Mul"), "tensorrt") == (0, 0)
+    d = decision(annotated(graphs.binary("Mul")), "binary")
+    assert "no tensorrt rule quantizes Mul" in d.reason
+
+
+# ------------------------------------------------------------------------------- concat
+def test_concat_match_inputs_and_output():
+    ann = annotated(graphs.concat(), "onnxruntime")
+    assert kinds(ann) == {"a": ("activation", None), "b": ("activation", None),
+                          "cat_out": ("activation", None)}
+    assert decision(ann, "concat").rule == "concat"
+
+
+def test_concat_decline_when_output_is_a_graph_output():
+    d = decision(annotated(graphs.concat(tail=False), "onnxruntime"), "concat")
+    assert not d.quantized and d.rule == "concat"
+    assert "graph output or unread" in d.reason
+
+
+@pytest.mark.parametrize(("tail", "expected"), [(True, (3, 3)), (False, (0, 0))])
+def test_concat_qdq_count(tail, expected):
+    assert qdq_counts(graphs.concat(tail=tail), "onnxruntime") == expected
+
+
+# ------------------------------------------------------------------------------- unary
+@pytest.mark.parametrize("op_type", ["Sigmoid", "GlobalAveragePool"])
+def test_unary_match_input_and_output(op_type):
+    ann = annotated(graphs.unary(op_type), "onnxruntime")
+    assert kinds(ann) == {"x": ("activation", None), "unary_out": ("activation", None)}
+    assert decision(ann, "unary").rule == "unary"
+
+
+def test_unary_decline_when_output_is_a_graph_output():
+    d = decision(annotated(graphs.unary("Sigmoid", tail=False), "onnxruntime"), "unary")
+    assert not d.quantized and d.rule == "unary"
+    assert "no integer kernel to fuse" in d.reason
+
+
+@pytest.mark.parametrize(("builder", "expected"), [
+    (lambda: graphs.unary("Sigmoid"), (2, 2)),
+    (lambda: graphs.unary("GlobalAveragePool"), (2, 2)),
+    (lambda: graphs.unary("Sigmoid", tail=False), (0, 0)),
+    (graphs.two_branch_concat, (5, 9)),
+])
+def test_unary_qdq_count(builder, expected):
+    assert qdq_counts(builder(), "onnxruntime") == expected
+
+
+# ------------------------------------------------------------------------------- shape paths
+@pytest.mark.parametrize("backend", ["tensorrt", "onnxruntime"])
+def test_shape_subgraph_tensors_are_never_annotated(backend):
+    ann = annotated(graphs.shape_subgraph(), backend)
+    shape_tensors = {"x_shape", "batch", "new_shape", "gather.index", "reshape.tail"}
+    assert not shape_tensors & set(ann.tensors)
+    assert kinds(ann) == {"x4d": ("activation", None), "conv.weight": ("weight", 0),
+                          **({"conv.bias": ("bias", 0)} if backend == "onnxruntime" else {})}
+    for node in ("shape", "gather", "concat"):
+        d = decision(ann, node)
+        assert not d.quantized and d.reason == "shape/index computation: never quantized"
+
+
+def test_shape_subgraph_qdq_count():
+    assert qdq_counts(graphs.shape_subgraph(), "tensorrt") == (1, 2)
+    assert qdq_counts(graphs.shape_subgraph(), "onnxruntime") == (1, 3)
+
+
+def test_control_flow_node_stays_float_with_a_reason():
+    ann = annotated(graphs.if_model())
+    d = decision(ann, "if")
+    assert not d.quantized and "holds subgraphs" in d.reason
+    assert decision(ann, "conv").quantized

@@ -1,0 +1,112 @@
+"""annotate(): one decision per node, merged tensor specs, exclusions and overrides."""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+
+from onnxq import ir
+from onnxq.annotate import Annotations, annotate, shape_path
+from onnxq.backends.profile import PROFILES
+from onnxq.config import Override, QuantConfig
+from tests import graphs
+
+
+def annotated(model: onnx.ModelProto, backend: str = "tensorrt", **options) -> Annotations:
+    graph = ir.Graph(ir.infer_shapes(model))
+    return annotate(graph, PROFILES[backend], QuantConfig(backend=backend, **options))
+
+
+def reasons(ann: Annotations) -> dict[str, str]:
+    return {d.node: d.reason for d in ann.decisions}
+
+
+def test_every_node_gets_exactly_one_decision_in_graph_order():
+    for backend in ("tensorrt", "onnxruntime"):
+        for name, builder in graphs.BUILDERS.items():
+            model = builder()
+            ann = annotated(model, backend)
+            assert [d.node for d in ann.decisions] == [n.name for n in model.graph.node], name
+            for d in ann.decisions:
+                assert d.quantized or d.reason, (name, d)
+
+
+def test_annotation_does_not_edit_the_graph():
+    model = ir.infer_shapes(graphs.residual_add())
+    before = ir.serialize(model)
+    annotate(ir.Graph(model), PROFILES["onnxruntime"], QuantConfig(backend="onnxruntime"))
+    assert ir.serialize(model) == before
+
+
+def test_tensors_are_listed_in_graph_order_and_filtered_by_kind():
+    ann = annotated(graphs.residual_add())
+    assert list(ann.tensors) == ["x", "conv1.weight", "skip", "conv2.weight"]
+    assert [t.tensor for t in ann.of_kind("weight")] == ["conv1.weight", "conv2.weight"]
+    assert [t.tensor for t in ann.of_kind("activation")] == ["x", "skip"]
+    assert ann.of_kind("bias") == []
+
+
+def test_exclude_glob_keeps_matching_nodes_float():
+    ann = annotated(graphs.residual_add(), exclude=("conv*",))
+    r = reasons(ann)
+    assert r["conv1"] == "excluded by --exclude conv*"
+    assert r["conv2"] == "excluded by --exclude conv*"
+    assert ann.tensors == {}
+
+
+def test_override_exclude_by_op_type_and_by_tensor():
+    cfg_op = (Override(op_type="Conv", exclude=True),)
+    ann = annotated(graphs.conv_relu(), overrides=cfg_op)
+    assert reasons(ann)["conv"] == "excluded by override (op_type=Conv) exclude"
+    ann = annotated(graphs.conv_relu(), overrides=(Override(tensor="x", exclude=True),))
+    d = next(d for d in ann.decisions if d.node == "conv")
+    assert not d.quantized and d.reason == "tensor 'x' excluded by override (tensor=x) exclude"
+
+
+def test_method_comes_from_the_config_and_the_last_matching_override():
+    ann = annotated(graphs.residual_add(), method="entropy")
+    assert {t.tensor: t.method for t in ann.of_kind("activation")} == {
+        "x": "entropy", "skip": "entropy"}
+    overrides = (Override(node="conv2", method="mse"), Override(tensor="skip", method="minmax"))
+    ann = annotated(graphs.residual_add(), overrides=overrides)
+    assert {t.tensor: t.method for t in ann.of_kind("activation")} == {
+        "x": "percentile", "skip": "minmax"}
+    assert all(t.method == "" for t in ann.of_kind("weight"))
+
+
+def test_conflicting_specs_decline_the_second_rule_with_a_reason():
+    ann = annotated(graphs.shared_weight())
+    r = reasons(ann)
+    assert r["conv"] == ""
+    assert r["convt"] == ("tensor 'shared.weight' is already quantized as weight (axis 0) by "
+                          "conv; a second, different spec would clash")
+    assert ann.tensors["shared.weight"].consumers == [("conv", 1)]
+    assert "conv_out" not in ann.tensors  # the declined rule left nothing behind
+
+
+def test_custom_domain_ops_stay_float():
+    nodes = [helper.make_node("Conv", ["x", "conv.weight"], ["c"], name="conv",
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Gelu", ["c"], ["y"], name="gelu", domain="com.example")]
+    base = graphs.conv_relu()
+    graph = helper.make_graph(nodes, "custom", base.graph.input, base.graph.output,
+                              [base.graph.initializer[0]])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", graphs.OPSET),
+                                                    helper.make_opsetid("com.example", 1)])
+    ann = annotated(model)
+    assert reasons(ann)["gelu"] == "custom-domain op (com.example) stays float"
+    assert ann.tensors["conv.weight"].axis == 0
+
+
+def test_shape_path_follows_shape_ops_and_stops_at_data():
+    model = ir.infer_shapes(graphs.shape_subgraph())
+    path = shape_path(ir.Graph(model), PROFILES["tensorrt"])
+    assert path == {"x_shape", "batch", "new_shape"}
+
+
+def test_fused_relu_is_reported_as_folded_into_its_producer():
+    ann = annotated(graphs.residual_add(), "onnxruntime")
+    relu = next(d for d in ann.decisions if d.node == "relu1")
+    assert relu.quantized and relu.rule == "fused"
+    assert relu.reason == "folded into conv1's output quantization"
+    assert ann.tensors["skip"].consumers == [("conv2", 0), ("add", 1)]

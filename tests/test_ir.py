@@ -1,0 +1,282 @@
+"""Model I/O (safe loading, atomic saving) and the Graph index."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxq
+from onnxq import ir
+from onnxq.errors import ModelLoadError, OutputError, UnsupportedModelError
+from tests import graphs
+
+
+def with_external_weight(folder: Path, location: str, write_to: Path | None = None,
+                         length_pad: int = 0) -> Path:
+    """Save conv_relu with its weight in external data at ``location`` (the bytes go to
+    ``write_to``, default ``folder / location``); returns the model path."""
+    model = graphs.conv_relu()
+    weight = model.graph.initializer[0]
+    raw = numpy_helper.to_array(weight).tobytes()
+    target = write_to or folder / location
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(raw)
+    weight.ClearField("raw_data")
+    weight.ClearField("float_data")
+    weight.data_location = TensorProto.EXTERNAL
+    weight.external_data.add(key="location", value=location)
+    weight.external_data.add(key="offset", value="0")
+    weight.external_data.add(key="length", value=str(len(raw) + length_pad))
+    path = folder / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+# ------------------------------------------------------------------------------- loading
+def test_load_model_checks_names_and_infers_shapes(model_file):
+    model = graphs.conv_relu()
+    for node in model.graph.node:
+        node.name = ""
+    loaded = ir.load_model(model_file(model))
+    assert [n.name for n in loaded.graph.node] == ["Conv_0", "Relu_1"]
+    g = ir.Graph(loaded)
+    assert g.shape("conv_out") == (1, 16, 8, 8)
+    assert g.elem_type("conv_out") == TensorProto.FLOAT
+
+
+def test_load_model_missing_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="model file not found"):
+        ir.load_model(tmp_path / "nope.onnx")
+
+
+def test_load_model_non_onnx_file(tmp_path):
+    path = tmp_path / "notes.onnx"
+    path.write_bytes(b"\x00\x01\x02 this is not a protobuf " * 4)
+    with pytest.raises(ModelLoadError, match="not a readable ONNX file"):
+        ir.load_model(path)
+    path.write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="holds no graph"):
+        ir.load_model(path)
+
+
+@pytest.mark.parametrize("fraction", [0.2, 0.5, 0.95])
+def test_load_model_truncated_file(tmp_path, fraction):
+    data = graphs.conv_relu().SerializeToString()
+    path = tmp_path / "truncated.onnx"
+    path.write_bytes(data[: int(len(data) * fraction)])
+    with pytest.raises(ModelLoadError, match="truncated.onnx"):
+        ir.load_model(path)
+
+
+def test_load_model_invalid_graph(model_file):
+    model = graphs.conv_relu()
+    model.graph.node[1].input[0] = "nowhere"
+    with pytest.raises(ModelLoadError, match="invalid ONNX graph"):
+        ir.load_model(model_file(model))
+
+
+def test_external_data_inside_the_folder_loads(tmp_path):
+    path = with_external_weight(tmp_path, "weights.bin")
+    loaded = ir.load_model(path)
+    want = numpy_helper.to_array(graphs.conv_relu().graph.initializer[0])
+    np.testing.assert_array_equal(ir.Graph(loaded).const_value("conv.weight"), want)
+
+
+def test_external_data_leaving_the_folder_is_refused(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = with_external_weight(folder, "../x", write_to=tmp_path / "x")
+    with pytest.raises(ModelLoadError, match="refused") as info:
+        ir.load_model(path)
+    assert "leaves the model's folder" in str(info.value)
+
+
+def test_external_data_absolute_path_is_refused(tmp_path):
+    outside = tmp_path / "elsewhere" / "w.bin"
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = with_external_weight(folder, str(outside), write_to=outside)
+    with pytest.raises(ModelLoadError, match="refused") as info:
+        ir.load_model(path)
+    assert "absolute path" in str(info.value)
+
+
+def test_external_data_symlink_out_of_the_folder_is_refused(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    outside = tmp_path / "secret.bin"
+    path = with_external_weight(folder, "link.bin", write_to=outside)
+    os.symlink(outside, folder / "link.bin")
+    with pytest.raises(ModelLoadError, match="refused"):
+        ir.load_model(path)
+
+
+def test_external_data_missing_or_short_file(tmp_path):
+    path = with_external_weight(tmp_path, "weights.bin", length_pad=8)
+    with pytest.raises(ModelLoadError, match="past the end of 'weights.bin'"):
+        ir.load_model(path)
+    (tmp_path / "weights.bin").unlink()
+    with pytest.raises(ModelLoadError, match="not found next to the model"):
+        ir.load_model(path)
+
+
+def test_old_opset_is_upgraded_to_13(model_file):
+    model = graphs.conv_relu()
+    model.opset_import[0].version = 11
+    model.ir_version = 6
+    loaded = ir.load_model(model_file(model))
+    assert ir.opset_version(loaded) == 13
+    np.testing.assert_array_equal(
+        ir.Graph(loaded).const_value("conv.weight"),
+        numpy_helper.to_array(graphs.conv_relu().graph.initializer[0]))
+
+
+def test_upgrade_failure_is_an_unsupported_model_error():
+    model = graphs.conv_relu()
+    model.opset_import[0].version = 1  # Conv/Relu of opset 1 with opset-17 attributes
+    model.graph.node[1].op_type = "NoSuchOp"
+    with pytest.raises(UnsupportedModelError, match="re-export the model with opset >= 13"):
+        ir.upgrade_opset(model, 13)
+
+
+# ------------------------------------------------------------------------------- saving
+def test_save_model_is_atomic_and_equals_onnx_load(tmp_path):
+    model = ir.infer_shapes(graphs.residual_add())
+    out = tmp_path / "out.onnx"
+    assert ir.save_model(model, out) == [out]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
+    assert onnx.load(str(out)) == model
+    assert out.read_bytes() == ir.serialize(model)
+    ir.save_model(model, out)  # overwriting leaves no temporary file either
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
+
+
+def test_save_model_with_external_data_round_trips(tmp_path):
+    model = graphs.residual_add()
+    before = ir.serialize(model)
+    out = tmp_path / "big.onnx"
+    written = ir.save_model(model, out, external_data=True)
+    assert written == [out, tmp_path / "big.onnx.data"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "big.onnx.data"]
+    assert ir.serialize(model) == before  # the in-memory model keeps its weights
+    loaded = ir.load_model(out)
+    for name in ("conv1.weight", "conv2.weight"):
+        np.testing.assert_array_equal(ir.Graph(loaded).const_value(name),
+                                      ir.Graph(model).const_value(name))
+
+
+def test_save_model_output_errors(tmp_path):
+    model = graphs.conv_relu()
+    with pytest.raises(OutputError, match="output folder does not exist"):
+        ir.save_model(model, tmp_path / "missing" / "out.onnx")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OutputError):
+        ir.atomic_write_bytes(tmp_path / "file" / "out.onnx", b"data")
+
+
+def test_serialize_is_deterministic():
+    assert ir.serialize(graphs.residual_add()) == ir.serialize(graphs.residual_add())
+
+
+# ------------------------------------------------------------------------------- the index
+def test_graph_index_producers_consumers_and_constants():
+    g = ir.Graph(ir.infer_shapes(graphs.residual_add()))
+    assert g.producer["skip"].name == "relu1"
+    assert [(n.name, i) for n, i in g.consumers["skip"]] == [("conv2", 0), ("add", 1)]
+    assert g.graph_inputs == ["x"] and g.graph_outputs == ["y"]
+    assert g.is_const("conv1.weight") and not g.is_const("x") and not g.is_const("skip")
+    assert g.const_value("x") is None
+    assert g.const_value("conv1.weight").shape == (16, 16, 3, 3)
+    assert g.shape("conv1.weight") == (16, 16, 3, 3)
+    assert g.value_info("skip").type.tensor_type.elem_type == TensorProto.FLOAT
+
+
+def test_constant_nodes_are_constants():
+    g = ir.Graph(graphs.with_constant_nodes())
+    assert g.is_const("conv.weight") and set(g.constant_nodes) == {"conv.weight", "conv.bias"}
+    assert g.const_value("conv.bias").shape == (16,)
+    assert g.elem_type("conv.weight") == TensorProto.FLOAT
+    node = helper.make_node("Constant", [], ["c"], value_ints=[1, 2])
+    assert ir.constant_node_value(node).tolist() == [1, 2]
+
+
+def test_symbolic_shapes():
+    g = ir.Graph(ir.infer_shapes(graphs.shape_subgraph()))
+    assert g.shape("x") == ("N", 16, 64)
+    assert g.shape("nowhere") is None
+
+
+def test_unique_name_avoids_every_existing_name():
+    g = ir.Graph(graphs.conv_relu())
+    assert g.unique_name("x") == "x_1"
+    assert g.unique_name("x") == "x_2"
+    assert g.unique_name("conv") == "conv_1"
+    assert g.unique_name("fresh") == "fresh"
+
+
+def test_commit_sorts_topologically_and_drops_dead_nodes():
+    model = graphs.residual_add()
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(reversed(nodes))
+    g = ir.Graph(model)
+    g.add_node("Neg", ["skip"], ["unused"], "dead")
+    g.add_initializer("orphan", np.zeros(3, np.float32))
+    g.commit()
+    assert [n.name for n in model.graph.node] == ["conv1", "relu1", "conv2", "add"]
+    assert "orphan" not in g.initializers and "unused" not in g.producer
+    onnx.checker.check_model(model)
+
+
+def test_commit_rejects_a_cycle():
+    model = graphs.conv_relu()
+    model.graph.node[0].input[0] = "y"  # conv reads relu's output
+    with pytest.raises(UnsupportedModelError, match="cycle"):
+        ir.Graph(model).commit()
+
+
+def test_edits_through_the_index_survive_node_removal():
+    g = ir.Graph(ir.infer_shapes(graphs.identity_dropout()))
+    g.remove_nodes([])
+    g.remove_nodes([g.node_by_name("identity_in")])
+    g.replace_uses("x_id", "x")
+    conv = g.producer["conv_out"]
+    conv.input[1] = "renamed.weight"  # an edit through the index must reach the graph
+    assert g.node_by_name("conv").input[1] == "renamed.weight"
+    assert "Identity" not in [n.op_type for n in g.nodes if n.name == "identity_in"]
+
+
+def test_subgraph_reads_are_known():
+    g = ir.Graph(graphs.if_model())
+    assert g.subgraph_reads == {"t"}
+    assert ir.has_subgraph(g.node_by_name("if"))
+    assert not ir.has_subgraph(g.node_by_name("conv"))
+
+
+def test_name_nodes_makes_unique_deterministic_names():
+    model = graphs.residual_add()
+    model.graph.node[0].name = ""
+    model.graph.node[2].name = "add"  # duplicate of the last node's name
+    ir.name_nodes(model.graph)
+    names = [n.name for n in model.graph.node]
+    assert names == ["Conv_0", "relu1", "add", "add_1"]
+
+
+def test_set_opset_never_lowers():
+    model = graphs.conv_relu()
+    ir.set_opset(model, 13)
+    assert ir.opset_version(model) == graphs.OPSET
+    ir.set_opset(model, 19)
+    assert ir.opset_version(model) == 19
+
+
+def test_in_memory_model_is_never_modified():
+    model = graphs.conv_bn_relu()
+    before = ir.serialize(model)
+    onnxq.quantize(model, graphs.random_batches(model, 2), progress=False)
+    assert ir.serialize(model) == before

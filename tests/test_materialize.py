@@ -1,0 +1,162 @@
+"""Q/DQ insertion: weights, activations, int32 biases, rewiring only annotated consumers."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import onnxq
+from onnxq import ir
+from onnxq.annotate import annotate
+from onnxq.backends.check import check
+from onnxq.backends.profile import PROFILES
+from onnxq.config import QuantConfig
+from onnxq.materialize import materialize
+from onnxq.observers import quantize_weight, range_to_qparams, weight_qparams
+from tests import graphs
+
+
+def place(model: onnx.ModelProto, backend: str = "tensorrt", acts=None, **options):
+    """Annotate and materialize ``model`` in place with fixed activation ranges [-4, 4]."""
+    model = ir.infer_shapes(model)
+    profile = PROFILES[backend]
+    cfg = QuantConfig(backend=backend, **options)
+    ann = annotate(ir.Graph(model), profile, cfg)
+    if acts is None:
+        acts = {
+            t.tensor: range_to_qparams(-4.0, 4.0, profile.activation_dtype,
+                                       profile.activation_symmetric, "minmax")
+            for t in ann.of_kind("activation")
+        }
+    placed = materialize(model, ann, acts, profile, cfg)
+    return model, placed
+
+
+def run(model: onnx.ModelProto, feed) -> list[np.ndarray]:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), opts,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, feed)
+
+
+def test_int8_weight_storage_dequantizes_an_int8_initializer():
+    float_model = graphs.conv_relu()
+    w = onnx.numpy_helper.to_array(float_model.graph.initializer[0])
+    model, placed = place(graphs.conv_relu())
+    assert [(p.tensor, p.kind) for p in placed] == [("x", "activation"),
+                                                    ("conv.weight", "weight")]
+    g = ir.Graph(model)
+    dq = g.producer[g.node_by_name("conv").input[1]]
+    assert dq.op_type == "DequantizeLinear"
+    assert ir.node_attrs(dq)["axis"] == 0
+    stored = g.const_value(dq.input[0])
+    qp = weight_qparams(w, 0)
+    np.testing.assert_array_equal(stored, quantize_weight(w, qp))
+    np.testing.assert_array_equal(g.const_value(dq.input[1]), qp.scale)
+    assert g.const_value(dq.input[2]).dtype == np.int8
+    assert "conv.weight" not in g.initializers  # the float weight is gone
+
+
+def test_qdq_weight_storage_keeps_the_float_weight_behind_q_and_dq():
+    model, _ = place(graphs.conv_relu(), weight_storage="qdq")
+    g = ir.Graph(model)
+    dq = g.producer[g.node_by_name("conv").input[1]]
+    q = g.producer[dq.input[0]]
+    assert (q.op_type, dq.op_type) == ("QuantizeLinear", "DequantizeLinear")
+    assert q.input[0] == "conv.weight" and g.const_value("conv.weight").dtype == np.float32
+    assert ir.node_attrs(q)["axis"] == ir.node_attrs(dq)["axis"] == 0
+
+
+def test_activation_gets_a_quantize_dequantize_pair_with_its_qparams():
+    model, placed = place(graphs.conv_relu())
+    g = ir.Graph(model)
+    dq = g.producer[g.node_by_name("conv").input[0]]
+    q = g.producer[dq.input[0]]
+    assert q.input[0] == "x" and q.input[1] == dq.input[1] and q.input[2] == dq.input[2]
+    assert g.const_value(q.input[1]) == pytest.approx(4.0 / 127)
+    assert int(g.const_value(q.input[2])) == 0
+    assert placed[0].qparams.method == "minmax"
+
+
+def test_only_annotated_consumers_are_rewired():
+    model, _ = place(graphs.shared_input())
+    g = ir.Graph(model)
+    assert g.node_by_name("sigmoid").input[0] == "x"
+    assert g.node_by_name("conv").input[0] != "x"
+    model, _ = place(graphs.shared_weight())
+    g = ir.Graph(model)
+    assert g.node_by_name("convt").input[1] == "shared.weight"  # declined: stays float
+    assert g.producer[g.node_by_name("conv").input[1]].op_type == "DequantizeLinear"
+
+
+def test_activation_without_qparams_stays_float():
+    model, placed = place(graphs.conv_relu(), acts={})
+    assert [p.tensor for p in placed] == ["conv.weight"]
+    assert graphs.count_ops(model, "QuantizeLinear") == 0
+    assert ir.Graph(model).node_by_name("conv").input[0] == "x"
+
+
+def test_onnxruntime_bias_is_int32_with_input_times_weight_scale():
+    model, placed = place(graphs.conv_relu(), "onnxruntime")
+    kinds = {p.tensor: p for p in placed}
+    assert set(kinds) == {"x", "conv.weight", "conv.bias"}
+    bias = kinds["conv.bias"]
+    assert bias.qparams.zero_point.dtype == np.int32 and bias.qparams.axis == 0
+    np.testing.assert_allclose(bias.qparams.scale,
+                               kinds["x"].qparams.scale * kinds["conv.weight"].qparams.scale,
+                               rtol=1e-6)
+    g = ir.Graph(model)
+    dq = g.producer[g.node_by_name("conv").input[2]]
+    assert g.const_value(dq.input[0]).dtype == np.int32
+    float_bias = onnx.numpy_helper.to_array(graphs.conv_relu().graph.initializer[1])
+    dequantized = g.const_value(dq.input[0]) * g.const_value(dq.input[1])
+    assert np.max(np.abs(dequantized - float_bias)) <= np.max(bias.qparams.scale)
+
+
+def test_materialized_model_is_close_to_the_float_model():
+    float_model = graphs.conv_relu()
+    model, _ = place(graphs.conv_relu())
+    onnx.checker.check_model(model)
+    for seed in range(3):
+        feed = graphs.random_inputs(float_model, seed)
+        (want,), (got,) = run(float_model, feed), run(model, feed)
+        cos = float(want.ravel() @ got.ravel()
+                    / (np.linalg.norm(want) * np.linalg.norm(got)))
+        assert cos > 0.999
+        assert np.max(np.abs(want - got)) < 0.1
+
+
+def test_opset_is_raised_to_13_for_per_axis_qdq_and_never_lowered():
+    model = graphs.conv_relu()
+    model.opset_import[0].version = 12
+    model, _ = place(model)
+    assert ir.opset_version(model) == 13
+    model, _ = place(graphs.conv_relu())
+    assert ir.opset_version(model) == graphs.OPSET
+
+
+def test_derived_names_do_not_clash_with_existing_tensors():
+    model, _ = place(graphs.name_clash())
+    onnx.checker.check_model(model)
+    names = [o for n in model.graph.node for o in n.output]
+    assert len(names) == len(set(names))
+    g = ir.Graph(model)
+    assert g.node_by_name("conv").input[2] == "x_scale"  # the model's own tensor, untouched
+    assert g.node_by_name("x_QuantizeLinear").op_type == "Relu"
+    feed = graphs.random_inputs(model)
+    assert run(model, feed)[0].shape == (1, 16, 8, 8)
+
+
+def test_grouped_conv_transpose_int32_bias_onnxruntime():
+    # ConvTranspose(group=2): the weight's channel axis (1) holds out_channels / group scales,
+    # while the bias has out_channels values; the int32 bias scale must cover every channel.
+    model = graphs.conv_transpose(group=2)
+    result = onnxq.quantize(model, graphs.random_batches(model, 2), backend="onnxruntime",
+                            progress=False)
+    assert check(result.model, PROFILES["onnxruntime"]) == []
+    bias = next(p for p in result.report.placed if p.kind == "bias")
+    assert bias.qparams.scale.shape == (16,)
+    assert result.report.fidelity[0].cosine > 0.999

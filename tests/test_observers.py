@@ -1,0 +1,323 @@
+"""Observers: streaming statistics, range methods and qparams (hypothesis invariants)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from onnx import TensorProto, helper
+
+from onnxq.errors import CalibrationDataError, ConfigError
+from onnxq.observers import (
+    BINS,
+    METHODS,
+    MethodOptions,
+    TensorStats,
+    activation_qparams,
+    get_method,
+    quantize_weight,
+    range_to_qparams,
+    weight_qparams,
+)
+
+SETTINGS = settings(max_examples=50, deadline=None, derandomize=True)
+QRANGE = {"int8": (-128, 127), "uint8": (0, 255)}
+
+finite = st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False, width=32)
+samples = hnp.arrays(np.float32, st.integers(1, 200), elements=finite)
+
+
+# ------------------------------------------------------------------ the QuantizeLinear oracle
+def quantize(x: np.ndarray, scale: np.float32, zero_point: np.ndarray, dtype: str) -> np.ndarray:
+    """QuantizeLinear: round half to even, add the zero point, saturate."""
+    qmin, qmax = QRANGE[dtype]
+    q = np.rint(np.asarray(x, np.float32) / np.float32(scale)) + int(zero_point)
+    return np.clip(q, qmin, qmax).astype(dtype)
+
+
+def dequantize(q: np.ndarray, scale: np.float32, zero_point: np.ndarray) -> np.ndarray:
+    """DequantizeLinear."""
+    return ((q.astype(np.int32) - int(zero_point)) * np.float32(scale)).astype(np.float32)
+
+
+def test_numpy_oracle_matches_onnxruntime_quantize_linear():
+    x = np.array([-3.0, -1.5, -0.5, 0.5, 1.5, 2.5, 0.25, 100.0, -100.0], dtype=np.float32)
+    for dtype, zp in (("int8", np.int8(3)), ("uint8", np.uint8(128))):
+        elem = TensorProto.INT8 if dtype == "int8" else TensorProto.UINT8
+        graph = helper.make_graph(
+            [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])], "q",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [9])],
+            [helper.make_tensor_value_info("q", elem, [9])],
+            [helper.make_tensor("s", TensorProto.FLOAT, [], [0.5]),
+             helper.make_tensor("z", elem, [], [int(zp)])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = 8
+        session = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+        (got,) = session.run(None, {"x": x})
+        np.testing.assert_array_equal(got, quantize(x, np.float32(0.5), zp, dtype))
+
+
+# ------------------------------------------------------------------ qparams invariants
+@st.composite
+def ranges(draw):
+    a, b = draw(finite), draw(finite)
+    return min(a, b), max(a, b)
+
+
+@SETTINGS
+@given(ranges(), st.booleans(), st.sampled_from(["int8", "uint8"]))
+def test_scale_is_positive_and_finite(lohi, symmetric, dtype):
+    qp = range_to_qparams(*lohi, dtype, symmetric)
+    assert qp.scale.dtype == np.float32
+    assert np.isfinite(qp.scale) and qp.scale > 0
+
+
+@SETTINGS
+@given(ranges())
+def test_symmetric_int8_has_zero_point_zero(lohi):
+    qp = range_to_qparams(*lohi, "int8", symmetric=True)
+    assert qp.zero_point.dtype == np.int8
+    assert int(qp.zero_point) == 0
+    assert qp.low == -qp.high
+
+
+@SETTINGS
+@given(ranges(), st.booleans(), st.sampled_from(["int8", "uint8"]),
+       st.floats(0.0, 1.0), st.sampled_from(list(METHODS)))
+def test_round_trip_error_is_at_most_half_a_step_inside_the_range(lohi, symmetric, dtype, t,
+                                                                   method):
+    qp = range_to_qparams(*lohi, dtype, symmetric, method)
+    lo, hi = qp.low, qp.high
+    assert lo <= min(lohi[0], 0.0) + 1e-6 and hi >= max(lohi[1], 0.0) - 1e-6
+    x = np.float32(lo + t * (hi - lo))
+    x = np.clip(x, np.float32(lo), np.float32(hi))
+    q = quantize(x, qp.scale, qp.zero_point, dtype)
+    err = abs(float(x) - float(dequantize(q, qp.scale, qp.zero_point)))
+    # float32 arithmetic of QuantizeLinear itself: a few ulps on top of the half step
+    slack = 1e-5 * float(qp.scale) + 4 * float(np.spacing(np.float32(abs(x) + qp.scale)))
+    assert err <= float(qp.scale) / 2 + slack
+
+
+@SETTINGS
+@given(st.booleans(), st.sampled_from(list(METHODS)))
+def test_all_zero_tensor_gives_positive_scale_and_a_note(symmetric, method):
+    stats = TensorStats("zeros")
+    stats.update(np.zeros((4, 8), np.float32))
+    qp = activation_qparams(stats, method, "int8", symmetric)
+    assert qp.scale > 0 and np.isfinite(qp.scale)
+    assert "constant zero" in qp.note
+
+
+# ------------------------------------------------------------------ statistics
+def observe(name: str, chunks) -> TensorStats:
+    stats = TensorStats(name)
+    for chunk in chunks:
+        stats.update(np.asarray(chunk, np.float32))
+    return stats
+
+
+def assert_same_stats(a: TensorStats, b: TensorStats) -> None:
+    assert a.count == b.count
+    assert a.min == b.min and a.max == b.max
+    assert a.range == b.range
+    np.testing.assert_array_equal(a.counts, b.counts)
+
+
+@SETTINGS
+@given(samples, samples)
+def test_merge_of_two_shards_equals_observing_all_data(x, y):
+    left, right = observe("t", [x]), observe("t", [y])
+    merged = left.merge(right)
+    whole = observe("t", [np.concatenate([x, y])])
+    assert_same_stats(merged, whole)
+    assert merged.count == x.size + y.size
+    assert merged.min == float(min(x.min(), y.min()))
+    assert merged.max == float(max(x.max(), y.max()))
+
+
+def test_merge_with_an_empty_shard_is_the_identity():
+    x = np.linspace(-3, 5, 101, dtype=np.float32)
+    stats = observe("t", [x])
+    assert_same_stats(observe("t", [x]).merge(TensorStats("t")), stats)
+    assert_same_stats(TensorStats("t").merge(observe("t", [x])), stats)
+
+
+def test_bin_index_is_exact_when_the_range_grows():
+    # 3.062495 * 16 = 48.99992 lies in bin 2048 + 48 of the [-128, 128] histogram; adding 2048
+    # in float32 rounds it up to 2097 when both values arrive in one batch.
+    small, big = np.float32(3.062495), np.float32(120.641754)
+    one_batch = observe("t", [[small, big]])
+    two_batches = observe("t", [[small], [big]])
+    merged = observe("t", [[small]]).merge(observe("t", [[big]]))
+    assert one_batch.range == 128.0
+    assert np.nonzero(one_batch.counts)[0].tolist() == [2048 + 48, 2048 + 1930]
+    assert_same_stats(one_batch, two_batches)
+    assert_same_stats(one_batch, merged)
+
+
+@SETTINGS
+@given(hnp.arrays(np.float32, (64, 3), elements=finite), st.floats(1e-3, 1e3))
+def test_batching_does_not_change_histogram_or_qparams(data, gain):
+    data = (data * np.float32(gain)).astype(np.float32)
+    singles = observe("t", [data[i : i + 1] for i in range(64)])
+    eights = observe("t", [data[i : i + 8] for i in range(0, 64, 8)])
+    assert_same_stats(singles, eights)
+    for method in METHODS:
+        for symmetric in (True, False):
+            a = activation_qparams(singles, method, "int8", symmetric)
+            b = activation_qparams(eights, method, "int8", symmetric)
+            assert a.scale == b.scale and a.zero_point == b.zero_point, method
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1))
+def test_batching_invariance_on_gaussian_data_with_outliers(seed):
+    r = np.random.default_rng(seed)
+    data = r.standard_normal((64, 16)).astype(np.float32)
+    data[r.integers(0, 64), r.integers(0, 16)] = np.float32(r.uniform(20, 200))
+    singles = observe("t", [data[i : i + 1] for i in range(64)])
+    eights = observe("t", [data[i : i + 8] for i in range(0, 64, 8)])
+    assert_same_stats(singles, eights)
+    for method in METHODS:
+        a = activation_qparams(singles, method, "int8", True)
+        b = activation_qparams(eights, method, "int8", True)
+        assert a.scale == b.scale, method
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nan_or_inf_raises_calibration_data_error(bad):
+    stats = TensorStats("act")
+    x = np.ones(10, np.float32)
+    x[3] = bad
+    with pytest.raises(CalibrationDataError, match="'act'.*NaN or Inf.* in batch 7"):
+        stats.update(x, where=" in batch 7")
+    assert stats.count == 0
+
+
+def test_update_ignores_empty_arrays_and_accepts_float64():
+    stats = TensorStats("t")
+    stats.update(np.zeros((0, 4), np.float32))
+    assert stats.count == 0 and stats.range == 0.0
+    stats.update(np.array([0.5, -2.0], np.float64))
+    assert (stats.count, stats.min, stats.max, stats.range) == (2, -2.0, 0.5, 2.0)
+    assert stats.counts.sum() == 2 and stats.counts.size == BINS
+
+
+def test_range_is_a_power_of_two_covering_the_largest_magnitude():
+    stats = observe("t", [[0.3], [-5.0], [2.0]])
+    assert stats.range == 8.0
+    stats.update(np.array([8.0], np.float32))
+    assert stats.range == 8.0 and stats.counts.sum() == 4
+
+
+def test_json_round_trip_keeps_statistics():
+    stats = observe("t", [np.random.default_rng(1).standard_normal(500)])
+    back = TensorStats.from_json("t", stats.to_json())
+    assert_same_stats(back, stats)
+
+
+def test_without_histogram_only_min_max_are_kept():
+    stats = TensorStats("t", histogram=False)
+    stats.update(np.array([1.0, -3.0], np.float32))
+    assert (stats.min, stats.max, stats.count) == (-3.0, 1.0, 2)
+    assert stats.counts.sum() == 0
+    qp = activation_qparams(stats, "minmax", "int8", True)
+    assert np.isclose(qp.scale, 3.0 / 127)
+
+
+# ------------------------------------------------------------------ range methods
+def test_get_method_bogus_raises_config_error_listing_valid_names():
+    with pytest.raises(ConfigError, match="bogus") as info:
+        get_method("bogus")
+    for name in METHODS:
+        assert name in str(info.value)
+
+
+def test_every_registered_method_is_callable_by_name():
+    assert set(METHODS) == {"minmax", "percentile", "entropy", "mse"}
+    for name in METHODS:
+        assert get_method(name) is METHODS[name]
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.floats(20.0, 500.0))
+def test_histogram_methods_clip_outliers_inside_the_minmax_range(seed, outlier):
+    r = np.random.default_rng(seed)
+    data = r.standard_normal(20_000).astype(np.float32)
+    data[:3] = np.float32(outlier)
+    data[3] = np.float32(-outlier / 2)
+    stats = observe("t", [data])
+    opts = MethodOptions(percentile=99.9)
+    lo_mm, hi_mm = get_method("minmax")(stats, False, opts)
+    amax_mm = max(abs(lo_mm), abs(hi_mm))
+    for method in ("percentile", "entropy", "mse"):
+        lo, hi = get_method(method)(stats, True, opts)
+        assert 0 < hi <= amax_mm and lo == -hi, method
+        lo, hi = get_method(method)(stats, False, opts)
+        assert lo_mm <= lo < 0 < hi <= hi_mm, method
+    # on this data the percentile clips well inside the outlier
+    assert get_method("percentile")(stats, True, opts)[1] < outlier / 2
+
+
+def test_percentile_100_keeps_the_whole_range():
+    data = np.linspace(-1.0, 3.0, 1001, dtype=np.float32)
+    stats = observe("t", [data])
+    lo, hi = get_method("percentile")(stats, False, MethodOptions(percentile=100.0))
+    assert lo == pytest.approx(-1.0) and hi == pytest.approx(3.0)
+
+
+def test_asymmetric_uint8_qparams_cover_the_range():
+    qp = range_to_qparams(0.0, 6.0, "uint8", symmetric=False)
+    assert qp.zero_point.dtype == np.uint8 and int(qp.zero_point) == 0
+    assert np.isclose(qp.scale, 6.0 / 255)
+    qp = range_to_qparams(-1.0, 1.0, "int8", symmetric=False)
+    assert qp.zero_point.dtype == np.int8 and int(qp.zero_point) in (-1, 0)
+
+
+# ------------------------------------------------------------------ weights
+weight_shapes = st.sampled_from([(16, 8, 3, 3), (8, 4, 1, 1), (32, 16), (16, 32), (5,)])
+
+
+@SETTINGS
+@given(weight_shapes, st.integers(0, 3), st.integers(0, 2**32 - 1), st.floats(1e-3, 1e2))
+def test_weight_qparams_per_channel_shape_and_int8_range(shape, axis, seed, gain):
+    axis = axis % len(shape)
+    w = (np.random.default_rng(seed).standard_normal(shape) * gain).astype(np.float32)
+    qp = weight_qparams(w, axis)
+    assert qp.axis == axis
+    assert qp.scale.shape == (shape[axis],) and qp.scale.dtype == np.float32
+    assert qp.zero_point.shape == (shape[axis],) and qp.zero_point.dtype == np.int8
+    assert np.all(qp.zero_point == 0) and np.all(qp.scale > 0)
+    q = quantize_weight(w, qp)
+    assert q.dtype == np.int8
+    assert q.min() >= -127 and q.max() <= 127
+    bshape = [1] * w.ndim
+    bshape[axis] = -1
+    scale = qp.scale.reshape(bshape)
+    assert np.all(np.abs(w - q.astype(np.float32) * scale) <= scale / 2 * (1 + 1e-5))
+    # the largest magnitude of every channel maps to +-127
+    assert np.all(np.abs(q).max(axis=tuple(i for i in range(w.ndim) if i != axis)) == 127)
+
+
+def test_weight_qparams_per_tensor_and_zero_channels():
+    w = np.zeros((4, 3), np.float32)
+    w[1] = [0.5, -1.0, 0.25]
+    per_channel = weight_qparams(w, 0)
+    assert np.all(per_channel.scale > 0)  # all-zero channels get a harmless positive scale
+    assert np.isclose(per_channel.scale[1], 1.0 / 127)
+    per_tensor = weight_qparams(w, None)
+    assert per_tensor.axis is None and per_tensor.scale.shape == ()
+    assert quantize_weight(w, per_tensor)[1, 1] == -127
+
+
+def test_quantize_weight_respects_a_smaller_qmax():
+    w = np.array([[1.1, -1.1, 0.25, 2.0]], np.float32)
+    qp = weight_qparams(w, 0, qmax=63)
+    assert np.isclose(qp.scale[0], 2.0 / 63)
+    q = quantize_weight(w, qp, qmax=63)
+    assert q.tolist() == [[35, -35, 8, 63]]  # 34.65 and 7.875 round to nearest
+    assert quantize_weight(w * 3, qp, qmax=63).max() == 63  # saturates at qmax

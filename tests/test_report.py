@@ -1,0 +1,115 @@
+"""The report: JSON/HTML content, summary lines, determinism."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import onnxq
+from onnxq.annotate import Decision
+from onnxq.backends.validate import OutputFidelity
+from onnxq.materialize import Placed
+from onnxq.observers import QParams
+from onnxq.report import Report
+from tests import graphs
+
+
+@pytest.fixture(scope="module")
+def residual_report() -> Report:
+    model = graphs.residual_add()
+    return onnxq.quantize(model, graphs.random_batches(model, 3), progress=False).report
+
+
+def test_report_dict_summarises_the_run(residual_report):
+    d = residual_report.to_dict()
+    assert d["onnxq_version"] == onnxq.__version__
+    assert d["model"] == "<in-memory model>" and d["backend"] == "tensorrt"
+    assert d["config"]["backend"] == "tensorrt"
+    assert d["summary"] == {"ops": 4, "quantized_ops": 3, "float_ops": 1,
+                            "quantized_tensors": 4, "calibration_batches": 3}
+    assert [t["tensor"] for t in d["quantized_tensors"]] == [
+        "x", "conv1.weight", "skip", "conv2.weight"]
+    assert [o["node"] for o in d["quantized_ops"]] == ["conv1", "conv2", "add"]
+    assert d["float_ops"] == [{"node": "relu1", "op_type": "Relu",
+                               "reason": "no tensorrt rule quantizes Relu: it stays float"}]
+    assert d["violations"] == [] and d["fidelity"]["outputs"][0]["name"] == "y"
+
+
+def test_quantized_tensor_entries(residual_report):
+    entries = {t["tensor"]: t for t in residual_report.to_dict()["quantized_tensors"]}
+    act, weight = entries["skip"], entries["conv2.weight"]
+    assert act["kind"] == "activation" and act["method"] == "percentile"
+    assert act["dtype"] == "int8" and act["zero_point"] == 0 and act["axis"] is None
+    assert isinstance(act["scale"], float) and act["scale"] > 0
+    assert act["range"][0] == -act["range"][1]
+    assert act["consumers"] == ["conv2:0", "add:1"]
+    assert weight["axis"] == 0 and len(weight["scale"]) == 16 and weight["zero_point"] == [0]
+
+
+def test_json_is_deterministic_and_strict(residual_report):
+    text = residual_report.to_json()
+    assert text == residual_report.to_json() and text.endswith("\n")
+    assert json.loads(text) == residual_report.to_dict()
+    assert "NaN" not in text and "Infinity" not in text
+
+
+def test_summary_lines(residual_report):
+    lines = residual_report.summary().splitlines()
+    assert lines[0] == ("backend tensorrt: 3 of 4 ops quantized, 4 tensors with Q/DQ, "
+                        "3 calibration batches")
+    assert lines[1] == "left float:"
+    assert lines[2].strip() == "1 x Relu: no tensorrt rule quantizes Relu: it stays float"
+    assert lines[3].startswith("fidelity y (onnxruntime, fusion off")
+
+
+def test_summary_groups_reasons_and_truncates():
+    decisions = [Decision(f"n{i}", f"Op{i % 14}", False, "", f"reason {i % 14}")
+                 for i in range(28)]
+    report = Report("m.onnx", "tensorrt", {}, decisions=decisions, warnings=["careful"])
+    lines = report.summary().splitlines()
+    assert lines[2].strip().startswith("2 x Op0: reason 0")
+    assert sum(line.strip().startswith("2 x") for line in lines) == 12
+    assert "... 2 more reasons in the report file" in lines[-2]
+    assert lines[-1] == "warning: careful"
+
+
+def test_html_is_escaped_and_self_contained(tmp_path):
+    placed = [Placed("<x>", "activation",
+                     QParams(np.float32(0.1), np.int8(0), None, "minmax", -1.0, 1.0), ())]
+    report = Report("<b>model</b>.onnx", "tensorrt", {}, placed=placed,
+                    decisions=[Decision("n&1", "Relu", False, "", "a <reason>")],
+                    fidelity=[OutputFidelity("y", 0.99, 0.1, 1.0)], fidelity_mode="m")
+    html = report.to_html()
+    assert html.startswith("<!doctype html>")
+    assert "&lt;b&gt;model&lt;/b&gt;.onnx" in html and "<b>model" not in html
+    assert "&lt;x&gt;" in html and "n&amp;1" in html and "a &lt;reason&gt;" in html
+    assert "http" not in html  # nothing fetched from elsewhere
+    path = tmp_path / "r.html"
+    report.write(path)
+    assert path.read_text(encoding="utf-8") == html
+
+
+def test_write_json_atomically(tmp_path, residual_report):
+    path = tmp_path / "report.json"
+    residual_report.write(path)
+    assert json.loads(path.read_text(encoding="utf-8")) == residual_report.to_dict()
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_report_of_a_saved_model_has_no_absolute_paths(tmp_path, model_file, calib_dir):
+    path = model_file(graphs.conv_relu())
+    result = onnxq.quantize(path, calib_dir(graphs.conv_relu(), n=2), progress=False)
+    text = result.report.to_json()
+    assert json.loads(text)["model"] == "model.onnx"
+    assert str(tmp_path) not in text
+
+
+def test_notes_and_per_channel_values_are_listed():
+    qp = QParams(np.array([0.1, 0.2], np.float32), np.zeros(2, np.int8), 0, "minmax",
+                 -1.0, 1.0, note="constant zero")
+    report = Report("m", "tensorrt", {}, placed=[Placed("w", "weight", qp, (("conv", 1),))])
+    (entry,) = report.to_dict()["quantized_tensors"]
+    assert entry["scale"] == pytest.approx([0.1, 0.2]) and entry["zero_point"] == [0]
+    assert entry["note"] == "constant zero" and entry["consumers"] == ["conv:1"]
