@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.config import QuantConfig
+from onnxq.observers import TensorStats
 from onnxq.rewrites.pattern import Context, Decline, Match, Spec
 from onnxq.rewrites.rules import RULE_SETS
 
@@ -52,9 +53,16 @@ class Annotations:
         return [t for t in self.tensors.values() if t.kind == kind]
 
 
-def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig) -> Annotations:
-    """Match ``profile``'s rule set over ``graph``'s top-level nodes."""
-    ctx = Context(profile, config, graph, shape_path=shape_path(graph, profile))
+def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
+             float_tensors: dict[str, str] | None = None,
+             float_nodes: dict[str, str] | None = None) -> Annotations:
+    """Match ``profile``'s rule set over ``graph``'s top-level nodes.
+
+    ``float_tensors`` and ``float_nodes`` (name -> reason) keep tensors/nodes float for reasons
+    found in the calibration data (see :func:`range_exclusions`).
+    """
+    ctx = Context(profile, config, graph, shape_path=shape_path(graph, profile),
+                  float_tensors=dict(float_tensors or {}), float_nodes=dict(float_nodes or {}))
     rules = RULE_SETS[profile.rule_set]
     tensors: dict[str, TensorAnnotation] = {}
     decisions: list[Decision] = []
@@ -89,6 +97,7 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig) -> A
                 continue
             for spec in result:
                 _merge(tensors, spec, r.name, config, graph)
+                ctx.quantized[spec.tensor] = tensors[spec.tensor].kind
             ctx.claimed.add(node.name)
             for extra in ctx.claimed - before - {node.name}:
                 fused_into[extra] = node.name
@@ -121,6 +130,8 @@ def _conflict(tensors: dict[str, TensorAnnotation], specs: list[Spec]) -> str | 
         have = tensors.get(spec.tensor)
         if have is None:
             continue
+        if have.kind == "shared" and spec.kind == "activation":
+            continue  # a reader of a shared tensor takes the shared qparams
         if have.kind != spec.kind or have.axis != spec.axis:
             return (f"tensor {spec.tensor!r} is already quantized as {have.kind}"
                     f"{'' if have.axis is None else f' (axis {have.axis})'} by "
@@ -155,3 +166,37 @@ def shape_path(graph: ir.Graph, profile: BackendProfile) -> set[str]:
         if live and all(t in path for t in live):
             path.update(outs)
     return path
+
+
+def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
+                     max_abs: float, concat_ratio: float,
+                     ) -> tuple[dict[str, str], dict[str, str]]:
+    """Tensors and nodes to keep float because of what the calibration data showed.
+
+    * a tensor whose magnitude reaches ``max_abs`` (an additive attention mask filled with
+      -1e4 or -3.4e38, or any range so wide that int8 would wipe out its ordinary values);
+    * a node whose activation inputs share one output scale (Concat) while their ranges differ
+      by more than ``concat_ratio`` (box coordinates next to class scores).
+    """
+    float_tensors: dict[str, str] = {}
+    for ann in annotations.of_kind("activation"):
+        s = stats.get(ann.tensor)
+        if s is None or s.count == 0:
+            continue
+        amax = max(abs(s.min), abs(s.max))
+        if amax >= max_abs:
+            float_tensors[ann.tensor] = (
+                f"tensor {ann.tensor!r} reaches |x| = {amax:.3g} (>= {max_abs:g}): an attention "
+                "mask or fill value; int8 would erase its ordinary values, so it stays float")
+    float_nodes: dict[str, str] = {}
+    for d in annotations.decisions:
+        if not d.quantized or d.rule != "concat":
+            continue
+        ranges = [max(abs(stats[t].min), abs(stats[t].max)) for t in d.tensors
+                  if t in stats and stats[t].count]
+        ranges = [r for r in ranges if r > 0]
+        if len(ranges) >= 2 and max(ranges) / min(ranges) > concat_ratio:
+            float_nodes[d.node] = (
+                f"its inputs' ranges differ {max(ranges) / min(ranges):.0f}x (> {concat_ratio:g}x);"
+                " one shared scale would crush the small ones, so it stays float")
+    return float_tensors, float_nodes

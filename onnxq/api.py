@@ -12,9 +12,9 @@ from typing import Any
 import onnx
 
 from onnxq import ir
-from onnxq.annotate import Annotations, annotate
+from onnxq.annotate import Annotations, annotate, range_exclusions
 from onnxq.backends.check import check
-from onnxq.backends.profile import PROFILES, BackendProfile
+from onnxq.backends.profile import BackendProfile, profile_for
 from onnxq.backends.validate import fidelity, run_outputs
 from onnxq.calibrate import CalibrationResult, calibrate
 from onnxq.config import QuantConfig
@@ -107,23 +107,22 @@ def quantize(model: ModelLike, calibration: Any = None, *,
     """
     cfg = resolve_config(config, backend=backend, method=method,
                          exclude=tuple(exclude) if exclude is not None else None, **options)
-    profile = PROFILES[cfg.backend]
+    if calibration is None:
+        raise CalibrationDataError("no calibration data given; pass --calib DATA (a folder of "
+                                   ".npz batches, a .npz of samples, or .npy files)")
+    profile, profile_note = profile_for(cfg.backend, cfg.reduce_range)
     loaded, source = load(model, profile)
     reference_bytes = ir.serialize(loaded) if ir.model_nbytes(loaded) < ir.PROTO_LIMIT else None
     passes: list[str] = []
     if cfg.simplify:
         loaded, passes = simplify(loaded)
     graph = ir.Graph(loaded)
-    annotations = annotate(graph, profile, cfg)
-    if calibration is None:
-        raise CalibrationDataError("no calibration data given; pass --calib DATA (a folder of "
-                                   ".npz batches, a .npz of samples, or .npy files)")
     inputs = model_inputs(graph)
-    source_iter = open_source(calibration, inputs, batch_size)
-    observed = _observed(annotations)
-    result = calibrate(loaded, observed, source_iter, inputs, max_batches=cfg.max_batches,
-                       hold=cfg.fidelity_batches, progress=cfg.progress)
+    data = open_source(calibration, inputs, batch_size)
+    annotations, result = _place_and_calibrate(loaded, graph, profile, cfg, data, inputs)
     qparams, warnings = _qparams(annotations, result, profile, cfg)
+    if profile_note:
+        warnings.insert(0, profile_note)
     placed = materialize(loaded, annotations, qparams, profile, cfg)
     report = Report(
         model=source.name if source else "<in-memory model>", backend=profile.name,
@@ -131,6 +130,47 @@ def quantize(model: ModelLike, calibration: Any = None, *,
         placed=placed, calibration_batches=result.batches_seen, warnings=warnings)
     _validate(loaded, reference_bytes, result, profile, report)
     return QuantizedModel(loaded, report, source)
+
+
+def _place_and_calibrate(model: onnx.ModelProto, graph: ir.Graph, profile: BackendProfile,
+                         cfg: QuantConfig, data: Iterable[Any], inputs: list[Any],
+                         ) -> tuple[Annotations, CalibrationResult]:
+    """Annotate, calibrate, and annotate again while the data rules tensors or nodes out.
+
+    Data-driven exclusions only remove Q/DQ, but a removal can make another rule choose a
+    different tensor (a residual Add whose conv stayed float); such tensors are observed in an
+    extra pass when the data can be read again, else they stay float with a reason.
+    """
+    float_tensors: dict[str, str] = {}
+    float_nodes: dict[str, str] = {}
+    result: CalibrationResult | None = None
+    reiterable = iter(data) is not data
+    for _ in range(4):
+        annotations = annotate(graph, profile, cfg, float_tensors, float_nodes)
+        wanted = _observed(annotations)
+        missing = {t: h for t, h in wanted.items() if result is None or t not in result.stats}
+        if result is None or (missing and reiterable):
+            fresh = calibrate(model, missing, data, inputs, max_batches=cfg.max_batches,
+                              hold=cfg.fidelity_batches if result is None else 0,
+                              progress=cfg.progress)
+            result = fresh if result is None else _merged(result, fresh)
+        elif missing:
+            for t in missing:
+                float_tensors[t] = (f"tensor {t!r} was not observed (the calibration source "
+                                    "can be read only once)")
+            continue
+        more_t, more_n = range_exclusions(annotations, result.stats, cfg.mask_threshold,
+                                          cfg.concat_range_ratio)
+        if more_t.keys() <= float_tensors.keys() and more_n.keys() <= float_nodes.keys():
+            return annotations, result
+        float_tensors.update(more_t)
+        float_nodes.update(more_n)
+    assert result is not None
+    return annotate(graph, profile, cfg, float_tensors, float_nodes), result
+
+
+def _merged(first: CalibrationResult, extra: CalibrationResult) -> CalibrationResult:
+    return CalibrationResult({**first.stats, **extra.stats}, first.batches_seen, first.held)
 
 
 def _observed(annotations: Annotations) -> dict[str, bool]:

@@ -139,6 +139,15 @@ def _check(args: argparse.Namespace) -> int:
         print(v)
     qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
     print(f"{args.model}: {len(violations)} {profile.name} violation(s), {qdq} Q/DQ nodes")
+    if profile.fused_validation:  # the backend runs fused integer kernels: say which fused
+        from onnxq.backends.fusion import fusion_report
+
+        fusion = fusion_report(model)
+        kernels = ", ".join(f"{k} x{v}" for k, v in fusion.integer_ops.items()) or "none"
+        print(f"onnxruntime fused {fusion.fused} of {len(fusion.candidates)} Q/DQ groups "
+              f"({fusion.ratio:.0%}) into integer kernels: {kernels}")
+        for name, op in fusion.unfused:
+            print(f"  not fused: {name} ({op})")
     return 1 if violations else 0
 
 

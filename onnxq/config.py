@@ -82,6 +82,12 @@ class QuantConfig:
         min_channels: Conv/Gemm/MatMul with fewer input or output channels stay float
             (INT8 does not pay for them in TensorRT); 0 disables the rule, ``None`` takes the
             backend profile's default.
+        mask_threshold: an activation whose calibrated magnitude reaches this stays float (an
+            additive attention mask, a fill value: int8 would erase its ordinary values).
+        concat_range_ratio: a Concat (onnxruntime backend) whose inputs' ranges differ by more
+            than this factor stays float instead of forcing one scale on all of them.
+        reduce_range: 7-bit weights for the onnxruntime backend (its u8s8 CPU kernels saturate
+            int16 sums on x86 CPUs without VNNI); ``None`` decides from the CPU.
         simplify: run the simplify passes before placing Q/DQ.
         progress: show progress bars on stderr.
     """
@@ -95,6 +101,9 @@ class QuantConfig:
     fidelity_batches: int = 4
     weight_storage: str = "int8"
     min_channels: int | None = None
+    mask_threshold: float = 1e4
+    concat_range_ratio: float = 16.0
+    reduce_range: bool | None = None
     simplify: bool = True
     progress: bool = True
 
@@ -114,6 +123,10 @@ class QuantConfig:
             raise ConfigError(f"max_batches: must be >= 1, got {self.max_batches}")
         if self.fidelity_batches < 0:
             raise ConfigError(f"fidelity_batches: must be >= 0, got {self.fidelity_batches}")
+        if not self.mask_threshold > 0:
+            raise ConfigError(f"mask_threshold: must be > 0, got {self.mask_threshold}")
+        if not self.concat_range_ratio >= 1:
+            raise ConfigError(f"concat_range_ratio: must be >= 1, got {self.concat_range_ratio}")
         if self.min_channels is not None and self.min_channels < 0:
             raise ConfigError(f"min_channels: must be >= 0, got {self.min_channels}")
         # Normalise lists given from Python or YAML into tuples so the config stays hashable.
@@ -221,6 +234,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "fidelity_batches": (int,),
     "weight_storage": (str,),
     "min_channels": (int, type(None)),
+    "mask_threshold": (int, float),
+    "concat_range_ratio": (int, float),
+    "reduce_range": (bool, type(None)),
     "simplify": (bool,),
     "progress": (bool,),
 }
@@ -252,7 +268,8 @@ def _override(index: int, value: Any, where: str) -> Override:
     for key in value:
         if key not in valid:
             raise ConfigError(
-                f"{where}: overrides[{index}]: unknown key {key!r}; valid: {', '.join(sorted(valid))}"
+                f"{where}: overrides[{index}]: unknown key {key!r}; "
+                f"valid: {', '.join(sorted(valid))}"
             )
     for key in ("node", "op_type", "tensor", "method"):
         if value.get(key) is not None and not isinstance(value[key], str):

@@ -9,7 +9,7 @@ dequantized tensor; other readers keep the float tensor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -48,17 +48,22 @@ def materialize(model: onnx.ModelProto, annotations: Annotations,
             if value is None:
                 raise InternalError(f"weight {ann.tensor!r} lost its constant value")
             weights[ann.tensor] = weight_qparams(value, ann.axis, profile.weight_qmax)
+    resolved = dict(activation_qparams)
     for ann in annotations.tensors.values():
-        if ann.kind == "activation":
-            qp = activation_qparams.get(ann.tensor)
+        if ann.kind in ("activation", "shared"):
+            source = ann.inputs[0] if ann.kind == "shared" else ann.tensor
+            qp = resolved.get(source)
             if qp is None:
                 continue  # no statistics (the report says so)
+            if ann.kind == "shared":
+                qp = replace(qp, method=f"shared with {source}")
+                resolved[ann.tensor] = qp
             out = _qdq(graph, ann.tensor, qp)
         elif ann.kind == "weight":
             qp = weights[ann.tensor]
             out = _weight(graph, ann.tensor, qp, profile, config)
         else:
-            bias = _bias_qparams(graph, ann, activation_qparams, weights)
+            bias = _bias_qparams(graph, ann, resolved, weights)
             if bias is None:
                 continue
             qp, values = bias

@@ -182,35 +182,45 @@ def _entropy(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tuple[
 
 
 def _kl_threshold(hist: np.ndarray, levels: int) -> int:
-    """Number of bins to keep (TensorRT's entropy calibration, evaluated over a stride)."""
+    """Number of |x| bins to keep: TensorRT's entropy calibration (as onnxruntime implements
+    it: outliers clipped into the last kept bin, empty bins smoothed), over a stride of
+    candidate thresholds."""
     n = len(hist)
     step = max(1, (n - levels) // 256)
+    tail = np.concatenate([np.cumsum(hist[::-1])[::-1], [0]])
     best_i, best_kl = n, math.inf
-    total_tail = np.concatenate([np.cumsum(hist[::-1])[::-1], [0.0]])
     for i in range(levels, n + 1, step):
-        p = hist[:i].copy()
-        p[-1] += total_tail[i]  # clip the outliers into the last kept bin
-        # merge i bins into `levels` groups, then expand back over the non-empty bins
-        edges = np.linspace(0, i, levels + 1).astype(np.int64)
-        sums = np.add.reduceat(hist[:i], edges[:-1])
-        nonzero = (hist[:i] > 0).astype(np.float64)
-        counts = np.add.reduceat(nonzero, edges[:-1])
-        avg = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
-        q = np.repeat(avg, np.diff(edges)) * nonzero
-        kl = _kl(p, q)
+        p = hist[:i].astype(np.float64)
+        p[-1] += tail[i]
+        merged = i // levels
+        groups = np.add.reduceat(hist[:i].astype(np.float64), np.arange(0, levels) * merged)
+        nonzero = (p != 0).astype(np.float64)
+        norm = np.add.reduceat(nonzero, np.arange(0, levels) * merged)
+        sizes = np.full(levels, merged)
+        sizes[-1] = i - merged * (levels - 1)
+        avg = np.divide(groups, norm, out=np.zeros(levels), where=norm > 0)
+        q = np.repeat(avg, sizes) * nonzero
+        kl = _kl(_smooth(p), _smooth(q))
         if kl < best_kl:
             best_kl, best_i = kl, i
     return best_i
 
 
+def _smooth(p: np.ndarray, eps: float = 1e-4) -> np.ndarray:
+    """Move a little mass to empty bins so that KL stays finite (onnxruntime's smoothing)."""
+    zero = p == 0
+    n_zero, n_nonzero = int(zero.sum()), int(p.size - zero.sum())
+    if n_nonzero == 0:
+        return p
+    out = p / p.sum()
+    if n_zero:
+        out = out + eps * zero - (eps * n_zero / n_nonzero) * (~zero)
+    return out
+
+
 def _kl(p: np.ndarray, q: np.ndarray) -> float:
-    ps, qs = p.sum(), q.sum()
-    if ps == 0 or qs == 0:
-        return math.inf
-    p = p / ps
-    q = q / qs
     mask = p > 0
-    if np.any(q[mask] == 0):
+    if np.any(q[mask] <= 0):
         return math.inf
     return float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
 
@@ -237,13 +247,57 @@ def _mse(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tuple[floa
     return max(stats.min, -best), min(stats.max, best)
 
 
+def quantization_error(stats: TensorStats, lo: float, hi: float, levels: int) -> float:
+    """Expected squared error per value when ``[lo, hi]`` is cut into ``levels`` steps.
+
+    Read from the signed histogram: values inside round with error step^2/12, values outside
+    clip to the nearest end.
+    """
+    width = 2.0 * stats.range / BINS
+    centers = -stats.range + (np.arange(BINS) + 0.5) * width
+    counts = stats.counts.astype(np.float64)
+    total = counts.sum()
+    if total == 0 or hi <= lo:
+        return math.inf
+    step = (hi - lo) / levels
+    clipped = np.where(centers < lo, lo - centers, np.where(centers > hi, centers - hi, 0.0))
+    inside = clipped == 0
+    err = np.where(inside, step * step / 12.0, clipped * clipped)
+    return float(err @ counts / total)
+
+
+def _auto(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tuple[float, float]:
+    return auto_choice(stats, symmetric, opts)[1]
+
+
+def auto_choice(stats: TensorStats, symmetric: bool,
+                opts: MethodOptions) -> tuple[str, tuple[float, float]]:
+    """The method (of the others) whose range has the least :func:`quantization_error`."""
+    levels = 254 if symmetric else 255
+    best: tuple[float, str, tuple[float, float]] | None = None
+    for name in AUTO_CANDIDATES:
+        lo, hi = METHODS[name](stats, symmetric, opts)
+        if symmetric:
+            amax = max(abs(lo), abs(hi))
+            lo, hi = -amax, amax
+        else:
+            lo, hi = min(lo, 0.0), max(hi, 0.0)
+        err = quantization_error(stats, lo, hi, levels)
+        if best is None or err < best[0]:
+            best = (err, name, (lo, hi))
+    assert best is not None
+    return best[1], best[2]
+
+
 METHODS: dict[str, RangeFn] = {
     "minmax": _minmax,
     "percentile": _percentile,
     "entropy": _entropy,
     "mse": _mse,
+    "auto": _auto,
 }
-HISTOGRAM_METHODS = frozenset({"percentile", "entropy", "mse"})
+AUTO_CANDIDATES = ("minmax", "percentile", "entropy", "mse")
+HISTOGRAM_METHODS = frozenset({"percentile", "entropy", "mse", "auto"})
 
 
 def get_method(name: str) -> RangeFn:
@@ -274,6 +328,9 @@ def activation_qparams(stats: TensorStats, method: str, dtype: str, symmetric: b
                        opts: MethodOptions | None = None) -> QParams:
     """Per-tensor qparams of an activation from its statistics."""
     opts = opts or MethodOptions()
+    if method == "auto":
+        chosen, (lo, hi) = auto_choice(stats, symmetric, opts)
+        return range_to_qparams(lo, hi, dtype, symmetric, f"auto:{chosen}")
     lo, hi = get_method(method)(stats, symmetric, opts)
     return range_to_qparams(lo, hi, dtype, symmetric, method)
 

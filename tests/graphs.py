@@ -37,13 +37,14 @@ def tensor(name: str, shape: list[int | str | None] | None, elem: int = FLOAT):
     return helper.make_tensor_value_info(name, elem, shape)
 
 
-def model(nodes, inputs, outputs, initializers=(), opset: int = OPSET,
-          name: str = "tiny") -> onnx.ModelProto:
+def model(
+    nodes, inputs, outputs, initializers=(), opset: int = OPSET, name: str = "tiny"
+) -> onnx.ModelProto:
     """A checked model of one graph at ``opset``."""
-    graph = helper.make_graph(list(nodes), name, list(inputs), list(outputs),
-                              list(initializers))
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                          producer_name="onnxq-tests")
+    graph = helper.make_graph(list(nodes), name, list(inputs), list(outputs), list(initializers))
+    m = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="onnxq-tests"
+    )
     m.ir_version = IR_VERSION
     onnx.checker.check_model(m)
     return m
@@ -83,19 +84,28 @@ def count_ops(m: onnx.ModelProto, op_type: str) -> int:
 
 
 # ------------------------------------------------------------------------------- builders
-def conv_relu(channels: int = 16, out_channels: int = 16, size: int = 8,
-              seed: int = 0) -> onnx.ModelProto:
+def conv_relu(
+    channels: int = 16, out_channels: int = 16, size: int = 8, seed: int = 0
+) -> onnx.ModelProto:
     """x -> Conv(3x3, bias) -> Relu -> y."""
     r = rng(seed)
     nodes = [
-        helper.make_node("Conv", ["x", "conv.weight", "conv.bias"], ["conv_out"], name="conv",
-                         pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "Conv", ["x", "conv.weight", "conv.bias"], ["conv_out"], name="conv", pads=[1, 1, 1, 1]
+        ),
         helper.make_node("Relu", ["conv_out"], ["y"], name="relu"),
     ]
-    inits = [init("conv.weight", weight(r, out_channels, channels, 3, 3)),
-             init("conv.bias", weight(r, out_channels))]
-    return model(nodes, [tensor("x", [1, channels, size, size])],
-                 [tensor("y", [1, out_channels, size, size])], inits, name="conv_relu")
+    inits = [
+        init("conv.weight", weight(r, out_channels, channels, 3, 3)),
+        init("conv.bias", weight(r, out_channels)),
+    ]
+    return model(
+        nodes,
+        [tensor("x", [1, channels, size, size])],
+        [tensor("y", [1, out_channels, size, size])],
+        inits,
+        name="conv_relu",
+    )
 
 
 def conv_small(seed: int = 0) -> onnx.ModelProto:
@@ -107,17 +117,26 @@ def conv_bn_relu(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
     """x -> Conv(no bias) -> BatchNormalization -> Relu -> y."""
     r = rng(seed)
     nodes = [
-        helper.make_node("Conv", ["x", "conv.weight"], ["conv_out"], name="conv",
-                         pads=[1, 1, 1, 1]),
-        helper.make_node("BatchNormalization",
-                         ["conv_out", "bn.scale", "bn.bias", "bn.mean", "bn.var"], ["bn_out"],
-                         name="bn", epsilon=1e-3),
+        helper.make_node(
+            "Conv", ["x", "conv.weight"], ["conv_out"], name="conv", pads=[1, 1, 1, 1]
+        ),
+        helper.make_node(
+            "BatchNormalization",
+            ["conv_out", "bn.scale", "bn.bias", "bn.mean", "bn.var"],
+            ["bn_out"],
+            name="bn",
+            epsilon=1e-3,
+        ),
         helper.make_node("Relu", ["bn_out"], ["y"], name="relu"),
     ]
-    inits = [init("conv.weight", weight(r, channels, channels, 3, 3)),
-             *_bn_params(r, channels)]
-    return model(nodes, [tensor("x", [1, channels, 8, 8])], [tensor("y", [1, channels, 8, 8])],
-                 inits, name="conv_bn_relu")
+    inits = [init("conv.weight", weight(r, channels, channels, 3, 3)), *_bn_params(r, channels)]
+    return model(
+        nodes,
+        [tensor("x", [1, channels, 8, 8])],
+        [tensor("y", [1, channels, 8, 8])],
+        inits,
+        name="conv_bn_relu",
+    )
 
 
 def _bn_params(r: np.random.Generator, channels: int) -> list[TensorProto]:
@@ -129,59 +148,103 @@ def _bn_params(r: np.random.Generator, channels: int) -> list[TensorProto]:
     ]
 
 
-def conv_transpose(channels: int = 16, out_channels: int = 16, group: int = 1,
-                   seed: int = 0) -> onnx.ModelProto:
+def conv_transpose(
+    channels: int = 16, out_channels: int = 16, group: int = 1, seed: int = 0
+) -> onnx.ModelProto:
     """x -> ConvTranspose(3x3, stride 2, bias) -> Relu -> y."""
     r = rng(seed)
     nodes = [
-        helper.make_node("ConvTranspose", ["x", "convt.weight", "convt.bias"], ["convt_out"],
-                         name="convt", strides=[2, 2], group=group),
+        helper.make_node(
+            "ConvTranspose",
+            ["x", "convt.weight", "convt.bias"],
+            ["convt_out"],
+            name="convt",
+            strides=[2, 2],
+            group=group,
+        ),
         helper.make_node("Relu", ["convt_out"], ["y"], name="relu"),
     ]
-    inits = [init("convt.weight", weight(r, channels, out_channels // group, 3, 3)),
-             init("convt.bias", weight(r, out_channels))]
-    return model(nodes, [tensor("x", [1, channels, 8, 8])],
-                 [tensor("y", [1, out_channels, 17, 17])], inits, name="conv_transpose")
+    inits = [
+        init("convt.weight", weight(r, channels, out_channels // group, 3, 3)),
+        init("convt.bias", weight(r, out_channels)),
+    ]
+    return model(
+        nodes,
+        [tensor("x", [1, channels, 8, 8])],
+        [tensor("y", [1, out_channels, 17, 17])],
+        inits,
+        name="conv_transpose",
+    )
 
 
-def conv_transpose_bn(channels: int = 16, out_channels: int = 16, group: int = 2,
-                      seed: int = 0) -> onnx.ModelProto:
+def conv_transpose_bn(
+    channels: int = 16, out_channels: int = 16, group: int = 2, seed: int = 0
+) -> onnx.ModelProto:
     """x -> ConvTranspose(group, no bias) -> BatchNormalization -> y (BN output is the graph's)."""
     r = rng(seed)
     nodes = [
-        helper.make_node("ConvTranspose", ["x", "convt.weight"], ["convt_out"], name="convt",
-                         group=group),
-        helper.make_node("BatchNormalization",
-                         ["convt_out", "bn.scale", "bn.bias", "bn.mean", "bn.var"], ["y"],
-                         name="bn"),
+        helper.make_node(
+            "ConvTranspose", ["x", "convt.weight"], ["convt_out"], name="convt", group=group
+        ),
+        helper.make_node(
+            "BatchNormalization",
+            ["convt_out", "bn.scale", "bn.bias", "bn.mean", "bn.var"],
+            ["y"],
+            name="bn",
+        ),
     ]
-    inits = [init("convt.weight", weight(r, channels, out_channels // group, 3, 3)),
-             *_bn_params(r, out_channels)]
-    return model(nodes, [tensor("x", [1, channels, 6, 6])],
-                 [tensor("y", [1, out_channels, 8, 8])], inits, name="conv_transpose_bn")
+    inits = [
+        init("convt.weight", weight(r, channels, out_channels // group, 3, 3)),
+        *_bn_params(r, out_channels),
+    ]
+    return model(
+        nodes,
+        [tensor("x", [1, channels, 6, 6])],
+        [tensor("y", [1, out_channels, 8, 8])],
+        inits,
+        name="conv_transpose_bn",
+    )
 
 
 def residual_add(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
     """x -> conv1 -> relu1 (skip) -> conv2; y = Add(conv2_out, skip)."""
     r = rng(seed)
     nodes = [
-        helper.make_node("Conv", ["x", "conv1.weight", "conv1.bias"], ["conv1_out"],
-                         name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "Conv",
+            ["x", "conv1.weight", "conv1.bias"],
+            ["conv1_out"],
+            name="conv1",
+            pads=[1, 1, 1, 1],
+        ),
         helper.make_node("Relu", ["conv1_out"], ["skip"], name="relu1"),
-        helper.make_node("Conv", ["skip", "conv2.weight", "conv2.bias"], ["conv2_out"],
-                         name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "Conv",
+            ["skip", "conv2.weight", "conv2.bias"],
+            ["conv2_out"],
+            name="conv2",
+            pads=[1, 1, 1, 1],
+        ),
         helper.make_node("Add", ["conv2_out", "skip"], ["y"], name="add"),
     ]
-    inits = [init("conv1.weight", weight(r, channels, channels, 3, 3)),
-             init("conv1.bias", weight(r, channels)),
-             init("conv2.weight", weight(r, channels, channels, 3, 3)),
-             init("conv2.bias", weight(r, channels))]
-    return model(nodes, [tensor("x", [1, channels, 8, 8])], [tensor("y", [1, channels, 8, 8])],
-                 inits, name="residual_add")
+    inits = [
+        init("conv1.weight", weight(r, channels, channels, 3, 3)),
+        init("conv1.bias", weight(r, channels)),
+        init("conv2.weight", weight(r, channels, channels, 3, 3)),
+        init("conv2.bias", weight(r, channels)),
+    ]
+    return model(
+        nodes,
+        [tensor("x", [1, channels, 8, 8])],
+        [tensor("y", [1, channels, 8, 8])],
+        inits,
+        name="residual_add",
+    )
 
 
-def gemm(trans_b: bool = True, k: int = 32, n: int = 16, bias: bool = True,
-         seed: int = 0) -> onnx.ModelProto:
+def gemm(
+    trans_b: bool = True, k: int = 32, n: int = 16, bias: bool = True, seed: int = 0
+) -> onnx.ModelProto:
     """x[2, K] -> Gemm(B constant, transB) -> Relu -> y[2, N]."""
     r = rng(seed)
     b = weight(r, n, k) if trans_b else weight(r, k, n)
@@ -199,11 +262,19 @@ def gemm_bn(trans_b: bool = True, k: int = 32, n: int = 16, seed: int = 0) -> on
     r = rng(seed)
     b = weight(r, n, k) if trans_b else weight(r, k, n)
     nodes = [
-        helper.make_node("Gemm", ["x", "gemm.weight", "gemm.bias"], ["gemm_out"], name="gemm",
-                         transB=int(trans_b)),
-        helper.make_node("BatchNormalization",
-                         ["gemm_out", "bn.scale", "bn.bias", "bn.mean", "bn.var"], ["bn_out"],
-                         name="bn"),
+        helper.make_node(
+            "Gemm",
+            ["x", "gemm.weight", "gemm.bias"],
+            ["gemm_out"],
+            name="gemm",
+            transB=int(trans_b),
+        ),
+        helper.make_node(
+            "BatchNormalization",
+            ["gemm_out", "bn.scale", "bn.bias", "bn.mean", "bn.var"],
+            ["bn_out"],
+            name="bn",
+        ),
         helper.make_node("Relu", ["bn_out"], ["y"], name="relu"),
     ]
     inits = [init("gemm.weight", b), init("gemm.bias", weight(r, n)), *_bn_params(r, n)]
@@ -217,15 +288,24 @@ def matmul_const(k: int = 32, n: int = 16, seed: int = 0) -> onnx.ModelProto:
         helper.make_node("MatMul", ["x", "matmul.weight"], ["matmul_out"], name="matmul"),
         helper.make_node("Relu", ["matmul_out"], ["y"], name="relu"),
     ]
-    return model(nodes, [tensor("x", [1, 4, k])], [tensor("y", [1, 4, n])],
-                 [init("matmul.weight", weight(r, k, n))], name="matmul_const")
+    return model(
+        nodes,
+        [tensor("x", [1, 4, k])],
+        [tensor("y", [1, 4, n])],
+        [init("matmul.weight", weight(r, k, n))],
+        name="matmul_const",
+    )
 
 
 def matmul_act(k: int = 32, n: int = 16) -> onnx.ModelProto:
     """a[1, 4, K] @ b[1, K, N], both activations (an attention core)."""
     nodes = [helper.make_node("MatMul", ["a", "b"], ["y"], name="matmul")]
-    return model(nodes, [tensor("a", [1, 4, k]), tensor("b", [1, k, n])],
-                 [tensor("y", [1, 4, n])], name="matmul_act")
+    return model(
+        nodes,
+        [tensor("a", [1, 4, k]), tensor("b", [1, k, n])],
+        [tensor("y", [1, 4, n])],
+        name="matmul_act",
+    )
 
 
 def shape_subgraph(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
@@ -236,20 +316,26 @@ def shape_subgraph(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
     r = rng(seed)
     nodes = [
         helper.make_node("Shape", ["x"], ["x_shape"], name="shape"),
-        helper.make_node("Gather", ["x_shape", "gather.index"], ["batch"], name="gather",
-                         axis=0),
-        helper.make_node("Concat", ["batch", "reshape.tail"], ["new_shape"], name="concat",
-                         axis=0),
+        helper.make_node("Gather", ["x_shape", "gather.index"], ["batch"], name="gather", axis=0),
+        helper.make_node("Concat", ["batch", "reshape.tail"], ["new_shape"], name="concat", axis=0),
         helper.make_node("Reshape", ["x", "new_shape"], ["x4d"], name="reshape"),
-        helper.make_node("Conv", ["x4d", "conv.weight", "conv.bias"], ["y"], name="conv",
-                         pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "Conv", ["x4d", "conv.weight", "conv.bias"], ["y"], name="conv", pads=[1, 1, 1, 1]
+        ),
     ]
-    inits = [init("gather.index", np.array([0], dtype=np.int64)),
-             init("reshape.tail", np.array([channels, 8, 8], dtype=np.int64)),
-             init("conv.weight", weight(r, channels, channels, 3, 3)),
-             init("conv.bias", weight(r, channels))]
-    return model(nodes, [tensor("x", ["N", channels, 64])], [tensor("y", ["N", channels, 8, 8])],
-                 inits, name="shape_subgraph")
+    inits = [
+        init("gather.index", np.array([0], dtype=np.int64)),
+        init("reshape.tail", np.array([channels, 8, 8], dtype=np.int64)),
+        init("conv.weight", weight(r, channels, channels, 3, 3)),
+        init("conv.bias", weight(r, channels)),
+    ]
+    return model(
+        nodes,
+        [tensor("x", ["N", channels, 64])],
+        [tensor("y", ["N", channels, 8, 8])],
+        inits,
+        name="shape_subgraph",
+    )
 
 
 def with_constant_nodes(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
@@ -258,16 +344,23 @@ def with_constant_nodes(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
     w = weight(r, channels, channels, 3, 3)
     b = weight(r, channels)
     nodes = [
-        helper.make_node("Constant", [], ["conv.weight"], name="weight_const",
-                         value=numpy_helper.from_array(w)),
-        helper.make_node("Constant", [], ["conv.bias"], name="bias_const",
-                         value=numpy_helper.from_array(b)),
-        helper.make_node("Conv", ["x", "conv.weight", "conv.bias"], ["conv_out"], name="conv",
-                         pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "Constant", [], ["conv.weight"], name="weight_const", value=numpy_helper.from_array(w)
+        ),
+        helper.make_node(
+            "Constant", [], ["conv.bias"], name="bias_const", value=numpy_helper.from_array(b)
+        ),
+        helper.make_node(
+            "Conv", ["x", "conv.weight", "conv.bias"], ["conv_out"], name="conv", pads=[1, 1, 1, 1]
+        ),
         helper.make_node("Relu", ["conv_out"], ["y"], name="relu"),
     ]
-    return model(nodes, [tensor("x", [1, channels, 8, 8])], [tensor("y", [1, channels, 8, 8])],
-                 name="with_constant_nodes")
+    return model(
+        nodes,
+        [tensor("x", [1, channels, 8, 8])],
+        [tensor("y", [1, channels, 8, 8])],
+        name="with_constant_nodes",
+    )
 
 
 def identity_dropout(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
@@ -275,16 +368,28 @@ def identity_dropout(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
     r = rng(seed)
     nodes = [
         helper.make_node("Identity", ["x"], ["x_id"], name="identity_in"),
-        helper.make_node("Conv", ["x_id", "conv.weight", "conv.bias"], ["conv_out"], name="conv",
-                         pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "Conv",
+            ["x_id", "conv.weight", "conv.bias"],
+            ["conv_out"],
+            name="conv",
+            pads=[1, 1, 1, 1],
+        ),
         helper.make_node("Dropout", ["conv_out"], ["drop_out"], name="dropout"),
         helper.make_node("Identity", ["drop_out"], ["mid"], name="identity_mid"),
         helper.make_node("Relu", ["mid"], ["y"], name="relu"),
     ]
-    inits = [init("conv.weight", weight(r, channels, channels, 3, 3)),
-             init("conv.bias", weight(r, channels))]
-    return model(nodes, [tensor("x", [1, channels, 8, 8])], [tensor("y", [1, channels, 8, 8])],
-                 inits, name="identity_dropout")
+    inits = [
+        init("conv.weight", weight(r, channels, channels, 3, 3)),
+        init("conv.bias", weight(r, channels)),
+    ]
+    return model(
+        nodes,
+        [tensor("x", [1, channels, 8, 8])],
+        [tensor("y", [1, channels, 8, 8])],
+        inits,
+        name="identity_dropout",
+    )
 
 
 def if_model(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
@@ -293,87 +398,133 @@ def if_model(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
     shape = [1, channels, 8, 8]
     then_graph = helper.make_graph(
         [helper.make_node("Identity", ["t"], ["then_out"], name="then_identity")],
-        "then_branch", [], [tensor("then_out", shape)])
+        "then_branch",
+        [],
+        [tensor("then_out", shape)],
+    )
     else_graph = helper.make_graph(
         [helper.make_node("Neg", ["t"], ["else_out"], name="else_neg")],
-        "else_branch", [], [tensor("else_out", shape)])
+        "else_branch",
+        [],
+        [tensor("else_out", shape)],
+    )
     nodes = [
-        helper.make_node("Conv", ["x", "conv.weight", "conv.bias"], ["conv_out"], name="conv",
-                         pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "Conv", ["x", "conv.weight", "conv.bias"], ["conv_out"], name="conv", pads=[1, 1, 1, 1]
+        ),
         helper.make_node("Relu", ["conv_out"], ["t"], name="relu"),
-        helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then_graph,
-                         else_branch=else_graph),
+        helper.make_node(
+            "If", ["cond"], ["y"], name="if", then_branch=then_graph, else_branch=else_graph
+        ),
     ]
-    inits = [init("conv.weight", weight(r, channels, channels, 3, 3)),
-             init("conv.bias", weight(r, channels))]
-    return model(nodes, [tensor("x", shape), tensor("cond", [], TensorProto.BOOL)],
-                 [tensor("y", shape)], inits, name="if_model")
+    inits = [
+        init("conv.weight", weight(r, channels, channels, 3, 3)),
+        init("conv.bias", weight(r, channels)),
+    ]
+    return model(
+        nodes,
+        [tensor("x", shape), tensor("cond", [], TensorProto.BOOL)],
+        [tensor("y", shape)],
+        inits,
+        name="if_model",
+    )
 
 
 # --------------------------------------------------------------- graphs rules decline
 def conv_dynamic_weight(channels: int = 16) -> onnx.ModelProto:
     """Conv whose weight is a graph input (not a constant)."""
     nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])]
-    return model(nodes, [tensor("x", [1, channels, 8, 8]),
-                         tensor("w", [channels, channels, 3, 3])],
-                 [tensor("y", [1, channels, 8, 8])], name="conv_dynamic_weight")
+    return model(
+        nodes,
+        [tensor("x", [1, channels, 8, 8]), tensor("w", [channels, channels, 3, 3])],
+        [tensor("y", [1, channels, 8, 8])],
+        name="conv_dynamic_weight",
+    )
 
 
-def grouped_conv(channels: int = 16, group: int = 2, kernel: int = 1,
-                 seed: int = 0) -> onnx.ModelProto:
+def grouped_conv(
+    channels: int = 16, group: int = 2, kernel: int = 1, seed: int = 0
+) -> onnx.ModelProto:
     """x -> Conv(group, kernel x kernel) -> Relu -> y."""
     r = rng(seed)
     nodes = [
-        helper.make_node("Conv", ["x", "conv.weight"], ["conv_out"], name="conv", group=group,
-                         pads=[kernel // 2] * 4),
+        helper.make_node(
+            "Conv",
+            ["x", "conv.weight"],
+            ["conv_out"],
+            name="conv",
+            group=group,
+            pads=[kernel // 2] * 4,
+        ),
         helper.make_node("Relu", ["conv_out"], ["y"], name="relu"),
     ]
     inits = [init("conv.weight", weight(r, channels, channels // group, kernel, kernel))]
-    return model(nodes, [tensor("x", [1, channels, 8, 8])], [tensor("y", [1, channels, 8, 8])],
-                 inits, name="grouped_conv")
+    return model(
+        nodes,
+        [tensor("x", [1, channels, 8, 8])],
+        [tensor("y", [1, channels, 8, 8])],
+        inits,
+        name="grouped_conv",
+    )
 
 
 def gemm_act(k: int = 32, n: int = 16) -> onnx.ModelProto:
     """Gemm of two activations (B is a graph input)."""
     nodes = [helper.make_node("Gemm", ["x", "b"], ["y"], name="gemm")]
-    return model(nodes, [tensor("x", [2, k]), tensor("b", [k, n])], [tensor("y", [2, n])],
-                 name="gemm_act")
+    return model(
+        nodes, [tensor("x", [2, k]), tensor("b", [k, n])], [tensor("y", [2, n])], name="gemm_act"
+    )
 
 
 def matmul_vector(k: int = 32, seed: int = 0) -> onnx.ModelProto:
     """x[4, K] @ v[K] (a constant vector: GEMV)."""
     r = rng(seed)
     nodes = [helper.make_node("MatMul", ["x", "matmul.weight"], ["y"], name="matmul")]
-    return model(nodes, [tensor("x", [4, k])], [tensor("y", [4])],
-                 [init("matmul.weight", weight(r, k))], name="matmul_vector")
+    return model(
+        nodes,
+        [tensor("x", [4, k])],
+        [tensor("y", [4])],
+        [init("matmul.weight", weight(r, k))],
+        name="matmul_vector",
+    )
 
 
 def conv_add_broadcast(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
     """conv_out + z[1, C, 1, 1]: a broadcast Add, not a residual."""
     r = rng(seed)
     nodes = [
-        helper.make_node("Conv", ["x", "conv.weight"], ["conv_out"], name="conv",
-                         pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "Conv", ["x", "conv.weight"], ["conv_out"], name="conv", pads=[1, 1, 1, 1]
+        ),
         helper.make_node("Add", ["conv_out", "z"], ["y"], name="add"),
     ]
-    return model(nodes, [tensor("x", [1, channels, 8, 8]), tensor("z", [1, channels, 1, 1])],
-                 [tensor("y", [1, channels, 8, 8])],
-                 [init("conv.weight", weight(r, channels, channels, 3, 3))],
-                 name="conv_add_broadcast")
+    return model(
+        nodes,
+        [tensor("x", [1, channels, 8, 8]), tensor("z", [1, channels, 1, 1])],
+        [tensor("y", [1, channels, 8, 8])],
+        [init("conv.weight", weight(r, channels, channels, 3, 3))],
+        name="conv_add_broadcast",
+    )
 
 
 def shared_weight(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
     """One weight read by a Conv (channel axis 0) and a ConvTranspose (channel axis 1)."""
     r = rng(seed)
     nodes = [
-        helper.make_node("Conv", ["x", "shared.weight"], ["conv_out"], name="conv",
-                         pads=[1, 1, 1, 1]),
-        helper.make_node("ConvTranspose", ["conv_out", "shared.weight"], ["y"], name="convt",
-                         pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "Conv", ["x", "shared.weight"], ["conv_out"], name="conv", pads=[1, 1, 1, 1]
+        ),
+        helper.make_node(
+            "ConvTranspose", ["conv_out", "shared.weight"], ["y"], name="convt", pads=[1, 1, 1, 1]
+        ),
     ]
-    return model(nodes, [tensor("x", [1, channels, 8, 8])], [tensor("y", [1, channels, 8, 8])],
-                 [init("shared.weight", weight(r, channels, channels, 3, 3))],
-                 name="shared_weight")
+    return model(
+        nodes,
+        [tensor("x", [1, channels, 8, 8])],
+        [tensor("y", [1, channels, 8, 8])],
+        [init("shared.weight", weight(r, channels, channels, 3, 3))],
+        name="shared_weight",
+    )
 
 
 def shared_input(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
@@ -384,28 +535,43 @@ def shared_input(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
         helper.make_node("Sigmoid", ["x"], ["side"], name="sigmoid"),
     ]
     shape = [1, channels, 8, 8]
-    return model(nodes, [tensor("x", shape)], [tensor("y", shape), tensor("side", shape)],
-                 [init("conv.weight", weight(r, channels, channels, 3, 3))], name="shared_input")
+    return model(
+        nodes,
+        [tensor("x", shape)],
+        [tensor("y", shape), tensor("side", shape)],
+        [init("conv.weight", weight(r, channels, channels, 3, 3))],
+        name="shared_input",
+    )
 
 
 def name_clash(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
     """conv_relu whose tensors already use the names materialize derives (x_quantized, ...)."""
     r = rng(seed)
     nodes = [
-        helper.make_node("Conv", ["x", "conv.weight", "x_scale"], ["x_quantized"], name="conv",
-                         pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "Conv", ["x", "conv.weight", "x_scale"], ["x_quantized"], name="conv", pads=[1, 1, 1, 1]
+        ),
         helper.make_node("Relu", ["x_quantized"], ["x_dequantized"], name="x_QuantizeLinear"),
     ]
-    inits = [init("conv.weight", weight(r, channels, channels, 3, 3)),
-             init("x_scale", weight(r, channels))]
-    return model(nodes, [tensor("x", [1, channels, 8, 8])],
-                 [tensor("x_dequantized", [1, channels, 8, 8])], inits, name="name_clash")
+    inits = [
+        init("conv.weight", weight(r, channels, channels, 3, 3)),
+        init("x_scale", weight(r, channels)),
+    ]
+    return model(
+        nodes,
+        [tensor("x", [1, channels, 8, 8])],
+        [tensor("x_dequantized", [1, channels, 8, 8])],
+        inits,
+        name="name_clash",
+    )
 
 
 def log_model(channels: int = 16) -> onnx.ModelProto:
     """x -> Log -> Relu -> y: NaN for negative inputs."""
-    nodes = [helper.make_node("Log", ["x"], ["log_out"], name="log"),
-             helper.make_node("Relu", ["log_out"], ["y"], name="relu")]
+    nodes = [
+        helper.make_node("Log", ["x"], ["log_out"], name="log"),
+        helper.make_node("Relu", ["log_out"], ["y"], name="relu"),
+    ]
     shape = [1, channels, 8, 8]
     return model(nodes, [tensor("x", shape)], [tensor("y", shape)], name="log_model")
 
@@ -418,18 +584,29 @@ def binary(op_type: str = "Add", tail: bool = True, channels: int = 16) -> onnx.
     if tail:
         nodes.append(helper.make_node("Relu", ["bin_out"], ["y"], name="relu"))
     shape = [1, channels, 8, 8]
-    return model(nodes, [tensor("a", shape), tensor("b", shape)], [tensor("y", shape)],
-                 name=f"binary_{op_type}")
+    return model(
+        nodes,
+        [tensor("a", shape), tensor("b", shape)],
+        [tensor("y", shape)],
+        name=f"binary_{op_type}",
+    )
 
 
 def mul_const(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
     """x * constant -> Relu -> y."""
     r = rng(seed)
     shape = [1, channels, 8, 8]
-    nodes = [helper.make_node("Mul", ["x", "mul.scale"], ["mul_out"], name="binary"),
-             helper.make_node("Relu", ["mul_out"], ["y"], name="relu")]
-    return model(nodes, [tensor("x", shape)], [tensor("y", shape)],
-                 [init("mul.scale", weight(r, 1, channels, 1, 1))], name="mul_const")
+    nodes = [
+        helper.make_node("Mul", ["x", "mul.scale"], ["mul_out"], name="binary"),
+        helper.make_node("Relu", ["mul_out"], ["y"], name="relu"),
+    ]
+    return model(
+        nodes,
+        [tensor("x", shape)],
+        [tensor("y", shape)],
+        [init("mul.scale", weight(r, 1, channels, 1, 1))],
+        name="mul_const",
+    )
 
 
 def concat(tail: bool = True, channels: int = 16) -> onnx.ModelProto:
@@ -439,8 +616,12 @@ def concat(tail: bool = True, channels: int = 16) -> onnx.ModelProto:
     if tail:
         nodes.append(helper.make_node("Relu", ["cat_out"], ["y"], name="relu"))
     shape = [1, channels, 8, 8]
-    return model(nodes, [tensor("a", shape), tensor("b", shape)],
-                 [tensor("y", [1, 2 * channels, 8, 8])], name="concat")
+    return model(
+        nodes,
+        [tensor("a", shape), tensor("b", shape)],
+        [tensor("y", [1, 2 * channels, 8, 8])],
+        name="concat",
+    )
 
 
 def unary(op_type: str = "Sigmoid", tail: bool = True, channels: int = 16) -> onnx.ModelProto:
@@ -450,8 +631,9 @@ def unary(op_type: str = "Sigmoid", tail: bool = True, channels: int = 16) -> on
     if tail:
         nodes.append(helper.make_node("Relu", ["unary_out"], ["y"], name="relu"))
     out_shape = [1, channels, 1, 1] if op_type == "GlobalAveragePool" else [1, channels, 8, 8]
-    return model(nodes, [tensor("x", [1, channels, 8, 8])], [tensor("y", out_shape)],
-                 name=f"unary_{op_type}")
+    return model(
+        nodes, [tensor("x", [1, channels, 8, 8])], [tensor("y", out_shape)], name=f"unary_{op_type}"
+    )
 
 
 def two_branch_concat(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
@@ -464,12 +646,19 @@ def two_branch_concat(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
         helper.make_node("GlobalAveragePool", ["cat"], ["pooled"], name="gap"),
         helper.make_node("Sigmoid", ["pooled"], ["y"], name="sigmoid"),
     ]
-    inits = [init("c1.weight", weight(r, channels, channels, 1, 1)),
-             init("c1.bias", weight(r, channels)),
-             init("c2.weight", weight(r, channels, channels, 1, 1)),
-             init("c2.bias", weight(r, channels))]
-    return model(nodes, [tensor("x", [1, channels, 8, 8])],
-                 [tensor("y", [1, 2 * channels, 1, 1])], inits, name="two_branch_concat")
+    inits = [
+        init("c1.weight", weight(r, channels, channels, 1, 1)),
+        init("c1.bias", weight(r, channels)),
+        init("c2.weight", weight(r, channels, channels, 1, 1)),
+        init("c2.bias", weight(r, channels)),
+    ]
+    return model(
+        nodes,
+        [tensor("x", [1, channels, 8, 8])],
+        [tensor("y", [1, 2 * channels, 1, 1])],
+        inits,
+        name="two_branch_concat",
+    )
 
 
 # Every float builder (no argument needed) by name, for parametrized tests.

@@ -66,11 +66,15 @@ def test_override_exclude_by_op_type_and_by_tensor():
 def test_method_comes_from_the_config_and_the_last_matching_override():
     ann = annotated(graphs.residual_add(), method="entropy")
     assert {t.tensor: t.method for t in ann.of_kind("activation")} == {
-        "x": "entropy", "skip": "entropy"}
+        "x": "entropy",
+        "skip": "entropy",
+    }
     overrides = (Override(node="conv2", method="mse"), Override(tensor="skip", method="minmax"))
     ann = annotated(graphs.residual_add(), overrides=overrides)
     assert {t.tensor: t.method for t in ann.of_kind("activation")} == {
-        "x": "percentile", "skip": "minmax"}
+        "x": "percentile",
+        "skip": "minmax",
+    }
     assert all(t.method == "" for t in ann.of_kind("weight"))
 
 
@@ -78,21 +82,30 @@ def test_conflicting_specs_decline_the_second_rule_with_a_reason():
     ann = annotated(graphs.shared_weight())
     r = reasons(ann)
     assert r["conv"] == ""
-    assert r["convt"] == ("tensor 'shared.weight' is already quantized as weight (axis 0) by "
-                          "conv; a second, different spec would clash")
+    assert r["convt"] == (
+        "tensor 'shared.weight' is already quantized as weight (axis 0) by "
+        "conv; a second, different spec would clash"
+    )
     assert ann.tensors["shared.weight"].consumers == [("conv", 1)]
     assert "conv_out" not in ann.tensors  # the declined rule left nothing behind
 
 
 def test_custom_domain_ops_stay_float():
-    nodes = [helper.make_node("Conv", ["x", "conv.weight"], ["c"], name="conv",
-                              pads=[1, 1, 1, 1]),
-             helper.make_node("Gelu", ["c"], ["y"], name="gelu", domain="com.example")]
+    nodes = [
+        helper.make_node("Conv", ["x", "conv.weight"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Gelu", ["c"], ["y"], name="gelu", domain="com.example"),
+    ]
     base = graphs.conv_relu()
-    graph = helper.make_graph(nodes, "custom", base.graph.input, base.graph.output,
-                              [base.graph.initializer[0]])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", graphs.OPSET),
-                                                    helper.make_opsetid("com.example", 1)])
+    graph = helper.make_graph(
+        nodes, "custom", base.graph.input, base.graph.output, [base.graph.initializer[0]]
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[
+            helper.make_opsetid("", graphs.OPSET),
+            helper.make_opsetid("com.example", 1),
+        ],
+    )
     ann = annotated(model)
     assert reasons(ann)["gelu"] == "custom-domain op (com.example) stays float"
     assert ann.tensors["conv.weight"].axis == 0

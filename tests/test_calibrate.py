@@ -24,10 +24,10 @@ def reference_values(model: onnx.ModelProto, batches, names: list[str]) -> dict[
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
     del exposed.graph.output[:]
-    exposed.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT,
-                                                                   None) for n in names)
-    session = ort.InferenceSession(exposed.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
+    exposed.graph.output.extend(
+        onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names
+    )
+    session = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
     outs = [session.run(names, b) for b in batches]
     return {n: np.concatenate([o[i].ravel() for o in outs]) for i, n in enumerate(names)}
 
@@ -35,8 +35,9 @@ def reference_values(model: onnx.ModelProto, batches, names: list[str]) -> dict[
 def test_statistics_equal_the_tensors_values():
     model, inputs = prepared(graphs.residual_add())
     batches = graphs.random_batches(model, 5, seed=3)
-    result = calibrate(model, {"x": True, "skip": True, "conv2_out": False}, batches, inputs,
-                       progress=False)
+    result = calibrate(
+        model, {"x": True, "skip": True, "conv2_out": False}, batches, inputs, progress=False
+    )
     assert result.batches_seen == 5
     ref = reference_values(model, batches, ["x", "skip", "conv2_out"])
     for name, values in ref.items():
@@ -52,8 +53,7 @@ def test_max_batches_and_held_batches():
     batches = graphs.random_batches(model, 6)
     for b in batches:
         b["x"] = b["x"].astype(np.float64)  # held batches come back in the model's dtype
-    result = calibrate(model, {"x": True}, batches, inputs, max_batches=4, hold=2,
-                       progress=False)
+    result = calibrate(model, {"x": True}, batches, inputs, max_batches=4, hold=2, progress=False)
     assert result.batches_seen == 4
     assert result.stats["x"].count == 4 * batches[0]["x"].size
     assert len(result.held) == 2
@@ -77,14 +77,14 @@ def test_several_passes_refuse_a_one_shot_iterator():
     model, inputs = prepared(graphs.residual_add())
     once = iter(graphs.random_batches(model, 3))
     with pytest.raises(CalibrationDataError, match="can be read only once"):
-        calibrate(model, {"x": True, "skip": True}, once, inputs, memory_budget=1,
-                  progress=False)
+        calibrate(model, {"x": True, "skip": True}, once, inputs, memory_budget=1, progress=False)
 
 
 def test_a_generator_is_fine_for_a_single_pass():
     model, inputs = prepared(graphs.conv_relu())
-    result = calibrate(model, {"x": True}, (b for b in graphs.random_batches(model, 3)), inputs,
-                       progress=False)
+    result = calibrate(
+        model, {"x": True}, (b for b in graphs.random_batches(model, 3)), inputs, progress=False
+    )
     assert result.batches_seen == 3
 
 
@@ -104,10 +104,13 @@ def test_bad_batch_is_reported_with_its_index():
 
 def test_nan_produced_inside_the_model_names_the_tensor_and_batch():
     model, inputs = prepared(graphs.log_model())
-    batches = [{"x": np.full((1, 16, 8, 8), 2.0, np.float32)},
-               {"x": np.full((1, 16, 8, 8), -1.0, np.float32)}]
-    with pytest.raises(CalibrationDataError,
-                       match="'log_out' has NaN or Inf values in calibration batch 1"):
+    batches = [
+        {"x": np.full((1, 16, 8, 8), 2.0, np.float32)},
+        {"x": np.full((1, 16, 8, 8), -1.0, np.float32)},
+    ]
+    with pytest.raises(
+        CalibrationDataError, match="'log_out' has NaN or Inf values in calibration batch 1"
+    ):
         calibrate(model, {"log_out": True}, batches, inputs, progress=False)
 
 

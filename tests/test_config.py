@@ -9,11 +9,22 @@ from onnxq.errors import ConfigError
 from onnxq.observers import METHODS
 
 FULL = QuantConfig(
-    backend="onnxruntime", method="entropy", percentile=99.9, exclude=("head/*", "*Softmax*"),
-    overrides=(Override(op_type="MatMul", exclude=True), Override(node="conv1", method="mse"),
-               Override(tensor="skip*", method="minmax")),
-    max_batches=10, fidelity_batches=2, weight_storage="qdq", min_channels=0, simplify=False,
-    progress=False)
+    backend="onnxruntime",
+    method="entropy",
+    percentile=99.9,
+    exclude=("head/*", "*Softmax*"),
+    overrides=(
+        Override(op_type="MatMul", exclude=True),
+        Override(node="conv1", method="mse"),
+        Override(tensor="skip*", method="minmax"),
+    ),
+    max_batches=10,
+    fidelity_batches=2,
+    weight_storage="qdq",
+    min_channels=0,
+    simplify=False,
+    progress=False,
+)
 
 
 def test_defaults():
@@ -47,43 +58,52 @@ def test_from_dict_unknown_key_names_the_key():
     assert "valid keys: backend" in str(info.value)
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("percentile", "high"),
-    ("max_batches", 2.5),
-    ("max_batches", True),
-    ("simplify", "yes"),
-    ("exclude", "conv*"),
-    ("fidelity_batches", None),
-    ("overrides", {"node": "x"}),
-])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("percentile", "high"),
+        ("max_batches", 2.5),
+        ("max_batches", True),
+        ("simplify", "yes"),
+        ("exclude", "conv*"),
+        ("fidelity_batches", None),
+        ("overrides", {"node": "x"}),
+    ],
+)
 def test_from_dict_wrong_type_names_the_key(key, value):
     with pytest.raises(ConfigError, match=f"config: {key}: expected"):
         QuantConfig.from_dict({key: value})
 
 
-@pytest.mark.parametrize(("overrides", "match"), [
-    ([{"nod": "x"}], r"overrides\[0\]: unknown key 'nod'"),
-    (["conv"], r"overrides\[0\]: expected a mapping"),
-    ([{"node": 3}], r"overrides\[0\]\.node: expected a string"),
-    ([{"node": "a", "exclude": "yes"}], r"overrides\[0\]\.exclude: expected true or false"),
-    ([{"method": "mse"}], "needs at least one of 'node', 'op_type' or 'tensor'"),
-    ([{"node": "a", "method": "median"}], "unknown calibration method 'median'"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ([{"nod": "x"}], r"overrides\[0\]: unknown key 'nod'"),
+        (["conv"], r"overrides\[0\]: expected a mapping"),
+        ([{"node": 3}], r"overrides\[0\]\.node: expected a string"),
+        ([{"node": "a", "exclude": "yes"}], r"overrides\[0\]\.exclude: expected true or false"),
+        ([{"method": "mse"}], "needs at least one of 'node', 'op_type' or 'tensor'"),
+        ([{"node": "a", "method": "median"}], "unknown calibration method 'median'"),
+    ],
+)
 def test_from_dict_bad_overrides(overrides, match):
     with pytest.raises(ConfigError, match=match):
         QuantConfig.from_dict({"overrides": overrides})
 
 
-@pytest.mark.parametrize(("field", "value", "match"), [
-    ("backend", "tflite", "unknown backend 'tflite'; valid: tensorrt, onnxruntime"),
-    ("method", "median", "unknown calibration method 'median'; valid: entropy, minmax, mse"),
-    ("percentile", 0.0, r"percentile: must be in \(0, 100\]"),
-    ("percentile", 100.5, r"percentile: must be in \(0, 100\]"),
-    ("weight_storage", "fp8", "weight_storage: got 'fp8'"),
-    ("max_batches", 0, "max_batches: must be >= 1"),
-    ("fidelity_batches", -1, "fidelity_batches: must be >= 0"),
-    ("min_channels", -2, "min_channels: must be >= 0"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("backend", "tflite", "unknown backend 'tflite'; valid: tensorrt, onnxruntime"),
+        ("method", "median", "unknown calibration method 'median'; valid: entropy, minmax, mse"),
+        ("percentile", 0.0, r"percentile: must be in \(0, 100\]"),
+        ("percentile", 100.5, r"percentile: must be in \(0, 100\]"),
+        ("weight_storage", "fp8", "weight_storage: got 'fp8'"),
+        ("max_batches", 0, "max_batches: must be >= 1"),
+        ("fidelity_batches", -1, "fidelity_batches: must be >= 0"),
+        ("min_channels", -2, "min_channels: must be >= 0"),
+    ],
+)
 def test_invalid_values_raise_config_error(field, value, match):
     with pytest.raises(ConfigError, match=match):
         QuantConfig(**{field: value})
@@ -91,11 +111,14 @@ def test_invalid_values_raise_config_error(field, value, match):
         QuantConfig().replace(**{field: value})
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("percentile", "high"),
-    ("max_batches", "3"),
-    ("fidelity_batches", "2"),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("percentile", "high"),
+        ("max_batches", "3"),
+        ("fidelity_batches", "2"),
+    ],
+)
 def test_wrongly_typed_python_options_raise_config_error(field, value):
     # quantize(**options) passes Python values straight to QuantConfig: a wrong type is a user
     # error (ConfigError naming the field), not a ValueError/TypeError from a comparison.
@@ -144,10 +167,14 @@ def test_tensor_overrides_never_match_nodes():
 
 
 def test_method_for_last_matching_override_wins():
-    cfg = QuantConfig(method="percentile", overrides=(
-        Override(op_type="Conv", method="entropy"),
-        Override(node="conv2", method="mse"),
-        Override(tensor="other", method="minmax")))
+    cfg = QuantConfig(
+        method="percentile",
+        overrides=(
+            Override(op_type="Conv", method="entropy"),
+            Override(node="conv2", method="mse"),
+            Override(tensor="other", method="minmax"),
+        ),
+    )
     assert cfg.method_for("t", [("conv1", "Conv")]) == "entropy"
     assert cfg.method_for("t", [("conv1", "Conv"), ("conv2", "Conv")]) == "mse"
     assert cfg.method_for("t", [("add", "Add")]) == "percentile"

@@ -32,7 +32,9 @@ def test_model_inputs_reads_names_dtypes_and_shapes():
     model = ir.infer_shapes(graphs.if_model())
     specs = model_inputs(ir.Graph(model))
     assert [(s.name, s.dtype, s.shape) for s in specs] == [
-        ("x", np.dtype("float32"), (1, 16, 8, 8)), ("cond", np.dtype("bool"), ())]
+        ("x", np.dtype("float32"), (1, 16, 8, 8)),
+        ("cond", np.dtype("bool"), ()),
+    ]
     (spec,) = model_inputs(ir.Graph(ir.infer_shapes(graphs.shape_subgraph())))
     assert spec.shape == ("N", 16, 64)
 
@@ -67,7 +69,7 @@ def test_npy_folder_needs_a_single_input_model(tmp_path):
 def test_mixed_folder_is_refused(tmp_path):
     np.save(tmp_path / "a.npy", batch()["x"])
     np.savez(tmp_path / "b.npz", **batch())
-    with pytest.raises(CalibrationDataError, match="both .npz and .npy"):
+    with pytest.raises(CalibrationDataError, match=r"both \.npz and \.npy"):
         open_source(tmp_path, [X])
 
 
@@ -115,7 +117,7 @@ def test_missing_folder(tmp_path):
 
 
 def test_empty_folder(tmp_path):
-    with pytest.raises(CalibrationDataError, match="no .npz or .npy files"):
+    with pytest.raises(CalibrationDataError, match=r"no \.npz or \.npy files"):
         open_source(tmp_path, [X])
 
 
@@ -128,13 +130,13 @@ def test_unsupported_file_type(tmp_path):
 
 def test_corrupt_npz_file(tmp_path):
     (tmp_path / "0000.npz").write_bytes(b"not a zip file")
-    with pytest.raises(CalibrationDataError, match="0000.npz: cannot read"):
+    with pytest.raises(CalibrationDataError, match=r"0000\.npz: cannot read"):
         list(open_source(tmp_path, [X]))
 
 
 def test_pickled_object_arrays_are_refused(tmp_path):
     np.savez(tmp_path / "0000.npz", x=np.array([{"a": 1}], dtype=object))
-    with pytest.raises(CalibrationDataError, match="0000.npz: cannot read"):
+    with pytest.raises(CalibrationDataError, match=r"0000\.npz: cannot read"):
         list(open_source(tmp_path, [X]))
 
 
@@ -147,9 +149,11 @@ def test_wrong_input_name_lists_the_model_inputs():
 
 
 def test_wrong_shape_names_the_input():
-    with pytest.raises(CalibrationDataError,
-                       match=r"input 'x' has shape \[1, 3, 8, 8\], the model expects "
-                             r"\[1, 16, 8, 8\]"):
+    with pytest.raises(
+        CalibrationDataError,
+        match=r"input 'x' has shape \[1, 3, 8, 8\], the model expects "
+        r"\[1, 16, 8, 8\]",
+    ):
         check_batch(batch((1, 3, 8, 8)), [X], 0)
     with pytest.raises(CalibrationDataError, match="input 'x' has shape"):
         check_batch(batch((16, 8, 8)), [X], 0)
@@ -190,10 +194,13 @@ def test_batch_must_be_a_mapping():
 
 
 # ------------------------------------------------------------------------------- end to end
-@pytest.mark.parametrize(("make", "match"), [
-    (lambda d: d / "missing", "calibration data not found"),
-    (lambda d: d, "no .npz or .npy files"),
-])
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda d: d / "missing", "calibration data not found"),
+        (lambda d: d, "no .npz or .npy files"),
+    ],
+)
 def test_quantize_reports_folder_errors(tmp_path, model_file, make, match):
     folder = tmp_path / "calib"
     folder.mkdir()

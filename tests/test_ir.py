@@ -16,8 +16,9 @@ from onnxq.errors import ModelLoadError, OutputError, UnsupportedModelError
 from tests import graphs
 
 
-def with_external_weight(folder: Path, location: str, write_to: Path | None = None,
-                         length_pad: int = 0) -> Path:
+def with_external_weight(
+    folder: Path, location: str, write_to: Path | None = None, length_pad: int = 0
+) -> Path:
     """Save conv_relu with its weight in external data at ``location`` (the bytes go to
     ``write_to``, default ``folder / location``); returns the model path."""
     model = graphs.conv_relu()
@@ -69,7 +70,7 @@ def test_load_model_truncated_file(tmp_path, fraction):
     data = graphs.conv_relu().SerializeToString()
     path = tmp_path / "truncated.onnx"
     path.write_bytes(data[: int(len(data) * fraction)])
-    with pytest.raises(ModelLoadError, match="truncated.onnx"):
+    with pytest.raises(ModelLoadError, match=r"truncated\.onnx"):
         ir.load_model(path)
 
 
@@ -118,7 +119,7 @@ def test_external_data_symlink_out_of_the_folder_is_refused(tmp_path):
 
 def test_external_data_missing_or_short_file(tmp_path):
     path = with_external_weight(tmp_path, "weights.bin", length_pad=8)
-    with pytest.raises(ModelLoadError, match="past the end of 'weights.bin'"):
+    with pytest.raises(ModelLoadError, match=r"past the end of 'weights\.bin'"):
         ir.load_model(path)
     (tmp_path / "weights.bin").unlink()
     with pytest.raises(ModelLoadError, match="not found next to the model"):
@@ -133,7 +134,8 @@ def test_old_opset_is_upgraded_to_13(model_file):
     assert ir.opset_version(loaded) == 13
     np.testing.assert_array_equal(
         ir.Graph(loaded).const_value("conv.weight"),
-        numpy_helper.to_array(graphs.conv_relu().graph.initializer[0]))
+        numpy_helper.to_array(graphs.conv_relu().graph.initializer[0]),
+    )
 
 
 def test_upgrade_failure_is_an_unsupported_model_error():
@@ -166,8 +168,9 @@ def test_save_model_with_external_data_round_trips(tmp_path):
     assert ir.serialize(model) == before  # the in-memory model keeps its weights
     loaded = ir.load_model(out)
     for name in ("conv1.weight", "conv2.weight"):
-        np.testing.assert_array_equal(ir.Graph(loaded).const_value(name),
-                                      ir.Graph(model).const_value(name))
+        np.testing.assert_array_equal(
+            ir.Graph(loaded).const_value(name), ir.Graph(model).const_value(name)
+        )
 
 
 def test_save_model_output_errors(tmp_path):

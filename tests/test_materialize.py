@@ -26,8 +26,9 @@ def place(model: onnx.ModelProto, backend: str = "tensorrt", acts=None, **option
     ann = annotate(ir.Graph(model), profile, cfg)
     if acts is None:
         acts = {
-            t.tensor: range_to_qparams(-4.0, 4.0, profile.activation_dtype,
-                                       profile.activation_symmetric, "minmax")
+            t.tensor: range_to_qparams(
+                -4.0, 4.0, profile.activation_dtype, profile.activation_symmetric, "minmax"
+            )
             for t in ann.of_kind("activation")
         }
     placed = materialize(model, ann, acts, profile, cfg)
@@ -37,8 +38,9 @@ def place(model: onnx.ModelProto, backend: str = "tensorrt", acts=None, **option
 def run(model: onnx.ModelProto, feed) -> list[np.ndarray]:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), opts,
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+    )
     return session.run(None, feed)
 
 
@@ -46,8 +48,7 @@ def test_int8_weight_storage_dequantizes_an_int8_initializer():
     float_model = graphs.conv_relu()
     w = onnx.numpy_helper.to_array(float_model.graph.initializer[0])
     model, placed = place(graphs.conv_relu())
-    assert [(p.tensor, p.kind) for p in placed] == [("x", "activation"),
-                                                    ("conv.weight", "weight")]
+    assert [(p.tensor, p.kind) for p in placed] == [("x", "activation"), ("conv.weight", "weight")]
     g = ir.Graph(model)
     dq = g.producer[g.node_by_name("conv").input[1]]
     assert dq.op_type == "DequantizeLinear"
@@ -105,9 +106,9 @@ def test_onnxruntime_bias_is_int32_with_input_times_weight_scale():
     assert set(kinds) == {"x", "conv.weight", "conv.bias"}
     bias = kinds["conv.bias"]
     assert bias.qparams.zero_point.dtype == np.int32 and bias.qparams.axis == 0
-    np.testing.assert_allclose(bias.qparams.scale,
-                               kinds["x"].qparams.scale * kinds["conv.weight"].qparams.scale,
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        bias.qparams.scale, kinds["x"].qparams.scale * kinds["conv.weight"].qparams.scale, rtol=1e-6
+    )
     g = ir.Graph(model)
     dq = g.producer[g.node_by_name("conv").input[2]]
     assert g.const_value(dq.input[0]).dtype == np.int32
@@ -123,8 +124,7 @@ def test_materialized_model_is_close_to_the_float_model():
     for seed in range(3):
         feed = graphs.random_inputs(float_model, seed)
         (want,), (got,) = run(float_model, feed), run(model, feed)
-        cos = float(want.ravel() @ got.ravel()
-                    / (np.linalg.norm(want) * np.linalg.norm(got)))
+        cos = float(want.ravel() @ got.ravel() / (np.linalg.norm(want) * np.linalg.norm(got)))
         assert cos > 0.999
         assert np.max(np.abs(want - got)) < 0.1
 
@@ -154,8 +154,9 @@ def test_grouped_conv_transpose_int32_bias_onnxruntime():
     # ConvTranspose(group=2): the weight's channel axis (1) holds out_channels / group scales,
     # while the bias has out_channels values; the int32 bias scale must cover every channel.
     model = graphs.conv_transpose(group=2)
-    result = onnxq.quantize(model, graphs.random_batches(model, 2), backend="onnxruntime",
-                            progress=False)
+    result = onnxq.quantize(
+        model, graphs.random_batches(model, 2), backend="onnxruntime", progress=False
+    )
     assert check(result.model, PROFILES["onnxruntime"]) == []
     bias = next(p for p in result.report.placed if p.kind == "bias")
     assert bias.qparams.scale.shape == (16,)

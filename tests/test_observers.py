@@ -48,15 +48,20 @@ def test_numpy_oracle_matches_onnxruntime_quantize_linear():
     for dtype, zp in (("int8", np.int8(3)), ("uint8", np.uint8(128))):
         elem = TensorProto.INT8 if dtype == "int8" else TensorProto.UINT8
         graph = helper.make_graph(
-            [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])], "q",
+            [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])],
+            "q",
             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [9])],
             [helper.make_tensor_value_info("q", elem, [9])],
-            [helper.make_tensor("s", TensorProto.FLOAT, [], [0.5]),
-             helper.make_tensor("z", elem, [], [int(zp)])])
+            [
+                helper.make_tensor("s", TensorProto.FLOAT, [], [0.5]),
+                helper.make_tensor("z", elem, [], [int(zp)]),
+            ],
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
         model.ir_version = 8
-        session = ort.InferenceSession(model.SerializeToString(),
-                                       providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
         (got,) = session.run(None, {"x": x})
         np.testing.assert_array_equal(got, quantize(x, np.float32(0.5), zp, dtype))
 
@@ -86,10 +91,16 @@ def test_symmetric_int8_has_zero_point_zero(lohi):
 
 
 @SETTINGS
-@given(ranges(), st.booleans(), st.sampled_from(["int8", "uint8"]),
-       st.floats(0.0, 1.0), st.sampled_from(list(METHODS)))
-def test_round_trip_error_is_at_most_half_a_step_inside_the_range(lohi, symmetric, dtype, t,
-                                                                   method):
+@given(
+    ranges(),
+    st.booleans(),
+    st.sampled_from(["int8", "uint8"]),
+    st.floats(0.0, 1.0),
+    st.sampled_from(list(METHODS)),
+)
+def test_round_trip_error_is_at_most_half_a_step_inside_the_range(
+    lohi, symmetric, dtype, t, method
+):
     qp = range_to_qparams(*lohi, dtype, symmetric, method)
     lo, hi = qp.low, qp.high
     assert lo <= min(lohi[0], 0.0) + 1e-6 and hi >= max(lohi[1], 0.0) - 1e-6
@@ -193,7 +204,7 @@ def test_nan_or_inf_raises_calibration_data_error(bad):
     stats = TensorStats("act")
     x = np.ones(10, np.float32)
     x[3] = bad
-    with pytest.raises(CalibrationDataError, match="'act'.*NaN or Inf.* in batch 7"):
+    with pytest.raises(CalibrationDataError, match=r"'act'.*NaN or Inf.* in batch 7"):
         stats.update(x, where=" in batch 7")
     assert stats.count == 0
 

@@ -27,13 +27,27 @@ def test_report_dict_summarises_the_run(residual_report):
     assert d["onnxq_version"] == onnxq.__version__
     assert d["model"] == "<in-memory model>" and d["backend"] == "tensorrt"
     assert d["config"]["backend"] == "tensorrt"
-    assert d["summary"] == {"ops": 4, "quantized_ops": 3, "float_ops": 1,
-                            "quantized_tensors": 4, "calibration_batches": 3}
+    assert d["summary"] == {
+        "ops": 4,
+        "quantized_ops": 3,
+        "float_ops": 1,
+        "quantized_tensors": 4,
+        "calibration_batches": 3,
+    }
     assert [t["tensor"] for t in d["quantized_tensors"]] == [
-        "x", "conv1.weight", "skip", "conv2.weight"]
+        "x",
+        "conv1.weight",
+        "skip",
+        "conv2.weight",
+    ]
     assert [o["node"] for o in d["quantized_ops"]] == ["conv1", "conv2", "add"]
-    assert d["float_ops"] == [{"node": "relu1", "op_type": "Relu",
-                               "reason": "no tensorrt rule quantizes Relu: it stays float"}]
+    assert d["float_ops"] == [
+        {
+            "node": "relu1",
+            "op_type": "Relu",
+            "reason": "no tensorrt rule quantizes Relu: it stays float",
+        }
+    ]
     assert d["violations"] == [] and d["fidelity"]["outputs"][0]["name"] == "y"
 
 
@@ -57,16 +71,16 @@ def test_json_is_deterministic_and_strict(residual_report):
 
 def test_summary_lines(residual_report):
     lines = residual_report.summary().splitlines()
-    assert lines[0] == ("backend tensorrt: 3 of 4 ops quantized, 4 tensors with Q/DQ, "
-                        "3 calibration batches")
+    assert lines[0] == (
+        "backend tensorrt: 3 of 4 ops quantized, 4 tensors with Q/DQ, 3 calibration batches"
+    )
     assert lines[1] == "left float:"
     assert lines[2].strip() == "1 x Relu: no tensorrt rule quantizes Relu: it stays float"
     assert lines[3].startswith("fidelity y (onnxruntime, fusion off")
 
 
 def test_summary_groups_reasons_and_truncates():
-    decisions = [Decision(f"n{i}", f"Op{i % 14}", False, "", f"reason {i % 14}")
-                 for i in range(28)]
+    decisions = [Decision(f"n{i}", f"Op{i % 14}", False, "", f"reason {i % 14}") for i in range(28)]
     report = Report("m.onnx", "tensorrt", {}, decisions=decisions, warnings=["careful"])
     lines = report.summary().splitlines()
     assert lines[2].strip().startswith("2 x Op0: reason 0")
@@ -76,11 +90,20 @@ def test_summary_groups_reasons_and_truncates():
 
 
 def test_html_is_escaped_and_self_contained(tmp_path):
-    placed = [Placed("<x>", "activation",
-                     QParams(np.float32(0.1), np.int8(0), None, "minmax", -1.0, 1.0), ())]
-    report = Report("<b>model</b>.onnx", "tensorrt", {}, placed=placed,
-                    decisions=[Decision("n&1", "Relu", False, "", "a <reason>")],
-                    fidelity=[OutputFidelity("y", 0.99, 0.1, 1.0)], fidelity_mode="m")
+    placed = [
+        Placed(
+            "<x>", "activation", QParams(np.float32(0.1), np.int8(0), None, "minmax", -1.0, 1.0), ()
+        )
+    ]
+    report = Report(
+        "<b>model</b>.onnx",
+        "tensorrt",
+        {},
+        placed=placed,
+        decisions=[Decision("n&1", "Relu", False, "", "a <reason>")],
+        fidelity=[OutputFidelity("y", 0.99, 0.1, 1.0)],
+        fidelity_mode="m",
+    )
     html = report.to_html()
     assert html.startswith("<!doctype html>")
     assert "&lt;b&gt;model&lt;/b&gt;.onnx" in html and "<b>model" not in html
@@ -107,8 +130,15 @@ def test_report_of_a_saved_model_has_no_absolute_paths(tmp_path, model_file, cal
 
 
 def test_notes_and_per_channel_values_are_listed():
-    qp = QParams(np.array([0.1, 0.2], np.float32), np.zeros(2, np.int8), 0, "minmax",
-                 -1.0, 1.0, note="constant zero")
+    qp = QParams(
+        np.array([0.1, 0.2], np.float32),
+        np.zeros(2, np.int8),
+        0,
+        "minmax",
+        -1.0,
+        1.0,
+        note="constant zero",
+    )
     report = Report("m", "tensorrt", {}, placed=[Placed("w", "weight", qp, (("conv", 1),))])
     (entry,) = report.to_dict()["quantized_tensors"]
     assert entry["scale"] == pytest.approx([0.1, 0.2]) and entry["zero_point"] == [0]

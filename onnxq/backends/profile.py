@@ -70,6 +70,9 @@ class BackendProfile:
         allowed_qdq_dtypes: element types a Q/DQ node may produce or read.
         per_axis_activations: whether per-axis scales are allowed on non-constant tensors.
         min_channels: Conv/Gemm/MatMul with fewer input or output channels stay float.
+        reduced_weight_qmax: weight magnitude limit used instead of ``weight_qmax`` when the
+            config asks for reduced range, or (``reduce_range`` unset) the CPU lacks int8 dot
+            products; ``None``: the backend never reduces.
         fused_validation: whether fidelity is measured with onnxruntime's Q/DQ fusion on (the
             kernels the user will run) or off (the graph's own arithmetic, what TensorRT runs).
     """
@@ -88,6 +91,7 @@ class BackendProfile:
     per_axis_activations: bool = False
     fused_validation: bool = False
     min_channels: int = 0
+    reduced_weight_qmax: int | None = None
     passthrough_ops: frozenset[str] = PASSTHROUGH_OPS
     shape_ops: frozenset[str] = SHAPE_OPS
 
@@ -122,8 +126,28 @@ ONNXRUNTIME = BackendProfile(
     rule_set="onnxruntime",
     quantize_outputs=True,
     bias="int32",
+    reduced_weight_qmax=63,
     allowed_qdq_dtypes=frozenset({"int8", "uint8", "int32"}),
     fused_validation=True,
 )
 
 PROFILES: dict[str, BackendProfile] = {p.name: p for p in (TENSORRT, ONNXRUNTIME)}
+
+
+def profile_for(backend: str, reduce_range: bool | None = None) -> tuple[BackendProfile, str]:
+    """The profile for a run, with the weight range the CPU needs; and a note saying why."""
+    from onnxq.backends.cpu import has_int8_dot
+
+    profile = PROFILES[backend]
+    if profile.reduced_weight_qmax is None:
+        return profile, ""
+    if reduce_range is None:
+        reduce_range = not has_int8_dot()
+        why = "this CPU lacks int8 dot products (VNNI)" if reduce_range else ""
+    else:
+        why = "reduce_range set in the config" if reduce_range else ""
+    if not reduce_range:
+        return profile, ""
+    note = (f"weights limited to +-{profile.reduced_weight_qmax} (7-bit): {why}, and "
+            "onnxruntime's u8s8 kernels would saturate int16 sums with full-range weights")
+    return profile.replace(weight_qmax=profile.reduced_weight_qmax), note

@@ -17,7 +17,7 @@ from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.config import QuantConfig
 
-Kind = Literal["activation", "weight", "bias"]
+Kind = Literal["activation", "weight", "bias", "shared"]
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,9 @@ class Spec:
     """Quantize ``tensor`` where ``consumers`` (node name, input index) read it.
 
     ``kind`` says how: activation (per-tensor, calibrated), weight (per-channel along ``axis``
-    when given, from the constant's own values) or bias (int32, scale = scale of ``inputs[0]``
-    x scale of ``inputs[1]``).
+    when given, from the constant's own values), bias (int32, scale = scale of ``inputs[0]``
+    x scale of ``inputs[1]``) or shared (the qparams of ``inputs[0]``: the output of an op that
+    only moves values, so onnxruntime can drop the Q/DQ pair around it).
     """
 
     tensor: str
@@ -66,13 +67,21 @@ class Match:
 
 @dataclass
 class Context:
-    """What rules may read: the profile, the config and facts about the graph."""
+    """What rules may read: the profile, the config and facts about the graph.
+
+    ``float_tensors`` / ``float_nodes`` carry decisions made from calibration data (a tensor
+    whose range is dominated by mask fill values, a Concat whose inputs' ranges differ too much):
+    name -> reason.
+    """
 
     profile: BackendProfile
     config: QuantConfig
     graph: ir.Graph
     shape_path: set[str] = field(default_factory=set)
     claimed: set[str] = field(default_factory=set)
+    float_tensors: dict[str, str] = field(default_factory=dict)
+    float_nodes: dict[str, str] = field(default_factory=dict)
+    quantized: dict[str, str] = field(default_factory=dict)  # tensor -> kind, so far
 
     @property
     def min_channels(self) -> int:

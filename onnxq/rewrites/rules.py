@@ -31,7 +31,7 @@ def activation_problem(m: Match, ctx: Context, tensor: str) -> str | None:
     excluded = ctx.config.tensor_excluded(tensor)
     if excluded:
         return f"tensor {tensor!r} excluded by {excluded}"
-    return None
+    return ctx.float_tensors.get(tensor)
 
 
 def activation(m: Match, index: int) -> Spec:
@@ -216,7 +216,24 @@ def unary(m: Match, ctx: Context) -> list[Spec] | Decline:
     return [activation(m, 0), *outs]
 
 
+@rule("passthrough", "MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
+      "Resize", "DepthToSpace", "SpaceToDepth")
+def passthrough(m: Match, ctx: Context) -> list[Spec] | Decline:
+    """An op that only moves values, on a quantized input: its output shares the input's
+    qparams, so onnxruntime drops the Q/DQ pair and runs it on int8 data."""
+    x = m.input(0)
+    if ctx.quantized.get(x) not in ("activation", "shared"):
+        return Decline("its input is not quantized, so there is no Q/DQ pair to carry through")
+    if m.node.op_type not in ctx.profile.passthrough_ops:
+        return Decline(f"{m.node.op_type} is not a pass-through op for {ctx.profile.name}")
+    out = m.node.output[0]
+    outs = output_specs(m, ctx, out)
+    if not outs:
+        return Decline("its output is a graph output or unread")
+    return [activation(m, 0), Spec(out, "shared", outs[0].consumers, inputs=(x,))]
+
+
 RULE_SETS: dict[str, tuple[Rule, ...]] = {
     "tensorrt": (conv, gemm, matmul, residual_add),
-    "onnxruntime": (conv, gemm, matmul, binary, concat, unary),
+    "onnxruntime": (conv, gemm, matmul, binary, concat, unary, passthrough),
 }

@@ -15,15 +15,24 @@ from tests import graphs
 
 TRT = PROFILES["tensorrt"]
 ORT = PROFILES["onnxruntime"]
+ZERO_INT8 = np.int8(0)
 
 
 def const(name: str, value) -> TensorProto:
     return graphs.init(name, np.asarray(value))
 
 
-def qdq_conv(*, act_scale=0.05, act_zp=np.int8(0), act_q_zp=True, scale_input=False,
-             act_axis_scales: int = 0, weight_axis: int = 0, opset: int = 13,
-             weight_storage: str = "int8") -> onnx.ModelProto:
+def qdq_conv(
+    *,
+    act_scale=0.05,
+    act_zp=ZERO_INT8,
+    act_q_zp=True,
+    scale_input=False,
+    act_axis_scales: int = 0,
+    weight_axis: int = 0,
+    opset: int = 13,
+    weight_storage: str = "int8",
+) -> onnx.ModelProto:
     """x -> Q -> DQ -> Conv(DQ(int8 weight, per channel)) -> y, with knobs to break it.
 
     Node names: ``x_q``, ``x_dq``, ``w_dq`` (and ``w_q`` for ``weight_storage="qdq"``), ``conv``.
@@ -31,8 +40,10 @@ def qdq_conv(*, act_scale=0.05, act_zp=np.int8(0), act_q_zp=True, scale_input=Fa
     r = graphs.rng(0)
     inputs = [graphs.tensor("x", [1, 16, 8, 8])]
     w = graphs.weight(r, 16, 16, 3, 3)
-    inits = [const("w_scale", np.full(16, 0.01, np.float32)),
-             const("w_zero_point", np.zeros(16, np.int8))]
+    inits = [
+        const("w_scale", np.full(16, 0.01, np.float32)),
+        const("w_zero_point", np.zeros(16, np.int8)),
+    ]
     if act_axis_scales:
         inits.append(const("x_scale", np.full(act_axis_scales, act_scale, np.float32)))
         inits.append(const("x_zero_point", np.zeros(act_axis_scales, np.int8)))
@@ -51,17 +62,28 @@ def qdq_conv(*, act_scale=0.05, act_zp=np.int8(0), act_q_zp=True, scale_input=Fa
     ]
     if weight_storage == "qdq":
         inits.append(const("w", w))
-        nodes.append(helper.make_node("QuantizeLinear", ["w", "w_scale", "w_zero_point"],
-                                      ["w_int8"], name="w_q", axis=weight_axis))
+        nodes.append(
+            helper.make_node(
+                "QuantizeLinear",
+                ["w", "w_scale", "w_zero_point"],
+                ["w_int8"],
+                name="w_q",
+                axis=weight_axis,
+            )
+        )
     else:
         inits.append(const("w_int8", np.clip(np.rint(w / 0.01), -127, 127).astype(np.int8)))
     nodes += [
-        helper.make_node("DequantizeLinear", ["w_int8", "w_scale", "w_zero_point"], ["w_dq"],
-                         name="w_dq", axis=weight_axis),
+        helper.make_node(
+            "DequantizeLinear",
+            ["w_int8", "w_scale", "w_zero_point"],
+            ["w_dq"],
+            name="w_dq",
+            axis=weight_axis,
+        ),
         helper.make_node("Conv", ["x_dq", "w_dq"], ["y"], name="conv", pads=[1, 1, 1, 1]),
     ]
-    graph = helper.make_graph(nodes, "qdq_conv", inputs, [graphs.tensor("y", [1, 16, 8, 8])],
-                              inits)
+    graph = helper.make_graph(nodes, "qdq_conv", inputs, [graphs.tensor("y", [1, 16, 8, 8])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = graphs.IR_VERSION
     return model
@@ -70,20 +92,30 @@ def qdq_conv(*, act_scale=0.05, act_zp=np.int8(0), act_q_zp=True, scale_input=Fa
 def qdq_gemm(trans_b: int, weight_axis: int) -> onnx.ModelProto:
     """x[2, 32] -> Q -> DQ -> Gemm(DQ(int8 B, axis), transB) -> y[2, 16]."""
     shape = (16, 32) if trans_b else (32, 16)
-    inits = [const("x_scale", np.float32(0.05)), const("x_zero_point", np.int8(0)),
-             const("b_int8", np.ones(shape, np.int8)),
-             const("b_scale", np.full(shape[weight_axis], 0.01, np.float32)),
-             const("b_zero_point", np.zeros(shape[weight_axis], np.int8))]
+    inits = [
+        const("x_scale", np.float32(0.05)),
+        const("x_zero_point", np.int8(0)),
+        const("b_int8", np.ones(shape, np.int8)),
+        const("b_scale", np.full(shape[weight_axis], 0.01, np.float32)),
+        const("b_zero_point", np.zeros(shape[weight_axis], np.int8)),
+    ]
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero_point"], ["x_q"], name="x_q"),
-        helper.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zero_point"], ["x_dq"],
-                         name="x_dq"),
-        helper.make_node("DequantizeLinear", ["b_int8", "b_scale", "b_zero_point"], ["b_dq"],
-                         name="b_dq", axis=weight_axis),
+        helper.make_node(
+            "DequantizeLinear", ["x_q", "x_scale", "x_zero_point"], ["x_dq"], name="x_dq"
+        ),
+        helper.make_node(
+            "DequantizeLinear",
+            ["b_int8", "b_scale", "b_zero_point"],
+            ["b_dq"],
+            name="b_dq",
+            axis=weight_axis,
+        ),
         helper.make_node("Gemm", ["x_dq", "b_dq"], ["y"], name="gemm", transB=trans_b),
     ]
-    return graphs.model(nodes, [graphs.tensor("x", [2, 32])], [graphs.tensor("y", [2, 16])],
-                        inits, opset=13)
+    return graphs.model(
+        nodes, [graphs.tensor("x", [2, 32])], [graphs.tensor("y", [2, 16])], inits, opset=13
+    )
 
 
 def fields(violations: list[Violation]) -> set[tuple[str, str]]:
@@ -161,8 +193,10 @@ def test_wrong_weight_axis_for_conv(storage):
     violations = check(model, TRT)
     nodes = {"w_dq"} if storage == "int8" else {"w_q", "w_dq"}
     assert fields(violations) == {(n, "axis") for n in nodes}
-    assert all(v.got == "1" and v.expected.startswith("0 (output channels of Conv conv")
-               for v in violations)
+    assert all(
+        v.got == "1" and v.expected.startswith("0 (output channels of Conv conv")
+        for v in violations
+    )
 
 
 @pytest.mark.parametrize(("trans_b", "wrong_axis", "want"), [(1, 1, "0"), (0, 0, "1")])
@@ -187,11 +221,17 @@ def _integer_op_model(op_type: str) -> onnx.ModelProto:
     x = graphs.tensor("x", [1, 16, 8, 8], TensorProto.UINT8)
     inits = [const("w", np.ones((16, 16, 3, 3), np.int8))]
     if op_type == "QLinearConv":
-        inits += [const("xs", np.float32(0.1)), const("xz", np.uint8(0)),
-                  const("ws", np.float32(0.1)), const("wz", np.int8(0)),
-                  const("ys", np.float32(0.1)), const("yz", np.uint8(0))]
-        node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"],
-                                ["y"], name="qconv")
+        inits += [
+            const("xs", np.float32(0.1)),
+            const("xz", np.uint8(0)),
+            const("ws", np.float32(0.1)),
+            const("wz", np.int8(0)),
+            const("ys", np.float32(0.1)),
+            const("yz", np.uint8(0)),
+        ]
+        node = helper.make_node(
+            "QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"], name="qconv"
+        )
         out = graphs.tensor("y", [1, 16, 6, 6], TensorProto.UINT8)
     else:
         node = helper.make_node("ConvInteger", ["x", "w"], ["y"], name="qconv")
@@ -218,8 +258,7 @@ def test_violation_reads_as_one_line():
 @pytest.mark.parametrize("name", sorted(graphs.BUILDERS))
 def test_quantize_output_passes_check(name, backend):
     model = graphs.BUILDERS[name]()
-    result = onnxq.quantize(model, graphs.random_batches(model, 2), backend=backend,
-                            progress=False)
+    result = onnxq.quantize(model, graphs.random_batches(model, 2), backend=backend, progress=False)
     assert check(result.model, PROFILES[backend]) == []
     assert result.report.violations == []
     onnx.checker.check_model(result.model)
@@ -228,9 +267,17 @@ def test_quantize_output_passes_check(name, backend):
 @pytest.mark.parametrize("backend", ["tensorrt", "onnxruntime"])
 def test_quantize_output_with_qdq_weights_passes_check(backend):
     model = graphs.residual_add()
-    result = onnxq.quantize(model, graphs.random_batches(model, 2), backend=backend,
-                            weight_storage="qdq", progress=False)
+    result = onnxq.quantize(
+        model,
+        graphs.random_batches(model, 2),
+        backend=backend,
+        weight_storage="qdq",
+        progress=False,
+    )
     assert check(result.model, PROFILES[backend]) == []
-    weight_q = [n for n in result.model.graph.node
-                if n.op_type == "QuantizeLinear" and n.input[0].endswith(".weight")]
+    weight_q = [
+        n
+        for n in result.model.graph.node
+        if n.op_type == "QuantizeLinear" and n.input[0].endswith(".weight")
+    ]
     assert len(weight_q) == 2

@@ -29,17 +29,21 @@ def kinds(ann: Annotations) -> dict[str, tuple[str, int | None]]:
 
 
 def qdq_counts(model: onnx.ModelProto, backend: str) -> tuple[int, int]:
-    result = onnxq.quantize(model, graphs.random_batches(model, 3), backend=backend,
-                            progress=False)
+    result = onnxq.quantize(model, graphs.random_batches(model, 3), backend=backend, progress=False)
     out = result.model
     return graphs.count_ops(out, "QuantizeLinear"), graphs.count_ops(out, "DequantizeLinear")
 
 
-def test_rule_sets_are_ordered_tuples_of_the_documented_rules():
-    assert [r.name for r in RULE_SETS["tensorrt"]] == ["conv", "gemm", "matmul", "residual_add"]
-    assert [r.name for r in RULE_SETS["onnxruntime"]] == [
-        "conv", "gemm", "matmul", "binary", "concat", "unary"]
-    for rules in RULE_SETS.values():
+def test_rule_sets_are_ordered_tuples_weighted_ops_first():
+    for name, expected in (
+        ("tensorrt", ["residual_add"]),
+        ("onnxruntime", ["binary", "concat", "unary"]),
+    ):
+        rules = RULE_SETS[name]
+        names = [r.name for r in rules]
+        assert isinstance(rules, tuple) and len(set(names)) == len(names)
+        assert names[:3] == ["conv", "gemm", "matmul"]  # priority is the order
+        assert [n for n in names if n in expected] == expected
         assert all(r.doc for r in rules)
 
 
@@ -55,13 +59,31 @@ def test_conv_match_tensorrt_quantizes_input_and_weight_axis_0():
     assert not relu.quantized and "no tensorrt rule quantizes Relu" in relu.reason
 
 
-def test_conv_match_onnxruntime_adds_int32_bias_and_fuses_relu():
+def test_conv_match_onnxruntime_adds_int32_bias():
     ann = annotated(graphs.conv_relu(), "onnxruntime")
-    assert kinds(ann) == {"x": ("activation", None), "conv.weight": ("weight", 0),
-                          "conv.bias": ("bias", 0)}
+    assert kinds(ann) == {
+        "x": ("activation", None),
+        "conv.weight": ("weight", 0),
+        "conv.bias": ("bias", 0),
+    }
     assert ann.tensors["conv.bias"].inputs == ("x", "conv.weight")
+
+
+def test_conv_match_onnxruntime_quantizes_the_fused_relu_output():
+    ann = annotated(graphs.residual_add(), "onnxruntime")
+    relu = decision(ann, "relu1")
+    assert relu.quantized and relu.rule == "fused" and "conv1" in relu.reason
+    assert kinds(ann)["skip"] == ("activation", None)  # Relu's output, not the Conv's
+    assert "conv1_out" not in ann.tensors
+
+
+def test_relu_is_not_reported_fused_when_no_output_qdq_is_placed():
+    # conv_relu's Relu output is the graph output, so no Q follows the Relu and onnxruntime
+    # cannot fuse Conv+Relu into an integer kernel: the report must not call the Relu quantized.
+    ann = annotated(graphs.conv_relu(), "onnxruntime")
+    assert "y" not in ann.tensors
     relu = decision(ann, "relu")
-    assert relu.quantized and relu.rule == "fused" and "conv" in relu.reason
+    assert not relu.quantized, relu
 
 
 def test_conv_transpose_match_weight_axis_1():
@@ -99,20 +121,24 @@ def test_grouped_conv_decline_small_kernel_and_match_3x3():
     assert kinds(ann)["conv.weight"] == ("weight", 0)
 
 
-@pytest.mark.parametrize(("builder", "backend", "expected"), [
-    (graphs.conv_relu, "tensorrt", (1, 2)),
-    (graphs.conv_relu, "onnxruntime", (1, 3)),  # + int32 bias DQ
-    (graphs.conv_small, "tensorrt", (0, 0)),
-    (graphs.conv_transpose, "tensorrt", (1, 2)),
-    (graphs.conv_transpose, "onnxruntime", (1, 3)),
-])
+@pytest.mark.parametrize(
+    ("builder", "backend", "expected"),
+    [
+        (graphs.conv_relu, "tensorrt", (1, 2)),
+        (graphs.conv_relu, "onnxruntime", (1, 3)),  # + int32 bias DQ
+        (graphs.conv_small, "tensorrt", (0, 0)),
+        (graphs.conv_transpose, "tensorrt", (1, 2)),
+        (graphs.conv_transpose, "onnxruntime", (1, 3)),
+    ],
+)
 def test_conv_qdq_count(builder, backend, expected):
     assert qdq_counts(builder(), backend) == expected
 
 
 def test_conv_qdq_wiring_tensorrt():
-    out = onnxq.quantize(graphs.conv_relu(), graphs.random_batches(graphs.conv_relu(), 2),
-                         progress=False).model
+    out = onnxq.quantize(
+        graphs.conv_relu(), graphs.random_batches(graphs.conv_relu(), 2), progress=False
+    ).model
     g = ir.Graph(out)
     conv = g.node_by_name("conv")
     act_dq = g.producer[conv.input[0]]
@@ -144,12 +170,15 @@ def test_gemm_decline_small_output():
     assert not d.quantized and "32 input / 8 output channels" in d.reason
 
 
-@pytest.mark.parametrize(("trans_b", "backend", "expected"), [
-    (True, "tensorrt", (1, 2)),
-    (False, "tensorrt", (1, 2)),
-    (True, "onnxruntime", (1, 3)),
-    (False, "onnxruntime", (1, 3)),
-])
+@pytest.mark.parametrize(
+    ("trans_b", "backend", "expected"),
+    [
+        (True, "tensorrt", (1, 2)),
+        (False, "tensorrt", (1, 2)),
+        (True, "onnxruntime", (1, 3)),
+        (False, "onnxruntime", (1, 3)),
+    ],
+)
 def test_gemm_qdq_count(trans_b, backend, expected):
     assert qdq_counts(graphs.gemm(trans_b=trans_b), backend) == expected
 
@@ -171,12 +200,15 @@ def test_matmul_decline_vector_right_hand_side():
     assert not d.quantized and "GEMV" in d.reason
 
 
-@pytest.mark.parametrize(("builder", "backend", "expected"), [
-    (graphs.matmul_const, "tensorrt", (1, 2)),
-    (graphs.matmul_const, "onnxruntime", (1, 2)),  # no bias; Relu output is a graph output
-    (graphs.matmul_act, "tensorrt", (0, 0)),
-    (graphs.matmul_act, "onnxruntime", (0, 0)),
-])
+@pytest.mark.parametrize(
+    ("builder", "backend", "expected"),
+    [
+        (graphs.matmul_const, "tensorrt", (1, 2)),
+        (graphs.matmul_const, "onnxruntime", (1, 2)),  # no bias; Relu output is a graph output
+        (graphs.matmul_act, "tensorrt", (0, 0)),
+        (graphs.matmul_act, "onnxruntime", (0, 0)),
+    ],
+)
 def test_matmul_qdq_count(builder, backend, expected):
     assert qdq_counts(builder(), backend) == expected
 
@@ -220,8 +252,11 @@ def test_residual_add_qdq_count():
 @pytest.mark.parametrize("op_type", ["Add", "Mul"])
 def test_binary_match_inputs_and_output(op_type):
     ann = annotated(graphs.binary(op_type), "onnxruntime")
-    assert kinds(ann) == {"a": ("activation", None), "b": ("activation", None),
-                          "bin_out": ("activation", None)}
+    assert kinds(ann) == {
+        "a": ("activation", None),
+        "b": ("activation", None),
+        "bin_out": ("activation", None),
+    }
     assert ann.tensors["bin_out"].consumers == [("relu", 0)]
     assert decision(ann, "binary").rule == "binary"
 
@@ -232,12 +267,15 @@ def test_binary_decline_constant_input():
     assert d.reason == "input 'mul.scale' is a constant, not an activation"
 
 
-@pytest.mark.parametrize(("builder", "expected"), [
-    (lambda: graphs.binary("Add"), (3, 3)),
-    (lambda: graphs.binary("Mul"), (3, 3)),
-    (lambda: graphs.binary("Add", tail=False), (2, 2)),  # graph output: no output Q/DQ
-    (graphs.mul_const, (0, 0)),
-])
+@pytest.mark.parametrize(
+    ("builder", "expected"),
+    [
+        (lambda: graphs.binary("Add"), (3, 3)),
+        (lambda: graphs.binary("Mul"), (3, 3)),
+        (lambda: graphs.binary("Add", tail=False), (2, 2)),  # graph output: no output Q/DQ
+        (graphs.mul_const, (0, 0)),
+    ],
+)
 def test_binary_qdq_count(builder, expected):
     assert qdq_counts(builder(), "onnxruntime") == expected
 
@@ -251,8 +289,11 @@ def test_binary_is_not_in_the_tensorrt_rule_set():
 # ------------------------------------------------------------------------------- concat
 def test_concat_match_inputs_and_output():
     ann = annotated(graphs.concat(), "onnxruntime")
-    assert kinds(ann) == {"a": ("activation", None), "b": ("activation", None),
-                          "cat_out": ("activation", None)}
+    assert kinds(ann) == {
+        "a": ("activation", None),
+        "b": ("activation", None),
+        "cat_out": ("activation", None),
+    }
     assert decision(ann, "concat").rule == "concat"
 
 
@@ -281,12 +322,15 @@ def test_unary_decline_when_output_is_a_graph_output():
     assert "no integer kernel to fuse" in d.reason
 
 
-@pytest.mark.parametrize(("builder", "expected"), [
-    (lambda: graphs.unary("Sigmoid"), (2, 2)),
-    (lambda: graphs.unary("GlobalAveragePool"), (2, 2)),
-    (lambda: graphs.unary("Sigmoid", tail=False), (0, 0)),
-    (graphs.two_branch_concat, (5, 9)),
-])
+@pytest.mark.parametrize(
+    ("builder", "expected"),
+    [
+        (lambda: graphs.unary("Sigmoid"), (2, 2)),
+        (lambda: graphs.unary("GlobalAveragePool"), (2, 2)),
+        (lambda: graphs.unary("Sigmoid", tail=False), (0, 0)),
+        (graphs.two_branch_concat, (5, 9)),
+    ],
+)
 def test_unary_qdq_count(builder, expected):
     assert qdq_counts(builder(), "onnxruntime") == expected
 
@@ -297,8 +341,11 @@ def test_shape_subgraph_tensors_are_never_annotated(backend):
     ann = annotated(graphs.shape_subgraph(), backend)
     shape_tensors = {"x_shape", "batch", "new_shape", "gather.index", "reshape.tail"}
     assert not shape_tensors & set(ann.tensors)
-    assert kinds(ann) == {"x4d": ("activation", None), "conv.weight": ("weight", 0),
-                          **({"conv.bias": ("bias", 0)} if backend == "onnxruntime" else {})}
+    assert kinds(ann) == {
+        "x4d": ("activation", None),
+        "conv.weight": ("weight", 0),
+        **({"conv.bias": ("bias", 0)} if backend == "onnxruntime" else {}),
+    }
     for node in ("shape", "gather", "concat"):
         d = decision(ann, node)
         assert not d.quantized and d.reason == "shape/index computation: never quantized"

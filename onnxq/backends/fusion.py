@@ -1,0 +1,80 @@
+"""Which Q/DQ groups onnxruntime's CPU optimizer turns into integer kernels.
+
+onnxruntime fuses ``DQ -> op -> Q`` groups into QLinearConv, QLinearMatMul, QLinearAdd, ... when
+the whole group is present with constant qparams.  This module optimizes a model the way a
+session does, reads the optimized graph back and reports, per candidate op (a node reading a
+DequantizeLinear output), whether it survived as a float op (not fused) or was replaced.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from onnxq import ir
+from onnxq.errors import UnsupportedModelError
+
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
+
+@dataclass(frozen=True)
+class FusionReport:
+    """Candidates (DQ -> op -> Q groups) and those onnxruntime left as float ops."""
+
+    candidates: tuple[str, ...]
+    unfused: tuple[tuple[str, str], ...]  # (node name, op type)
+    integer_ops: dict[str, int]
+
+    @property
+    def fused(self) -> int:
+        """Number of candidate groups onnxruntime replaced with integer kernels."""
+        return len(self.candidates) - len(self.unfused)
+
+    @property
+    def ratio(self) -> float:
+        """Fused share of the candidates (1.0 when there are none)."""
+        return self.fused / len(self.candidates) if self.candidates else 1.0
+
+
+def fusion_report(model: onnx.ModelProto) -> FusionReport:
+    """Optimize ``model`` with onnxruntime (extended level) and compare the graphs."""
+    import onnxruntime as ort
+
+    graph = ir.Graph(model)
+    dq_outputs = {n.output[0] for n in graph.nodes if n.op_type == "DequantizeLinear"}
+    q_inputs = {n.input[0] for n in graph.nodes if n.op_type == "QuantizeLinear"}
+
+    def is_group(n: onnx.NodeProto) -> bool:
+        # a DQ -> op -> Q group, or an op whose weight comes from a DequantizeLinear
+        fed = any(i in dq_outputs for i in n.input)
+        weighted = len(n.input) > 1 and n.input[1] in dq_outputs and n.input[0] in dq_outputs
+        return fed and (weighted or any(o in q_inputs for o in n.output))
+
+    candidates = [n for n in graph.nodes if n.op_type not in QDQ_OPS and is_group(n)]
+    with tempfile.TemporaryDirectory(prefix="onnxq-fusion-") as tmp:
+        out = Path(tmp) / "optimized.onnx"
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        opts.optimized_model_filepath = str(out)
+        try:
+            ort.InferenceSession(ir.session_bytes_or_path(model, Path(tmp)), opts,
+                                 providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise UnsupportedModelError(f"onnxruntime cannot load the model: {exc}") from None
+        optimized = onnx.load(str(out))
+    # a candidate is unfused when, after optimization, it still reads a DequantizeLinear output
+    # (ops onnxruntime runs on int8 directly, like MaxPool, keep their name but lose the DQ)
+    opt_dq = {n.output[0] for n in optimized.graph.node if n.op_type == "DequantizeLinear"}
+    still_float = {(n.name, n.op_type) for n in optimized.graph.node
+                   if any(i in opt_dq for i in n.input)}
+    unfused = tuple((n.name, n.op_type) for n in candidates if (n.name, n.op_type) in still_float)
+    integer: dict[str, int] = {}
+    for n in optimized.graph.node:
+        if n.op_type.startswith("QLinear") or n.op_type in ("QGemm", "ConvInteger",
+                                                            "MatMulInteger", "QAttention"):
+            integer[n.op_type] = integer.get(n.op_type, 0) + 1
+    return FusionReport(tuple(n.name for n in candidates), unfused, dict(sorted(integer.items())))

@@ -1,0 +1,56 @@
+"""Run-time validation: outputs in onnxruntime and fidelity against the float model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxq.backends.validate import OutputFidelity, fidelity, run_outputs
+from onnxq.calibrate import make_session
+from onnxq.errors import BackendConstraintError
+from tests import graphs
+
+
+def test_run_outputs_per_batch_from_a_model_or_a_session():
+    model = graphs.conv_relu()
+    batches = graphs.random_batches(model, 2)
+    from_model = run_outputs(model, batches, fused=False, what="float")
+    from_session = run_outputs(make_session(model), batches, fused=True, what="float")
+    assert len(from_model) == 2 and set(from_model[0]) == {"y"}
+    for a, b in zip(from_model, from_session, strict=True):
+        np.testing.assert_allclose(a["y"], b["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_run_outputs_failure_names_the_model_and_batch():
+    model = graphs.conv_relu()
+    batches = [graphs.random_inputs(model), {"x": np.zeros((1, 16, 4, 4), np.float32)}]
+    with pytest.raises(
+        BackendConstraintError, match="the quantized model fails in onnxruntime on held batch 1"
+    ):
+        run_outputs(model, batches, fused=False, what="quantized")
+
+
+def test_fidelity_of_identical_outputs_is_perfect():
+    ref = [{"y": np.array([1.0, -2.0, 3.0], np.float32)}]
+    (fid,) = fidelity(ref, ref)
+    assert fid == OutputFidelity("y", 1.0, 0.0, 3.0)
+
+
+def test_fidelity_measures_cosine_and_max_error_over_all_batches():
+    ref = [{"y": np.array([1.0, 0.0])}, {"y": np.array([0.0, 1.0])}]
+    got = [{"y": np.array([1.0, 0.0])}, {"y": np.array([0.0, -1.0])}]
+    (fid,) = fidelity(ref, got)
+    assert fid.cosine == 0.0 and fid.max_abs_error == 2.0 and fid.float_max_abs == 1.0
+
+
+def test_fidelity_of_integer_outputs_is_the_agreement_rate():
+    ref = [{"ids": np.array([1, 2])}, {"ids": np.array([3, 4])}]
+    got = [{"ids": np.array([1, 2])}, {"ids": np.array([3, 5])}]
+    assert fidelity(ref, got) == [OutputFidelity("ids", 0.5, 0.0, 0.0)]
+
+
+def test_fidelity_of_all_zero_outputs():
+    zeros = [{"y": np.zeros(3)}]
+    assert fidelity(zeros, zeros)[0].cosine == 1.0
+    assert fidelity(zeros, [{"y": np.ones(3)}])[0].cosine == 0.0
+    assert fidelity([], []) == []

@@ -1,0 +1,258 @@
+"""The command line, in-process (``main([...])``) and as ``python -m onnxq.cli``."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from onnxq import ir
+from onnxq.backends.check import check
+from onnxq.backends.profile import PROFILES
+from onnxq.cli import main
+from tests import graphs
+
+
+@pytest.fixture(autouse=True)
+def keep_sigterm_handler():
+    """main() installs a SIGTERM handler; give pytest its own back."""
+    saved = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, saved)
+
+
+@pytest.fixture
+def conv_files(model_file, calib_dir) -> tuple[Path, Path]:
+    model = graphs.conv_relu()
+    return model_file(model), calib_dir(model, n=3)
+
+
+def run_module(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "onnxq.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def assert_user_error(code: int, err: str) -> None:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("onnxq: error: ")
+    assert "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------- quantize
+def test_quantize_writes_a_model_that_passes_check(tmp_path, conv_files, capsys):
+    model, calib = conv_files
+    out = tmp_path / "out.onnx"
+    code = main(
+        [
+            "quantize",
+            str(model),
+            "-o",
+            str(out),
+            "--calib",
+            str(calib),
+            "--report",
+            str(tmp_path / "r.json"),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0
+    assert out.is_file()
+    assert check(ir.load_model(out), PROFILES["tensorrt"]) == []
+    assert captured.out.startswith("backend tensorrt: 1 of 2 ops quantized")
+    assert f"wrote {out}, {tmp_path / 'r.json'}" in captured.out
+    assert json.loads((tmp_path / "r.json").read_text())["summary"]["calibration_batches"] == 3
+
+
+def test_quantize_quiet_with_options(tmp_path, conv_files, capsys):
+    model, calib = conv_files
+    out = tmp_path / "out.onnx"
+    code = main(
+        [
+            "quantize",
+            str(model),
+            "-o",
+            str(out),
+            "--calib",
+            str(calib),
+            "-q",
+            "--backend",
+            "onnxruntime",
+            "--method",
+            "minmax",
+            "--max-batches",
+            "2",
+            "--no-simplify",
+            "--exclude",
+            "nothing*",
+        ]
+    )
+    assert code == 0 and capsys.readouterr().out == ""
+    assert check(ir.load_model(out), PROFILES["onnxruntime"]) == []
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["missing model", "missing calib", "output is input", "missing output folder", "bad config"],
+)
+def test_quantize_user_errors_exit_2_with_one_line(tmp_path, conv_files, capsys, case):
+    model, calib = conv_files
+    out = tmp_path / "out.onnx"
+    args = {
+        "missing model": [str(tmp_path / "nope.onnx"), "-o", str(out), "--calib", str(calib)],
+        "missing calib": [str(model), "-o", str(out), "--calib", str(tmp_path / "nocalib")],
+        "output is input": [str(model), "-o", str(model), "--calib", str(calib)],
+        "missing output folder": [
+            str(model),
+            "-o",
+            str(tmp_path / "no" / "out.onnx"),
+            "--calib",
+            str(calib),
+        ],
+        "bad config": [
+            str(model),
+            "-o",
+            str(out),
+            "--calib",
+            str(calib),
+            "--config",
+            str(tmp_path / "missing.yaml"),
+        ],
+    }[case]
+    before = model.read_bytes()
+    code = main(["quantize", *args])
+    assert_user_error(code, capsys.readouterr().err)
+    assert not out.exists()
+    assert model.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib", "model.onnx"]
+
+
+# ------------------------------------------------------------------------------- check
+def test_check_clean_model_exits_0(tmp_path, conv_files, capsys):
+    model, calib = conv_files
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(model), "-o", str(out), "--calib", str(calib), "-q"]) == 0
+    assert main(["check", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"{out}: 0 tensorrt violation(s), 3 Q/DQ nodes"
+
+
+def test_check_bad_model_exits_1_and_lists_violations(tmp_path, conv_files, capsys):
+    model, calib = conv_files
+    out = tmp_path / "ort.onnx"
+    assert (
+        main(
+            [
+                "quantize",
+                str(model),
+                "-o",
+                str(out),
+                "--calib",
+                str(calib),
+                "-q",
+                "--backend",
+                "onnxruntime",
+            ]
+        )
+        == 0
+    )
+    assert main(["check", str(out), "--backend", "onnxruntime"]) == 0
+    capsys.readouterr()
+    # onnxruntime's uint8 asymmetric activations and int32 bias break TensorRT's rules
+    assert main(["check", str(out), "--backend", "tensorrt"]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert any(": zero_point dtype: expected int8, got uint8" in line for line in lines)
+    assert lines[-1].startswith(f"{out}: {len(lines) - 1} tensorrt violation(s)")
+
+
+def test_check_unreadable_model_exits_2(tmp_path, capsys):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00\x01garbage" * 8)
+    assert_user_error(main(["check", str(bad)]), capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------------------- explain
+def test_explain_prints_one_line_per_op(model_file, capsys):
+    path = model_file(graphs.residual_add())
+    assert main(["explain", str(path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4 + 1
+    by_node = {line.split()[0]: line for line in lines[:-1]}
+    assert set(by_node) == {"conv1", "relu1", "conv2", "add"}
+    assert "quantized by conv: x, conv1.weight" in by_node["conv1"]
+    assert "float: no tensorrt rule quantizes Relu" in by_node["relu1"]
+    assert "quantized by residual_add: skip" in by_node["add"]
+    assert lines[-1] == "3 of 4 ops quantized for tensorrt"
+
+
+def test_explain_with_exclude_and_closest_rule(model_file, capsys):
+    path = model_file(graphs.conv_small())
+    assert main(["explain", str(path), "--exclude", "relu"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "[closest rule: conv]" in lines[0] and "min_channels=16" in lines[0]
+    assert "excluded by --exclude relu" in lines[1]
+    assert lines[-1] == "0 of 2 ops quantized for tensorrt"
+
+
+# ------------------------------------------------------------------------------- help
+@pytest.mark.parametrize("command", [[], ["quantize"], ["check"], ["explain"]])
+def test_help_works_for_every_subcommand(command, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([*command, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: onnxq")
+    if command == ["quantize"]:
+        assert "--calib DATA" in out and "exit codes" in out
+
+
+def test_missing_subcommand_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
+    assert "usage: onnxq" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- subprocess
+def test_module_quantize_then_check(tmp_path, conv_files):
+    model, calib = conv_files
+    out = tmp_path / "out.onnx"
+    done = run_module(
+        "quantize", str(model), "-o", str(out), "--calib", str(calib), "-q", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert out.is_file() and done.stdout == ""
+    done = run_module("check", str(out), cwd=tmp_path)
+    assert done.returncode == 0 and "0 tensorrt violation(s)" in done.stdout
+
+
+def test_module_user_error_is_one_line_without_traceback(tmp_path, conv_files):
+    model, _ = conv_files
+    out = tmp_path / "out.onnx"
+    done = run_module(
+        "quantize", str(model), "-o", str(out), "--calib", str(tmp_path / "missing"), cwd=tmp_path
+    )
+    assert_user_error(done.returncode, done.stderr)
+    assert "calibration data not found" in done.stderr
+    assert not out.exists()
+
+
+def test_module_version():
+    done = subprocess.run(
+        [sys.executable, "-m", "onnxq.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout.startswith("onnxq ")
