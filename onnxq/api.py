@@ -17,6 +17,8 @@ from onnxq.backends.check import check
 from onnxq.backends.profile import BackendProfile, profile_for
 from onnxq.backends.validate import fidelity, run_outputs
 from onnxq.calibrate import CalibrationResult, calibrate
+from onnxq.calibrate import load_calibration as load_calibration_file
+from onnxq.calibrate import save_calibration as save_calibration_file
 from onnxq.config import QuantConfig
 from onnxq.data import model_inputs, open_source
 from onnxq.errors import BackendConstraintError, CalibrationDataError, ConfigError, OutputError
@@ -88,7 +90,10 @@ def quantize(model: ModelLike, calibration: Any = None, *,
              backend: str | None = None, method: str | None = None,
              exclude: Iterable[str] | None = None,
              config: QuantConfig | str | os.PathLike[str] | dict[str, Any] | None = None,
-             batch_size: int = 1, **options: Any) -> QuantizedModel:
+             batch_size: int = 1,
+             save_calibration: str | os.PathLike[str] | None = None,
+             load_calibration: str | os.PathLike[str] | None = None,
+             **options: Any) -> QuantizedModel:
     """Quantize ``model`` to an INT8 Q/DQ model.
 
     Args:
@@ -101,15 +106,20 @@ def quantize(model: ModelLike, calibration: Any = None, *,
         config: a :class:`QuantConfig`, a dict of its fields, or a YAML file; the keyword
             arguments above (and ``options``, any QuantConfig field) override it.
         batch_size: batch size when ``calibration`` is one ``.npz`` of samples.
+        save_calibration: write the observed statistics to this JSON file (histograms for
+            every tensor, so any method can be used when it is loaded).
+        load_calibration: quantize from statistics saved earlier instead of data;
+            ``calibration`` is then optional and, if given, used only to measure fidelity.
 
     Returns:
         A :class:`QuantizedModel` with ``.model``, ``.report`` and ``.save(path)``.
     """
     cfg = resolve_config(config, backend=backend, method=method,
                          exclude=tuple(exclude) if exclude is not None else None, **options)
-    if calibration is None:
+    if calibration is None and load_calibration is None:
         raise CalibrationDataError("no calibration data given; pass --calib DATA (a folder of "
-                                   ".npz batches, a .npz of samples, or .npy files)")
+                                   ".npz batches, a .npz of samples, or .npy files) or "
+                                   "--load-calibration FILE")
     profile, profile_note = profile_for(cfg.backend, cfg.reduce_range)
     loaded, source = load(model, profile)
     reference_bytes = ir.serialize(loaded) if ir.model_nbytes(loaded) < ir.PROTO_LIMIT else None
@@ -118,8 +128,16 @@ def quantize(model: ModelLike, calibration: Any = None, *,
         loaded, passes = simplify(loaded)
     graph = ir.Graph(loaded)
     inputs = model_inputs(graph)
-    data = open_source(calibration, inputs, batch_size)
-    annotations, result = _place_and_calibrate(loaded, graph, profile, cfg, data, inputs)
+    data = open_source(calibration, inputs, batch_size) if calibration is not None else None
+    if load_calibration is not None:
+        annotations, result = _place_from_cache(loaded, graph, profile, cfg, data, inputs,
+                                                load_calibration)
+    else:
+        assert data is not None
+        annotations, result = _place_and_calibrate(loaded, graph, profile, cfg, data, inputs,
+                                                   all_histograms=save_calibration is not None)
+        if save_calibration is not None:
+            save_calibration_file(save_calibration, result.stats, graph)
     qparams, warnings = _qparams(annotations, result, profile, cfg)
     if profile_note:
         warnings.insert(0, profile_note)
@@ -132,8 +150,32 @@ def quantize(model: ModelLike, calibration: Any = None, *,
     return QuantizedModel(loaded, report, source)
 
 
+def _place_from_cache(model: onnx.ModelProto, graph: ir.Graph, profile: BackendProfile,
+                      cfg: QuantConfig, data: Iterable[Any] | None, inputs: list[Any],
+                      cache: str | os.PathLike[str]) -> tuple[Annotations, CalibrationResult]:
+    """Place Q/DQ from cached statistics; ``data`` (optional) only feeds the fidelity check."""
+    float_tensors: dict[str, str] = {}
+    float_nodes: dict[str, str] = {}
+    held = []
+    if data is not None and cfg.fidelity_batches:
+        held = calibrate(model, {}, data, inputs, max_batches=cfg.fidelity_batches,
+                         hold=cfg.fidelity_batches, progress=False).held
+    for _ in range(4):
+        annotations = annotate(graph, profile, cfg, float_tensors, float_nodes)
+        stats = load_calibration_file(cache, graph, _observed(annotations))
+        more_t, more_n = range_exclusions(annotations, stats, cfg.mask_threshold,
+                                          cfg.concat_range_ratio)
+        if more_t.keys() <= float_tensors.keys() and more_n.keys() <= float_nodes.keys():
+            break
+        float_tensors.update(more_t)
+        float_nodes.update(more_n)
+    samples = max((s.samples for s in stats.values()), default=0)
+    return annotations, CalibrationResult(stats, samples, held)
+
+
 def _place_and_calibrate(model: onnx.ModelProto, graph: ir.Graph, profile: BackendProfile,
                          cfg: QuantConfig, data: Iterable[Any], inputs: list[Any],
+                         all_histograms: bool = False,
                          ) -> tuple[Annotations, CalibrationResult]:
     """Annotate, calibrate, and annotate again while the data rules tensors or nodes out.
 
@@ -147,11 +189,12 @@ def _place_and_calibrate(model: onnx.ModelProto, graph: ir.Graph, profile: Backe
     reiterable = iter(data) is not data
     for _ in range(4):
         annotations = annotate(graph, profile, cfg, float_tensors, float_nodes)
-        wanted = _observed(annotations)
+        wanted = _observed(annotations, all_histograms)
         missing = {t: h for t, h in wanted.items() if result is None or t not in result.stats}
         if result is None or (missing and reiterable):
             fresh = calibrate(model, missing, data, inputs, max_batches=cfg.max_batches,
                               hold=cfg.fidelity_batches if result is None else 0,
+                              memory_budget=cfg.memory_budget_mb * 2**20,
                               progress=cfg.progress)
             result = fresh if result is None else _merged(result, fresh)
         elif missing:
@@ -173,11 +216,10 @@ def _merged(first: CalibrationResult, extra: CalibrationResult) -> CalibrationRe
     return CalibrationResult({**first.stats, **extra.stats}, first.batches_seen, first.held)
 
 
-def _observed(annotations: Annotations) -> dict[str, bool]:
-    tensors: dict[str, bool] = {}
-    for ann in annotations.of_kind("activation"):
-        tensors[ann.tensor] = ann.method in HISTOGRAM_METHODS
-    return tensors
+def _observed(annotations: Annotations, all_histograms: bool = False) -> dict[str, bool]:
+    """Activation tensors to observe -> whether their method needs a histogram."""
+    return {ann.tensor: all_histograms or ann.method in HISTOGRAM_METHODS
+            for ann in annotations.of_kind("activation")}
 
 
 def _qparams(annotations: Annotations, result: CalibrationResult, profile: BackendProfile,

@@ -175,3 +175,75 @@ def _progress(it: Iterator[Batch], label: str, enabled: bool,
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text[:400] if text else type(exc).__name__
+
+
+# --------------------------------------------------------------------------- cache
+CACHE_FORMAT = "onnxq-calibration"
+CACHE_VERSION = 1
+
+
+def save_calibration(path: str | Path, stats: dict[str, TensorStats], graph: ir.Graph) -> None:
+    """Write observed statistics as JSON (atomically), with each tensor's inferred shape."""
+    import json
+
+    doc = {
+        "format": CACHE_FORMAT,
+        "version": CACHE_VERSION,
+        "tensors": {
+            name: {"shape": _shape_json(graph, name), "stats": stats[name].to_json()}
+            for name in sorted(stats)
+        },
+    }
+    ir.atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode("utf-8"))
+
+
+def load_calibration(path: str | Path, graph: ir.Graph,
+                     wanted: dict[str, bool]) -> dict[str, TensorStats]:
+    """Statistics for ``wanted`` tensors from a cache written by :func:`save_calibration`."""
+    import json
+
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CalibrationDataError(f"cannot read calibration cache {p}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CalibrationDataError(f"{p}: not a JSON calibration cache: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT:
+        raise CalibrationDataError(f"{p}: not an onnxq calibration cache (format field)")
+    if doc.get("version") != CACHE_VERSION:
+        raise CalibrationDataError(
+            f"{p}: calibration cache version {doc.get('version')!r}, this onnxq reads "
+            f"{CACHE_VERSION}; calibrate again with --save-calibration")
+    tensors = doc.get("tensors", {})
+    missing = sorted(t for t in wanted if t not in tensors)
+    if missing:
+        raise CalibrationDataError(
+            f"{p}: no statistics for {len(missing)} tensor(s) this model quantizes, e.g. "
+            f"{', '.join(missing[:5])}; the cache belongs to another model or other settings: "
+            "calibrate again with data")
+    changed = [t for t in wanted if tensors[t].get("shape") != _shape_json(graph, t)]
+    if changed:
+        t = changed[0]
+        raise CalibrationDataError(
+            f"{p}: tensor {t!r} had shape {tensors[t].get('shape')} when calibrated, the model "
+            f"now gives {_shape_json(graph, t)} ({len(changed)} tensor(s) changed); calibrate "
+            "again with data")
+    out = {}
+    for name, needs_hist in wanted.items():
+        try:
+            stats = TensorStats.from_json(name, tensors[name]["stats"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CalibrationDataError(f"{p}: statistics of {name!r} are malformed ({exc})") \
+                from None
+        if needs_hist and not stats.histogram:
+            raise CalibrationDataError(
+                f"{p}: tensor {name!r} was calibrated without a histogram (method minmax); "
+                "calibrate again with the histogram method you want")
+        out[name] = stats
+    return out
+
+
+def _shape_json(graph: ir.Graph, name: str) -> list[int | str | None] | None:
+    shape = graph.shape(name)
+    return None if shape is None else [d if isinstance(d, int) else None for d in shape]

@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     q.add_argument("model", help="float ONNX model (never modified)")
     q.add_argument("-o", "--output", required=True, help="output .onnx path (written atomically)")
-    q.add_argument("--calib", required=True, metavar="DATA", help="calibration data (see below)")
+    q.add_argument("--calib", metavar="DATA", help="calibration data (see below)")
     q.add_argument("--backend", choices=("tensorrt", "onnxruntime"),
                    help="target backend (default tensorrt: symmetric int8, per-channel weights)")
     q.add_argument("--method", choices=sorted(METHODS),
@@ -61,6 +61,14 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--max-batches", type=int, help="use at most N calibration batches")
     q.add_argument("--batch-size", type=int, default=1,
                    help="batch size when --calib is one .npz of samples (default 1)")
+    q.add_argument("--save-calibration", metavar="FILE.json",
+                   help="write the observed statistics (reusable with any --method)")
+    q.add_argument("--load-calibration", metavar="FILE.json",
+                   help="quantize from saved statistics instead of data (--calib then only "
+                   "feeds the fidelity check and may be omitted)")
+    q.add_argument("--memory-budget", type=int, metavar="MB",
+                   help="activation memory per batch during calibration (default 4096); "
+                   "above it tensors are observed in several passes")
     q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
     q.add_argument("--external-data", action="store_true",
                    help="store weights in OUT.data beside the model (automatic above 2 GB)")
@@ -72,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
                        "axes, opset, forbidden ops. Exit 1 if any violation.")
     c.add_argument("model")
     c.add_argument("--backend", choices=("tensorrt", "onnxruntime"), default="tensorrt")
+    c.add_argument("--engine", action="store_true",
+                   help="also build a TensorRT engine and report per-layer precision (needs the "
+                   "tensorrt package and an NVIDIA GPU)")
+    c.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
+                   help="input shape for the engine build when the input is dynamic")
 
     e = sub.add_parser("explain", help="per op: quantized (which rule) or why not",
                        description="Show where onnxq would place Q/DQ and why each op stays "
@@ -118,7 +131,8 @@ def _quantize(args: argparse.Namespace) -> int:
         args.model, args.calib, backend=args.backend, method=args.method, exclude=args.exclude,
         config=args.config, batch_size=args.batch_size, percentile=args.percentile,
         max_batches=args.max_batches, simplify=False if args.no_simplify else None,
-        progress=False if args.quiet else None)
+        progress=False if args.quiet else None, memory_budget_mb=args.memory_budget,
+        save_calibration=args.save_calibration, load_calibration=args.load_calibration)
     written = result.save(out, report=args.report,
                           external_data=True if args.external_data else None)
     if not args.quiet:
@@ -148,7 +162,26 @@ def _check(args: argparse.Namespace) -> int:
               f"({fusion.ratio:.0%}) into integer kernels: {kernels}")
         for name, op in fusion.unfused:
             print(f"  not fused: {name} ({op})")
+    if args.engine:
+        from onnxq.backends.tensorrt import build_engine
+
+        print(build_engine(args.model, _shapes(args.shape)).summary())
     return 1 if violations else 0
+
+
+def _shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    from onnxq.errors import ConfigError
+
+    out = {}
+    for item in items:
+        name, _, dims = item.rpartition("=")
+        try:
+            out[name] = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            raise ConfigError(f"--shape {item!r}: expected NAME=1x3x224x224") from None
+        if not name:
+            raise ConfigError(f"--shape {item!r}: expected NAME=1x3x224x224")
+    return out
 
 
 def _explain(args: argparse.Namespace) -> int:

@@ -88,6 +88,8 @@ class QuantConfig:
             than this factor stays float instead of forcing one scale on all of them.
         reduce_range: 7-bit weights for the onnxruntime backend (its u8s8 CPU kernels saturate
             int16 sums on x86 CPUs without VNNI); ``None`` decides from the CPU.
+        memory_budget_mb: activations of one batch that calibration may hold at once; when
+            the observed tensors need more, they are observed in groups, one pass each.
         simplify: run the simplify passes before placing Q/DQ.
         progress: show progress bars on stderr.
     """
@@ -104,6 +106,7 @@ class QuantConfig:
     mask_threshold: float = 1e4
     concat_range_ratio: float = 16.0
     reduce_range: bool | None = None
+    memory_budget_mb: int = 4096
     simplify: bool = True
     progress: bool = True
 
@@ -127,6 +130,8 @@ class QuantConfig:
             raise ConfigError(f"mask_threshold: must be > 0, got {self.mask_threshold}")
         if not self.concat_range_ratio >= 1:
             raise ConfigError(f"concat_range_ratio: must be >= 1, got {self.concat_range_ratio}")
+        if self.memory_budget_mb < 1:
+            raise ConfigError(f"memory_budget_mb: must be >= 1, got {self.memory_budget_mb}")
         if self.min_channels is not None and self.min_channels < 0:
             raise ConfigError(f"min_channels: must be >= 0, got {self.min_channels}")
         # Normalise lists given from Python or YAML into tuples so the config stays hashable.
@@ -237,6 +242,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "mask_threshold": (int, float),
     "concat_range_ratio": (int, float),
     "reduce_range": (bool, type(None)),
+    "memory_budget_mb": (int,),
     "simplify": (bool,),
     "progress": (bool,),
 }

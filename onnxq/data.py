@@ -191,7 +191,8 @@ def check_batch(batch: Any, inputs: list[InputSpec], index: int) -> Batch:
 def _check_shape(arr: np.ndarray, spec: InputSpec, where: str) -> None:
     assert spec.shape is not None
     ok = arr.ndim == len(spec.shape) and all(
-        not isinstance(d, int) or d <= 0 or d == got for d, got in zip(spec.shape, arr.shape, strict=False)
+        not isinstance(d, int) or d <= 0 or d == got
+        for d, got in zip(spec.shape, arr.shape, strict=False)
     )
     if not ok:
         expected = "[" + ", ".join("?" if not isinstance(d, int) or d <= 0 else str(d)

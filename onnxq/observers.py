@@ -40,6 +40,9 @@ class TensorStats:
     max: float = -math.inf
     range: float = 0.0  # R, a power of two, 0 until the first non-empty update
     counts: np.ndarray = field(default_factory=lambda: np.zeros(BINS, dtype=np.int64))
+    samples: int = 0  # samples along the leading axis, for the moving-average min/max
+    sample_min_sum: float = 0.0
+    sample_max_sum: float = 0.0
 
     def update(self, x: np.ndarray, where: str = "") -> None:
         """Add one batch of values of this tensor."""
@@ -48,14 +51,20 @@ class TensorStats:
         x = np.asarray(x)
         if x.dtype != np.float32:
             x = x.astype(np.float32)
-        lo = float(x.min())
-        hi = float(x.max())
+        rows = x.reshape(x.shape[0], -1) if x.ndim >= 2 else x.reshape(1, -1)
+        row_min = rows.min(axis=1).astype(np.float64)
+        row_max = rows.max(axis=1).astype(np.float64)
+        lo = float(row_min.min())
+        hi = float(row_max.max())
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise CalibrationDataError(
                 f"tensor {self.name!r} has NaN or Inf values{where}; check the calibration data "
                 "(a NaN/Inf input or a model that overflows on it)"
             )
         self.count += int(x.size)
+        self.samples += len(row_min)
+        self.sample_min_sum += float(row_min.sum())
+        self.sample_max_sum += float(row_max.sum())
         self.min = min(self.min, lo)
         self.max = max(self.max, hi)
         if not self.histogram:
@@ -83,6 +92,9 @@ class TensorStats:
         """Combine the statistics of two shards of data in place; returns ``self``."""
         if other.count == 0:
             return self
+        self.samples += other.samples
+        self.sample_min_sum += other.sample_min_sum
+        self.sample_max_sum += other.sample_max_sum
         if self.count == 0:
             self.count, self.min, self.max = other.count, other.min, other.max
             self.range, self.counts = other.range, other.counts.copy()
@@ -110,6 +122,8 @@ class TensorStats:
         nz = np.nonzero(self.counts)[0]
         return {
             "count": self.count, "min": self.min, "max": self.max, "range": self.range,
+            "samples": self.samples, "sample_min_sum": self.sample_min_sum,
+            "sample_max_sum": self.sample_max_sum, "histogram": self.histogram,
             "bins": [int(i) for i in nz], "counts": [int(self.counts[i]) for i in nz],
         }
 
@@ -117,7 +131,10 @@ class TensorStats:
     def from_json(cls, name: str, data: dict) -> TensorStats:  # type: ignore[type-arg]
         """The inverse of :meth:`to_json`."""
         stats = cls(name, count=int(data["count"]), min=float(data["min"]),
-                    max=float(data["max"]), range=float(data["range"]))
+                    max=float(data["max"]), range=float(data["range"]),
+                    samples=int(data["samples"]), sample_min_sum=float(data["sample_min_sum"]),
+                    sample_max_sum=float(data["sample_max_sum"]),
+                    histogram=bool(data["histogram"]))
         stats.counts[np.asarray(data["bins"], dtype=np.int64)] = np.asarray(
             data["counts"], dtype=np.int64)
         return stats
@@ -247,6 +264,48 @@ def _mse(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tuple[floa
     return max(stats.min, -best), min(stats.max, best)
 
 
+def _ema(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tuple[float, float]:
+    """Moving-average min/max: the mean of the per-sample minima and maxima.
+
+    Sparsebit-style moving averages weight batches by arrival order; averaging per sample
+    (the leading axis) instead gives the same result for any batching and order, and merges
+    exactly.
+    """
+    if stats.samples == 0:
+        return stats.min, stats.max
+    return stats.sample_min_sum / stats.samples, stats.sample_max_sum / stats.samples
+
+
+# ACIQ (Banner et al., 2019): optimal clip for 8-bit, in units of the Laplace scale b / the
+# Gaussian sigma.
+_ACIQ_LAPLACE_8BIT = 9.89
+_ACIQ_GAUSS_8BIT = 3.92
+
+
+def _aciq(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tuple[float, float]:
+    """Analytic clipping: fit a Laplace or a Gaussian (by kurtosis) and clip at its optimum."""
+    width = 2.0 * stats.range / BINS
+    centers = -stats.range + (np.arange(BINS) + 0.5) * width
+    w = stats.counts.astype(np.float64)
+    total = w.sum()
+    if total == 0:
+        return stats.min, stats.max
+    mean = float(w @ centers / total)
+    dev = centers - mean
+    var = float(w @ dev**2 / total)
+    if var <= 0:
+        return stats.min, stats.max
+    kurtosis = float(w @ dev**4 / total) / var**2 - 3.0
+    if kurtosis > 1.5:  # heavy tails: Laplace, b = mean absolute deviation
+        alpha = _ACIQ_LAPLACE_8BIT * float(w @ np.abs(dev) / total)
+    else:
+        alpha = _ACIQ_GAUSS_8BIT * math.sqrt(var)
+    if symmetric:
+        amax = min(abs(mean) + alpha, max(abs(stats.min), abs(stats.max)))
+        return -amax, amax
+    return max(stats.min, mean - alpha), min(stats.max, mean + alpha)
+
+
 def quantization_error(stats: TensorStats, lo: float, hi: float, levels: int) -> float:
     """Expected squared error per value when ``[lo, hi]`` is cut into ``levels`` steps.
 
@@ -294,10 +353,12 @@ METHODS: dict[str, RangeFn] = {
     "percentile": _percentile,
     "entropy": _entropy,
     "mse": _mse,
+    "ema": _ema,
+    "aciq": _aciq,
     "auto": _auto,
 }
-AUTO_CANDIDATES = ("minmax", "percentile", "entropy", "mse")
-HISTOGRAM_METHODS = frozenset({"percentile", "entropy", "mse", "auto"})
+AUTO_CANDIDATES = ("minmax", "percentile", "entropy", "mse", "aciq", "ema")
+HISTOGRAM_METHODS = frozenset({"percentile", "entropy", "mse", "aciq", "auto"})
 
 
 def get_method(name: str) -> RangeFn:

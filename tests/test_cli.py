@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from onnxq import ir
@@ -138,6 +139,51 @@ def test_quantize_user_errors_exit_2_with_one_line(tmp_path, conv_files, capsys,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calib", "model.onnx"]
 
 
+def test_report_write_failure_leaves_no_model(tmp_path, conv_files, capsys):
+    # exit 2 promises "nothing written": a report path in a missing folder must not leave the
+    # quantized model behind
+    model, calib = conv_files
+    out = tmp_path / "out.onnx"
+    code = main(
+        [
+            "quantize",
+            str(model),
+            "-o",
+            str(out),
+            "--calib",
+            str(calib),
+            "-q",
+            "--report",
+            str(tmp_path / "missing" / "r.json"),
+        ]
+    )
+    assert_user_error(code, capsys.readouterr().err)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("batch_size", ["0", "-1"])
+def test_bad_batch_size_is_a_user_error(tmp_path, model_file, capsys, batch_size):
+    model = model_file(graphs.conv_relu())
+    samples = tmp_path / "samples.npz"
+    np.savez(samples, x=np.zeros((4, 16, 8, 8), np.float32))
+    out = tmp_path / "out.onnx"
+    code = main(
+        [
+            "quantize",
+            str(model),
+            "-o",
+            str(out),
+            "--calib",
+            str(samples),
+            "-q",
+            "--batch-size",
+            batch_size,
+        ]
+    )
+    assert_user_error(code, capsys.readouterr().err)
+    assert not out.exists()
+
+
 # ------------------------------------------------------------------------------- check
 def test_check_clean_model_exits_0(tmp_path, conv_files, capsys):
     model, calib = conv_files
@@ -202,6 +248,17 @@ def test_explain_with_exclude_and_closest_rule(model_file, capsys):
     assert "[closest rule: conv]" in lines[0] and "min_channels=16" in lines[0]
     assert "excluded by --exclude relu" in lines[1]
     assert lines[-1] == "0 of 2 ops quantized for tensorrt"
+
+
+def test_explain_takes_the_backend_from_the_config(tmp_path, model_file, capsys):
+    path = model_file(graphs.conv_small())
+    config = tmp_path / "ort.yaml"
+    config.write_text("backend: onnxruntime\n", encoding="utf-8")
+    assert main(["explain", str(path), "--config", str(config)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].endswith("quantized for onnxruntime")
+    assert main(["explain", str(path), "--config", str(config), "--backend", "tensorrt"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("for tensorrt")
 
 
 # ------------------------------------------------------------------------------- help

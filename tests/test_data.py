@@ -16,7 +16,7 @@ from onnxq.data import (
     model_inputs,
     open_source,
 )
-from onnxq.errors import CalibrationDataError
+from onnxq.errors import CalibrationDataError, OnnxqError
 from tests import graphs
 
 X = InputSpec("x", np.dtype("float32"), (1, 16, 8, 8))
@@ -88,6 +88,17 @@ def test_single_npy_of_samples_is_cut_into_batches(tmp_path):
     np.save(path, np.zeros((5, 4), np.float32))
     source = open_source(path, [InputSpec("x", np.dtype("float32"), ("N", 4))], batch_size=2)
     assert [b["x"].shape[0] for b in source] == [2, 2, 1]
+
+
+@pytest.mark.parametrize("batch_size", [0, -2])
+def test_batch_size_below_one_is_a_user_error(tmp_path, batch_size):
+    path = tmp_path / "samples.npz"
+    np.savez(path, x=np.zeros((5, 4), np.float32))
+    spec = InputSpec("x", np.dtype("float32"), ("N", 4))
+    with pytest.raises(OnnxqError, match="batch"):
+        source = open_source(path, [spec], batch_size=batch_size)
+        batches_total(source)
+        list(source)
 
 
 def test_mappings_and_iterables_are_sources():

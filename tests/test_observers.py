@@ -249,7 +249,7 @@ def test_get_method_bogus_raises_config_error_listing_valid_names():
 
 
 def test_every_registered_method_is_callable_by_name():
-    assert set(METHODS) == {"minmax", "percentile", "entropy", "mse"}
+    assert {"minmax", "percentile", "entropy", "mse"} <= set(METHODS)
     for name in METHODS:
         assert get_method(name) is METHODS[name]
 

@@ -207,6 +207,16 @@ def test_wrong_weight_axis_for_gemm_transb(trans_b, wrong_axis, want):
     assert violations[0].got == str(wrong_axis)
 
 
+def test_scale_count_must_match_the_channel_dimension():
+    model = qdq_gemm(1, weight_axis=0)
+    g_init = {t.name: t for t in model.graph.initializer}
+    g_init["b_scale"].CopyFrom(const("b_scale", np.full(8, 0.01, np.float32)))
+    g_init["b_zero_point"].CopyFrom(const("b_zero_point", np.zeros(8, np.int8)))
+    violations = check(model, TRT)
+    assert fields(violations) == {("b_dq", "scale count")}
+    assert violations[0].expected == "dim[0] = 16" and violations[0].got == "8 scales"
+
+
 def test_axis_attribute_needs_opset_13():
     model = qdq_conv(opset=11)
     assert model.opset_import[0].version == 11
@@ -246,6 +256,41 @@ def test_integer_ops_are_forbidden_for_tensorrt(op_type):
     assert fields(violations) == {("qconv", "op_type")}
     assert violations[0].got == op_type
     assert check(model, ORT) == []
+
+
+def test_subgraph_qdq_may_read_outer_scope_constants():
+    # A Q/DQ pair inside an If branch whose scale and zero point are initializers of the main
+    # graph: valid ONNX (onnxruntime runs it), and the scale is a constant.
+    then = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="inner_q"),
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["then_out"], name="inner_dq"),
+        ],
+        "then",
+        [],
+        [graphs.tensor("then_out", [4])],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["else_out"], name="neg")],
+        "else",
+        [],
+        [graphs.tensor("else_out", [4])],
+    )
+    model = graphs.model(
+        [helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then, else_branch=other)],
+        [graphs.tensor("x", [4]), graphs.tensor("cond", [], TensorProto.BOOL)],
+        [graphs.tensor("y", [4])],
+        [const("s", np.float32(0.1)), const("z", np.int8(0))],
+        opset=13,
+    )
+    assert check(model, TRT) == []
+    bad = onnx.ModelProto()
+    bad.CopyFrom(model)
+    bad.graph.initializer[1].CopyFrom(const("z", np.int8(5)))
+    assert fields(check(bad, TRT)) == {
+        ("if/then_branch/inner_q", "zero_point"),
+        ("if/then_branch/inner_dq", "zero_point"),
+    }
 
 
 def test_violation_reads_as_one_line():
