@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.config import QuantConfig
+from onnxq.config import QuantConfig, TensorSettings
+from onnxq.errors import ConfigError
 from onnxq.observers import TensorStats
 from onnxq.rewrites.pattern import Context, Decline, Match, Spec
 from onnxq.rewrites.rules import RULE_SETS
@@ -27,7 +28,12 @@ class TensorAnnotation:
     axis: int | None = None
     inputs: tuple[str, ...] = ()
     rules: list[str] = field(default_factory=list)
-    method: str = ""
+    settings: TensorSettings = field(default_factory=lambda: TensorSettings(""))
+
+    @property
+    def method(self) -> str:
+        """The activation range method."""
+        return self.settings.method
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,8 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
                 ctx.claimed.intersection_update(before)
                 continue
             for spec in result:
-                _merge(tensors, spec, r.name, config, graph)
+                _merge(tensors, spec, r.name, config, graph, profile.name,
+                       profile.activation_symmetric)
                 ctx.quantized[spec.tensor] = tensors[spec.tensor].kind
             ctx.claimed.add(node.name)
             for extra in ctx.claimed - before - {node.name}:
@@ -140,7 +147,8 @@ def _conflict(tensors: dict[str, TensorAnnotation], specs: list[Spec]) -> str | 
 
 
 def _merge(tensors: dict[str, TensorAnnotation], spec: Spec, rule_name: str,
-           config: QuantConfig, graph: ir.Graph) -> None:
+           config: QuantConfig, graph: ir.Graph, profile_name: str = "",
+           symmetric_only: bool = False) -> None:
     entry = tensors.get(spec.tensor)
     if entry is None:
         entry = TensorAnnotation(spec.tensor, spec.kind, [], spec.axis, spec.inputs)
@@ -149,9 +157,15 @@ def _merge(tensors: dict[str, TensorAnnotation], spec: Spec, rule_name: str,
         if c not in entry.consumers:
             entry.consumers.append(c)
     entry.rules.append(rule_name)
-    if entry.kind == "activation":
-        readers = [(n.name, n.op_type) for n, _ in graph.consumers.get(spec.tensor, [])]
-        entry.method = config.method_for(spec.tensor, readers)
+    readers = [(n.name, n.op_type) for n, _ in graph.consumers.get(spec.tensor, [])]
+    entry.settings = config.settings_for(spec.tensor, readers)
+    if entry.kind == "weight" and not entry.settings.per_channel:
+        entry.axis = None
+    if entry.kind == "activation" and entry.settings.symmetric is False and symmetric_only:
+        raise ConfigError(
+            f"an override makes tensor {spec.tensor!r} asymmetric, but the {profile_name} "
+            "backend requires symmetric quantization (zero point 0); drop 'symmetric: false' "
+            "or use --backend onnxruntime")
 
 
 def shape_path(graph: ir.Graph, profile: BackendProfile) -> set[str]:

@@ -233,8 +233,10 @@ def _qparams(annotations: Annotations, result: CalibrationResult, profile: Backe
             warnings.append(f"tensor {ann.tensor!r} produced no float values during calibration; "
                             "it stays float")
             continue
+        symmetric = ann.settings.symmetric
         qp = activation_qparams(stats, ann.method, profile.activation_dtype,
-                                profile.activation_symmetric, opts)
+                                profile.activation_symmetric if symmetric is None else symmetric,
+                                opts, ann.settings.bits)
         if qp.note:
             warnings.append(f"tensor {ann.tensor!r}: {qp.note}")
         out[ann.tensor] = qp

@@ -86,6 +86,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="input shape for the engine build when the input is dynamic")
 
+    i = sub.add_parser("inspect", help="show the bit width and observer of each quantized tensor",
+                       description="Read the per-tensor records (bits, method, axis) that onnxq "
+                       "writes into a quantized model's metadata.")
+    i.add_argument("model")
+
     e = sub.add_parser("explain", help="per op: quantized (which rule) or why not",
                        description="Show where onnxq would place Q/DQ and why each op stays "
                        "float, without calibrating.")
@@ -105,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _quantize(args)
         if args.command == "check":
             return _check(args)
+        if args.command == "inspect":
+            return _inspect(args)
         return _explain(args)
     except OnnxqError as exc:
         print(f"onnxq: error: {' '.join(str(exc).split())}", file=sys.stderr)
@@ -182,6 +189,31 @@ def _shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
         if not name:
             raise ConfigError(f"--shape {item!r}: expected NAME=1x3x224x224")
     return out
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    import onnx
+
+    from onnxq.errors import ModelLoadError
+    from onnxq.materialize import read_metadata
+
+    path = Path(args.model)
+    if not path.is_file():
+        raise ModelLoadError(f"model file not found: {path}")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:
+        raise ModelLoadError(f"{path}: not a readable ONNX file") from None
+    records = read_metadata(model)
+    if records is None:
+        raise ModelLoadError(f"{path}: no onnxq quantization metadata (not made by onnxq?)")
+    width = max((len(t) for t in records), default=6)
+    print(f"{'tensor':<{width}}  kind        bits  method              axis  symmetric")
+    for name, r in records.items():
+        print(f"{name:<{width}}  {r.get('kind', ''):<10}  {r.get('bits', ''):>4}  "
+              f"{r.get('method', '')!s:<18}  {r.get('axis')!s:>4}  {r.get('symmetric')}")
+    print(f"{len(records)} quantized tensors")
+    return 0
 
 
 def _explain(args: argparse.Namespace) -> int:

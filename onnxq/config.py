@@ -23,7 +23,10 @@ class Override:
     """Per-node settings, matched by glob over node name, op type or tensor name.
 
     A field left at ``None`` keeps the global setting.  ``exclude=True`` keeps the matched nodes
-    (or, with ``tensor``, the matched tensors) in float.
+    (or, with ``tensor``, the matched tensors) in float.  ``bits`` (2-8) narrows the integer
+    range inside the int8/uint8 storage; ``per_channel`` (weights) and ``symmetric``
+    (activations; the TensorRT backend only allows symmetric) change the scheme.
+    When several overrides match, the later one wins field by field.
     """
 
     node: str | None = None
@@ -31,6 +34,9 @@ class Override:
     tensor: str | None = None
     method: str | None = None
     exclude: bool = False
+    bits: int | None = None
+    per_channel: bool | None = None
+    symmetric: bool | None = None
 
     def __post_init__(self) -> None:
         if self.node is None and self.op_type is None and self.tensor is None:
@@ -40,6 +46,8 @@ class Override:
             )
         if self.method is not None:
             _check_method(self.method, "overrides[].method")
+        if self.bits is not None and (isinstance(self.bits, bool) or not 2 <= self.bits <= 8):
+            raise ConfigError(f"overrides[].bits: must be an integer 2..8, got {self.bits!r}")
 
     def matches_node(self, node_name: str, op_type: str) -> bool:
         """True if this override's node/op_type patterns (those given) all match."""
@@ -61,6 +69,16 @@ def _check_method(name: str, where: str) -> None:
         raise ConfigError(
             f"{where}: unknown calibration method {name!r}; valid: {', '.join(sorted(METHODS))}"
         )
+
+
+@dataclass(frozen=True)
+class TensorSettings:
+    """The resolved per-tensor settings (``None``: the backend's default)."""
+
+    method: str
+    bits: int = 8
+    per_channel: bool = True
+    symmetric: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -156,20 +174,22 @@ class QuantConfig:
                 return f"override {_describe(ov)} exclude"
         return None
 
-    def method_for(self, tensor_name: str, consumers: list[tuple[str, str]]) -> str:
-        """The calibration method of a tensor: the last matching override wins.
+    def settings_for(self, tensor_name: str, consumers: list[tuple[str, str]]) -> TensorSettings:
+        """Method, bits and scheme of a tensor: overrides apply in order, field by field.
 
         ``consumers`` lists ``(node_name, op_type)`` of the nodes that read the tensor.
         """
-        method = self.method
+        out = TensorSettings(self.method)
         for ov in self.overrides:
-            if ov.method is None:
+            if not (ov.matches_tensor(tensor_name)
+                    or any(ov.matches_node(n, t) for n, t in consumers)):
                 continue
-            if ov.matches_tensor(tensor_name) or any(
-                ov.matches_node(n, t) for n, t in consumers
-            ):
-                method = ov.method
-        return method
+            out = TensorSettings(
+                ov.method if ov.method is not None else out.method,
+                ov.bits if ov.bits is not None else out.bits,
+                ov.per_channel if ov.per_channel is not None else out.per_channel,
+                ov.symmetric if ov.symmetric is not None else out.symmetric)
+        return out
 
     # -- (de)serialisation ------------------------------------------------------------------
     def replace(self, **changes: Any) -> QuantConfig:
@@ -280,8 +300,12 @@ def _override(index: int, value: Any, where: str) -> Override:
     for key in ("node", "op_type", "tensor", "method"):
         if value.get(key) is not None and not isinstance(value[key], str):
             raise ConfigError(f"{where}: overrides[{index}].{key}: expected a string")
-    if not isinstance(value.get("exclude", False), bool):
-        raise ConfigError(f"{where}: overrides[{index}].exclude: expected true or false")
+    for key in ("exclude", "per_channel", "symmetric"):
+        if value.get(key) is not None and not isinstance(value[key], bool):
+            raise ConfigError(f"{where}: overrides[{index}].{key}: expected true or false")
+    bits = value.get("bits")
+    if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int)):
+        raise ConfigError(f"{where}: overrides[{index}].bits: expected an integer 2..8")
     return Override(**value)
 
 

@@ -32,6 +32,7 @@ class Placed:
     kind: str
     qparams: QParams
     consumers: tuple[tuple[str, int], ...]
+    bits: int = 8
 
 
 def materialize(model: onnx.ModelProto, annotations: Annotations,
@@ -47,7 +48,7 @@ def materialize(model: onnx.ModelProto, annotations: Annotations,
             value = graph.const_value(ann.tensor)
             if value is None:
                 raise InternalError(f"weight {ann.tensor!r} lost its constant value")
-            weights[ann.tensor] = weight_qparams(value, ann.axis, profile.weight_qmax)
+            weights[ann.tensor] = weight_qparams(value, ann.axis, weight_qmax(ann, profile))
     resolved = dict(activation_qparams)
     for ann in annotations.tensors.values():
         if ann.kind in ("activation", "shared"):
@@ -61,7 +62,7 @@ def materialize(model: onnx.ModelProto, annotations: Annotations,
             out = _qdq(graph, ann.tensor, qp)
         elif ann.kind == "weight":
             qp = weights[ann.tensor]
-            out = _weight(graph, ann.tensor, qp, profile, config)
+            out = _weight(graph, ann.tensor, qp, weight_qmax(ann, profile), config)
         else:
             bias = _bias_qparams(graph, ann, resolved, weights)
             if bias is None:
@@ -70,11 +71,54 @@ def materialize(model: onnx.ModelProto, annotations: Annotations,
             out = _dequantize_const(graph, ann.tensor, values, qp)
         for node_name, index in ann.consumers:
             graph.set_input(by_name[node_name], index, out)
-        placed.append(Placed(ann.tensor, ann.kind, qp, tuple(ann.consumers)))
+        bits = 32 if ann.kind == "bias" else ann.settings.bits
+        placed.append(Placed(ann.tensor, ann.kind, qp, tuple(ann.consumers), bits))
     if placed:
         ir.set_opset(model, QDQ_OPSET)
     graph.commit()
+    write_metadata(model, placed)
     return placed
+
+
+METADATA_KEY = "onnxq.quantization"
+
+
+def write_metadata(model: onnx.ModelProto, placed: list[Placed]) -> None:
+    """Record each quantized tensor's bit width, method and scheme in ``metadata_props``.
+
+    The value under :data:`METADATA_KEY` is JSON: ``{"version": ..., "tensors": {name: {"kind",
+    "bits", "method", "axis", "symmetric"}}}`` (Sparsebit's "extra bit info", as model
+    metadata so that every ONNX tool keeps it).
+    """
+    import json
+
+    from onnxq import __version__
+
+    tensors = {
+        p.tensor: {"kind": p.kind, "bits": p.bits, "method": p.qparams.method,
+                   "axis": p.qparams.axis,
+                   "symmetric": bool(np.all(np.asarray(p.qparams.zero_point) == 0))}
+        for p in placed
+    }
+    value = json.dumps({"version": __version__, "tensors": tensors}, sort_keys=True)
+    for prop in model.metadata_props:
+        if prop.key == METADATA_KEY:
+            prop.value = value
+            return
+    model.metadata_props.add(key=METADATA_KEY, value=value)
+
+
+def read_metadata(model: onnx.ModelProto) -> dict[str, dict[str, object]] | None:
+    """The per-tensor records written by :func:`write_metadata` (``None`` if absent)."""
+    import json
+
+    for prop in model.metadata_props:
+        if prop.key == METADATA_KEY:
+            try:
+                return dict(json.loads(prop.value).get("tensors", {}))
+            except (ValueError, AttributeError):
+                return None
+    return None
 
 
 def _consts(graph: ir.Graph, base: str, qp: QParams) -> tuple[str, str]:
@@ -97,13 +141,17 @@ def _qdq(graph: ir.Graph, tensor: str, qp: QParams) -> str:
     return dequantized
 
 
-def _weight(graph: ir.Graph, tensor: str, qp: QParams, profile: BackendProfile,
-            config: QuantConfig) -> str:
+def weight_qmax(ann: TensorAnnotation, profile: BackendProfile) -> int:
+    """Largest weight magnitude: the profile's limit, narrowed by a ``bits`` override."""
+    return min(profile.weight_qmax, 2 ** (ann.settings.bits - 1) - 1)
+
+
+def _weight(graph: ir.Graph, tensor: str, qp: QParams, qmax: int, config: QuantConfig) -> str:
     if config.weight_storage == "qdq":
         return _qdq(graph, tensor, qp)
     value = graph.const_value(tensor)
     assert value is not None
-    return _dequantize_const(graph, tensor, quantize_weight(value, qp, profile.weight_qmax), qp)
+    return _dequantize_const(graph, tensor, quantize_weight(value, qp, qmax), qp)
 
 
 def _dequantize_const(graph: ir.Graph, tensor: str, values: np.ndarray, qp: QParams) -> str:

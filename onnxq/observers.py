@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -386,35 +386,37 @@ class QParams:
 
 
 def activation_qparams(stats: TensorStats, method: str, dtype: str, symmetric: bool,
-                       opts: MethodOptions | None = None) -> QParams:
+                       opts: MethodOptions | None = None, bits: int = 8) -> QParams:
     """Per-tensor qparams of an activation from its statistics."""
-    opts = opts or MethodOptions()
+    opts = replace(opts or MethodOptions(), num_quant_levels=2 ** (bits - 1))
     if method == "auto":
         chosen, (lo, hi) = auto_choice(stats, symmetric, opts)
-        return range_to_qparams(lo, hi, dtype, symmetric, f"auto:{chosen}")
+        return range_to_qparams(lo, hi, dtype, symmetric, f"auto:{chosen}", bits)
     lo, hi = get_method(method)(stats, symmetric, opts)
-    return range_to_qparams(lo, hi, dtype, symmetric, method)
+    return range_to_qparams(lo, hi, dtype, symmetric, method, bits)
 
 
 def range_to_qparams(lo: float, hi: float, dtype: str, symmetric: bool,
-                     method: str = "") -> QParams:
-    """Scale and zero point that cover ``[lo, hi]`` (always including 0)."""
+                     method: str = "", bits: int = 8) -> QParams:
+    """Scale and zero point that cover ``[lo, hi]`` (always including 0) with ``bits`` bits
+    inside the int8/uint8 storage."""
     note = ""
     if symmetric:
         amax = max(abs(lo), abs(hi))
         if amax < _TINY:
-            amax, note = 1.0, "constant zero on the calibration data: scale set to 1/127"
-        qmax = 127.0
+            amax, note = 1.0, "constant zero on the calibration data: scale set to 1/qmax"
+        qmax = float(2 ** (bits - 1) - 1)
         scale = np.float32(amax / qmax)
-        zp = np.zeros((), dtype=np.int8 if dtype == "int8" else np.uint8)
+        zp = np.zeros((), dtype=np.int8)
         if dtype == "uint8":  # symmetric uint8 is centred on 128
-            scale = np.float32(amax / 127.5)
             zp = np.array(128, dtype=np.uint8)
         return QParams(np.asarray(scale, np.float32), zp, None, method, -amax, amax, note)
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     if hi - lo < _TINY:
         lo, hi, note = -1.0, 1.0, "constant zero on the calibration data: range set to [-1, 1]"
-    qmin, qmax = (0, 255) if dtype == "uint8" else (-128, 127)
+    levels = 2**bits - 1
+    qmin = 0 if dtype == "uint8" else -(2 ** (bits - 1))
+    qmax = qmin + levels
     scale = np.float32((hi - lo) / (qmax - qmin))
     zp = int(np.clip(round(qmin - lo / float(scale)), qmin, qmax))
     zp_arr = np.array(zp, dtype=np.uint8 if dtype == "uint8" else np.int8)
