@@ -47,9 +47,16 @@ class QuantizedModel:
                 f"output path {out} is the input model; choose another path (the input is never "
                 "overwritten)"
             )
+        if report is not None and not Path(report).parent.is_dir():
+            raise OutputError(f"report folder does not exist: {Path(report).parent}")
         written = ir.save_model(self.model, out, external_data=external_data)
         if report is not None:
-            self.report.write(report)
+            try:
+                self.report.write(report)
+            except OutputError:
+                for path in written:  # all or nothing
+                    path.unlink(missing_ok=True)
+                raise
             written.append(Path(report))
         return written
 

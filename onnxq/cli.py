@@ -95,7 +95,8 @@ def _parser() -> argparse.ArgumentParser:
                        description="Show where onnxq would place Q/DQ and why each op stays "
                        "float, without calibrating.")
     e.add_argument("model")
-    e.add_argument("--backend", choices=("tensorrt", "onnxruntime"), default="tensorrt")
+    e.add_argument("--backend", choices=("tensorrt", "onnxruntime"),
+                   help="target backend (default: the config's, else tensorrt)")
     e.add_argument("--config", metavar="FILE.yaml")
     e.add_argument("--exclude", action="append", metavar="GLOB", default=None)
     return p
@@ -132,8 +133,9 @@ def _quantize(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if Path(args.model).exists() and out.exists() and out.resolve() == Path(args.model).resolve():
         raise OutputError(f"output {out} is the input model; choose another path")
-    if not (out.parent if str(out.parent) else Path(".")).is_dir():
-        raise OutputError(f"output folder does not exist: {out.parent}")
+    for target in (out, Path(args.report) if args.report else None):
+        if target is not None and not target.parent.is_dir():
+            raise OutputError(f"output folder does not exist: {target.parent}")
     result = quantize(
         args.model, args.calib, backend=args.backend, method=args.method, exclude=args.exclude,
         config=args.config, batch_size=args.batch_size, percentile=args.percentile,

@@ -129,6 +129,9 @@ class QuantConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if f.name != "overrides":
+                _coerce(f.name, getattr(self, f.name), "config")
         if self.backend not in BACKENDS:
             raise ConfigError(
                 f"backend: unknown backend {self.backend!r}; valid: {', '.join(BACKENDS)}"

@@ -124,6 +124,8 @@ def _read_batch(path: Path, inputs: list[InputSpec]) -> Batch:
 
 def open_source(source: Any, inputs: list[InputSpec], batch_size: int = 1) -> Iterable[Batch]:
     """Turn a path, a mapping or an iterable into an iterable of batches."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise CalibrationDataError(f"batch size must be an integer >= 1, got {batch_size!r}")
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if not path.exists():

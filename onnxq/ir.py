@@ -659,7 +659,7 @@ def _save_external(model: onnx.ModelProto, out: Path) -> list[Path]:
         finally:
             for tensor, raw in moved:  # give the in-memory model its weights back
                 del tensor.external_data[:]
-                tensor.data_location = TensorProto.DEFAULT
+                tensor.ClearField("data_location")
                 tensor.raw_data = raw
         with _temp_beside(out) as tmp_model:
             tmp_model.write_bytes(body)

@@ -173,7 +173,12 @@ def _bias_qparams(graph: ir.Graph, ann: TensorAnnotation, acts: dict[str, QParam
     bias = graph.const_value(ann.tensor)
     if bias is None or bias.ndim != 1:
         return None
-    scale = (acts[x_name].scale.astype(np.float64) * weights[w_name].scale.astype(np.float64))
+    w_scale = weights[w_name].scale.astype(np.float64)
+    if w_scale.ndim == 1 and w_scale.size != bias.size:
+        if bias.size % w_scale.size:
+            return None  # no per-output-channel scale to derive: the bias stays float
+        w_scale = np.tile(w_scale, bias.size // w_scale.size)  # grouped ConvTranspose
+    scale = acts[x_name].scale.astype(np.float64) * w_scale
     scale = np.broadcast_to(scale, bias.shape).astype(np.float32)
     scale = np.where(scale > 0, scale, np.float32(1e-8)).astype(np.float32)
     q = np.clip(np.rint(bias.astype(np.float64) / scale), -(2**31), 2**31 - 1).astype(np.int32)

@@ -70,15 +70,25 @@ class TensorStats:
         if not self.histogram:
             return
         self._grow(max(abs(lo), abs(hi)))
-        scale = BINS / (2.0 * self.range)  # a power of two: the product is exact
-        idx = x.reshape(-1) * np.float32(scale)
-        idx += np.float32(BINS // 2)
+        # floor(x * 2^k) is exact in float32 (a power-of-two product), so a value's bin at
+        # range 2R is exactly its bin at range R halved: re-binning and batching never move it
+        scale = np.float32(BINS / (2.0 * self.range))
+        idx = x.reshape(-1) * scale
         np.floor(idx, out=idx)
-        np.clip(idx, 0, BINS - 1, out=idx)
-        self.counts += np.bincount(idx.astype(np.int32), minlength=BINS)
+        np.clip(idx, -(BINS // 2), BINS // 2 - 1, out=idx)
+        idx = idx.astype(np.int32)
+        idx += BINS // 2
+        self.counts += np.bincount(idx, minlength=BINS)
 
     def _grow(self, amax: float) -> None:
-        target = max(_MIN_RANGE, 2.0 ** math.ceil(math.log2(amax))) if amax > 0 else _MIN_RANGE
+        # the smallest power of two strictly above amax: no value ever sits on the top edge,
+        # so no value is clipped into a bin it would not have at a larger range
+        target = max(_MIN_RANGE, 2.0 ** (math.floor(math.log2(amax)) + 1)) if amax > 0 \
+            else _MIN_RANGE
+        self._widen(target)
+
+    def _widen(self, target: float) -> None:
+        """Double the range (merging bin pairs, exactly) until it reaches ``target``."""
         if self.range == 0.0:
             self.range = target
             return
@@ -105,8 +115,8 @@ class TensorStats:
         if self.histogram and other.histogram:
             theirs = TensorStats(self.name, range=other.range, counts=other.counts.copy())
             target = max(self.range, other.range)
-            self._grow(target)
-            theirs._grow(target)
+            self._widen(target)
+            theirs._widen(target)
             self.counts = self.counts + theirs.counts
         return self
 

@@ -166,7 +166,7 @@ def test_tensor_overrides_never_match_nodes():
     assert cfg.node_excluded("skip", "Add") is None
 
 
-def test_method_for_last_matching_override_wins():
+def test_settings_for_last_matching_override_wins():
     cfg = QuantConfig(
         method="percentile",
         overrides=(
@@ -175,10 +175,10 @@ def test_method_for_last_matching_override_wins():
             Override(tensor="other", method="minmax"),
         ),
     )
-    assert cfg.method_for("t", [("conv1", "Conv")]) == "entropy"
-    assert cfg.method_for("t", [("conv1", "Conv"), ("conv2", "Conv")]) == "mse"
-    assert cfg.method_for("t", [("add", "Add")]) == "percentile"
-    assert cfg.method_for("other", [("conv2", "Conv")]) == "minmax"
+    assert cfg.settings_for("t", [("conv1", "Conv")]).method == "entropy"
+    assert cfg.settings_for("t", [("conv1", "Conv"), ("conv2", "Conv")]).method == "mse"
+    assert cfg.settings_for("t", [("add", "Add")]).method == "percentile"
+    assert cfg.settings_for("other", [("conv2", "Conv")]).method == "minmax"
 
 
 def test_every_method_name_is_accepted():

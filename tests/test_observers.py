@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
@@ -140,6 +140,7 @@ def assert_same_stats(a: TensorStats, b: TensorStats) -> None:
 
 @SETTINGS
 @given(samples, samples)
+@example(np.array([1.0], np.float32), np.array([2.0], np.float32))
 def test_merge_of_two_shards_equals_observing_all_data(x, y):
     left, right = observe("t", [x]), observe("t", [y])
     merged = left.merge(right)
@@ -168,6 +169,15 @@ def test_bin_index_is_exact_when_the_range_grows():
     assert np.nonzero(one_batch.counts)[0].tolist() == [2048 + 48, 2048 + 1930]
     assert_same_stats(one_batch, two_batches)
     assert_same_stats(one_batch, merged)
+
+
+def test_a_value_equal_to_the_range_keeps_its_bin_when_the_range_grows():
+    # 1.0 is exactly R for the first batch: it is clipped into the top bin of [-1, 1], which
+    # merges into bin 3071 of [-2, 2]; seen together with 2.0 it lands in bin 3072.
+    two_batches = observe("t", [[1.0], [2.0]])
+    one_batch = observe("t", [[1.0, 2.0]])
+    assert one_batch.range == two_batches.range == 4.0  # strictly above the largest |x|
+    assert_same_stats(two_batches, one_batch)
 
 
 @SETTINGS
@@ -214,15 +224,15 @@ def test_update_ignores_empty_arrays_and_accepts_float64():
     stats.update(np.zeros((0, 4), np.float32))
     assert stats.count == 0 and stats.range == 0.0
     stats.update(np.array([0.5, -2.0], np.float64))
-    assert (stats.count, stats.min, stats.max, stats.range) == (2, -2.0, 0.5, 2.0)
+    assert (stats.count, stats.min, stats.max, stats.range) == (2, -2.0, 0.5, 4.0)
     assert stats.counts.sum() == 2 and stats.counts.size == BINS
 
 
-def test_range_is_a_power_of_two_covering_the_largest_magnitude():
+def test_range_is_the_smallest_power_of_two_strictly_above_the_largest_magnitude():
     stats = observe("t", [[0.3], [-5.0], [2.0]])
     assert stats.range == 8.0
-    stats.update(np.array([8.0], np.float32))
-    assert stats.range == 8.0 and stats.counts.sum() == 4
+    stats.update(np.array([8.0], np.float32))  # 8 would sit on the top edge of [-8, 8]
+    assert stats.range == 16.0 and stats.counts.sum() == 4
 
 
 def test_json_round_trip_keeps_statistics():

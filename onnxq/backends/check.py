@@ -8,6 +8,7 @@ constants, the weight axis of each op, the minimum opset for ``axis``, forbidden
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import onnx
@@ -24,8 +25,11 @@ def check(model: onnx.ModelProto, profile: BackendProfile) -> list[Violation]:
     """Every way ``model`` breaks ``profile``'s constraints (empty list: it conforms)."""
     out: list[Violation] = []
     opset = ir.opset_version(model)
-    for graph, where in _graphs(model.graph, ""):
-        index = ir.Graph(_as_model(model, graph))
+    scopes: dict[int, Scope] = {}
+    for graph, where, parent in _graphs(model.graph, "", None):
+        outer = scopes.get(id(parent)) if parent is not None else None
+        index = Scope(ir.Graph(_as_model(model, graph)), outer)
+        scopes[id(graph)] = index
         for node in graph.node:
             name = f"{where}{node.name or node.op_type}"
             if node.op_type in profile.forbidden_ops:
@@ -36,13 +40,49 @@ def check(model: onnx.ModelProto, profile: BackendProfile) -> list[Violation]:
     return out
 
 
-def _graphs(graph: onnx.GraphProto, prefix: str) -> Iterator[tuple[onnx.GraphProto, str]]:
-    yield graph, prefix
+class Scope:
+    """A graph's index that falls back to the enclosing graphs for outer-scope names."""
+
+    def __init__(self, graph: ir.Graph, outer: Scope | None):
+        self.graph = graph
+        self.outer = outer
+        self.producer = graph.producer
+        self.consumers = graph.consumers
+
+    def _local(self, name: str) -> bool:
+        g = self.graph
+        return (name in g.initializers or name in g.producer or name in g.graph_inputs
+                or name in g.constant_nodes)
+
+    def _owner(self, name: str) -> ir.Graph:
+        scope: Scope | None = self
+        while scope is not None:
+            if scope._local(name):
+                return scope.graph
+            scope = scope.outer
+        return self.graph
+
+    def const_value(self, name: str) -> Any:
+        return self._owner(name).const_value(name)
+
+    def is_const(self, name: str) -> bool:
+        return self._owner(name).is_const(name)
+
+    def elem_type(self, name: str) -> int | None:
+        return self._owner(name).elem_type(name)
+
+    def shape(self, name: str) -> Any:
+        return self._owner(name).shape(name)
+
+
+def _graphs(graph: onnx.GraphProto, prefix: str, parent: onnx.GraphProto | None,
+            ) -> Iterator[tuple[onnx.GraphProto, str, onnx.GraphProto | None]]:
+    yield graph, prefix, parent
     for node in graph.node:
         for attr in node.attribute:
             subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
             for sub in subs:
-                yield from _graphs(sub, f"{prefix}{node.name}/{attr.name}/")
+                yield from _graphs(sub, f"{prefix}{node.name}/{attr.name}/", graph)
 
 
 def _as_model(model: onnx.ModelProto, graph: onnx.GraphProto) -> onnx.ModelProto:
@@ -54,7 +94,7 @@ def _as_model(model: onnx.ModelProto, graph: onnx.GraphProto) -> onnx.ModelProto
     return wrapper
 
 
-def _check_qdq(node: onnx.NodeProto, name: str, g: ir.Graph, profile: BackendProfile,
+def _check_qdq(node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfile,
                opset: int) -> list[Violation]:
     v: list[Violation] = []
     attrs = ir.node_attrs(node)
@@ -78,7 +118,7 @@ def _check_qdq(node: onnx.NodeProto, name: str, g: ir.Graph, profile: BackendPro
     return v
 
 
-def _check_zero_point(node: onnx.NodeProto, name: str, g: ir.Graph, profile: BackendProfile,
+def _check_zero_point(node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfile,
                       zp_name: str) -> list[Violation]:
     if not zp_name:
         if node.op_type == "QuantizeLinear" and "uint8" not in profile.allowed_qdq_dtypes:
@@ -100,7 +140,7 @@ def _check_zero_point(node: onnx.NodeProto, name: str, g: ir.Graph, profile: Bac
     return out
 
 
-def _check_per_axis(node: onnx.NodeProto, name: str, g: ir.Graph, profile: BackendProfile,
+def _check_per_axis(node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfile,
                     axis: int, n_scales: int) -> list[Violation]:
     data = node.input[0]
     weight = data
@@ -123,7 +163,7 @@ def _check_per_axis(node: onnx.NodeProto, name: str, g: ir.Graph, profile: Backe
     return out
 
 
-def _check_weight_axis(node: onnx.NodeProto, name: str, g: ir.Graph, profile: BackendProfile,
+def _check_weight_axis(node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfile,
                        axis: int, rank: int) -> list[Violation]:
     """The axis of a per-channel weight must be the output-channel axis of its consumer."""
     tensor = node.output[0]

@@ -67,16 +67,19 @@ def output_specs(m: Match, ctx: Context, output: str) -> list[Spec]:
     return [Spec(output, "activation", readers)]
 
 
-def fused_activation_output(m: Match, ctx: Context) -> str:
-    """The tensor whose quantization onnxruntime folds the op's ReLU/Clip into, if any."""
+def quantized_output(m: Match, ctx: Context) -> list[Spec]:
+    """Output Q/DQ of a weighted op; a single following ReLU/Clip is folded in (onnxruntime
+    drops it when the Q's range already clips), in which case its output gets the Q/DQ."""
     out = m.node.output[0]
     readers = ctx.graph.consumers.get(out, [])
     if len(readers) == 1 and out not in ctx.graph.graph_outputs:
         nxt, _ = readers[0]
         if nxt.op_type in ("Relu", "Clip") and nxt.name not in ctx.claimed:
-            ctx.claimed.add(nxt.name)
-            return nxt.output[0]
-    return out
+            specs = output_specs(m, ctx, nxt.output[0])
+            if specs:
+                ctx.claimed.add(nxt.name)
+            return specs
+    return output_specs(m, ctx, out)
 
 
 def small_decline(op: str, k: int, n: int, ctx: Context) -> Decline | None:
@@ -105,7 +108,7 @@ def weighted_op(m: Match, ctx: Context, k: int, n: int) -> list[Spec] | Decline:
     if bias and ctx.profile.bias == "int32" and ctx.graph.const_value(bias) is not None:
         specs.append(Spec(bias, "bias", ((m.name, 2),), axis=0, inputs=(m.input(0), m.input(1))))
     if ctx.profile.quantize_outputs:
-        specs += output_specs(m, ctx, fused_activation_output(m, ctx))
+        specs += quantized_output(m, ctx)
     return specs
 
 

@@ -34,6 +34,7 @@ import onnxruntime as ort
 import pytest
 
 import onnxq
+from onnxq import cli
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
 
@@ -119,7 +120,7 @@ def rec_characters(model_path: Path) -> list[str]:
 
 
 def scale_activations(model: onnx.ModelProto, factor: float) -> tuple[onnx.ModelProto, int]:
-    """A copy with every activation scale (QuantizeLinear's, shared with its DQ) times ``factor``."""
+    """A copy with every activation scale (a QuantizeLinear's, shared with its DQ) x ``factor``."""
     broken = onnx.ModelProto()
     broken.CopyFrom(model)
     names = {n.input[1] for n in broken.graph.node if n.op_type == "QuantizeLinear"}
@@ -148,10 +149,15 @@ def count_ops(model: onnx.ModelProto, *op_types: str) -> int:
 
 # -- metrics and bounds -----------------------------------------------------------------------
 #
-# Measured with onnxq 0.1.0, onnxruntime 1.31.1 (x86-64 with AVX512-VNNI), on the data of
-# conftest.py; "x10" is the same model with all activation scales multiplied by 10.
+# Measured with onnxq 0.1.0 (working tree of 2026-11-22), onnxruntime 1.31.1 on x86-64 with
+# AVX512-VNNI, on the data of conftest.py.  Columns: onnxq tensorrt (graph run unfused), onnxq
+# onnxruntime (fused kernels), onnxruntime's own quantize_static (QDQ, per-channel, u8/s8,
+# MinMax) as a reference of what plain PTQ reaches on this data, and "x10", the onnxq tensorrt
+# model with all activation scales multiplied by 10 (a broken quantizer).  The bounds are the
+# same for both backends: the reference's level minus a margin, far above x10.
 
-def cls_metrics(ref: list[np.ndarray], got: list[np.ndarray], labels: list[int]) -> dict[str, float]:
+def cls_metrics(ref: list[np.ndarray], got: list[np.ndarray],
+                labels: list[int]) -> dict[str, float]:
     p_ref, p_got = np.concatenate(ref), np.concatenate(got)
     confident = p_ref.max(axis=1) >= CLS_THRESHOLD
     agree = p_ref.argmax(axis=1) == p_got.argmax(axis=1)
@@ -166,13 +172,19 @@ def cls_metrics(ref: list[np.ndarray], got: list[np.ndarray], labels: list[int])
     }
 
 
-# cls (64 lines): tensorrt    cosine 0.9975  agreement 0.91  confident 1.00 (41 lines)
-#                 onnxruntime cosine 0.9977  agreement 0.97  confident 1.00
-#                 x10         cosine
+# cls, 64 lines (45 with a float score >= 0.9):
+#                      tensorrt  onnxruntime  reference  x10
+#   cosine              0.9967     0.9959      0.9959    0.710
+#   argmax agreement    0.9375     0.9531      0.9531    0.578
+#   confident agreement 1.0        1.0         1.0       0.511
+# Many lines sit near 0.5/0.5 (the classifier is unsure of short words), so plain argmax
+# agreement gets a wide margin; on the lines RapidOCR would act on (score >= 0.9) at most one
+# of 45 may flip.
 CLS_BOUNDS = {"cosine": 0.99, "argmax_agreement": 0.85, "confident_agreement": 0.97}
 
 
-def det_metrics(ref: list[np.ndarray], got: list[np.ndarray], lines: list[int]) -> dict[str, float]:
+def det_metrics(ref: list[np.ndarray], got: list[np.ndarray],
+                lines: list[int]) -> dict[str, float]:
     text = [i for i, n in enumerate(lines) if n]
     bare = [i for i, n in enumerate(lines) if not n]
     ious = []
@@ -190,7 +202,17 @@ def det_metrics(ref: list[np.ndarray], got: list[np.ndarray], lines: list[int]) 
     }
 
 
-DET_BOUNDS = {"min_cosine": 0.95, "min_mask_iou": 0.85}
+# det, 8 scenes with text (5.5% text pixels) + 4 bare photo crops, shapes 160x256 and 192x320;
+# probability maps compared per scene, masks at RapidOCR's threshold 0.3:
+#                      tensorrt  onnxruntime  reference  x10
+#   mean cosine         0.973      0.933       0.956     0.073
+#   mean mask IoU       0.930      0.856       0.897     0.011
+#   min mask IoU        0.881      0.720       0.823     0.0
+#   bare: false text    0.0        0.0         0.0       0.0
+# The false-text bound caught a real bug: onnxq at commit 0f833b0 dropped the first
+# BatchNormalization without folding it (stale node references in simplify), and the model
+# marked 30-50% of every bare photo as text (mean IoU 0.12).
+DET_BOUNDS = {"mean_cosine": 0.94, "mean_mask_iou": 0.86, "min_mask_iou": 0.75}
 DET_MAX_FALSE_TEXT = 0.002
 
 
@@ -212,8 +234,17 @@ def rec_metrics(ref: list[np.ndarray], got: list[np.ndarray], texts: list[str],
     }
 
 
-REC_BOUNDS = {"cosine": 0.85, "nonblank_step_agreement": 0.55}
-REC_MAX_CHAR_ACCURACY_DROP = 0.2
+# rec, 32 lines (~390 characters), 40 CTC steps each; the float model reads them with
+# character accuracy 0.852 (edit distance to the drawn text):
+#                          tensorrt  onnxruntime  reference  x10
+#   cosine                  0.959      0.914       0.942     0.723
+#   non-blank step agreement 0.786     0.648       0.722     0.0
+#   char accuracy drop      0.019      0.162       0.011     0.852
+# Time steps where both models emit blank are left out of the agreement (62-71% of them).
+# PP-OCRv4 rec (SVTR neck) is the most quantization-sensitive of the three; the bounds allow
+# a few characters in a hundred.
+REC_BOUNDS = {"cosine": 0.93, "nonblank_step_agreement": 0.68}
+REC_MAX_CHAR_ACCURACY_DROP = 0.08
 
 
 def failures(metrics: dict[str, float], bounds: dict[str, float]) -> list[str]:
@@ -249,19 +280,19 @@ def ocr_metrics(name: str, ref: list[np.ndarray], got: list[np.ndarray], data: S
 # -- fixtures ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
-def quantize_cached(real_models: dict[str, Path],
-                    request: pytest.FixtureRequest) -> Callable[[str, str], Quantized]:
-    """``quantize_cached(model, backend)``: one quantization per model and backend."""
-    cache: dict[tuple[str, str], Quantized] = {}
+def quantize_cached(real_models: dict[str, Path], request: pytest.FixtureRequest
+                    ) -> Callable[[str, str, str | None], Quantized]:
+    """``quantize_cached(model, backend, method=None)``: each configuration quantized once."""
+    cache: dict[tuple[str, str, str | None], Quantized] = {}
 
-    def get(name: str, backend: str) -> Quantized:
-        if (name, backend) not in cache:
+    def get(name: str, backend: str, method: str | None = None) -> Quantized:
+        if (name, backend, method) not in cache:
             data: Split = request.getfixturevalue(DATA_FIXTURE[name])
             start = time.perf_counter()
             result = onnxq.quantize(real_models[name], data.calibration, backend=backend,
-                                    progress=False)
-            cache[name, backend] = Quantized(result, time.perf_counter() - start)
-        return cache[name, backend]
+                                    method=method, progress=False)
+            cache[name, backend, method] = Quantized(result, time.perf_counter() - start)
+        return cache[name, backend, method]
 
     return get
 
@@ -301,6 +332,7 @@ def test_quantized_model_is_valid(name: str, backend: str, quantize_cached: Any,
     written = q.result.save(tmp_path / f"{name}.int8.onnx")
     reloaded = onnx.load(str(written[0]))
     assert check(reloaded, PROFILES[backend]) == []
+    assert cli.main(["check", str(written[0]), "--backend", backend]) == 0
 
     data: Split = request.getfixturevalue(DATA_FIXTURE[name])
     got = run(quantized_session(reloaded, backend), data.evaluation)
@@ -311,17 +343,40 @@ def test_quantized_model_is_valid(name: str, backend: str, quantize_cached: Any,
     print(f"\n{name} [{backend}] quantize {q.seconds:.1f} s: {q.result.report.summary()}")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", OCR_MODELS)
-def test_fidelity_on_evaluation_data(name: str, backend: str, quantize_cached: Any,
-                                     float_outputs: Any, request: pytest.FixtureRequest,
+ORT_PERCENTILE_CLIPS = (
+    "onnxq's onnxruntime profile puts Q/DQ on Conv outputs too, and the default method "
+    "(percentile 99.99) clips their outliers: det mean mask IoU 0.856, rec char accuracy -16 "
+    "points, where onnxruntime's own quantize_static loses 0.03 IoU and 1 point; "
+    "method='minmax' (or a minmax override for Conv alone) meets the bounds"
+)
+
+
+def _fidelity_case(name: str, backend: str, method: str | None = None) -> Any:
+    marks = []
+    if backend == "onnxruntime" and method is None and name != "ppocr_mobile_v2_cls":
+        marks.append(pytest.mark.xfail(strict=True, reason=ORT_PERCENTILE_CLIPS))
+    return pytest.param(name, backend, method, marks=marks,
+                        id=f"{name}-{backend}" + (f"-{method}" if method else ""))
+
+
+FIDELITY_CASES = [
+    *(_fidelity_case(name, backend) for name in OCR_MODELS for backend in BACKENDS),
+    *(_fidelity_case(name, "onnxruntime", "minmax") for name in OCR_MODELS[1:]),
+]
+
+
+@pytest.mark.parametrize(("name", "backend", "method"), FIDELITY_CASES)
+def test_fidelity_on_evaluation_data(name: str, backend: str, method: str | None,
+                                     quantize_cached: Any, float_outputs: Any,
+                                     request: pytest.FixtureRequest,
                                      real_models: dict[str, Path]) -> None:
     data: Split = request.getfixturevalue(DATA_FIXTURE[name])
-    model = quantize_cached(name, backend).result.model
-    got = [o[0] for o in run(quantized_session(model, backend), data.evaluation)]
+    q = quantize_cached(name, backend, method)
+    got = [o[0] for o in run(quantized_session(q.result.model, backend), data.evaluation)]
     ref = [o[0] for o in float_outputs(name)]
     metrics = ocr_metrics(name, ref, got, data, real_models[name])
-    print(f"\n{name} [{backend}] " + json.dumps({k: round(v, 4) for k, v in metrics.items()}))
+    print(f"\n{name} [{backend}{', ' + method if method else ''}] quantize {q.seconds:.1f} s "
+          + json.dumps({k: round(v, 4) for k, v in metrics.items()}))
     missed = ocr_failures(name, metrics)
     assert not missed, f"{name} [{backend}] fidelity on evaluation data: {missed}"
 
@@ -340,6 +395,28 @@ def test_bounds_reject_coarse_scales(name: str, quantize_cached: Any, float_outp
     print(f"\n{name} [tensorrt, scales x10] "
           + json.dumps({k: round(v, 4) for k, v in metrics.items()}))
     assert ocr_failures(name, metrics), f"{name}: scales x10 still pass the bounds: {metrics}"
+
+
+def test_cli_quantize_from_npz_folder(tmp_path: Path, real_models: dict[str, Path],
+                                     cls_data: Split, float_outputs: Any) -> None:
+    """``onnxq quantize MODEL -o OUT --calib FOLDER --report R`` then ``onnxq check OUT``."""
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i, batch in enumerate(cls_data.calibration):
+        np.savez(calib / f"{i:04d}.npz", **batch)
+    out, report = tmp_path / "cls.int8.onnx", tmp_path / "cls.report.json"
+    argv = ["quantize", str(real_models["ppocr_mobile_v2_cls"]), "-o", str(out), "--calib",
+            str(calib), "--backend", "tensorrt", "--report", str(report), "-q"]
+    assert cli.main(argv) == 0
+    assert cli.main(["check", str(out), "--backend", "tensorrt"]) == 0
+    written = json.loads(report.read_text(encoding="utf-8"))
+    assert written["backend"] == "tensorrt" and written["violations"] == []
+    assert written["summary"]["calibration_batches"] == len(cls_data.calibration)
+    model = onnx.load(str(out))
+    got = [o[0] for o in run(quantized_session(model, "tensorrt"), cls_data.evaluation)]
+    ref = [o[0] for o in float_outputs("ppocr_mobile_v2_cls")]
+    metrics = cls_metrics(ref, got, cls_data.labels)
+    assert not failures(metrics, CLS_BOUNDS), metrics
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,0 +1,586 @@
+#!/usr/bin/env python3
+"""Benchmark onnxq's calibration: wall time and peak RSS against onnxruntime and a float floor.
+
+For one model and each N in ``--batches`` (N calibration batches, cycling through the files of
+``--calib`` when it holds fewer), every measurement runs in its own child process, one after
+another, timed with ``time.perf_counter`` and measured with ``os.wait4`` (``ru_maxrss``):
+
+* ``onnxq total``: ``python -m onnxq.cli quantize MODEL -o OUT --calib DIR --method M -q``
+  (loading, simplify, calibration, materialize and the fidelity validation);
+* ``onnxq calib``: a small driver that prepares the model exactly as ``onnxq.api.quantize`` does
+  (load, simplify, annotate, the observed tensors) and times only ``onnxq.calibrate.calibrate``;
+* ``ort``: ``onnxruntime.quantization.quantize_static`` with the same method where it has one
+  (MinMax, Percentile, Entropy; QDQ, per-channel, int8 symmetric activations and weights), fed
+  by a CalibrationDataReader that loads the same npz files one at a time;
+* ``floor``: the float model in an onnxruntime session (default options) over the same batches.
+
+Every child gets ``--timeout`` seconds and an RSS cap (``--max-rss-mb``, enforced by polling
+/proc/PID/status and killing; ``--rss-cap-mode rlimit`` uses RLIMIT_AS instead); a child that
+hits them is reported as TIMEOUT / OOM.  Floor and onnxq-minmax runs are repeated ``--repeat``
+times and the fastest is kept.
+
+    python scripts/bench_calibration.py                       # mobilenet_v2 from $ZOO_HOME
+    python scripts/bench_calibration.py --model m.onnx --calib calib/ --batches 64,512 \
+        --methods minmax,percentile,entropy,mse,auto --json bench.json
+    python scripts/bench_calibration.py --profile percentile --batches 64   # where time goes
+
+Exit code 0 whatever the targets say (they are printed as PASS/FAIL); 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+HISTOGRAM_METHODS = {"percentile", "entropy", "mse", "aciq", "auto"}
+ORT_METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
+DEFAULT_METHODS = "minmax,percentile,entropy,mse,auto"
+REPEATED = {"floor", "onnxq:minmax", "calib:minmax"}
+# targets
+RSS_GROWTH_MAX = 1.10  # onnxq RSS at the largest N within 10% of the smallest N
+ORT_SPEEDUP_MIN = 2.0  # onnxq at least 2x faster than onnxruntime, histogram methods
+ORT_SPEEDUP_METHODS = ("percentile", "entropy")
+FLOOR_RATIO_MINMAX = 1.5  # calibration alone vs the float inference floor
+FLOOR_RATIO_HIST = 2.5
+
+
+# --------------------------------------------------------------------------- child processes
+@dataclass
+class Run:
+    """One child process: its status, wall time, peak RSS, and what it printed as JSON."""
+
+    status: str  # ok | TIMEOUT | OOM | FAIL
+    wall_s: float
+    rss_mb: float
+    info: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+
+def _vm_rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _mem_available_kb() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 1 << 62
+
+
+def run_child(cmd: list[str], timeout: float, max_rss_mb: float, cap_mode: str,
+              cwd: str, min_free_mb: float = 512.0) -> Run:
+    """Run ``cmd``; wall time, ``ru_maxrss`` from ``os.wait4``; kill on timeout or RSS cap.
+
+    The child's stdout is read as JSON lines (the drivers print one dict); stderr is kept for
+    errors.  Besides the cap, the child is killed (as OOM) when the machine's MemAvailable
+    drops under ``min_free_mb``, so a benchmark never takes the machine down.
+    """
+    cap_kb = int(max_rss_mb * 1024)
+
+    def limit() -> None:  # in the child, before exec
+        if cap_mode == "rlimit":
+            resource.setrlimit(resource.RLIMIT_AS, (cap_kb * 1024, cap_kb * 1024))
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=cwd,
+                                preexec_fn=limit, start_new_session=True)
+        killed = ""
+        peak_polled = 0
+        wall = 0.0
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid == proc.pid:
+                if not killed:
+                    wall = time.perf_counter() - t0
+                break
+            rss = _vm_rss_kb(proc.pid)
+            peak_polled = max(peak_polled, rss)
+            if not killed:
+                if time.perf_counter() - t0 > timeout:
+                    killed = "TIMEOUT"
+                elif ((cap_mode == "poll" and rss > cap_kb)
+                      or _mem_available_kb() < min_free_mb * 1024):
+                    killed = "OOM"
+                if killed:
+                    wall = time.perf_counter() - t0
+                    with contextlib.suppress(OSError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+            time.sleep(0.05)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        rss_mb = max(usage.ru_maxrss, peak_polled) / 1024.0
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    info: dict[str, Any] = {}
+    for line in stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            with contextlib.suppress(Exception):
+                info.update(json.loads(line))
+    if killed:
+        return Run(killed, wall, rss_mb, info, f"killed after {wall:.0f} s")
+    if proc.returncode != 0:
+        tail = " | ".join(stderr.strip().splitlines()[-3:])
+        oom = any(s in stderr for s in ("MemoryError", "bad_alloc", "Failed to allocate",
+                                        "Cannot allocate memory"))
+        return Run("OOM" if oom else "FAIL", wall, rss_mb, info,
+                   f"exit {proc.returncode}: {tail[:400]}")
+    return Run("ok", wall, rss_mb, info)
+
+
+# --------------------------------------------------------------------------- child drivers
+def child_floor(model: str, calib: str) -> None:
+    """The float model in onnxruntime (default session options) over every batch."""
+    import numpy as np
+    import onnxruntime as ort
+
+    t0 = time.perf_counter()
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    t1 = time.perf_counter()
+    n = 0
+    for path in _npz_files(calib):
+        with np.load(path, allow_pickle=False) as z:
+            feed = {k: z[k] for k in z.files}
+        session.run(None, feed)
+        n += 1
+    t2 = time.perf_counter()
+    print(json.dumps({"inner_s": t2 - t0, "session_s": t1 - t0, "loop_s": t2 - t1,
+                      "batches": n}))
+
+
+def child_ort(model: str, calib: str, method: str, out: str) -> None:
+    """onnxruntime's quantize_static: QDQ, per-channel, int8 symmetric; one npz at a time."""
+    import numpy as np
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    class Reader(CalibrationDataReader):
+        def __init__(self, files: list[Path]):
+            self.files = iter(files)
+
+        def get_next(self) -> dict[str, Any] | None:
+            path = next(self.files, None)
+            if path is None:
+                return None
+            with np.load(path, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+
+    t0 = time.perf_counter()
+    quantize_static(
+        model, out, Reader(_npz_files(calib)), quant_format=QuantFormat.QDQ, per_channel=True,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+        calibrate_method=getattr(CalibrationMethod, ORT_METHODS[method]),
+        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True,
+                       # onnxq's default percentile (onnxruntime's own default is 99.999)
+                       "CalibPercentile": 99.99},
+    )
+    print(json.dumps({"inner_s": time.perf_counter() - t0}))
+
+
+def _observed_tensors(annotations: Any) -> dict[str, bool]:
+    from onnxq import api
+
+    if hasattr(api, "_observed"):
+        return api._observed(annotations)
+    from onnxq.observers import HISTOGRAM_METHODS as HIST
+
+    return {a.tensor: a.method in HIST for a in annotations.of_kind("activation")}
+
+
+def _prepare(model: str, calib: str, method: str) -> tuple[Any, ...]:
+    """What onnxq.api.quantize does before its first calibrate() call."""
+    from onnxq import ir
+    from onnxq.annotate import annotate
+    from onnxq.api import load, resolve_config
+    from onnxq.backends.profile import profile_for
+    from onnxq.data import model_inputs, open_source
+    from onnxq.rewrites.simplify import simplify
+
+    cfg = resolve_config(None, method=method, progress=False)
+    profile, _ = profile_for(cfg.backend, cfg.reduce_range)
+    loaded, _source = load(model, profile)
+    reference = ir.serialize(loaded) if ir.model_nbytes(loaded) < ir.PROTO_LIMIT else None
+    if cfg.simplify:
+        loaded, _passes = simplify(loaded)
+    graph = ir.Graph(loaded)
+    inputs = model_inputs(graph)
+    data = open_source(calib, inputs, 1)
+    annotations = annotate(graph, profile, cfg, {}, {})
+    wanted = _observed_tensors(annotations)
+    return cfg, loaded, data, inputs, wanted, reference
+
+
+def child_calib(model: str, calib: str, method: str, profile_out: str | None = None) -> None:
+    """Time only onnxq.calibrate.calibrate(), after the same preparation as the API."""
+    from onnxq.calibrate import calibrate
+
+    t0 = time.perf_counter()
+    cfg, loaded, data, inputs, wanted, _reference = _prepare(model, calib, method)
+    t1 = time.perf_counter()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    def call() -> Any:
+        return calibrate(loaded, wanted, data, inputs, max_batches=cfg.max_batches,
+                         hold=cfg.fidelity_batches, memory_budget=cfg.memory_budget_mb * 2**20,
+                         progress=False)
+
+    if profile_out:
+        import cProfile
+
+        prof = cProfile.Profile()
+        t2 = time.perf_counter()
+        result = prof.runcall(call)
+        t3 = time.perf_counter()
+        prof.dump_stats(profile_out)
+    else:
+        t2 = time.perf_counter()
+        result = call()
+        t3 = time.perf_counter()
+    print(json.dumps({
+        "prepare_s": t1 - t0, "calib_s": t3 - t2, "batches": result.batches_seen,
+        "observed": len(wanted), "histograms": sum(wanted.values()),
+        "rss_before_calib_mb": rss_before / 1024.0,
+        "rss_after_calib_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+    }))
+
+
+def _npz_files(folder: str) -> list[Path]:
+    return sorted(p for p in Path(folder).iterdir() if p.suffix == ".npz")
+
+
+# --------------------------------------------------------------------------- parent
+def make_calib_dir(src: Path, n: int, root: Path) -> Path:
+    """A folder of ``n`` symlinks 0000.npz.. cycling through ``src``'s npz files."""
+    files = _npz_files(str(src))
+    if not files:
+        raise SystemExit(f"bench_calibration: no .npz files in {src}")
+    out = root / f"calib_{n}"
+    out.mkdir()
+    width = max(4, len(str(n - 1)))
+    for i in range(n):
+        (out / f"{i:0{width}d}.npz").symlink_to(files[i % len(files)].resolve())
+    return out
+
+
+def machine_facts() -> dict[str, Any]:
+    cpu = ""
+    with contextlib.suppress(Exception), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    facts: dict[str, Any] = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
+        "loadavg_start": os.getloadavg(),
+    }
+    with contextlib.suppress(Exception), open("/proc/meminfo") as f:
+        facts["mem_total_gb"] = round(int(f.readline().split()[1]) / 2**20, 1)
+    for mod in ("onnxruntime", "numpy", "onnx", "onnxq"):
+        try:
+            facts[mod] = __import__(mod).__version__
+        except Exception:
+            facts[mod] = "?"
+    with contextlib.suppress(Exception):
+        facts["onnxq_commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+            cwd=Path(__import__("onnxq").__file__).parent, check=False).stdout.strip()
+    return facts
+
+
+def measure(key: str, cmd: list[str], args: argparse.Namespace, cwd: str,
+            log: list[str]) -> Run:
+    repeats = args.repeat if key.split("@")[0] in REPEATED else 1
+    best: Run | None = None
+    for r in range(repeats):
+        run = run_child(cmd, args.timeout, args.max_rss_mb, args.rss_cap_mode, cwd)
+        t = _time_of(run, key)
+        msg = (f"  {key:<22} run {r + 1}/{repeats}: {run.status:<7} wall {run.wall_s:7.2f} s"
+               f"  rss {run.rss_mb:8.1f} MB" + (f"  inner {t:7.2f} s" if t is not None else "")
+               + (f"  {run.error}" if run.error else ""))
+        print(msg, flush=True)
+        log.append(msg)
+        if best is None or (run.status == "ok" and (best.status != "ok"
+                                                    or _cmp(run, key) < _cmp(best, key))):
+            best = run
+        if run.status != "ok":
+            break
+    assert best is not None
+    return best
+
+
+def _time_of(run: Run, key: str) -> float | None:
+    if key.startswith("calib"):
+        return run.info.get("calib_s")
+    return run.info.get("inner_s")
+
+
+def _cmp(run: Run, key: str) -> float:
+    t = _time_of(run, key) if key.startswith("calib") else None
+    return t if t is not None else run.wall_s
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    me = str(Path(__file__).resolve())
+    py = sys.executable
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    sizes = sorted({int(n) for n in args.batches.split(",") if n.strip()})
+    results: dict[str, Any] = {"machine": machine_facts(), "model": str(args.model),
+                               "calib": str(args.calib), "methods": methods, "batches": sizes,
+                               "timeout_s": args.timeout, "max_rss_mb": args.max_rss_mb,
+                               "runs": {}}
+    print(json.dumps(results["machine"]), flush=True)
+    log: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="onnxq-bench-") as tmp:
+        root = Path(tmp)
+        for n in sizes:
+            calib = str(make_calib_dir(Path(args.calib), n, root))
+            print(f"N = {n}: {calib}", flush=True)
+
+            def put(key: str, run: Run, n: int = n) -> None:
+                results["runs"][f"{key}@{n}"] = asdict(run)
+
+            put("floor", measure("floor", [py, me, "--child", "floor", str(args.model), calib],
+                                 args, tmp, log))
+            for m in methods:
+                out = str(root / f"onnxq_{m}_{n}.onnx")
+                put(f"onnxq:{m}", measure(
+                    f"onnxq:{m}", [py, "-m", "onnxq.cli", "quantize", str(args.model), "-o", out,
+                                   "--calib", calib, "--method", m, "-q"], args, tmp, log))
+                put(f"calib:{m}", measure(
+                    f"calib:{m}", [py, me, "--child", "calib", str(args.model), calib, m],
+                    args, tmp, log))
+                if m in ORT_METHODS and not args.no_ort:
+                    out = str(root / f"ort_{m}_{n}.onnx")
+                    put(f"ort:{m}", measure(
+                        f"ort:{m}", [py, me, "--child", "ort", str(args.model), calib, m, out],
+                        args, tmp, log))
+                for f in root.glob("*.onnx*"):
+                    f.unlink()
+    results["machine"]["loadavg_end"] = os.getloadavg()
+    results["log"] = log
+    return results
+
+
+# --------------------------------------------------------------------------- report
+def _get(results: dict[str, Any], key: str, n: int) -> dict[str, Any] | None:
+    return results["runs"].get(f"{key}@{n}")
+
+
+def _fmt_t(run: dict[str, Any] | None, field_: str | None = None) -> str:
+    if run is None:
+        return "-"
+    if run["status"] != "ok":
+        return f"{run['status']} (>{run['wall_s']:.0f})"
+    v = run["wall_s"] if field_ is None else run["info"].get(field_)
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _fmt_mb(run: dict[str, Any] | None) -> str:
+    if run is None:
+        return "-"
+    s = f"{run['rss_mb']:.0f}"
+    return s if run["status"] == "ok" else f"{run['status']} (>{s})"
+
+
+def _ok(run: dict[str, Any] | None) -> bool:
+    return run is not None and run["status"] == "ok"
+
+
+def table(results: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The markdown table, and the target lines (PASS/FAIL)."""
+    sizes, methods = results["batches"], results["methods"]
+    head = ["method", "N", "onnxq s", "onnxq MB", "calib s", "calib MB", "ort s", "ort MB",
+            "floor s", "floor run s", "calib/floor", "ort/onnxq", "RSS(max N)/RSS(min N)"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    targets: list[str] = []
+    lo, hi = sizes[0], sizes[-1]
+    for m in methods:
+        for n in sizes:
+            q, c, o, f = (_get(results, k, n) for k in (f"onnxq:{m}", f"calib:{m}",
+                                                         f"ort:{m}", "floor"))
+            ratio_floor = "-"
+            if _ok(c) and _ok(f):
+                ratio_floor = f"{c['info']['calib_s'] / f['info']['inner_s']:.2f}"
+            ratio_ort = "-"
+            if _ok(q) and o is not None:
+                ratio_ort = (f"{o['wall_s'] / q['wall_s']:.2f}" if _ok(o)
+                             else f">{o['wall_s'] / q['wall_s']:.1f} ({o['status']})")
+            growth = "-"
+            if n == hi and len(sizes) > 1:
+                q0 = _get(results, f"onnxq:{m}", lo)
+                if _ok(q) and _ok(q0):
+                    growth = f"{q['rss_mb'] / q0['rss_mb']:.3f}"
+            rows.append("| " + " | ".join([
+                m, str(n), _fmt_t(q), _fmt_mb(q), _fmt_t(c, "calib_s"), _fmt_mb(c),
+                _fmt_t(o) if m in ORT_METHODS else "n/a", _fmt_mb(o) if m in ORT_METHODS
+                else "n/a", _fmt_t(f), _fmt_t(f, "inner_s"), ratio_floor, ratio_ort, growth,
+            ]) + " |")
+    # targets
+    if len(sizes) > 1:
+        for m in methods:
+            for key, label in ((f"onnxq:{m}", "onnxq"), (f"calib:{m}", "calib-only")):
+                a, b = _get(results, key, lo), _get(results, key, hi)
+                if _ok(a) and _ok(b):
+                    g = b["rss_mb"] / a["rss_mb"]
+                    verdict = "PASS" if g <= RSS_GROWTH_MAX else "FAIL"
+                    targets.append(f"{verdict}  {m:<10} {label} RSS N={hi} / N={lo} = {g:.3f} "
+                                   f"({b['rss_mb']:.0f} / {a['rss_mb']:.0f} MB; target <= "
+                                   f"{RSS_GROWTH_MAX})")
+                else:
+                    targets.append(f"FAIL  {m:<10} {label} RSS growth: a run did not finish")
+    for m in methods:
+        if m not in ORT_SPEEDUP_METHODS:
+            continue
+        for n in sizes:
+            q, o = _get(results, f"onnxq:{m}", n), _get(results, f"ort:{m}", n)
+            if not _ok(q) or o is None:
+                targets.append(f"FAIL  {m:<10} N={n} ort speedup: onnxq or ort did not run")
+            elif not _ok(o):
+                targets.append(f"PASS  {m:<10} N={n} onnxruntime {o['status']} after "
+                               f"{o['wall_s']:.0f} s / {o['rss_mb']:.0f} MB; onnxq "
+                               f"{q['wall_s']:.1f} s / {q['rss_mb']:.0f} MB (target ort/onnxq "
+                               f">= {ORT_SPEEDUP_MIN})")
+            else:
+                r = o["wall_s"] / q["wall_s"]
+                verdict = "PASS" if r >= ORT_SPEEDUP_MIN else "FAIL"
+                targets.append(f"{verdict}  {m:<10} N={n} ort/onnxq time = {r:.2f} "
+                               f"({o['wall_s']:.1f} / {q['wall_s']:.1f} s; target >= "
+                               f"{ORT_SPEEDUP_MIN})")
+    for m in methods:
+        limit = FLOOR_RATIO_MINMAX if m == "minmax" else (
+            FLOOR_RATIO_HIST if m in HISTOGRAM_METHODS else None)
+        if limit is None:
+            continue
+        for n in sizes:
+            c, f = _get(results, f"calib:{m}", n), _get(results, "floor", n)
+            if not (_ok(c) and _ok(f)):
+                targets.append(f"FAIL  {m:<10} N={n} floor ratio: a run did not finish")
+                continue
+            r = c["info"]["calib_s"] / f["info"]["inner_s"]
+            verdict = "PASS" if r <= limit else "FAIL"
+            targets.append(f"{verdict}  {m:<10} N={n} calibrate() / floor = {r:.2f} "
+                           f"({c['info']['calib_s']:.2f} / {f['info']['inner_s']:.2f} s; target "
+                           f"<= {limit})")
+    return rows, targets
+
+
+# --------------------------------------------------------------------------- profile
+def profile(args: argparse.Namespace) -> None:
+    """Run the calibrate() driver under cProfile and print where the time goes."""
+    import pstats
+
+    n = sorted(int(x) for x in args.batches.split(","))[0]
+    me = str(Path(__file__).resolve())
+    with tempfile.TemporaryDirectory(prefix="onnxq-bench-") as tmp:
+        calib = make_calib_dir(Path(args.calib), n, Path(tmp))
+        stats_file = str(Path(tmp) / "calib.prof")
+        run = run_child([sys.executable, me, "--child", "calib", str(args.model), str(calib),
+                         args.profile, stats_file], args.timeout, args.max_rss_mb,
+                        args.rss_cap_mode, tmp)
+        if run.status != "ok":
+            raise SystemExit(f"bench_calibration: profiled run {run.status}: {run.error}")
+        total = run.info["calib_s"]
+        print(f"method {args.profile}, N={n}: calibrate() {total:.2f} s under cProfile "
+              f"({run.info['observed']} tensors observed, {run.info['histograms']} with a "
+              "histogram)")
+        st = pstats.Stats(stats_file)
+        rows = []
+        for (file, line, fn), (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+            rows.append((tt, ct, nc, f"{Path(file).name}:{line}({fn})"))
+        print(f"{'self s':>8} {'self %':>7} {'cum s':>8} {'cum %':>7} {'calls':>8}  function")
+        for tt, ct, nc, name in sorted(rows, reverse=True)[: args.top]:
+            print(f"{tt:8.2f} {100 * tt / total:6.1f}% {ct:8.2f} {100 * ct / total:6.1f}% "
+                  f"{nc:8d}  {name}")
+        if args.profile_out:
+            import shutil
+
+            shutil.copy(stats_file, args.profile_out)
+
+
+# --------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        kind, rest = argv[1], argv[2:]
+        {"floor": child_floor, "ort": child_ort, "calib": child_calib}[kind](*rest)
+        return 0
+    zoo = Path(os.environ.get("ZOO_HOME", "~/zoo")).expanduser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, default=zoo / "models" / "mobilenet_v2.onnx")
+    p.add_argument("--calib", type=Path, default=None,
+                   help="folder of .npz batches (default: ~/zw/calib/<model stem>)")
+    p.add_argument("--batches", default="64,512", help="comma-separated N (default 64,512)")
+    p.add_argument("--methods", default=DEFAULT_METHODS)
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per child (900)")
+    p.add_argument("--max-rss-mb", type=float, default=16384.0, help="RSS cap per child (16 GB)")
+    p.add_argument("--rss-cap-mode", choices=("poll", "rlimit"), default="poll",
+                   help="poll /proc/PID/status and kill (default), or RLIMIT_AS in the child")
+    p.add_argument("--repeat", type=int, default=2,
+                   help="runs of the floor and onnxq-minmax measurements (fastest kept)")
+    p.add_argument("--no-ort", action="store_true", help="skip onnxruntime's quantize_static")
+    p.add_argument("--json", type=Path, help="write all measurements to this JSON file")
+    p.add_argument("--profile", metavar="METHOD",
+                   help="instead of benchmarking, profile calibrate() for METHOD at the "
+                   "smallest N with cProfile and print the top functions")
+    p.add_argument("--profile-out", type=Path, help="keep the cProfile stats file here")
+    p.add_argument("--top", type=int, default=20, help="functions listed by --profile")
+    args = p.parse_args(argv)
+    if args.calib is None:
+        args.calib = Path("~/zw/calib").expanduser() / args.model.stem
+    if not args.model.is_file():
+        p.error(f"model not found: {args.model}")
+    if not args.calib.is_dir():
+        p.error(f"calibration folder not found: {args.calib}")
+    args.model, args.calib = args.model.resolve(), args.calib.resolve()
+    if args.profile:
+        profile(args)
+        return 0
+    results = bench(args)
+    rows, targets = table(results)
+    results["table"], results["targets"] = rows, targets
+    print()
+    print("\n".join(rows))
+    print()
+    print("targets:")
+    print("\n".join(targets))
+    m = results["machine"]
+    print(f"\nmachine: {m['nproc']} x {m['cpu']}, onnxruntime {m['onnxruntime']}, "
+          f"load {m['loadavg_start']} -> {m['loadavg_end']}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
