@@ -135,7 +135,8 @@ def quantize(model: ModelLike, calibration: Any = None, *,
         loaded, passes = simplify(loaded)
     graph = ir.Graph(loaded)
     inputs = model_inputs(graph)
-    data = open_source(calibration, inputs, batch_size) if calibration is not None else None
+    data = (open_source(calibration, inputs, batch_size, cfg.preprocess)
+            if calibration is not None else None)
     if load_calibration is not None:
         annotations, result = _place_from_cache(loaded, graph, profile, cfg, data, inputs,
                                                 load_calibration)

@@ -17,8 +17,9 @@ from onnxq.errors import OnnxqError
 EPILOG = """\
 calibration data (--calib):
   a folder of .npz files, one batch per file, keys = model input names (file-name order);
-  a folder of .npy files (single-input models); or one .npz whose arrays share a leading
-  sample axis (cut into --batch-size batches).
+  a folder of .npy files (single-input models); one .npz whose arrays share a leading
+  sample axis (cut into --batch-size batches); or a folder of images (jpg/png/bmp/webp)
+  with --preprocess (imagenet | 0-1 | tf | a spec, see docs/calibration.md).
 
 examples:
   onnxq quantize model.onnx -o model.int8.onnx --calib calib/
@@ -58,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--exclude", action="append", metavar="GLOB", default=None,
                    help="node-name glob that stays float (repeatable)")
     q.add_argument("--report", metavar="FILE", help="write the report as .json or .html")
+    q.add_argument("--preprocess", metavar="SPEC",
+                   help="image folder preprocessing: imagenet, 0-1, tf, or a spec like "
+                   "'resize=256,crop=224,scale=1/255,mean=0.485:0.456:0.406,"
+                   "std=0.229:0.224:0.225,order=rgb,layout=nchw'")
     q.add_argument("--max-batches", type=int, help="use at most N calibration batches")
     q.add_argument("--batch-size", type=int, default=1,
                    help="batch size when --calib is one .npz of samples (default 1)")
@@ -141,6 +146,7 @@ def _quantize(args: argparse.Namespace) -> int:
         config=args.config, batch_size=args.batch_size, percentile=args.percentile,
         max_batches=args.max_batches, simplify=False if args.no_simplify else None,
         progress=False if args.quiet else None, memory_budget_mb=args.memory_budget,
+        preprocess=args.preprocess,
         save_calibration=args.save_calibration, load_calibration=args.load_calibration)
     written = result.save(out, report=args.report,
                           external_data=True if args.external_data else None)

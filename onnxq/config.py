@@ -108,6 +108,8 @@ class QuantConfig:
             int16 sums on x86 CPUs without VNNI); ``None`` decides from the CPU.
         memory_budget_mb: activations of one batch that calibration may hold at once; when
             the observed tensors need more, they are observed in groups, one pass each.
+        preprocess: how a folder of images becomes model inputs: a preset (``imagenet``,
+            ``0-1``, ``tf``) or a spec (docs/calibration.md); in YAML also a mapping.
         simplify: run the simplify passes before placing Q/DQ.
         progress: show progress bars on stderr.
     """
@@ -125,6 +127,7 @@ class QuantConfig:
     concat_range_ratio: float = 16.0
     reduce_range: bool | None = None
     memory_budget_mb: int = 4096
+    preprocess: str | None = None
     simplify: bool = True
     progress: bool = True
 
@@ -266,6 +269,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "concat_range_ratio": (int, float),
     "reduce_range": (bool, type(None)),
     "memory_budget_mb": (int,),
+    "preprocess": (str, dict, type(None)),
     "simplify": (bool,),
     "progress": (bool,),
 }
@@ -279,6 +283,10 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         raise ConfigError(
             f"{where}: {key}: expected {_names(expected)}, got {type(value).__name__} {value!r}"
         )
+    if key == "preprocess" and isinstance(value, dict):
+        from onnxq.images import Preprocess
+
+        return Preprocess.from_spec(value).to_spec()
     if key == "exclude":
         if not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: exclude: expected a list of glob strings")

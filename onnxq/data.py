@@ -101,6 +101,28 @@ class NpzSamples:
             yield {k: v[start : start + self.batch_size] for k, v in self.arrays.items()}
 
 
+def _holds_images(folder: Path) -> bool:
+    from onnxq.images import IMAGE_EXTENSIONS
+
+    has_arrays = any(p.suffix in (".npz", ".npy") for p in folder.iterdir())
+    return not has_arrays and any(p.suffix.lower() in IMAGE_EXTENSIONS for p in folder.iterdir())
+
+
+def _image_folder(folder: Path, inputs: list[InputSpec], batch_size: int,
+                  preprocess: str | None) -> Iterable[Batch]:
+    from onnxq.images import PRESETS, ImageFolder, Preprocess
+
+    if preprocess is None:
+        raise CalibrationDataError(
+            f"{folder}: holds images; say how to turn them into model inputs with --preprocess "
+            f"(presets: {', '.join(PRESETS)}; see docs/calibration.md)")
+    if len(inputs) != 1:
+        raise CalibrationDataError(
+            f"{folder}: an image folder feeds one input, the model has {len(inputs)} "
+            f"({', '.join(i.name for i in inputs)}); use .npz batches")
+    return ImageFolder(folder, inputs[0], Preprocess.from_spec(preprocess), batch_size)
+
+
 def _open_npz(path: Path) -> Any:
     try:
         return np.load(path, allow_pickle=False)
@@ -122,8 +144,13 @@ def _read_batch(path: Path, inputs: list[InputSpec]) -> Batch:
             raise CalibrationDataError(f"{path}: cannot read as .npz: {exc}") from None
 
 
-def open_source(source: Any, inputs: list[InputSpec], batch_size: int = 1) -> Iterable[Batch]:
-    """Turn a path, a mapping or an iterable into an iterable of batches."""
+def open_source(source: Any, inputs: list[InputSpec], batch_size: int = 1,
+                preprocess: str | None = None) -> Iterable[Batch]:
+    """Turn a path, a mapping or an iterable into an iterable of batches.
+
+    A folder of images (jpg/png/...) needs ``preprocess``, a spec for
+    :meth:`onnxq.images.Preprocess.from_spec` (e.g. ``imagenet``).
+    """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise CalibrationDataError(f"batch size must be an integer >= 1, got {batch_size!r}")
     if isinstance(source, (str, os.PathLike)):
@@ -131,6 +158,8 @@ def open_source(source: Any, inputs: list[InputSpec], batch_size: int = 1) -> It
         if not path.exists():
             raise CalibrationDataError(f"calibration data not found: {path}")
         if path.is_dir():
+            if preprocess is not None or _holds_images(path):
+                return _image_folder(path, inputs, batch_size, preprocess)
             return NpzFolder(path, inputs)
         if path.suffix == ".npz":
             return NpzSamples(path, inputs, batch_size)
