@@ -52,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--backend", choices=("tensorrt", "onnxruntime"),
                    help="target backend (default tensorrt: symmetric int8, per-channel weights)")
     q.add_argument("--method", choices=sorted(METHODS),
-                   help="activation range method (default: the config's, else percentile)")
+                   help="activation range method (default: the config's, else auto: per tensor the "
+                   "method with the least expected quantization error)")
     q.add_argument("--percentile", type=float, help="percentile kept by --method percentile "
                    "(default 99.99)")
     q.add_argument("--config", metavar="FILE.yaml", help="QuantConfig YAML (see docs/config.md)")

@@ -97,6 +97,8 @@ class QuantConfig:
             against the float model.
         weight_storage: ``int8`` (int8 initializer + DequantizeLinear) or ``qdq`` (float
             initializer + QuantizeLinear -> DequantizeLinear).
+        weight_method: per-channel weight range: ``minmax`` (each channel's largest
+            magnitude) or ``mse`` (the per-channel clip with the least squared error).
         min_channels: Conv/Gemm/MatMul with fewer input or output channels stay float
             (INT8 does not pay for them in TensorRT); 0 disables the rule, ``None`` takes the
             backend profile's default.
@@ -115,13 +117,14 @@ class QuantConfig:
     """
 
     backend: str = "tensorrt"
-    method: str = "percentile"
+    method: str = "auto"
     percentile: float = 99.99
     exclude: tuple[str, ...] = ()
     overrides: tuple[Override, ...] = ()
     max_batches: int | None = None
     fidelity_batches: int = 4
     weight_storage: str = "int8"
+    weight_method: str = "mse"
     min_channels: int | None = None
     mask_threshold: float = 1e4
     concat_range_ratio: float = 16.0
@@ -146,6 +149,9 @@ class QuantConfig:
             raise ConfigError(
                 f"weight_storage: got {self.weight_storage!r}; valid: {', '.join(WEIGHT_STORAGE)}"
             )
+        if self.weight_method not in ("minmax", "mse"):
+            raise ConfigError(
+                f"weight_method: got {self.weight_method!r}; valid: minmax, mse")
         if self.max_batches is not None and self.max_batches < 1:
             raise ConfigError(f"max_batches: must be >= 1, got {self.max_batches}")
         if self.fidelity_batches < 0:
@@ -264,6 +270,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "max_batches": (int, type(None)),
     "fidelity_batches": (int,),
     "weight_storage": (str,),
+    "weight_method": (str,),
     "min_channels": (int, type(None)),
     "mask_threshold": (int, float),
     "concat_range_ratio": (int, float),

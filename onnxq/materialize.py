@@ -48,7 +48,8 @@ def materialize(model: onnx.ModelProto, annotations: Annotations,
             value = graph.const_value(ann.tensor)
             if value is None:
                 raise InternalError(f"weight {ann.tensor!r} lost its constant value")
-            weights[ann.tensor] = weight_qparams(value, ann.axis, weight_qmax(ann, profile))
+            weights[ann.tensor] = weight_qparams(value, ann.axis, weight_qmax(ann, profile),
+                                                 config.weight_method)
     resolved = dict(activation_qparams)
     for ann in annotations.tensors.values():
         if ann.kind in ("activation", "shared"):

@@ -134,8 +134,12 @@ def download_wheel(wheel: Wheel, folder: Path, *, quiet: bool = False) -> Path:
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise DownloadError(f"pip download {spec} did not run to the end: {exc}") from None
     if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "is ignored" not in ln]
-        detail = "\n  ".join(lines[-6:]) or f"exit code {proc.returncode}"
+        lines = [ln.strip() for ln in proc.stderr.splitlines()
+                 if ln.strip() and "is ignored" not in ln]
+        retries = [ln for ln in lines if ln.startswith("WARNING: Retrying")]
+        errors = [ln for ln in lines if not ln.startswith("WARNING: Retrying")]
+        shown = ([retries[-1][:300]] if retries else []) + errors[-3:]
+        detail = "\n  ".join(shown) or f"exit code {proc.returncode}"
         raise DownloadError(
             f"pip download {spec} failed (is the package index reachable? pip's proxy and index "
             f"settings apply):\n  {detail}")

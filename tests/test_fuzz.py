@@ -1,0 +1,165 @@
+"""Property: on any valid float graph, ``onnxq.quantize`` either returns a model that is valid,
+runs, conforms to its backend and stays close to the float model, or raises an ``OnnxqError``.
+Never an ``InternalError`` or any other exception.
+
+The error bound.  Per float output, over the evaluation batches (calibration batches, so that
+activation ranges were observed), ``||q - f||_2 / ||f||_2 <= 0.2``:
+
+* one int8 quantize/dequantize of a tensor calibrated to its range adds uniform noise of
+  ``step / sqrt(12)``, ~0.3% of the range; per-channel int8 weights add about as much; a
+  percentile clip (99.99th) touches a handful of values; so one quantized Conv/Gemm/MatMul costs
+  ~0.5-2% relative L2 error (7-bit weights on CPUs without VNNI: about twice that);
+* the generated graphs have at most 8 ops, so at most ~8 such layers in sequence; independent
+  errors add in quadrature (~3-6%), a correlated worst case adds linearly (~15%);
+* 0.2 leaves room for that worst case while any real placement bug (wrong axis, wrong scale,
+  a wrong consumer rewired, a dropped bias) gives errors of order 1.
+
+Outputs whose float RMS is below 1e-3 (all-zero after a ReLU, a constant) are *degenerate*: a
+relative error means nothing there, so only finiteness and shape are checked.  When an ``If``
+condition computed from an activation differs between the float and quantized runs (the sum sat
+within quantization noise of 0), the branch legitimately flipped and the bound is not applied.
+
+Some ``OnnxqError`` messages admit that onnxq itself is at fault (its own validation failed on a
+model that, by construction, is valid and runs): those count as failures too (``BUG_MARKERS``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import onnxq
+from onnxq.backends.check import check
+from onnxq.backends.profile import PROFILES
+from tests.fuzzgraphs import FuzzCase, fuzz_cases
+
+BACKENDS = ("tensorrt", "onnxruntime")
+REL_L2_BOUND = 0.2
+DEGENERATE_RMS = 1e-3
+CALIB_BATCHES = 4
+EVAL_BATCHES = 2
+# an OnnxqError with one of these in its message blames onnxq, not the (valid) input
+BUG_MARKERS = ("bug in onnxq", "please report", "onnxruntime cannot load", "failed on it",
+               "fails in onnxruntime", "simplify pass", "needs a DAG")
+
+
+class PropertyViolation(AssertionError):
+    """The quantized model (or the error onnxq raised) breaks the property."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one (case, backend): ``kind`` is ok, ok-flip or onnxq-error."""
+
+    kind: str
+    detail: str = ""
+    worst_rel_error: float = 0.0
+
+
+def session(model: onnx.ModelProto, optimize: bool = True) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+
+
+def error_stem(exc: BaseException) -> str:
+    """The message without names and numbers, for grouping."""
+    import re
+
+    text = re.sub(r"'[^']*'", "'…'", str(exc))
+    text = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", text)
+    return f"{type(exc).__name__}: {text[:120]}"
+
+
+def quantize_property(case: FuzzCase, backend: str) -> Outcome:
+    """Run the property; returns the outcome or raises :class:`PropertyViolation`.
+
+    Exceptions other than OnnxqError propagate unchanged (with their traceback)."""
+    calib = case.batches(CALIB_BATCHES)
+    try:
+        result = onnxq.quantize(case.model, calib, backend=backend, progress=False)
+    except onnxq.OnnxqError as exc:
+        if any(marker in str(exc) for marker in BUG_MARKERS):
+            raise PropertyViolation(f"{type(exc).__name__} blaming onnxq: {exc}") from exc
+        return Outcome("onnxq-error", error_stem(exc))
+    q = result.model
+    try:
+        onnx.checker.check_model(q)
+    except onnx.checker.ValidationError as exc:
+        raise PropertyViolation(f"quantized model fails onnx.checker: {exc}") from exc
+    violations = check(q, PROFILES[backend])
+    if violations:
+        raise PropertyViolation(f"{len(violations)} {backend} violations, first: "
+                                f"{violations[0]}")
+    # what the user runs (optimizations on) must load and run; the error is measured like onnxq
+    # measures it: fused int8 kernels for onnxruntime, the Q/DQ graph's own math for TensorRT
+    try:
+        default = session(q)
+        measured = default if backend == "onnxruntime" else session(q, optimize=False)
+    except Exception as exc:
+        raise PropertyViolation(f"onnxruntime cannot load the quantized model: {exc}") from exc
+    reference = session(case.model)
+    names = [o.name for o in case.model.graph.output]
+    if [o.name for o in q.graph.output] != names:
+        raise PropertyViolation(f"outputs changed: {[o.name for o in q.graph.output]} != {names}")
+    evaluation = calib[:EVAL_BATCHES]
+    try:
+        default.run(names, evaluation[0])
+        got = [measured.run(names, batch) for batch in evaluation]
+    except Exception as exc:
+        raise PropertyViolation(f"the quantized model fails in onnxruntime: {exc}") from exc
+    want = [reference.run(names, batch) for batch in evaluation]
+    flipped = False
+    worst = 0.0
+    for i, name in enumerate(names):
+        f = np.concatenate([w[i].ravel() for w in want])
+        g = np.concatenate([o[i].ravel() for o in got])
+        if f.shape != g.shape or want[0][i].shape != got[0][i].shape:
+            raise PropertyViolation(f"output {name}: shape {got[0][i].shape} != "
+                                    f"{want[0][i].shape}")
+        if f.dtype.kind != "f":
+            flipped |= not np.array_equal(f, g)
+            continue
+        if not np.isfinite(g).all():
+            raise PropertyViolation(f"output {name}: non-finite values")
+        f64, g64 = f.astype(np.float64), g.astype(np.float64)
+        rms = float(np.sqrt(np.mean(f64**2))) if f.size else 0.0
+        if rms < DEGENERATE_RMS:
+            continue
+        rel = float(np.linalg.norm(g64 - f64) / np.linalg.norm(f64))
+        worst = max(worst, rel) if not flipped else worst
+        if rel > REL_L2_BOUND:
+            worst = max(worst, rel)
+            if not _branch_flipped(names, want, got):
+                raise PropertyViolation(
+                    f"output {name}: relative L2 error {rel:.3f} > {REL_L2_BOUND} (float RMS "
+                    f"{rms:.3g}, max |error| {np.max(np.abs(g64 - f64)):.3g})")
+            flipped = True
+    return Outcome("ok-flip" if flipped else "ok", worst_rel_error=worst)
+
+
+def _branch_flipped(names: list[str], want, got) -> bool:
+    """True if any bool output (an exposed If condition) differs between float and quantized."""
+    for i, _ in enumerate(names):
+        for w, g in zip(want, got, strict=True):
+            if w[i].dtype == np.bool_ and not np.array_equal(w[i], g[i]):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=100, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                 HealthCheck.data_too_large])
+@given(case=fuzz_cases())
+def test_quantize_returns_a_good_model_or_an_onnxq_error(backend, case):
+    # 100 examples per backend: 200 quantizations in all
+    quantize_property(case, backend)
