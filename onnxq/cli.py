@@ -97,6 +97,20 @@ def _parser() -> argparse.ArgumentParser:
                        "writes into a quantized model's metadata.")
     i.add_argument("model")
 
+    a = sub.add_parser("analyze", help="per-layer error of a quantized model vs its float model",
+                       description="Run the float and the quantized model on calibration data "
+                       "and report, per tensor in graph order, cosine similarity and relative "
+                       "error: the first layer where the error jumps is the one to exclude.")
+    a.add_argument("float_model")
+    a.add_argument("quant_model")
+    a.add_argument("--calib", required=True, metavar="DATA")
+    a.add_argument("--preprocess", metavar="SPEC", help="for an image folder (see quantize)")
+    a.add_argument("--report", metavar="FILE", help="write the table as .json or .html")
+    a.add_argument("--max-batches", type=int, default=16)
+    a.add_argument("--fused", action="store_true",
+                   help="run the quantized model with onnxruntime's int8 fusion (default: off)")
+    a.add_argument("--top", type=int, default=15, help="print the N worst tensors (default 15)")
+
     e = sub.add_parser("explain", help="per op: quantized (which rule) or why not",
                        description="Show where onnxq would place Q/DQ and why each op stays "
                        "float, without calibrating.")
@@ -119,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check(args)
         if args.command == "inspect":
             return _inspect(args)
+        if args.command == "analyze":
+            return _analyze(args)
         return _explain(args)
     except OnnxqError as exc:
         print(f"onnxq: error: {' '.join(str(exc).split())}", file=sys.stderr)
@@ -198,6 +214,24 @@ def _shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
         if not name:
             raise ConfigError(f"--shape {item!r}: expected NAME=1x3x224x224")
     return out
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from onnxq import ir
+    from onnxq.analyze import analyze, write_analysis
+    from onnxq.data import model_inputs, open_source
+
+    float_model = ir.load_model(args.float_model)
+    quant_model = ir.load_model(args.quant_model)
+    data = open_source(args.calib, model_inputs(ir.Graph(float_model)), 1, args.preprocess)
+    layers = analyze(float_model, quant_model, data, args.max_batches, args.fused)
+    if args.report:
+        write_analysis(args.report, layers)
+    worst = sorted(layers, key=lambda x: (x.cosine, x.tensor))[: args.top]
+    print(f"{len(layers)} tensors compared; the {len(worst)} least faithful:")
+    for x in worst:
+        print(f"  cos {x.cosine:.6f}  rel {x.relative_error:8.4g}  {x.op_type:<18} {x.tensor}")
+    return 0
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -1,0 +1,103 @@
+"""Per-layer error of a quantized model against its float model: where accuracy is lost.
+
+Both models run on the same batches with every float tensor they share exposed as an output;
+for each tensor the cosine similarity and the relative L2 error are accumulated batch by batch
+(memory does not grow with the number of batches).  Tensors are listed in graph order, so the
+first layer where the error jumps is the one to exclude or re-calibrate.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from onnxq import ir
+from onnxq.calibrate import augmented, make_session
+from onnxq.data import Batch, check_batch, model_inputs
+from onnxq.errors import CalibrationDataError
+
+
+@dataclass(frozen=True)
+class LayerError:
+    """Agreement of one tensor between the float and the quantized model."""
+
+    tensor: str
+    producer: str
+    op_type: str
+    cosine: float
+    relative_error: float
+
+
+@dataclass
+class _Acc:
+    dot: float = 0.0
+    ref: float = 0.0
+    got: float = 0.0
+    diff: float = 0.0
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> None:
+        a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+        self.dot += float(a64 @ b64)
+        self.ref += float(a64 @ a64)
+        self.got += float(b64 @ b64)
+        self.diff += float((a64 - b64) @ (a64 - b64))
+
+
+def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
+            batches: Iterable[Batch], max_batches: int = 16,
+            fused: bool = False) -> list[LayerError]:
+    """Per-tensor error over up to ``max_batches`` batches (quantized model unfused by default:
+    the Q/DQ graph's own arithmetic)."""
+    fg, qg = ir.Graph(float_model), ir.Graph(quant_model)
+    shared = [n.output[0] for n in fg.nodes
+              if n.output and n.output[0] in qg.producer
+              and fg.elem_type(n.output[0]) in (None, onnx.TensorProto.FLOAT)
+              and n.op_type != "Constant" and n.output[0] not in fg.subgraph_reads]
+    if not shared:
+        return []
+    sessions = (make_session(augmented(float_model, fg, shared)),
+                make_session(augmented(quant_model, qg, shared), optimize=fused))
+    inputs = model_inputs(fg)
+    acc = {t: _Acc() for t in shared}
+    seen = 0
+    for index, raw in enumerate(batches):
+        if index >= max_batches:
+            break
+        batch = check_batch(raw, inputs, index)
+        ref, got = (s.run(shared, batch) for s in sessions)
+        for name, a, b in zip(shared, ref, got, strict=True):
+            if a.shape == b.shape and a.dtype.kind == "f":
+                acc[name].add(a, b)
+        seen += 1
+    if seen == 0:
+        raise CalibrationDataError("no batches to analyze; give calibration data with --calib")
+    out = []
+    for name in shared:
+        a = acc[name]
+        cos = a.dot / math.sqrt(a.ref * a.got) if a.ref > 0 and a.got > 0 else float(a.diff == 0)
+        rel = math.sqrt(a.diff / a.ref) if a.ref > 0 else math.sqrt(a.diff)
+        node = fg.producer[name]
+        out.append(LayerError(name, node.name, node.op_type, round(cos, 6), round(rel, 6)))
+    return out
+
+
+def write_analysis(path: str | Path, layers: list[LayerError]) -> None:
+    """JSON, or an HTML table for a ``.html`` path (atomically)."""
+    p = Path(path)
+    if p.suffix.lower() in (".html", ".htm"):
+        rows = "".join(
+            f"<tr><td>{html.escape(x.tensor)}</td><td>{html.escape(x.op_type)}</td>"
+            f"<td>{x.cosine:.6f}</td><td>{x.relative_error:.4g}</td></tr>" for x in layers)
+        text = ("<!doctype html><meta charset='utf-8'><title>onnxq analyze</title>"
+                "<table border=1><tr><th>tensor</th><th>op</th><th>cosine</th>"
+                f"<th>relative error</th></tr>{rows}</table>")
+    else:
+        text = json.dumps({"layers": [asdict(x) for x in layers]}, indent=1) + "\n"
+    ir.atomic_write_bytes(p, text.encode("utf-8"))
