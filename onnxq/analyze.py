@@ -55,6 +55,7 @@ def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
             fused: bool = False) -> list[LayerError]:
     """Per-tensor error over up to ``max_batches`` batches (quantized model unfused by default:
     the Q/DQ graph's own arithmetic)."""
+    float_model, quant_model = (ir.infer_shapes(_copy(m)) for m in (float_model, quant_model))
     fg, qg = ir.Graph(float_model), ir.Graph(quant_model)
     shared = [n.output[0] for n in fg.nodes
               if n.output and n.output[0] in qg.producer
@@ -85,6 +86,12 @@ def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
         rel = math.sqrt(a.diff / a.ref) if a.ref > 0 else math.sqrt(a.diff)
         node = fg.producer[name]
         out.append(LayerError(name, node.name, node.op_type, round(cos, 6), round(rel, 6)))
+    return out
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
     return out
 
 

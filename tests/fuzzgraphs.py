@@ -169,7 +169,7 @@ def op_conv(b: Builder) -> bool:
     if depthwise:
         group, out_c = c, c * b.choice([1, 2])
     else:
-        group, out_c = 1, b.choice([1, 4, 8, 16, 24, 32])
+        group, out_c = 1, b.choice([1, 4, 16, 16, 24, 32])
     k = b.choice([1, 3, 5])
     pad = b.choice([0, k // 2])
     stride = b.choice([1, 2])
@@ -195,7 +195,7 @@ def op_gemm(b: Builder) -> bool:
     if x is None:
         return False
     k = x.shape[1]
-    n = b.choice([1, 4, 8, 16, 32, 48])
+    n = b.choice([1, 4, 16, 32, 48])
     trans_b = b.draw(st.booleans())
     w = b.weight((n, k) if trans_b else (k, n), k, 1.4)
     inputs = [x.name, b.const("gemm_w", w)]
@@ -223,7 +223,7 @@ def op_matmul(b: Builder) -> bool:
     kind = b.choice(["const", "const", "vector", "self"])
     y = b.fresh("matmul")
     if kind == "const":
-        n = b.choice([1, 4, 8, 16, 32])
+        n = b.choice([1, 4, 16, 32, 32])
         b.node("MatMul", [x.name, b.const("mm_w", b.weight((k, n), k, 1.4))], [y])
         b.add(y, (*x.shape[:-1], n))
         b.ops.append(f"MatMul:{k}->{n}")
@@ -544,11 +544,11 @@ WEIGHTED_OPS = ["Conv", "Conv", "Conv", "Gemm", "Gemm", "MatMul", "MatMul", *OPS
 def _input_shape(draw) -> tuple[int, ...]:
     rank = draw(st.sampled_from([4, 4, 4, 3, 2]))
     if rank == 4:
-        return (1, draw(st.sampled_from([1, 3, 4, 8, 16, 32])), draw(st.integers(1, 10)),
+        return (1, draw(st.sampled_from([1, 3, 8, 16, 16, 32])), draw(st.integers(1, 10)),
                 draw(st.integers(1, 10)))
     if rank == 3:
-        return (1, draw(st.integers(1, 8)), draw(st.sampled_from([1, 4, 8, 16, 32])))
-    return (1, draw(st.sampled_from([1, 3, 8, 16, 32, 64])))
+        return (1, draw(st.integers(1, 8)), draw(st.sampled_from([1, 4, 16, 32, 32])))
+    return (1, draw(st.sampled_from([1, 3, 16, 32, 64])))
 
 
 @st.composite
