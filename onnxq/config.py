@@ -252,6 +252,10 @@ class QuantConfig:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{p}: not valid YAML: {exc}".replace("\n", " ")) from None
+        from onnxq.sparsebit import from_sparsebit, is_sparsebit
+
+        if is_sparsebit(data):  # a Sparsebit qconfig (top-level BACKEND / W / A)
+            return from_sparsebit(data, where=str(p))
         return cls.from_dict(data or {}, where=str(p))
 
     def to_yaml(self) -> str:

@@ -72,7 +72,7 @@ def test_method_comes_from_the_config_and_the_last_matching_override():
     overrides = (Override(node="conv2", method="mse"), Override(tensor="skip", method="minmax"))
     ann = annotated(graphs.residual_add(), overrides=overrides)
     assert {t.tensor: t.method for t in ann.of_kind("activation")} == {
-        "x": "percentile",
+        "x": "auto",
         "skip": "minmax",
     }
 

@@ -29,7 +29,8 @@ FULL = QuantConfig(
 
 def test_defaults():
     cfg = QuantConfig()
-    assert (cfg.backend, cfg.method, cfg.percentile) == ("tensorrt", "percentile", 99.99)
+    assert (cfg.backend, cfg.method, cfg.percentile) == ("tensorrt", "auto", 99.99)
+    assert cfg.weight_method == "mse"
     assert cfg.exclude == () and cfg.overrides == () and cfg.min_channels is None
     assert BACKENDS == ("tensorrt", "onnxruntime")
 

@@ -1,0 +1,40 @@
+"""Model I/O and graph plumbing: the only package that edits ONNX protos.
+
+``load_model`` reads a model safely (external data confined to the model's folder), upgrades an
+opset too old for per-axis Q/DQ and runs shape inference.  :class:`Graph` is an index over a
+``GraphProto`` (producers, consumers, constants, types) with the few edits the pipeline needs;
+after a batch of edits, :meth:`Graph.commit` re-sorts the nodes topologically and drops what no
+longer feeds an output.  ``save_model`` writes atomically.
+"""
+
+from onnxq.ir.constants import DEFAULT_DOMAINS, FLOAT_TYPES, PROTO_LIMIT
+from onnxq.ir.graph import (
+    Graph,
+    constant_node_value,
+    has_subgraph,
+    node_attrs,
+    set_opset,
+)
+from onnxq.ir.load import (
+    check_model,
+    infer_shapes,
+    load_model,
+    name_nodes,
+    opset_version,
+    upgrade_opset,
+)
+from onnxq.ir.save import (
+    atomic_write_bytes,
+    make_tensor_value_info,
+    model_nbytes,
+    save_model,
+    serialize,
+    session_bytes_or_path,
+)
+
+__all__ = [
+    "DEFAULT_DOMAINS", "FLOAT_TYPES", "PROTO_LIMIT", "Graph", "atomic_write_bytes",
+    "check_model", "constant_node_value", "has_subgraph", "infer_shapes", "load_model",
+    "make_tensor_value_info", "model_nbytes", "name_nodes", "node_attrs", "opset_version",
+    "save_model", "serialize", "session_bytes_or_path", "set_opset", "upgrade_opset",
+]

@@ -1,0 +1,345 @@
+"""The graph index: producers, consumers, constants and types, and the edits the pipeline
+needs (add/replace/remove, then ``commit``: topological sort, dead-code removal)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxq.errors import UnsupportedModelError
+from onnxq.ir.constants import DEFAULT_DOMAINS
+from onnxq.ir.load import _attr_graphs
+
+
+# ------------------------------------------------------------------------------- the index
+class Graph:
+    """Producers, consumers, constants and types of a model's top-level graph."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self.proto = model.graph
+        self._const_cache: dict[str, np.ndarray] = {}
+        self.reindex()
+
+    # -- index ---------------------------------------------------------------------------
+    def reindex(self) -> None:
+        """Rebuild the maps after edits."""
+        g = self.proto
+        self.initializers: dict[str, TensorProto] = {t.name: t for t in g.initializer}
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+        self.constant_nodes: dict[str, onnx.NodeProto] = {}
+        for node in g.node:
+            for out in node.output:
+                if out:
+                    self.producer[out] = node
+            for i, name in enumerate(node.input):
+                if name:
+                    self.consumers.setdefault(name, []).append((node, i))
+            if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS:
+                self.constant_nodes[node.output[0]] = node
+        self.subgraph_reads: set[str] = set()
+        for node in g.node:
+            for attr in node.attribute:
+                for sub in _attr_graphs(attr):
+                    self.subgraph_reads |= _outer_reads(sub)
+        self.graph_inputs = [i.name for i in g.input if i.name not in self.initializers]
+        self.graph_outputs = [o.name for o in g.output]
+        self.types: dict[str, onnx.TypeProto] = {}
+        for vi in list(g.input) + list(g.value_info) + list(g.output):
+            self.types[vi.name] = vi.type
+        self._const_cache = {}
+
+    @property
+    def nodes(self) -> list[onnx.NodeProto]:
+        """The nodes in their current order."""
+        return list(self.proto.node)
+
+    def node_by_name(self, name: str) -> onnx.NodeProto | None:
+        """The node called ``name``, if any."""
+        for node in self.proto.node:
+            if node.name == name:
+                return node
+        return None
+
+    # -- constants -----------------------------------------------------------------------
+    def is_const(self, name: str) -> bool:
+        """True for initializers and outputs of Constant nodes (not graph inputs)."""
+        if name in self.graph_inputs_set():
+            return False
+        return name in self.initializers or name in self.constant_nodes
+
+    def graph_inputs_set(self) -> set[str]:
+        return set(self.graph_inputs)
+
+    def const_value(self, name: str) -> np.ndarray | None:
+        """The value of a constant tensor, or ``None`` if ``name`` is not constant."""
+        if name in self._const_cache:
+            return self._const_cache[name]
+        value: np.ndarray | None = None
+        if name in self.graph_inputs_set():
+            return None
+        if name in self.initializers:
+            value = numpy_helper.to_array(self.initializers[name])
+        elif name in self.constant_nodes:
+            value = constant_node_value(self.constant_nodes[name])
+        if value is not None:
+            self._const_cache[name] = value
+        return value
+
+    # -- types ---------------------------------------------------------------------------
+    def elem_type(self, name: str) -> int | None:
+        """The element type of a tensor (from initializers or shape inference)."""
+        if name in self.initializers:
+            return int(self.initializers[name].data_type)
+        if name in self.constant_nodes:
+            value = self.const_value(name)
+            return helper.np_dtype_to_tensor_dtype(value.dtype) if value is not None else None
+        t = self.types.get(name)
+        if t is not None and t.HasField("tensor_type") and t.tensor_type.elem_type:
+            return int(t.tensor_type.elem_type)
+        return None
+
+    def shape(self, name: str) -> tuple[int | str | None, ...] | None:
+        """The inferred shape: ints for static dims, strings for symbolic, None for unknown."""
+        if name in self.initializers:
+            return tuple(int(d) for d in self.initializers[name].dims)
+        value = self.const_value(name) if name in self.constant_nodes else None
+        if value is not None:
+            return tuple(value.shape)
+        t = self.types.get(name)
+        if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+            return None
+        dims: list[int | str | None] = []
+        for d in t.tensor_type.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                dims.append(d.dim_param)
+            else:
+                dims.append(None)
+        return tuple(dims)
+
+    def value_info(self, name: str) -> onnx.ValueInfoProto:
+        """A ValueInfo for ``name`` (type from inference; float when unknown)."""
+        vi = onnx.ValueInfoProto()
+        vi.name = name
+        t = self.types.get(name)
+        if t is not None:
+            vi.type.CopyFrom(t)
+        else:
+            vi.type.tensor_type.elem_type = self.elem_type(name) or TensorProto.FLOAT
+        return vi
+
+    # -- edits ---------------------------------------------------------------------------
+    def unique_name(self, base: str) -> str:
+        """A tensor/node name not used anywhere in the graph yet."""
+        taken = self._names()
+        name, k = base, 1
+        while name in taken:
+            name = f"{base}_{k}"
+            k += 1
+        taken.add(name)
+        return name
+
+    def _names(self) -> set[str]:
+        cached = getattr(self, "_taken", None)
+        if cached is None:
+            cached = set(self.initializers) | set(self.producer) | set(self.graph_inputs)
+            cached |= {n.name for n in self.proto.node} | set(self.subgraph_reads)
+            cached |= {vi.name for vi in self.proto.value_info}
+            self._taken: set[str] | None = cached
+        return cached
+
+    def add_initializer(self, name: str, value: np.ndarray) -> str:
+        """Add a constant; returns its name."""
+        tensor = numpy_helper.from_array(np.asarray(value, order="C"), name)
+        self.proto.initializer.append(tensor)
+        self.initializers[name] = tensor
+        self._names().add(name)
+        return name
+
+    def set_initializer(self, name: str, value: np.ndarray) -> None:
+        """Replace the value of an existing initializer (or add it)."""
+        tensor = numpy_helper.from_array(np.asarray(value, order="C"), name)
+        for i, t in enumerate(self.proto.initializer):
+            if t.name == name:
+                self.proto.initializer[i].CopyFrom(tensor)
+                self.initializers[name] = self.proto.initializer[i]
+                self._const_cache.pop(name, None)
+                return
+        self.add_initializer(name, value)
+
+    def add_node(self, op_type: str, inputs: list[str], outputs: list[str], name: str,
+                 **attrs: Any) -> onnx.NodeProto:
+        """Append a node (the next :meth:`commit` puts it in topological order)."""
+        self.proto.node.append(helper.make_node(op_type, inputs, outputs, name=name, **attrs))
+        node = self.proto.node[-1]  # the graph's own copy, not the detached original
+        for out in outputs:
+            self.producer[out] = node
+            self._names().add(out)
+        self._names().add(name)
+        return node
+
+    def set_input(self, node: onnx.NodeProto, index: int, name: str) -> None:
+        """Point input ``index`` of ``node`` at tensor ``name``."""
+        node.input[index] = name
+
+    def replace_uses(self, old: str, new: str) -> None:
+        """Make every reader of ``old`` (nodes and graph outputs) read ``new``."""
+        for node in self.proto.node:
+            for i, name in enumerate(node.input):
+                if name == old:
+                    node.input[i] = new
+
+    def remove_nodes(self, nodes: list[onnx.NodeProto]) -> None:
+        """Drop nodes (matched by name, which :func:`name_nodes` made unique), then re-index.
+
+        Deleting in place keeps every other node object valid; rebuilding the repeated field
+        would silently detach the references held in the index.
+        """
+        if not nodes:
+            return
+        doomed = {n.name for n in nodes}
+        for i in range(len(self.proto.node) - 1, -1, -1):
+            if self.proto.node[i].name in doomed:
+                del self.proto.node[i]
+        self.reindex()
+
+    def commit(self) -> None:
+        """Topologically sort, drop dead nodes and unused initializers, re-index."""
+        self._toposort()
+        self._drop_dead()
+        self.reindex()
+        self._taken = None
+
+    def _toposort(self) -> None:
+        nodes = list(self.proto.node)
+        available = set(self.initializers) | set(self.graph_inputs) | {""}
+        # outer-scope names read by subgraphs must be produced before their node
+        pending = list(range(len(nodes)))
+        needs = [_node_reads(n) for n in nodes]
+        produced_by = {}
+        for i, n in enumerate(nodes):
+            for out in n.output:
+                produced_by[out] = i
+        order: list[int] = []
+        done = set(available)
+        # Kahn with a stable priority: the lowest original index that is ready goes first.
+        import heapq
+
+        waiting: dict[int, set[str]] = {}
+        readers: dict[str, list[int]] = {}
+        ready: list[int] = []
+        for i in pending:
+            missing = {x for x in needs[i] if x not in done and x in produced_by}
+            waiting[i] = missing
+            for x in missing:
+                readers.setdefault(x, []).append(i)
+            if not missing:
+                heapq.heappush(ready, i)
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(i)
+            for out in nodes[i].output:
+                for j in readers.pop(out, []):
+                    waiting[j].discard(out)
+                    if not waiting[j]:
+                        heapq.heappush(ready, j)
+        if len(order) != len(nodes):
+            raise UnsupportedModelError(
+                "the graph has a cycle (or reads a tensor no node produces); onnxq needs a DAG"
+            )
+        sorted_nodes = [nodes[i] for i in order]
+        del self.proto.node[:]
+        self.proto.node.extend(sorted_nodes)
+
+    def _drop_dead(self) -> None:
+        live = set(o.name for o in self.proto.output)
+        keep: list[onnx.NodeProto] = []
+        for node in reversed(list(self.proto.node)):
+            if any(o in live for o in node.output if o):
+                keep.append(node)
+                live |= _node_reads(node)
+        keep.reverse()
+        del self.proto.node[:]
+        self.proto.node.extend(keep)
+        used = [t for t in self.proto.initializer if t.name in live]
+        if len(used) != len(self.proto.initializer):
+            del self.proto.initializer[:]
+            self.proto.initializer.extend(used)
+        names = live | {o.name for o in self.proto.output}
+        infos = [vi for vi in self.proto.value_info if vi.name in names]
+        del self.proto.value_info[:]
+        self.proto.value_info.extend(infos)
+        inputs = [i for i in self.proto.input if i.name not in self.initializers or i.name in live]
+        if len(inputs) != len(self.proto.input):
+            del self.proto.input[:]
+            self.proto.input.extend(inputs)
+
+
+def _node_reads(node: onnx.NodeProto) -> set[str]:
+    reads = {x for x in node.input if x}
+    for attr in node.attribute:
+        for sub in _attr_graphs(attr):
+            reads |= _outer_reads(sub)
+    return reads
+
+
+def _outer_reads(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads from enclosing scopes."""
+    local = {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    for node in graph.node:
+        local |= {o for o in node.output if o}
+    reads: set[str] = set()
+    for node in graph.node:
+        reads |= {x for x in _node_reads(node) if x not in local}
+    for out in graph.output:
+        if out.name not in local:
+            reads.add(out.name)
+    return reads
+
+
+def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
+    """The value of a ``Constant`` node, or ``None`` for a sparse one."""
+    for attr in node.attribute:
+        if attr.name == "value":
+            return numpy_helper.to_array(attr.t)
+        if attr.name == "value_float":
+            return np.array(attr.f, dtype=np.float32)
+        if attr.name == "value_floats":
+            return np.array(list(attr.floats), dtype=np.float32)
+        if attr.name == "value_int":
+            return np.array(attr.i, dtype=np.int64)
+        if attr.name == "value_ints":
+            return np.array(list(attr.ints), dtype=np.int64)
+    return None
+
+
+def node_attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    """A node's attributes as plain Python values (subgraphs left out)."""
+    out: dict[str, Any] = {}
+    for attr in node.attribute:
+        if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+            continue
+        out[attr.name] = helper.get_attribute_value(attr)
+    return out
+
+
+def has_subgraph(node: onnx.NodeProto) -> bool:
+    """True for If/Loop/Scan and any node with a graph attribute."""
+    return any(_attr_graphs(a) for a in node.attribute)
+
+
+def set_opset(model: onnx.ModelProto, version: int) -> None:
+    """Raise the default-domain opset import to ``version`` (never lowers)."""
+    for imp in model.opset_import:
+        if imp.domain in DEFAULT_DOMAINS:
+            imp.version = max(int(imp.version), version)
+            return
+    model.opset_import.add(domain="", version=version)
+
+

@@ -1,0 +1,258 @@
+"""Reading models: safe external data, opset upgrade, shape inference, node names."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from onnxq.errors import ModelLoadError, UnsupportedModelError
+from onnxq.ir.constants import DEFAULT_DOMAINS
+
+
+# ------------------------------------------------------------------------------- loading
+def load_model(path: str | os.PathLike[str], min_opset: int = 13) -> onnx.ModelProto:
+    """Read, check, upgrade (to ``min_opset``) and shape-infer a model file.
+
+    External data must lie inside the model's folder; anything else (``..``, absolute paths,
+    symlinks that leave the folder) is refused before a byte of it is read.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ModelLoadError(f"model file not found: {p}")
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError and friends
+        raise ModelLoadError(
+            f"{p}: not a readable ONNX file ({type(exc).__name__}: {_first_line(exc)}); "
+            "check that the file is complete and really is an ONNX model"
+        ) from None
+    if not model.graph.node and not model.graph.output:
+        raise ModelLoadError(f"{p}: the file parsed but holds no graph; is it an ONNX model?")
+    base = p.resolve().parent
+    for tensor in _external_tensors(model):
+        _check_external_location(tensor, base, p)
+    try:
+        onnx.load_external_data_for_model(model, str(base))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{p}: cannot read external data: {exc}") from None
+    check_model(model, where=str(p))
+    model = upgrade_opset(model, min_opset, where=str(p))
+    name_nodes(model.graph)
+    return infer_shapes(model)
+
+
+def check_model(model: onnx.ModelProto, where: str = "model") -> None:
+    """``onnx.checker`` on the graph, without serialising the weights."""
+    try:
+        onnx.checker.check_model(_weightless_copy(model))
+    except onnx.checker.ValidationError as exc:
+        raise ModelLoadError(f"{where}: invalid ONNX graph: {_first_line(exc)}") from None
+
+
+def _external_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
+    for tensor in _all_tensors(model.graph):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            yield tensor
+
+
+def _all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t
+            for sub in _attr_graphs(attr):
+                yield from _all_tensors(sub)
+
+
+def _attr_graphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    if attr.type == onnx.AttributeProto.GRAPH:
+        return [attr.g]
+    if attr.type == onnx.AttributeProto.GRAPHS:
+        return list(attr.graphs)
+    return []
+
+
+def _check_external_location(tensor: TensorProto, base: Path, model_path: Path) -> None:
+    info = {e.key: e.value for e in tensor.external_data}
+    location = info.get("location", "")
+    where = f"{model_path}: initializer {tensor.name!r}"
+    if not location:
+        raise ModelLoadError(f"{where}: external data without a location")
+    if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location:
+        raise ModelLoadError(
+            f"{where}: external data location {location!r} is an absolute path; refused for "
+            "safety (it must be a file inside the model's folder)"
+        )
+    resolved = (base / location).resolve()
+    if base != resolved and base not in resolved.parents:
+        raise ModelLoadError(
+            f"{where}: external data location {location!r} leaves the model's folder "
+            f"(resolves to {resolved}); refused for safety"
+        )
+    if not resolved.is_file():
+        raise ModelLoadError(
+            f"{where}: external data file {location!r} not found next to the model; copy it "
+            f"into {base}"
+        )
+    size = resolved.stat().st_size
+    offset = int(info.get("offset", 0) or 0)
+    length = int(info.get("length", 0) or 0)
+    if offset < 0 or length < 0 or offset + length > size:
+        raise ModelLoadError(
+            f"{where}: external data range {offset}+{length} is past the end of {location!r} "
+            f"({size} bytes); the data file is truncated or belongs to another model"
+        )
+
+
+def upgrade_opset(model: onnx.ModelProto, min_opset: int, where: str = "model") -> onnx.ModelProto:
+    """Convert the default-domain opset up to ``min_opset`` (per-axis Q/DQ needs 13)."""
+    current = opset_version(model)
+    if current >= min_opset:
+        return model
+    from onnx import version_converter
+
+    try:
+        with _weights_stripped(model) as light:
+            converted = version_converter.convert_version(light, min_opset)
+            restored = _restore_weights(converted, model)
+    except Exception as exc:
+        raise UnsupportedModelError(
+            f"{where}: opset {current} is below {min_opset}, which per-channel Q/DQ needs, and "
+            f"the upgrade failed ({_first_line(exc)}); re-export the model with opset >= "
+            f"{min_opset}"
+        ) from None
+    return restored
+
+
+def opset_version(model: onnx.ModelProto) -> int:
+    """The default-domain opset of a model."""
+    for imp in model.opset_import:
+        if imp.domain in DEFAULT_DOMAINS:
+            return int(imp.version)
+    return 1
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference that never serialises large weights (works past 2 GB)."""
+    with _weights_stripped(model) as light:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+        except Exception:  # inference is a help, not a requirement
+            return model
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
+    for dst, src in zip(model.graph.output, inferred.graph.output, strict=True):
+        dst.CopyFrom(src)
+    return model
+
+
+_STRIP_BYTES = 1024
+
+
+@contextlib.contextmanager
+def _weights_stripped(model: onnx.ModelProto) -> Iterator[onnx.ModelProto]:
+    """Yield a copy of ``model`` whose large initializers carry no data (only dims and type)."""
+    graph = model.graph
+    kept = list(graph.initializer)
+    del graph.initializer[:]
+    try:
+        light = onnx.ModelProto()
+        light.CopyFrom(model)
+    finally:
+        graph.initializer.extend(kept)
+    for tensor in kept:
+        if tensor.data_location != TensorProto.EXTERNAL and _nbytes(tensor) <= _STRIP_BYTES:
+            light.graph.initializer.append(tensor)
+        else:
+            light.graph.initializer.append(_empty_like(tensor))
+    yield light
+
+
+def _restore_weights(converted: onnx.ModelProto, original: onnx.ModelProto) -> onnx.ModelProto:
+    full = {t.name: t for t in original.graph.initializer}
+    fixed = []
+    for tensor in converted.graph.initializer:
+        fixed.append(full.get(tensor.name, tensor))
+    del converted.graph.initializer[:]
+    converted.graph.initializer.extend(fixed)
+    return converted
+
+
+def _empty_like(tensor: TensorProto) -> TensorProto:
+    out = TensorProto()
+    out.name = tensor.name
+    out.data_type = tensor.data_type
+    out.dims.extend(tensor.dims)
+    n = int(np.prod(tensor.dims)) if tensor.dims else 1
+    # shape inference and the checker only need a consistent header; an all-zero raw payload
+    # of the right length would cost memory, so a zero-filled *small* tensor stands in when
+    # the real one is big (values are never read by inference of our ops).
+    if n * _itemsize(tensor.data_type) <= _STRIP_BYTES:
+        out.raw_data = bytes(n * _itemsize(tensor.data_type))
+    else:
+        out.data_location = TensorProto.EXTERNAL
+        out.external_data.add(key="location", value="onnxq-stripped.bin")
+    return out
+
+
+def _itemsize(data_type: int) -> int:
+    try:
+        return int(np.dtype(helper.tensor_dtype_to_np_dtype(data_type)).itemsize)
+    except Exception:
+        return 4
+
+
+def _nbytes(tensor: TensorProto) -> int:
+    n = int(np.prod(tensor.dims)) if tensor.dims else 1
+    return n * _itemsize(tensor.data_type)
+
+
+def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy for ``onnx.checker``: big weights become empty tensors of the same type."""
+    with _weights_stripped(model) as light:
+        for tensor in light.graph.initializer:
+            if tensor.data_location == TensorProto.EXTERNAL:
+                del tensor.external_data[:]
+                tensor.data_location = TensorProto.DEFAULT
+                del tensor.dims[:]
+                tensor.dims.append(0)
+                tensor.raw_data = b""
+        return light
+
+
+def name_nodes(graph: onnx.GraphProto) -> None:
+    """Give every unnamed node a unique, deterministic name (reports refer to nodes by name)."""
+    taken = {n.name for n in graph.node if n.name}
+    for index, node in enumerate(graph.node):
+        if not node.name:
+            base = f"{node.op_type}_{index}"
+            name = base
+            k = 1
+            while name in taken:
+                name = f"{base}_{k}"
+                k += 1
+            node.name = name
+            taken.add(name)
+    seen: set[str] = set()
+    for node in graph.node:  # duplicate names make reports ambiguous
+        if node.name in seen:
+            k = 1
+            while f"{node.name}_{k}" in taken:
+                k += 1
+            node.name = f"{node.name}_{k}"
+            taken.add(node.name)
+        seen.add(node.name)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+

@@ -1,0 +1,138 @@
+"""Writing models: deterministic bytes, atomic renames, external data past 2 GB."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxq.errors import OutputError
+from onnxq.ir.constants import PROTO_LIMIT
+from onnxq.ir.load import _nbytes
+
+
+# ------------------------------------------------------------------------------- saving
+def model_nbytes(model: onnx.ModelProto) -> int:
+    """Approximate serialized size: the weights dominate."""
+    return sum(_nbytes(t) for t in model.graph.initializer) + 1_000_000
+
+
+def serialize(model: onnx.ModelProto) -> bytes:
+    """Deterministic serialization for models under the protobuf limit."""
+    return model.SerializeToString(deterministic=True)
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike[str],
+               external_data: bool | None = None) -> list[Path]:
+    """Write ``model`` atomically; returns the files written.
+
+    ``external_data=None`` stores weights in a ``<name>.data`` file beside the model only when
+    the model would pass protobuf's 2 GB limit.  Files appear under their final names only when
+    complete (written to a temporary file in the same folder, then renamed).
+    """
+    out = Path(path)
+    folder = out.parent if str(out.parent) else Path(".")
+    if not folder.is_dir():
+        raise OutputError(f"output folder does not exist: {folder}")
+    if not os.access(folder, os.W_OK):
+        raise OutputError(f"output folder is not writable: {folder}")
+    if external_data is None:
+        external_data = model_nbytes(model) >= PROTO_LIMIT
+    if not external_data:
+        atomic_write_bytes(out, serialize(model))
+        return [out]
+    return _save_external(model, out)
+
+
+def _save_external(model: onnx.ModelProto, out: Path) -> list[Path]:
+    data_name = out.name + ".data"
+    data_path = out.parent / data_name
+    moved: list[tuple[TensorProto, bytes]] = []
+    with _temp_beside(data_path) as tmp_data:
+        offset = 0
+        with open(tmp_data, "wb") as fh:
+            for tensor in model.graph.initializer:
+                if _nbytes(tensor) < 1024 or tensor.data_location == TensorProto.EXTERNAL:
+                    continue
+                raw = numpy_helper.to_array(tensor).tobytes() if not tensor.raw_data \
+                    else tensor.raw_data
+                pad = (-offset) % 4096
+                fh.write(b"\0" * pad)
+                offset += pad
+                fh.write(raw)
+                moved.append((tensor, raw))
+                _mark_external(tensor, data_name, offset, len(raw))
+                offset += len(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            body = serialize(model)
+        finally:
+            for tensor, raw in moved:  # give the in-memory model its weights back
+                del tensor.external_data[:]
+                tensor.ClearField("data_location")
+                tensor.raw_data = raw
+        with _temp_beside(out) as tmp_model:
+            tmp_model.write_bytes(body)
+            os.replace(tmp_data, data_path)
+            os.replace(tmp_model, out)
+    return [out, data_path]
+
+
+def _mark_external(tensor: TensorProto, location: str, offset: int, length: int) -> None:
+    tensor.ClearField("raw_data")
+    for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+        tensor.ClearField(field)
+    tensor.data_location = TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value=location)
+    tensor.external_data.add(key="offset", value=str(offset))
+    tensor.external_data.add(key="length", value=str(length))
+
+
+@contextlib.contextmanager
+def _temp_beside(target: Path) -> Iterator[Path]:
+    """A temporary path in ``target``'s folder, removed unless renamed away."""
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file and a rename."""
+    target = Path(path)
+    try:
+        with _temp_beside(target) as tmp:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+    except PermissionError as exc:
+        raise OutputError(f"cannot write {target}: {exc.strerror}") from None
+    except OSError as exc:
+        raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from None
+
+
+def session_bytes_or_path(model: onnx.ModelProto, workdir: Path) -> bytes | str:
+    """What onnxruntime's InferenceSession should load: bytes, or a file for huge models."""
+    if model_nbytes(model) < PROTO_LIMIT:
+        return serialize(model)
+    path = workdir / "model.onnx"
+    save_model(model, path, external_data=True)
+    return str(path)
+
+
+def make_tensor_value_info(name: str, elem_type: int) -> onnx.ValueInfoProto:
+    """A ValueInfo with an element type and unknown shape."""
+    return helper.make_tensor_value_info(name, elem_type, None)
+
