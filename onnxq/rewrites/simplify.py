@@ -146,10 +146,9 @@ def fold_batchnorm(graph: ir.Graph) -> bool:
             producer.input[2] = b_name
         else:
             producer.input.append(b_name)
-        if bn.output[0] in graph.graph_outputs or bn.output[0] in graph.subgraph_reads:
-            producer.output[0] = bn.output[0]  # the folded op now produces the BN's tensor
-        else:
-            graph.replace_uses(bn.output[0], bn.input[0])
+        # the folded op now produces the BN's tensor, so every tensor name keeps its meaning
+        # (the op's own output was read only by the BN)
+        producer.output[0] = bn.output[0]
         doomed.append(bn)
     graph.remove_nodes(doomed)
     return bool(doomed)
