@@ -126,6 +126,9 @@ def _precheck(node, ctx: Context) -> str | None:
                 "leaves control-flow bodies float")
     if node.domain not in ir.DEFAULT_DOMAINS:
         return f"custom-domain op ({node.domain}) stays float"
+    if any(o in ctx.graph.subgraph_reads for o in node.output):
+        return ("its output is read inside a control-flow subgraph; Q/DQ next to such reads "
+                "makes onnxruntime's optimizer abort, so it stays float")
     if node.op_type in ctx.profile.shape_ops or all(
             t in ctx.shape_path for t in node.output if t):
         return "shape/index computation: never quantized"

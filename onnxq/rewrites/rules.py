@@ -64,6 +64,8 @@ def output_specs(m: Match, ctx: Context, output: str) -> list[Spec]:
     readers = tuple((n.name, i) for n, i in g.consumers.get(output, []))
     if not readers or output in g.subgraph_reads:
         return []
+    if any(o in g.subgraph_reads for n, _ in g.consumers.get(output, []) for o in n.output):
+        return []  # a DQ feeding an op read by a subgraph aborts onnxruntime's optimizer
     return [Spec(output, "activation", readers)]
 
 
