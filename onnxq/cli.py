@@ -188,12 +188,16 @@ def _check(args: argparse.Namespace) -> int:
     if profile.fused_validation:  # the backend runs fused integer kernels: say which fused
         from onnxq.backends.fusion import fusion_report
 
-        fusion = fusion_report(model)
+        fusion = fusion_report(model, profile.integer_kernel_ops)
         kernels = ", ".join(f"{k} x{v}" for k, v in fusion.integer_ops.items()) or "none"
         print(f"onnxruntime fused {fusion.fused} of {len(fusion.candidates)} Q/DQ groups "
               f"({fusion.ratio:.0%}) into integer kernels: {kernels}")
         for name, op in fusion.unfused:
             print(f"  not fused: {name} ({op})")
+        if fusion.float_between:
+            ops = sorted({op for _, op in fusion.float_between})
+            print(f"{len(fusion.float_between)} float op(s) between quantized neighbours (no "
+                  f"integer kernel in onnxruntime): {', '.join(ops)}")
     if args.engine:
         from onnxq.backends.tensorrt import build_engine
 

@@ -678,3 +678,18 @@ BUILDERS = {
     "if_model": if_model,
     "two_branch_concat": two_branch_concat,
 }
+
+
+def with_tail(m: onnx.ModelProto, op_type: str = "Sigmoid") -> onnx.ModelProto:
+    """``m`` with one more op after its first output, so that output is no longer a graph output
+    (onnxruntime fuses a Conv only when its output can be quantized)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    old = out.graph.output[0]
+    tail_name = f"{old.name}_tail"
+    out.graph.node.append(helper.make_node(op_type, [old.name], [tail_name], name="tail"))
+    new = onnx.ValueInfoProto()
+    new.CopyFrom(old)
+    new.name = tail_name
+    out.graph.output[0].CopyFrom(new)
+    return out

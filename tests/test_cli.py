@@ -193,8 +193,9 @@ def test_check_clean_model_exits_0(tmp_path, conv_files, capsys):
     assert capsys.readouterr().out.strip() == f"{out}: 0 tensorrt violation(s), 3 Q/DQ nodes"
 
 
-def test_check_bad_model_exits_1_and_lists_violations(tmp_path, conv_files, capsys):
-    model, calib = conv_files
+def test_check_bad_model_exits_1_and_lists_violations(tmp_path, model_file, calib_dir, capsys):
+    tailed = graphs.with_tail(graphs.conv_relu())  # so onnxruntime quantizes the conv
+    model, calib = model_file(tailed), calib_dir(tailed, n=3)
     out = tmp_path / "ort.onnx"
     assert (
         main(

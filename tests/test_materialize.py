@@ -101,9 +101,9 @@ def test_activation_without_qparams_stays_float():
 
 
 def test_onnxruntime_bias_is_int32_with_input_times_weight_scale():
-    model, placed = place(graphs.conv_relu(), "onnxruntime")
+    model, placed = place(graphs.with_tail(graphs.conv_relu()), "onnxruntime")
     kinds = {p.tensor: p for p in placed}
-    assert set(kinds) == {"x", "conv.weight", "conv.bias"}
+    assert set(kinds) == {"x", "conv.weight", "conv.bias", "y"}
     bias = kinds["conv.bias"]
     assert bias.qparams.zero_point.dtype == np.int32 and bias.qparams.axis == 0
     np.testing.assert_allclose(
@@ -153,7 +153,7 @@ def test_derived_names_do_not_clash_with_existing_tensors():
 def test_grouped_conv_transpose_int32_bias_onnxruntime():
     # ConvTranspose(group=2): the weight's channel axis (1) holds out_channels / group scales,
     # while the bias has out_channels values; the int32 bias scale must cover every channel.
-    model = graphs.conv_transpose(group=2)
+    model = graphs.with_tail(graphs.conv_transpose(group=2))
     result = onnxq.quantize(
         model, graphs.random_batches(model, 2), backend="onnxruntime", progress=False
     )

@@ -27,6 +27,7 @@ class FusionReport:
     candidates: tuple[str, ...]
     unfused: tuple[tuple[str, str], ...]  # (node name, op type)
     integer_ops: dict[str, int]
+    float_between: tuple[tuple[str, str], ...] = ()  # DQ -> op -> Q, op has no integer kernel
 
     @property
     def fused(self) -> int:
@@ -39,8 +40,12 @@ class FusionReport:
         return self.fused / len(self.candidates) if self.candidates else 1.0
 
 
-def fusion_report(model: onnx.ModelProto) -> FusionReport:
-    """Optimize ``model`` with onnxruntime (extended level) and compare the graphs."""
+def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str]) -> FusionReport:
+    """Optimize ``model`` with onnxruntime (extended level) and compare the graphs.
+
+    Candidates are DQ -> op -> Q groups (or weighted ops) whose op is in ``kernel_ops``; other
+    ops wrapped the same way are listed apart: they run in float between quantized neighbours.
+    """
     import onnxruntime as ort
 
     graph = ir.Graph(model)
@@ -53,7 +58,9 @@ def fusion_report(model: onnx.ModelProto) -> FusionReport:
         weighted = len(n.input) > 1 and n.input[1] in dq_outputs and n.input[0] in dq_outputs
         return fed and (weighted or any(o in q_inputs for o in n.output))
 
-    candidates = [n for n in graph.nodes if n.op_type not in QDQ_OPS and is_group(n)]
+    grouped = [n for n in graph.nodes if n.op_type not in QDQ_OPS and is_group(n)]
+    candidates = [n for n in grouped if n.op_type in kernel_ops]
+    float_between = tuple((n.name, n.op_type) for n in grouped if n.op_type not in kernel_ops)
     with tempfile.TemporaryDirectory(prefix="onnxq-fusion-") as tmp:
         out = Path(tmp) / "optimized.onnx"
         opts = ort.SessionOptions()
@@ -77,4 +84,5 @@ def fusion_report(model: onnx.ModelProto) -> FusionReport:
         if n.op_type.startswith("QLinear") or n.op_type in ("QGemm", "ConvInteger",
                                                             "MatMulInteger", "QAttention"):
             integer[n.op_type] = integer.get(n.op_type, 0) + 1
-    return FusionReport(tuple(n.name for n in candidates), unfused, dict(sorted(integer.items())))
+    return FusionReport(tuple(n.name for n in candidates), unfused, dict(sorted(integer.items())),
+                        float_between)

@@ -70,6 +70,11 @@ class BackendProfile:
         allowed_qdq_dtypes: element types a Q/DQ node may produce or read.
         per_axis_activations: whether per-axis scales are allowed on non-constant tensors.
         min_channels: Conv/Gemm/MatMul with fewer input or output channels stay float.
+        integer_kernel_ops: ops the backend runs as integer kernels when wrapped in DQ -> op -> Q
+            (what ``onnxq check`` counts as fusable groups).
+        float_output_kernel_ops: weighted ops that still fuse when their output stays float
+            (onnxruntime: Gemm -> QGemm); with ``quantize_outputs``, other weighted ops whose
+            output cannot be quantized (a graph output) stay float.
         reduced_weight_qmax: weight magnitude limit used instead of ``weight_qmax`` when the
             config asks for reduced range, or (``reduce_range`` unset) the CPU lacks int8 dot
             products; ``None``: the backend never reduces.
@@ -92,6 +97,8 @@ class BackendProfile:
     fused_validation: bool = False
     min_channels: int = 0
     reduced_weight_qmax: int | None = None
+    integer_kernel_ops: frozenset[str] = frozenset()
+    float_output_kernel_ops: frozenset[str] = frozenset()
     passthrough_ops: frozenset[str] = PASSTHROUGH_OPS
     shape_ops: frozenset[str] = SHAPE_OPS
 
@@ -127,6 +134,12 @@ ONNXRUNTIME = BackendProfile(
     quantize_outputs=True,
     bias="int32",
     reduced_weight_qmax=63,
+    float_output_kernel_ops=frozenset({"Gemm"}),
+    integer_kernel_ops=frozenset(
+        {"Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Mul", "Concat", "GlobalAveragePool",
+         "AveragePool", "Sigmoid", "LeakyRelu", "MaxPool", "Reshape", "Transpose", "Resize",
+         "Squeeze", "Unsqueeze", "Flatten", "Gather", "Split", "Softmax", "Where"}
+    ),
     allowed_qdq_dtypes=frozenset({"int8", "uint8", "int32"}),
     fused_validation=True,
 )

@@ -110,7 +110,13 @@ def weighted_op(m: Match, ctx: Context, k: int, n: int) -> list[Spec] | Decline:
     if bias and ctx.profile.bias == "int32" and ctx.graph.const_value(bias) is not None:
         specs.append(Spec(bias, "bias", ((m.name, 2),), axis=0, inputs=(m.input(0), m.input(1))))
     if ctx.profile.quantize_outputs:
-        specs += quantized_output(m, ctx)
+        outs = quantized_output(m, ctx)
+        if not outs and m.node.op_type not in ctx.profile.float_output_kernel_ops:
+            return Decline(
+                f"its output cannot be quantized (a graph output, or read by a subgraph) and "
+                f"{ctx.profile.name} has no integer {m.node.op_type} with a float output: Q/DQ "
+                "on its inputs alone would only add work")
+        specs += outs
     return specs
 
 

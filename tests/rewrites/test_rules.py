@@ -60,11 +60,12 @@ def test_conv_match_tensorrt_quantizes_input_and_weight_axis_0():
 
 
 def test_conv_match_onnxruntime_adds_int32_bias():
-    ann = annotated(graphs.conv_relu(), "onnxruntime")
+    ann = annotated(graphs.with_tail(graphs.conv_relu()), "onnxruntime")
     assert kinds(ann) == {
         "x": ("activation", None),
         "conv.weight": ("weight", 0),
         "conv.bias": ("bias", 0),
+        "y": ("activation", None),  # the fused Relu's output
     }
     assert ann.tensors["conv.bias"].inputs == ("x", "conv.weight")
 
@@ -75,6 +76,11 @@ def test_conv_match_onnxruntime_quantizes_the_fused_relu_output():
     assert relu.quantized and relu.rule == "fused" and "conv1" in relu.reason
     assert kinds(ann)["skip"] == ("activation", None)  # Relu's output, not the Conv's
     assert "conv1_out" not in ann.tensors
+
+
+def test_conv_whose_output_cannot_be_quantized_stays_float_for_onnxruntime():
+    d = decision(annotated(graphs.conv_relu(), "onnxruntime"), "conv")
+    assert not d.quantized and "no integer Conv with a float output" in d.reason
 
 
 def test_relu_is_not_reported_fused_when_no_output_qdq_is_placed():
@@ -125,10 +131,11 @@ def test_grouped_conv_decline_small_kernel_and_match_3x3():
     ("builder", "backend", "expected"),
     [
         (graphs.conv_relu, "tensorrt", (1, 2)),
-        (graphs.conv_relu, "onnxruntime", (1, 3)),  # + int32 bias DQ
+        (graphs.conv_relu, "onnxruntime", (0, 0)),  # output is the graph output: stays float
+        (lambda: graphs.with_tail(graphs.conv_relu()), "onnxruntime", (2, 4)),  # + bias, + out
         (graphs.conv_small, "tensorrt", (0, 0)),
         (graphs.conv_transpose, "tensorrt", (1, 2)),
-        (graphs.conv_transpose, "onnxruntime", (1, 3)),
+        (lambda: graphs.with_tail(graphs.conv_transpose()), "onnxruntime", (2, 4)),
     ],
 )
 def test_conv_qdq_count(builder, backend, expected):
@@ -204,7 +211,8 @@ def test_matmul_decline_vector_right_hand_side():
     ("builder", "backend", "expected"),
     [
         (graphs.matmul_const, "tensorrt", (1, 2)),
-        (graphs.matmul_const, "onnxruntime", (1, 2)),  # no bias; Relu output is a graph output
+        (graphs.matmul_const, "onnxruntime", (0, 0)),  # graph output: no integer kernel to fuse
+        (lambda: graphs.with_tail(graphs.matmul_const()), "onnxruntime", (2, 3)),
         (graphs.matmul_act, "tensorrt", (0, 0)),
         (graphs.matmul_act, "onnxruntime", (0, 0)),
     ],
@@ -338,13 +346,14 @@ def test_unary_qdq_count(builder, expected):
 # ------------------------------------------------------------------------------- shape paths
 @pytest.mark.parametrize("backend", ["tensorrt", "onnxruntime"])
 def test_shape_subgraph_tensors_are_never_annotated(backend):
-    ann = annotated(graphs.shape_subgraph(), backend)
+    ann = annotated(graphs.with_tail(graphs.shape_subgraph()), backend)
     shape_tensors = {"x_shape", "batch", "new_shape", "gather.index", "reshape.tail"}
     assert not shape_tensors & set(ann.tensors)
     assert kinds(ann) == {
         "x4d": ("activation", None),
         "conv.weight": ("weight", 0),
-        **({"conv.bias": ("bias", 0)} if backend == "onnxruntime" else {}),
+        **({"conv.bias": ("bias", 0), "y": ("activation", None)}
+           if backend == "onnxruntime" else {}),
     }
     for node in ("shape", "gather", "concat"):
         d = decision(ann, node)
@@ -353,7 +362,8 @@ def test_shape_subgraph_tensors_are_never_annotated(backend):
 
 def test_shape_subgraph_qdq_count():
     assert qdq_counts(graphs.shape_subgraph(), "tensorrt") == (1, 2)
-    assert qdq_counts(graphs.shape_subgraph(), "onnxruntime") == (1, 3)
+    assert qdq_counts(graphs.shape_subgraph(), "onnxruntime") == (0, 0)  # output is graph output
+    assert qdq_counts(graphs.with_tail(graphs.shape_subgraph()), "onnxruntime") == (2, 4)
 
 
 def test_control_flow_node_stays_float_with_a_reason():
