@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--method", choices=sorted(METHODS),
                    help="activation range method (default: the config's, else auto: per tensor the "
                    "method with the least expected quantization error)")
+    q.add_argument("--method-for", action="append", default=[], metavar="GLOB=METHOD",
+                   help="per-tensor method: tensors whose name, or whose reading node's name, "
+                   "matches GLOB use METHOD (repeatable; later wins)")
     q.add_argument("--percentile", type=float, help="percentile kept by --method percentile "
                    "(default 99.99)")
     q.add_argument("--config", metavar="FILE.yaml", help="QuantConfig YAML (see docs/config.md)")
@@ -160,7 +163,8 @@ def _quantize(args: argparse.Namespace) -> int:
             raise OutputError(f"output folder does not exist: {target.parent}")
     result = quantize(
         args.model, args.calib, backend=args.backend, method=args.method, exclude=args.exclude,
-        config=args.config, batch_size=args.batch_size, percentile=args.percentile,
+        config=_with_method_overrides(args.config, args.method_for),
+        batch_size=args.batch_size, percentile=args.percentile,
         max_batches=args.max_batches, simplify=False if args.no_simplify else None,
         progress=False if args.quiet else None, memory_budget_mb=args.memory_budget,
         preprocess=args.preprocess,
@@ -171,6 +175,23 @@ def _quantize(args: argparse.Namespace) -> int:
         print(result.report.summary())
         print("wrote " + ", ".join(str(w) for w in written))
     return 0
+
+
+def _with_method_overrides(config: str | None, items: list[str]) -> object:
+    """The config (path or None) with ``--method-for GLOB=METHOD`` overrides appended."""
+    if not items:
+        return config
+    from onnxq.config import Override, QuantConfig
+    from onnxq.errors import ConfigError
+
+    base = QuantConfig.from_yaml(config) if config else QuantConfig()
+    extra = []
+    for item in items:
+        pattern, sep, method = item.rpartition("=")
+        if not sep or not pattern or not method:
+            raise ConfigError(f"--method-for {item!r}: expected GLOB=METHOD")
+        extra += [Override(node=pattern, method=method), Override(tensor=pattern, method=method)]
+    return base.replace(overrides=(*base.overrides, *extra))
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from onnxq import ir
@@ -314,3 +315,24 @@ def test_module_version():
         check=False,
     )
     assert done.returncode == 0 and done.stdout.startswith("onnxq ")
+
+
+def test_method_for_sets_a_per_tensor_method(tmp_path, conv_files):
+    from onnxq.materialize import read_metadata
+
+    model, calib = conv_files
+    out = tmp_path / "q.onnx"
+    args = ["quantize", str(model), "-o", str(out), "--calib", str(calib), "-q",
+            "--method", "percentile", "--method-for", "x=minmax"]
+    assert main(args) == 0
+    records = read_metadata(onnx.load(str(out)))
+    assert records is not None and records["x"]["method"] == "minmax"
+
+
+def test_method_for_needs_glob_equals_method(tmp_path, conv_files, capsys):
+    model, calib = conv_files
+    out = tmp_path / "q.onnx"
+    args = ["quantize", str(model), "-o", str(out), "--calib", str(calib), "--method-for", "x"]
+    assert main(args) == 2
+    assert "expected GLOB=METHOD" in capsys.readouterr().err
+    assert not out.exists()
