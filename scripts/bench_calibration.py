@@ -48,7 +48,7 @@ from typing import Any
 HISTOGRAM_METHODS = {"percentile", "entropy", "mse", "aciq", "auto"}
 ORT_METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
 DEFAULT_METHODS = "minmax,percentile,entropy,mse,auto"
-REPEATED = {"floor", "onnxq:minmax", "calib:minmax"}
+REPEATED = {"floor", "onnxq:minmax", "calib:minmax"}  # measured --repeat times, fastest kept
 # targets
 RSS_GROWTH_MAX = 1.10  # onnxq RSS at the largest N within 10% of the smallest N
 ORT_SPEEDUP_MIN = 2.0  # onnxq at least 2x faster than onnxruntime, histogram methods
@@ -67,6 +67,8 @@ class Run:
     rss_mb: float
     info: dict[str, Any] = field(default_factory=dict)
     error: str = ""
+    cpu_s: float = 0.0  # user + system time of the child (ru_utime + ru_stime)
+    load1: float = 0.0  # the machine's 1-minute load average when the child started
 
 
 def _vm_rss_kb(pid: int) -> int:
@@ -106,6 +108,7 @@ def run_child(cmd: list[str], timeout: float, max_rss_mb: float, cap_mode: str,
             resource.setrlimit(resource.RLIMIT_AS, (cap_kb * 1024, cap_kb * 1024))
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        load1 = os.getloadavg()[0]
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=cwd,
                                 preexec_fn=limit, start_new_session=True)
@@ -133,6 +136,7 @@ def run_child(cmd: list[str], timeout: float, max_rss_mb: float, cap_mode: str,
             time.sleep(0.05)
         proc.returncode = os.waitstatus_to_exitcode(status)
         rss_mb = max(usage.ru_maxrss, peak_polled) / 1024.0
+        cpu = usage.ru_utime + usage.ru_stime
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
@@ -143,14 +147,14 @@ def run_child(cmd: list[str], timeout: float, max_rss_mb: float, cap_mode: str,
             with contextlib.suppress(Exception):
                 info.update(json.loads(line))
     if killed:
-        return Run(killed, wall, rss_mb, info, f"killed after {wall:.0f} s")
+        return Run(killed, wall, rss_mb, info, f"killed after {wall:.0f} s", cpu, load1)
     if proc.returncode != 0:
         tail = " | ".join(stderr.strip().splitlines()[-3:])
         oom = any(s in stderr for s in ("MemoryError", "bad_alloc", "Failed to allocate",
                                         "Cannot allocate memory"))
         return Run("OOM" if oom else "FAIL", wall, rss_mb, info,
-                   f"exit {proc.returncode}: {tail[:400]}")
-    return Run("ok", wall, rss_mb, info)
+                   f"exit {proc.returncode}: {tail[:400]}", cpu, load1)
+    return Run("ok", wall, rss_mb, info, "", cpu, load1)
 
 
 # --------------------------------------------------------------------------- child drivers
@@ -159,7 +163,7 @@ def child_floor(model: str, calib: str) -> None:
     import numpy as np
     import onnxruntime as ort
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     t1 = time.perf_counter()
     n = 0
@@ -168,9 +172,9 @@ def child_floor(model: str, calib: str) -> None:
             feed = {k: z[k] for k in z.files}
         session.run(None, feed)
         n += 1
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     print(json.dumps({"inner_s": t2 - t0, "session_s": t1 - t0, "loop_s": t2 - t1,
-                      "batches": n}))
+                      "inner_cpu_s": c2 - c0, "batches": n}))
 
 
 def child_ort(model: str, calib: str, method: str, out: str) -> None:
@@ -258,16 +262,17 @@ def child_calib(model: str, calib: str, method: str, profile_out: str | None = N
         import cProfile
 
         prof = cProfile.Profile()
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         result = prof.runcall(call)
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.process_time()
         prof.dump_stats(profile_out)
     else:
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         result = call()
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.process_time()
     print(json.dumps({
-        "prepare_s": t1 - t0, "calib_s": t3 - t2, "batches": result.batches_seen,
+        "prepare_s": t1 - t0, "calib_s": t3 - t2, "calib_cpu_s": c3 - c2,
+        "batches": result.batches_seen,
         "observed": len(wanted), "histograms": sum(wanted.values()),
         "rss_before_calib_mb": rss_before / 1024.0,
         "rss_after_calib_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
@@ -319,23 +324,36 @@ def machine_facts() -> dict[str, Any]:
 
 
 def measure(key: str, cmd: list[str], args: argparse.Namespace, cwd: str,
-            log: list[str]) -> Run:
-    repeats = args.repeat if key.split("@")[0] in REPEATED else 1
+            log: list[str], repeats: int | None = None) -> Run:
+    """Run ``cmd`` ``repeats`` times (default: ``--repeat`` for floor and onnxq-minmax, else 1)
+    and keep the fastest run that finished."""
+    if repeats is None:
+        repeats = args.repeat if _repeated(key, args) else 1
     best: Run | None = None
     for r in range(repeats):
         run = run_child(cmd, args.timeout, args.max_rss_mb, args.rss_cap_mode, cwd)
         t = _time_of(run, key)
         msg = (f"  {key:<22} run {r + 1}/{repeats}: {run.status:<7} wall {run.wall_s:7.2f} s"
                f"  rss {run.rss_mb:8.1f} MB" + (f"  inner {t:7.2f} s" if t is not None else "")
+               + f"  cpu {run.cpu_s:7.2f} s  load {run.load1:4.1f}"
                + (f"  {run.error}" if run.error else ""))
         print(msg, flush=True)
         log.append(msg)
-        if best is None or (run.status == "ok" and (best.status != "ok"
-                                                    or _cmp(run, key) < _cmp(best, key))):
-            best = run
+        best = _best(best, run, key)
         if run.status != "ok":
             break
     assert best is not None
+    return best
+
+
+def _repeated(key: str, args: argparse.Namespace) -> bool:
+    return key in REPEATED or (args.repeat_all and not key.startswith("ort:"))
+
+
+def _best(best: Run | None, run: Run, key: str) -> Run:
+    if best is None or (run.status == "ok" and (best.status != "ok"
+                                                or _cmp(run, key) < _cmp(best, key))):
+        return run
     return best
 
 
@@ -346,7 +364,7 @@ def _time_of(run: Run, key: str) -> float | None:
 
 
 def _cmp(run: Run, key: str) -> float:
-    t = _time_of(run, key) if key.startswith("calib") else None
+    t = _time_of(run, key) if key.startswith(("calib", "floor")) else None
     return t if t is not None else run.wall_s
 
 
@@ -370,16 +388,30 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             def put(key: str, run: Run, n: int = n) -> None:
                 results["runs"][f"{key}@{n}"] = asdict(run)
 
-            put("floor", measure("floor", [py, me, "--child", "floor", str(args.model), calib],
-                                 args, tmp, log))
+            floor_cmd = [py, me, "--child", "floor", str(args.model), calib]
+            floor_all: Run | None = None
             for m in methods:
                 out = str(root / f"onnxq_{m}_{n}.onnx")
                 put(f"onnxq:{m}", measure(
                     f"onnxq:{m}", [py, "-m", "onnxq.cli", "quantize", str(args.model), "-o", out,
                                    "--calib", calib, "--method", m, "-q"], args, tmp, log))
-                put(f"calib:{m}", measure(
-                    f"calib:{m}", [py, me, "--child", "calib", str(args.model), calib, m],
-                    args, tmp, log))
+                # calibrate() alone, bracketed by float-floor runs so that the ratio compares
+                # runs made under the same machine load: floor, calib, [floor, calib,] floor
+                reps = args.repeat if _repeated(f"calib:{m}", args) else 1
+                floor = calib_run = None
+                for _ in range(reps):
+                    floor = _best(floor, measure(f"floor:{m}", floor_cmd, args, tmp, log, 1),
+                                  "floor")
+                    calib_run = _best(calib_run, measure(
+                        f"calib:{m}", [py, me, "--child", "calib", str(args.model), calib, m],
+                        args, tmp, log, 1), "calib")
+                floor = _best(floor, measure(f"floor:{m}", floor_cmd, args, tmp, log, 1),
+                              "floor")
+                assert floor is not None and calib_run is not None
+                put(f"floor:{m}", floor)
+                put(f"calib:{m}", calib_run)
+                floor_all = _best(floor_all, floor, "floor")
+                put("floor", floor_all)
                 if m in ORT_METHODS and not args.no_ort:
                     out = str(root / f"ort_{m}_{n}.onnx")
                     put(f"ort:{m}", measure(
@@ -388,6 +420,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 for f in root.glob("*.onnx*"):
                     f.unlink()
     results["machine"]["loadavg_end"] = os.getloadavg()
+    results["machine"]["onnxq_commit_end"] = machine_facts()["onnxq_commit"]
     results["log"] = log
     return results
 
@@ -427,15 +460,15 @@ def table(results: dict[str, Any]) -> tuple[list[str], list[str]]:
     lo, hi = sizes[0], sizes[-1]
     for m in methods:
         for n in sizes:
-            q, c, o, f = (_get(results, k, n) for k in (f"onnxq:{m}", f"calib:{m}",
-                                                         f"ort:{m}", "floor"))
+            q, c, o = (_get(results, k, n) for k in (f"onnxq:{m}", f"calib:{m}", f"ort:{m}"))
+            f = _get(results, f"floor:{m}", n) or _get(results, "floor", n)
             ratio_floor = "-"
             if _ok(c) and _ok(f):
                 ratio_floor = f"{c['info']['calib_s'] / f['info']['inner_s']:.2f}"
             ratio_ort = "-"
             if _ok(q) and o is not None:
                 ratio_ort = (f"{o['wall_s'] / q['wall_s']:.2f}" if _ok(o)
-                             else f">{o['wall_s'] / q['wall_s']:.1f} ({o['status']})")
+                             else f"ort {o['status']}")
             growth = "-"
             if n == hi and len(sizes) > 1:
                 q0 = _get(results, f"onnxq:{m}", lo)
@@ -483,49 +516,111 @@ def table(results: dict[str, Any]) -> tuple[list[str], list[str]]:
         if limit is None:
             continue
         for n in sizes:
-            c, f = _get(results, f"calib:{m}", n), _get(results, "floor", n)
+            c = _get(results, f"calib:{m}", n)
+            f = _get(results, f"floor:{m}", n) or _get(results, "floor", n)
             if not (_ok(c) and _ok(f)):
                 targets.append(f"FAIL  {m:<10} N={n} floor ratio: a run did not finish")
                 continue
             r = c["info"]["calib_s"] / f["info"]["inner_s"]
             verdict = "PASS" if r <= limit else "FAIL"
+            cpu = ""
+            if c["info"].get("calib_cpu_s") and f["info"].get("inner_cpu_s"):
+                cpu = f"; CPU-time ratio {c['info']['calib_cpu_s'] / f['info']['inner_cpu_s']:.2f}"
             targets.append(f"{verdict}  {m:<10} N={n} calibrate() / floor = {r:.2f} "
                            f"({c['info']['calib_s']:.2f} / {f['info']['inner_s']:.2f} s; target "
-                           f"<= {limit})")
+                           f"<= {limit}{cpu})")
     return rows, targets
 
 
 # --------------------------------------------------------------------------- profile
 def profile(args: argparse.Namespace) -> None:
-    """Run the calibrate() driver under cProfile and print where the time goes."""
-    import pstats
+    """Profile the calibrate() driver at the smallest N: where the calibration time goes.
+
+    With py-spy (default when installed): sampled stacks, attributed to the innermost onnxq
+    source line (a numpy call such as ``np.bincount`` shows as the line that makes it), which
+    cProfile cannot split (numpy's C functions count as their caller's own time there).
+    """
+    import shutil
 
     n = sorted(int(x) for x in args.batches.split(","))[0]
     me = str(Path(__file__).resolve())
+    use_spy = args.profiler == "py-spy" or (args.profiler == "auto" and shutil.which("py-spy"))
     with tempfile.TemporaryDirectory(prefix="onnxq-bench-") as tmp:
         calib = make_calib_dir(Path(args.calib), n, Path(tmp))
-        stats_file = str(Path(tmp) / "calib.prof")
-        run = run_child([sys.executable, me, "--child", "calib", str(args.model), str(calib),
-                         args.profile, stats_file], args.timeout, args.max_rss_mb,
-                        args.rss_cap_mode, tmp)
-        if run.status != "ok":
+        driver = [sys.executable, me, "--child", "calib", str(args.model), str(calib),
+                  args.profile]
+        if use_spy:
+            raw = Path(tmp) / "spy.txt"
+            cmd = ["py-spy", "record", "-r", "250", "-f", "raw", "-o", str(raw), "--", *driver]
+        else:
+            raw = Path(tmp) / "calib.prof"
+            cmd = [*driver, str(raw)]
+        run = run_child(cmd, args.timeout, args.max_rss_mb, args.rss_cap_mode, tmp)
+        if run.status != "ok" or "calib_s" not in run.info:
             raise SystemExit(f"bench_calibration: profiled run {run.status}: {run.error}")
         total = run.info["calib_s"]
-        print(f"method {args.profile}, N={n}: calibrate() {total:.2f} s under cProfile "
+        print(f"method {args.profile}, N={n}: calibrate() {total:.2f} s while profiled "
               f"({run.info['observed']} tensors observed, {run.info['histograms']} with a "
-              "histogram)")
-        st = pstats.Stats(stats_file)
-        rows = []
-        for (file, line, fn), (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
-            rows.append((tt, ct, nc, f"{Path(file).name}:{line}({fn})"))
-        print(f"{'self s':>8} {'self %':>7} {'cum s':>8} {'cum %':>7} {'calls':>8}  function")
-        for tt, ct, nc, name in sorted(rows, reverse=True)[: args.top]:
-            print(f"{tt:8.2f} {100 * tt / total:6.1f}% {ct:8.2f} {100 * ct / total:6.1f}% "
-                  f"{nc:8d}  {name}")
+              f"histogram; load {run.load1:.1f})")
+        if use_spy:
+            _report_spy(raw, args.top)
+        else:
+            _report_cprofile(raw, total, args.top)
         if args.profile_out:
-            import shutil
+            shutil.copy(raw, args.profile_out)
 
-            shutil.copy(stats_file, args.profile_out)
+
+def _report_spy(raw: Path, top: int) -> None:
+    import collections
+    import linecache
+    import re
+
+    import onnxq
+
+    root = Path(onnxq.__file__).resolve().parent.parent
+    frame = re.compile(r"^(.*) \((.*):(\d+)\)$")
+    lines: collections.Counter[tuple[str, str, int]] = collections.Counter()
+    funcs: collections.Counter[str] = collections.Counter()
+    total = 0
+    for row in raw.read_text().splitlines():
+        stack, _, count = row.rpartition(" ")
+        frames = [frame.match(f) for f in stack.split(";")]
+        parsed = [(m.group(1), m.group(2), int(m.group(3))) for m in frames if m]
+        at = [i for i, f in enumerate(parsed) if f[0] == "calibrate"
+              and f[1].endswith("calibrate.py")]
+        if not at:
+            continue
+        k = int(count)
+        total += k
+        mine = [f for f in parsed[at[0]:] if "onnxq/" in f[1] or "onnxq\\" in f[1]]
+        leaf = mine[-1] if mine else parsed[-1]
+        lines[leaf] += k
+        funcs[leaf[0]] += k
+    if not total:
+        print("no samples inside calibrate()")
+        return
+    print(f"{total} samples inside calibrate(); by innermost onnxq source line:")
+    print(f"{'share':>6}  where                                  code")
+    for (fn, file, line), k in lines.most_common(top):
+        code = linecache.getline(str(root / file), line).strip() if not Path(file).is_absolute() \
+            else linecache.getline(file, line).strip()
+        print(f"{100 * k / total:5.1f}%  {f'{fn} ({Path(file).name}:{line})':<38} {code[:70]}")
+    print("by function:")
+    for fn, k in funcs.most_common(8):
+        print(f"{100 * k / total:5.1f}%  {fn}")
+
+
+def _report_cprofile(stats_file: Path, total: float, top: int) -> None:
+    import pstats
+
+    st = pstats.Stats(str(stats_file))
+    rows = []
+    for (file, line, fn), (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        rows.append((tt, ct, nc, f"{Path(file).name}:{line}({fn})"))
+    print(f"{'self s':>8} {'self %':>7} {'cum s':>8} {'cum %':>7} {'calls':>8}  function")
+    for tt, ct, nc, name in sorted(rows, reverse=True)[:top]:
+        print(f"{tt:8.2f} {100 * tt / total:6.1f}% {ct:8.2f} {100 * ct / total:6.1f}% "
+              f"{nc:8d}  {name}")
 
 
 # --------------------------------------------------------------------------- main
@@ -548,12 +643,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="poll /proc/PID/status and kill (default), or RLIMIT_AS in the child")
     p.add_argument("--repeat", type=int, default=2,
                    help="runs of the floor and onnxq-minmax measurements (fastest kept)")
+    p.add_argument("--repeat-all", action="store_true",
+                   help="repeat every onnxq measurement (and its floor pairs), not only minmax")
     p.add_argument("--no-ort", action="store_true", help="skip onnxruntime's quantize_static")
     p.add_argument("--json", type=Path, help="write all measurements to this JSON file")
     p.add_argument("--profile", metavar="METHOD",
                    help="instead of benchmarking, profile calibrate() for METHOD at the "
                    "smallest N with cProfile and print the top functions")
-    p.add_argument("--profile-out", type=Path, help="keep the cProfile stats file here")
+    p.add_argument("--profiler", choices=("auto", "py-spy", "cprofile"), default="auto",
+                   help="for --profile: py-spy when installed (line-level), else cProfile")
+    p.add_argument("--profile-out", type=Path, help="keep the raw profile (py-spy raw stacks "
+                   "or cProfile stats) here")
     p.add_argument("--top", type=int, default=20, help="functions listed by --profile")
     args = p.parse_args(argv)
     if args.calib is None:

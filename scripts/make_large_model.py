@@ -86,6 +86,7 @@ def build_large_model(out: str | os.PathLike[str], *, total_bytes: float | None 
         if total_bytes is None:
             raise ValueError("give layers or total_bytes")
         layers = layers_for(total_bytes, width)
+    out.parent.mkdir(parents=True, exist_ok=True)
     data_path = out.with_name(out.name + ".data")
     location = data_path.name
     rng = np.random.default_rng(seed)

@@ -11,6 +11,8 @@ LayerNormalization, Where, the Shape -> Gather -> Concat -> Reshape idiom, and I
 Every case passes ``onnx.checker`` (full check, strict shape inference agrees with the tracked
 shapes) and runs in onnxruntime with finite outputs; anything else is filtered with ``assume``
 (set ``FUZZGRAPHS_STRICT=1`` to raise instead, which is how the generator itself is debugged).
+Graphs on which onnxruntime's optimizer changes the float results are filtered too (always
+``assume``: that is an onnxruntime bug, not something the generator or onnxq got wrong).
 
 The graphs are *well conditioned* on purpose, so that a quantization error bound means something:
 
@@ -169,7 +171,7 @@ def op_conv(b: Builder) -> bool:
     if depthwise:
         group, out_c = c, c * b.choice([1, 2])
     else:
-        group, out_c = 1, b.choice([1, 4, 16, 16, 24, 32])
+        group, out_c = 1, b.choice([1, 4, 16, 16, 24, 32, 32])
     k = b.choice([1, 3, 5])
     pad = b.choice([0, k // 2])
     stride = b.choice([1, 2])
@@ -220,7 +222,7 @@ def op_matmul(b: Builder) -> bool:
     if x is None:
         return False
     k = x.shape[-1]
-    kind = b.choice(["const", "const", "vector", "self"])
+    kind = b.choice(["const", "const", "const", "vector", "self"])
     y = b.fresh("matmul")
     if kind == "const":
         n = b.choice([1, 4, 16, 32, 32])
@@ -544,11 +546,11 @@ WEIGHTED_OPS = ["Conv", "Conv", "Conv", "Gemm", "Gemm", "MatMul", "MatMul", *OPS
 def _input_shape(draw) -> tuple[int, ...]:
     rank = draw(st.sampled_from([4, 4, 4, 3, 2]))
     if rank == 4:
-        return (1, draw(st.sampled_from([1, 3, 8, 16, 16, 32])), draw(st.integers(1, 10)),
+        return (1, draw(st.sampled_from([1, 3, 8, 16, 16, 32, 32])), draw(st.integers(1, 10)),
                 draw(st.integers(1, 10)))
     if rank == 3:
         return (1, draw(st.integers(1, 8)), draw(st.sampled_from([1, 4, 16, 32, 32])))
-    return (1, draw(st.sampled_from([1, 3, 16, 32, 64])))
+    return (1, draw(st.sampled_from([1, 3, 16, 32, 64, 64])))
 
 
 @st.composite
@@ -600,19 +602,29 @@ def _validate(model: onnx.ModelProto) -> None:
         onnx.checker.check_model(model, full_check=True)
     except Exception as exc:
         _reject(f"checker: {exc}")
-    try:
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 4
-        session = ort.InferenceSession(model.SerializeToString(), opts,
-                                       providers=["CPUExecutionProvider"])
-        outs = session.run(None, random_batches(model, 1, 0)[0])
-    except Exception as exc:
-        _reject(f"onnxruntime: {exc}")
-        return
+    inputs = random_batches(model, 1, 0)[0]
+    runs = []
+    for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+                  ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+        try:
+            opts = ort.SessionOptions()
+            opts.log_severity_level = 4
+            opts.graph_optimization_level = level
+            session = ort.InferenceSession(model.SerializeToString(), opts,
+                                           providers=["CPUExecutionProvider"])
+            runs.append(session.run(None, inputs))
+        except Exception as exc:
+            _reject(f"onnxruntime: {exc}")
+            return
     by_name = {o.name: o for o in model.graph.output}
-    for meta, value in zip(session.get_outputs(), outs, strict=True):
+    for meta, value, optimized in zip(session.get_outputs(), runs[0], runs[1], strict=True):
         expected = _dims(by_name[meta.name])
         if list(value.shape) != expected:
             _reject(f"{meta.name}: onnxruntime shape {list(value.shape)} != tracked {expected}")
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             _reject(f"{meta.name}: non-finite output")
+        # onnxruntime's graph optimizer must not change the float model's results (it does on
+        # some graphs, e.g. Transpose -> MatMul with a 1-D right-hand side in 1.31: an
+        # onnxruntime bug that would otherwise be blamed on onnxq)
+        if value.dtype.kind == "f" and not np.allclose(value, optimized, rtol=1e-4, atol=1e-5):
+            assume(False)

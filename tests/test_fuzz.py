@@ -26,13 +26,17 @@ model that, by construction, is valid and runs): those count as failures too (``
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
+from onnx import helper, numpy_helper
 
 import onnxq
 from onnxq.backends.check import check
@@ -107,7 +111,8 @@ def quantize_property(case: FuzzCase, backend: str) -> Outcome:
         measured = default if backend == "onnxruntime" else session(q, optimize=False)
     except Exception as exc:
         raise PropertyViolation(f"onnxruntime cannot load the quantized model: {exc}") from exc
-    reference = session(case.model)
+    # the float reference runs at the same optimization level as the measured quantized model
+    reference = session(case.model, optimize=backend == "onnxruntime")
     names = [o.name for o in case.model.graph.output]
     if [o.name for o in q.graph.output] != names:
         raise PropertyViolation(f"outputs changed: {[o.name for o in q.graph.output]} != {names}")
@@ -165,3 +170,67 @@ def _branch_flipped(names: list[str], want, got) -> bool:
 def test_quantize_returns_a_good_model_or_an_onnxq_error(backend, case):
     # 100 examples per backend: 200 quantizations in all
     quantize_property(case, backend)
+
+
+# ------------------------------------------------------------------------------- found by fuzzing
+def if_reads_pooled_conv() -> onnx.ModelProto:
+    """Conv -> MaxPool whose output only an If branch reads (an implicit subgraph input)."""
+    vi = helper.make_tensor_value_info
+    r = np.random.default_rng(0)
+    shape = [1, 16, 8, 8]
+    then_g = helper.make_graph([helper.make_node("Relu", ["pooled"], ["t"])], "then", [],
+                               [vi("t", onnx.TensorProto.FLOAT, shape)])
+    else_g = helper.make_graph([helper.make_node("Sigmoid", ["pooled"], ["e"])], "else", [],
+                               [vi("e", onnx.TensorProto.FLOAT, shape)])
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["conv"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("MaxPool", ["conv"], ["pooled"], name="pool", kernel_shape=[3, 3],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("ReduceSum", ["x"], ["total"], name="sum", keepdims=0),
+        helper.make_node("Greater", ["total", "zero"], ["cond"], name="positive"),
+        helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=then_g,
+                         else_branch=else_g),
+    ]
+    inits = [numpy_helper.from_array((r.standard_normal((16, 16, 3, 3)) * 0.1).astype(
+                 np.float32), "w"),
+             numpy_helper.from_array(np.zeros(16, np.float32), "b"),
+             numpy_helper.from_array(np.float32(0), "zero")]
+    graph = helper.make_graph(nodes, "if_pool", [vi("x", onnx.TensorProto.FLOAT, shape)],
+                              [vi("y", onnx.TensorProto.FLOAT, shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dq_feeding_an_op_read_by_a_subgraph_does_not_abort(tmp_path, backend):
+    """Found by scripts/fuzz_nightly.py: with --backend onnxruntime the conv output's DQ feeds a
+    MaxPool whose output an If branch reads; onnxruntime 1.31 aborts (SIGABRT, a C++ assertion
+    in its Q/DQ optimizer) when it loads such a graph with optimizations on: in onnxq's own
+    validation, and in every user's session.  Run in a subprocess: an abort kills the process."""
+    model = tmp_path / "if_pool.onnx"
+    onnx.save(if_reads_pooled_conv(), str(model))
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i, batch in enumerate(random_batches_for(if_reads_pooled_conv(), 3)):
+        np.savez(calib / f"{i:04d}.npz", **batch)
+    out = tmp_path / "q.onnx"
+    proc = subprocess.run(
+        [sys.executable, "-m", "onnxq.cli", "quantize", str(model), "-o", str(out), "--calib",
+         str(calib), "--backend", backend, "-q"],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode in (0, 2), f"exit {proc.returncode}: {proc.stderr[-500:]}"
+    if proc.returncode == 0:  # the written model must load with optimizations on (a child too)
+        probe = ("import onnxruntime as ort, sys; ort.InferenceSession(sys.argv[1], "
+                 "providers=['CPUExecutionProvider'])")
+        loaded = subprocess.run([sys.executable, "-c", probe, str(out)], capture_output=True,
+                                text=True, timeout=120, check=False)
+        assert loaded.returncode == 0, f"exit {loaded.returncode}: {loaded.stderr[-300:]}"
+        assert Path(out).is_file()
+
+
+def random_batches_for(model: onnx.ModelProto, n: int) -> list[dict[str, np.ndarray]]:
+    from tests.fuzzgraphs import random_batches
+
+    return random_batches(model, n, 0)
