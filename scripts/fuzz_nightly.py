@@ -129,7 +129,10 @@ def run_worker(args: argparse.Namespace, examples: int, seed: int, log: Path,
     for b in args.backend:
         cmd += ["--backend", b]
     log.write_text("")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    tmpdir = args.artifacts / "tmp"  # a native abort skips onnxq's temp-dir cleanup
+    tmpdir.mkdir(exist_ok=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmpdir)})
     read = 0
     last_progress = time.monotonic()
     finished = False
@@ -221,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         restarts += 1
     log.unlink(missing_ok=True)
+    shutil.rmtree(args.artifacts / "tmp", ignore_errors=True)
     elapsed = time.monotonic() - started
     print(f"\n{tally.examples} models in {elapsed:.0f} s ({restarts} worker restarts)")
     for b in args.backend:

@@ -26,6 +26,7 @@ model that, by construction, is valid and runs): those count as failures too (``
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -97,7 +98,7 @@ def quantize_property(case: FuzzCase, backend: str) -> Outcome:
         return Outcome("onnxq-error", error_stem(exc))
     q = result.model
     try:
-        onnx.checker.check_model(q)
+        onnx.checker.check_model(q, full_check=True)
     except onnx.checker.ValidationError as exc:
         raise PropertyViolation(f"quantized model fails onnx.checker: {exc}") from exc
     violations = check(q, PROFILES[backend])
@@ -216,10 +217,13 @@ def test_dq_feeding_an_op_read_by_a_subgraph_does_not_abort(tmp_path, backend):
     for i, batch in enumerate(random_batches_for(if_reads_pooled_conv(), 3)):
         np.savez(calib / f"{i:04d}.npz", **batch)
     out = tmp_path / "q.onnx"
+    tmpdir = tmp_path / "tmp"  # an abort skips onnxq's temp-dir cleanup: keep /tmp clean
+    tmpdir.mkdir()
     proc = subprocess.run(
         [sys.executable, "-m", "onnxq.cli", "quantize", str(model), "-o", str(out), "--calib",
          str(calib), "--backend", backend, "-q"],
-        capture_output=True, text=True, timeout=120, check=False)
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "TMPDIR": str(tmpdir)})
     assert proc.returncode in (0, 2), f"exit {proc.returncode}: {proc.stderr[-500:]}"
     if proc.returncode == 0:  # the written model must load with optimizations on (a child too)
         probe = ("import onnxruntime as ort, sys; ort.InferenceSession(sys.argv[1], "
@@ -234,3 +238,35 @@ def random_batches_for(model: onnx.ModelProto, n: int) -> list[dict[str, np.ndar
     from tests.fuzzgraphs import random_batches
 
     return random_batches(model, n, 0)
+
+
+def softmax_over_one_value() -> onnx.ModelProto:
+    """MatMul 16->1 -> Relu -> Softmax over that axis of size 1 (constant 1) -> MatMul 1->32 ->
+    Relu -> Sigmoid: between two quantized ops the Softmax gets Q/DQ on both sides."""
+    vi = helper.make_tensor_value_info
+    r = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+             helper.make_node("Relu", ["a"], ["ar"], name="relu1"),
+             helper.make_node("Softmax", ["ar"], ["s"], name="softmax", axis=-1),
+             helper.make_node("MatMul", ["s", "w2"], ["b"], name="mm2"),
+             helper.make_node("Relu", ["b"], ["r"], name="relu2"),
+             helper.make_node("Sigmoid", ["r"], ["y"], name="sigmoid")]
+    inits = [numpy_helper.from_array(r.standard_normal((16, 1)).astype(np.float32), "w1"),
+             numpy_helper.from_array(r.standard_normal((1, 32)).astype(np.float32), "w2")]
+    graph = helper.make_graph(nodes, "softmax1", [vi("x", onnx.TensorProto.FLOAT, [1, 16])],
+                              [vi("y", onnx.TensorProto.FLOAT, [1, 32])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_softmax_over_a_single_value_between_quantized_ops(backend):
+    """Found by scripts/fuzz_nightly.py: onnxruntime fuses DQ -> Softmax -> Q into
+    com.microsoft QLinearSoftmax, which (onnxruntime 1.31) returns 0 instead of 1 for a softmax
+    over an axis of size 1; the onnxruntime-backend model is silently wrong (relative error
+    0.26 here, 1.0 when the MatMul output was a graph output)."""
+    from tests.fuzzgraphs import FuzzCase
+
+    quantize_property(FuzzCase(softmax_over_one_value(), seed=5), backend)
