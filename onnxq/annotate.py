@@ -7,7 +7,7 @@ Nothing here edits the graph.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
@@ -28,6 +28,7 @@ class TensorAnnotation:
     axis: int | None = None
     inputs: tuple[str, ...] = ()
     rules: list[str] = field(default_factory=list)
+    output: bool = False  # some rule quantizes it as an op's output
     settings: TensorSettings = field(default_factory=lambda: TensorSettings(""))
 
     @property
@@ -103,7 +104,7 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
                 continue
             for spec in result:
                 _merge(tensors, spec, r.name, config, graph, profile.name,
-                       profile.activation_symmetric)
+                       profile.activation_symmetric, profile.output_method)
                 ctx.quantized[spec.tensor] = tensors[spec.tensor].kind
             ctx.claimed.add(node.name)
             for extra in ctx.claimed - before - {node.name}:
@@ -151,7 +152,7 @@ def _conflict(tensors: dict[str, TensorAnnotation], specs: list[Spec]) -> str | 
 
 def _merge(tensors: dict[str, TensorAnnotation], spec: Spec, rule_name: str,
            config: QuantConfig, graph: ir.Graph, profile_name: str = "",
-           symmetric_only: bool = False) -> None:
+           symmetric_only: bool = False, output_method: str | None = None) -> None:
     entry = tensors.get(spec.tensor)
     if entry is None:
         entry = TensorAnnotation(spec.tensor, spec.kind, [], spec.axis, spec.inputs)
@@ -162,6 +163,10 @@ def _merge(tensors: dict[str, TensorAnnotation], spec: Spec, rule_name: str,
     entry.rules.append(rule_name)
     readers = [(n.name, n.op_type) for n, _ in graph.consumers.get(spec.tensor, [])]
     entry.settings = config.settings_for(spec.tensor, readers)
+    if spec.output:
+        entry.output = True
+    if entry.output and entry.settings.method == "auto" and output_method:
+        entry.settings = replace(entry.settings, method=output_method)
     if entry.kind == "weight" and not entry.settings.per_channel:
         entry.axis = None
     if entry.kind == "activation" and entry.settings.symmetric is False and symmetric_only:

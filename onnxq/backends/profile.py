@@ -70,6 +70,10 @@ class BackendProfile:
         allowed_qdq_dtypes: element types a Q/DQ node may produce or read.
         per_axis_activations: whether per-axis scales are allowed on non-constant tensors.
         min_channels: Conv/Gemm/MatMul with fewer input or output channels stay float.
+        output_method: the range method that ``auto`` means for Q/DQ on an op's raw output (the
+            requantization of an integer kernel, not a folded ReLU/Clip): clipping there
+            saturates the outliers the next op (hardswish, sigmoid, add) still needs, so
+            onnxruntime's raw outputs use ``minmax``.
         integer_kernel_ops: ops the backend runs as integer kernels when wrapped in DQ -> op -> Q
             (what ``onnxq check`` counts as fusable groups).
         float_output_kernel_ops: weighted ops that still fuse when their output stays float
@@ -98,6 +102,7 @@ class BackendProfile:
     min_channels: int = 0
     reduced_weight_qmax: int | None = None
     integer_kernel_ops: frozenset[str] = frozenset()
+    output_method: str | None = None
     float_output_kernel_ops: frozenset[str] = frozenset()
     passthrough_ops: frozenset[str] = PASSTHROUGH_OPS
     shape_ops: frozenset[str] = SHAPE_OPS
@@ -135,6 +140,7 @@ ONNXRUNTIME = BackendProfile(
     bias="int32",
     reduced_weight_qmax=63,
     float_output_kernel_ops=frozenset({"Gemm"}),
+    output_method="minmax",
     integer_kernel_ops=frozenset(
         {"Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Mul", "Concat", "GlobalAveragePool",
          "AveragePool", "Sigmoid", "LeakyRelu", "MaxPool", "Reshape", "Transpose", "Resize",

@@ -35,6 +35,7 @@ class Spec:
     consumers: tuple[tuple[str, int], ...]
     axis: int | None = None
     inputs: tuple[str, ...] = ()
+    output: bool = False  # the Q/DQ sits on the op's output (requantization), not its input
 
 
 @dataclass(frozen=True)

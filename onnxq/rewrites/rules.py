@@ -8,6 +8,8 @@ channel thresholds) comes from the profile, never from a branch on the backend's
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from onnx import TensorProto
 
 from onnxq.rewrites.pattern import Context, Decline, Match, Rule, Spec, rule
@@ -66,7 +68,7 @@ def output_specs(m: Match, ctx: Context, output: str) -> list[Spec]:
         return []
     if any(o in g.subgraph_reads for n, _ in g.consumers.get(output, []) for o in n.output):
         return []  # a DQ feeding an op read by a subgraph aborts onnxruntime's optimizer
-    return [Spec(output, "activation", readers)]
+    return [Spec(output, "activation", readers, output=True)]
 
 
 def quantized_output(m: Match, ctx: Context) -> list[Spec]:
@@ -80,7 +82,8 @@ def quantized_output(m: Match, ctx: Context) -> list[Spec]:
             specs = output_specs(m, ctx, nxt.output[0])
             if specs:
                 ctx.claimed.add(nxt.name)
-            return specs
+            # a ReLU/Clip output is bounded by the activation itself: not a raw requantization
+            return [replace(s, output=False) for s in specs]
     return output_specs(m, ctx, out)
 
 

@@ -246,8 +246,9 @@ def rec_metrics(ref: list[np.ndarray], got: list[np.ndarray], texts: list[str],
 #   char accuracy drop        0.037      0.140       0.026       0.011     0.852
 # Time steps where both models emit blank are left out of the agreement (62-71% of them).
 # PP-OCRv4 rec (SVTR neck) is the most quantization-sensitive of the three; the bounds allow
-# a few characters in a hundred.  onnxq's onnxruntime backend misses them with its default
-# method (xfail below) and meets them with method="minmax".
+# a few characters in a hundred.  onnxq's onnxruntime backend used to miss them (drop 0.140)
+# when "auto" clipped the Conv outputs it requantizes; the profile now calibrates op outputs
+# with minmax (BackendProfile.output_method), which meets them.
 REC_BOUNDS = {"cosine": 0.92, "nonblank_step_agreement": 0.66}
 REC_MAX_CHAR_ACCURACY_DROP = 0.08
 
@@ -348,25 +349,14 @@ def test_quantized_model_is_valid(name: str, backend: str, quantize_cached: Any,
     print(f"\n{name} [{backend}] quantize {q.seconds:.1f} s: {q.result.report.summary()}")
 
 
-ORT_REC_CLIPS = (
-    "onnxq's onnxruntime profile puts Q/DQ on Conv outputs too, and the default method (auto: "
-    "the per-tensor least-MSE range) clips their outliers: PP-OCRv4 rec loses 14 points of "
-    "character accuracy, where onnxruntime's own quantize_static loses 1; method='minmax' "
-    "meets the bounds (a minmax override for Conv alone recovers the characters)"
-)
-
-
 def _fidelity_case(name: str, backend: str, method: str | None = None) -> Any:
-    marks = []
-    if backend == "onnxruntime" and method is None and name == "ppocrv4_rec":
-        marks.append(pytest.mark.xfail(strict=True, reason=ORT_REC_CLIPS))
-    return pytest.param(name, backend, method, marks=marks,
+    return pytest.param(name, backend, method,
                         id=f"{name}-{backend}" + (f"-{method}" if method else ""))
 
 
 FIDELITY_CASES = [
     *(_fidelity_case(name, backend) for name in OCR_MODELS for backend in BACKENDS),
-    _fidelity_case("ppocrv4_rec", "onnxruntime", "minmax"),  # the known way past the xfail
+    _fidelity_case("ppocrv4_rec", "onnxruntime", "minmax"),  # the explicit minmax route too
 ]
 
 
