@@ -74,6 +74,10 @@ class BackendProfile:
             requantization of an integer kernel, not a folded ReLU/Clip): clipping there
             saturates the outliers the next op (hardswish, sigmoid, add) still needs, so
             onnxruntime's raw outputs use ``minmax``.
+        float_readers: op types that read an op's quantized output as the float tensor, not
+            through a DequantizeLinear: onnxruntime fuses DQ -> Softmax -> Q into QLinearSoftmax,
+            which returns 0 instead of 1 over an axis of size 1 (onnxruntime 1.31, found by
+            fuzzing), so no Softmax is ever put between Q/DQ pairs.
         integer_kernel_ops: ops the backend runs as integer kernels when wrapped in DQ -> op -> Q
             (what ``onnxq check`` counts as fusable groups).
         float_output_kernel_ops: weighted ops that still fuse when their output stays float
@@ -103,6 +107,7 @@ class BackendProfile:
     reduced_weight_qmax: int | None = None
     integer_kernel_ops: frozenset[str] = frozenset()
     output_method: str | None = None
+    float_readers: frozenset[str] = frozenset()
     float_output_kernel_ops: frozenset[str] = frozenset()
     passthrough_ops: frozenset[str] = PASSTHROUGH_OPS
     shape_ops: frozenset[str] = SHAPE_OPS
@@ -141,10 +146,11 @@ ONNXRUNTIME = BackendProfile(
     reduced_weight_qmax=63,
     float_output_kernel_ops=frozenset({"Gemm"}),
     output_method="minmax",
+    float_readers=frozenset({"Softmax"}),
     integer_kernel_ops=frozenset(
         {"Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Mul", "Concat", "GlobalAveragePool",
          "AveragePool", "Sigmoid", "LeakyRelu", "MaxPool", "Reshape", "Transpose", "Resize",
-         "Squeeze", "Unsqueeze", "Flatten", "Gather", "Split", "Softmax", "Where"}
+         "Squeeze", "Unsqueeze", "Flatten", "Gather", "Split", "Where"}
     ),
     allowed_qdq_dtypes=frozenset({"int8", "uint8", "int32"}),
     fused_validation=True,

@@ -63,7 +63,8 @@ def output_specs(m: Match, ctx: Context, output: str) -> list[Spec]:
     g = ctx.graph
     if output in g.graph_outputs or activation_problem(m, ctx, output):
         return []
-    readers = tuple((n.name, i) for n, i in g.consumers.get(output, []))
+    readers = tuple((n.name, i) for n, i in g.consumers.get(output, [])
+                    if n.op_type not in ctx.profile.float_readers)
     if not readers or output in g.subgraph_reads:
         return []
     if any(o in g.subgraph_reads for n, _ in g.consumers.get(output, []) for o in n.output):
