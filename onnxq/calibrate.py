@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -182,7 +183,8 @@ CACHE_FORMAT = "onnxq-calibration"
 CACHE_VERSION = 1
 
 
-def save_calibration(path: str | Path, stats: dict[str, TensorStats], graph: ir.Graph) -> None:
+def save_calibration(path: str | os.PathLike[str], stats: dict[str, TensorStats],
+                     graph: ir.Graph) -> None:
     """Write observed statistics as JSON (atomically), with each tensor's inferred shape."""
     import json
 
@@ -197,7 +199,7 @@ def save_calibration(path: str | Path, stats: dict[str, TensorStats], graph: ir.
     ir.atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode("utf-8"))
 
 
-def load_calibration(path: str | Path, graph: ir.Graph,
+def load_calibration(path: str | os.PathLike[str], graph: ir.Graph,
                      wanted: dict[str, bool]) -> dict[str, TensorStats]:
     """Statistics for ``wanted`` tensors from a cache written by :func:`save_calibration`."""
     import json

@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from onnxq.errors import OnnxqError
 
@@ -177,7 +178,7 @@ def _quantize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_method_overrides(config: str | None, items: list[str]) -> object:
+def _with_method_overrides(config: str | None, items: list[str]) -> Any:
     """The config (path or None) with ``--method-for GLOB=METHOD`` overrides appended."""
     if not items:
         return config

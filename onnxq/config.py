@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -239,7 +240,7 @@ class QuantConfig:
         return cls(**kwargs)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> QuantConfig:
+    def from_yaml(cls, path: str | os.PathLike[str]) -> QuantConfig:
         """Load a YAML config file (safe loader: no code runs)."""
         import yaml
 
@@ -299,10 +300,12 @@ def _coerce(key: str, value: Any, where: str) -> Any:
 
         return Preprocess.from_spec(value).to_spec()
     if key == "exclude":
+        assert isinstance(value, (list, tuple))
         if not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: exclude: expected a list of glob strings")
         return tuple(value)
     if key == "overrides":
+        assert isinstance(value, (list, tuple))
         return tuple(_override(i, v, where) for i, v in enumerate(value))
     return value
 

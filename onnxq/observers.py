@@ -428,8 +428,8 @@ def range_to_qparams(lo: float, hi: float, dtype: str, symmetric: bool,
     qmin = 0 if dtype == "uint8" else -(2 ** (bits - 1))
     qmax = qmin + levels
     scale = np.float32((hi - lo) / (qmax - qmin))
-    zp = int(np.clip(round(qmin - lo / float(scale)), qmin, qmax))
-    zp_arr = np.array(zp, dtype=np.uint8 if dtype == "uint8" else np.int8)
+    zp_value = int(np.clip(round(qmin - lo / float(scale)), qmin, qmax))
+    zp_arr = np.array(zp_value, dtype=np.uint8 if dtype == "uint8" else np.int8)
     return QParams(np.asarray(scale, np.float32), zp_arr, None, method, lo, hi, note)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,7 +132,7 @@ class Report:
                                           ["name", "cosine", "max_abs_error"])
         )
 
-    def write(self, path: str | Path) -> None:
+    def write(self, path: str | os.PathLike[str]) -> None:
         """Write as JSON, or HTML for a ``.html`` path (atomically)."""
         from onnxq.ir import atomic_write_bytes
 

@@ -112,8 +112,7 @@ def _check_qdq(node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfil
     if "axis" in attrs and opset < 13:
         v.append(Violation(name, "axis", "opset >= 13 for the axis attribute", f"opset {opset}"))
     v.extend(_check_zero_point(node, name, g, profile, zp_name))
-    per_axis = scale is not None and scale.ndim == 1 and scale.size > 1
-    if per_axis:
+    if scale is not None and scale.ndim == 1 and scale.size > 1:
         v.extend(_check_per_axis(node, name, g, profile, int(attrs.get("axis", 1)), scale.size))
     return v
 

@@ -9,6 +9,7 @@ itself says.  For the onnxruntime backend the fused kernels are what the user ru
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -28,15 +29,15 @@ class OutputFidelity:
     float_max_abs: float
 
 
-def run_outputs(model: onnx.ModelProto | object, batches: list[Batch], fused: bool,
+def run_outputs(model: onnx.ModelProto | Any, batches: list[Batch], fused: bool,
                 what: str) -> list[dict[str, np.ndarray]]:
     """Run ``model`` (a proto or a ready session) on ``batches``."""
     session = model if not isinstance(model, onnx.ModelProto) else make_session(model, fused)
-    names = [o.name for o in session.get_outputs()]  # type: ignore[attr-defined]
+    names = [o.name for o in session.get_outputs()]
     results = []
     for i, batch in enumerate(batches):
         try:
-            values = session.run(names, batch)  # type: ignore[attr-defined]
+            values = session.run(names, batch)
         except Exception as exc:
             raise BackendConstraintError(
                 f"the {what} model fails in onnxruntime on held batch {i}: "

@@ -88,7 +88,7 @@ def fold_constants(graph: ir.Graph) -> bool:
             outputs = _evaluate(ReferenceEvaluator, graph, node, values)  # type: ignore[arg-type]
         except Exception:
             continue  # the op stays; folding is an optimisation
-        size_in = sum(v.nbytes for v in values.values())  # type: ignore[union-attr]
+        size_in = sum(v.nbytes for v in values.values() if v is not None)
         size_out = sum(v.nbytes for v in outputs)
         if size_out > max(FOLD_LIMIT_BYTES, 2 * size_in) and size_out > 2**20:
             continue
