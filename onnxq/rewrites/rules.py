@@ -67,9 +67,28 @@ def output_specs(m: Match, ctx: Context, output: str) -> list[Spec]:
                     if n.op_type not in ctx.profile.float_readers)
     if not readers or output in g.subgraph_reads:
         return []
-    if any(o in g.subgraph_reads for n, _ in g.consumers.get(output, []) for o in n.output):
-        return []  # a DQ feeding an op read by a subgraph aborts onnxruntime's optimizer
+    if _dq_would_reach_subgraph(ctx, output):
+        return []  # a DQ next to a subgraph read aborts onnxruntime's optimizer
     return [Spec(output, "activation", readers, output=True)]
+
+
+def _dq_would_reach_subgraph(ctx: Context, tensor: str) -> bool:
+    """True if a DequantizeLinear on ``tensor`` could end up next to a tensor that a control-flow
+    subgraph reads: directly, or after onnxruntime moves it forward through pass-through ops
+    (Transpose, Reshape, ...)."""
+    g = ctx.graph
+    frontier, seen = [tensor], set()
+    while frontier:
+        t = frontier.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        for node, _ in g.consumers.get(t, []):
+            if any(o in g.subgraph_reads for o in node.output):
+                return True
+            if node.op_type in ctx.profile.passthrough_ops:
+                frontier.extend(o for o in node.output if o)
+    return False
 
 
 def quantized_output(m: Match, ctx: Context) -> list[Spec]:
