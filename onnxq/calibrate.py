@@ -90,7 +90,9 @@ def calibrate(
     graph = ir.Graph(model)
     stats = {name: TensorStats(name, histogram=hist) for name, hist in tensors.items()}
     names = sorted(tensors)
-    groups = _groups(graph, names, memory_budget)
+    first = _first_batch(source, inputs)
+    sizes = _sizes(model, graph, names, first)
+    groups = _groups(names, sizes, memory_budget)
     if len(groups) > 1 and iter(source) is source:  # type: ignore[comparison-overlap]
         raise CalibrationDataError(
             f"observing {len(names)} tensors needs {len(groups)} passes over the data (memory "
@@ -127,28 +129,43 @@ def calibrate(
     return CalibrationResult(stats, seen, held)
 
 
-def _groups(graph: ir.Graph, names: list[str], budget: int) -> list[list[str]]:
+def _first_batch(source: Iterable[Batch], inputs: list[InputSpec]) -> Batch | None:
+    """The first batch of a re-iterable source (to size the observed tensors), else None."""
+    if iter(source) is source:  # type: ignore[comparison-overlap]
+        return None
+    for raw in source:
+        return check_batch(raw, inputs, 0)
+    return None
+
+
+def _sizes(model: onnx.ModelProto, graph: ir.Graph, names: list[str],
+           first: Batch | None) -> dict[str, int]:
+    """Bytes of each observed tensor for one batch: from shapes inferred with the first batch's
+    concrete input shapes; unknown dimensions count as 64."""
+    concrete = ir.shapes_for_inputs(model, {k: v.shape for k, v in first.items()}) if first \
+        else {}
+    out = {}
+    for name in names:
+        shape = concrete.get(name) or graph.shape(name)
+        n = 1
+        for d in shape if shape is not None else (1024, 1024):
+            n *= d if isinstance(d, int) and d > 0 else 64
+        out[name] = 4 * n
+    return out
+
+
+def _groups(names: list[str], sizes: dict[str, int], budget: int) -> list[list[str]]:
     """Split tensors so that one batch of each group stays under ``budget`` bytes."""
     groups: list[list[str]] = [[]]
     used = 0
     for name in names:
-        size = _estimate_bytes(graph, name)
+        size = sizes[name]
         if groups[-1] and used + size > budget:
             groups.append([])
             used = 0
         groups[-1].append(name)
         used += size
     return groups
-
-
-def _estimate_bytes(graph: ir.Graph, name: str) -> int:
-    shape = graph.shape(name)
-    if shape is None:
-        return 4 * 2**20
-    n = 1
-    for d in shape:
-        n *= d if isinstance(d, int) and d > 0 else 64
-    return 4 * n
 
 
 def _limit(source: Iterable[Batch], max_batches: int | None) -> Iterator[Batch]:

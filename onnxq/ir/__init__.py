@@ -21,6 +21,7 @@ from onnxq.ir.load import (
     load_model,
     name_nodes,
     opset_version,
+    shapes_for_inputs,
     upgrade_opset,
 )
 from onnxq.ir.save import (
@@ -36,5 +37,6 @@ __all__ = [
     "DEFAULT_DOMAINS", "FLOAT_TYPES", "PROTO_LIMIT", "Graph", "atomic_write_bytes",
     "check_model", "constant_node_value", "has_subgraph", "infer_shapes", "load_model",
     "make_tensor_value_info", "model_nbytes", "name_nodes", "node_attrs", "opset_version",
-    "save_model", "serialize", "session_bytes_or_path", "set_opset", "upgrade_opset",
+    "save_model", "serialize", "session_bytes_or_path", "set_opset", "shapes_for_inputs",
+    "upgrade_opset",
 ]

@@ -153,6 +153,29 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def shapes_for_inputs(model: onnx.ModelProto,
+                      inputs: dict[str, tuple[int, ...]]) -> dict[str, tuple[int | str, ...]]:
+    """Every tensor's shape when the graph inputs have these concrete shapes (best effort)."""
+    with _weights_stripped(model) as light:
+        for vi in light.graph.input:
+            if vi.name in inputs and vi.type.HasField("tensor_type"):
+                dims = vi.type.tensor_type.shape.dim
+                del dims[:]
+                for d in inputs[vi.name]:
+                    dims.add().dim_value = int(d)
+        del light.graph.value_info[:]
+        try:
+            inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+        except Exception:
+            return {}
+    out: dict[str, tuple[int | str, ...]] = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            out[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or "?"
+                                 for d in vi.type.tensor_type.shape.dim)
+    return out
+
+
 _STRIP_BYTES = 1024
 
 
