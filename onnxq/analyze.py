@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from onnxq import ir
-from onnxq.calibrate import augmented, make_session
+from onnxq.calibrate import augmented_session
 from onnxq.data import Batch, check_batch, model_inputs
 from onnxq.errors import CalibrationDataError
 
@@ -63,8 +63,8 @@ def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
               and n.op_type != "Constant" and n.output[0] not in fg.subgraph_reads]
     if not shared:
         return []
-    sessions = (make_session(augmented(float_model, fg, shared)),
-                make_session(augmented(quant_model, qg, shared), optimize=fused))
+    sessions = (augmented_session(float_model, fg, shared),
+                augmented_session(quant_model, qg, shared, optimize=fused))
     inputs = model_inputs(fg)
     acc = {t: _Acc() for t in shared}
     seen = 0

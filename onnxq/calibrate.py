@@ -15,8 +15,10 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -61,18 +63,29 @@ def make_session(model: onnx.ModelProto, optimize: bool = True, workdir: Path | 
             ) from None
 
 
-def augmented(model: onnx.ModelProto, graph: ir.Graph, names: list[str]) -> onnx.ModelProto:
-    """A copy of ``model`` whose outputs are exactly ``names`` (weights shared via bytes)."""
-    aug = onnx.ModelProto()
-    outputs = list(model.graph.output)
+@contextlib.contextmanager
+def exposing(model: onnx.ModelProto, graph: ir.Graph,
+             names: list[str]) -> Iterator[onnx.ModelProto]:
+    """``model`` with exactly ``names`` as its outputs, for the duration of the block.
+
+    The outputs are swapped in place and restored afterwards: copying the model would hold a
+    second copy of every weight (the 2 GB models this must handle).
+    """
+    saved = [onnx.ValueInfoProto.FromString(o.SerializeToString()) for o in model.graph.output]
     del model.graph.output[:]
     try:
-        aug.CopyFrom(model)
+        model.graph.output.extend(graph.value_info(name) for name in names)
+        yield model
     finally:
-        model.graph.output.extend(outputs)
-    for name in names:
-        aug.graph.output.append(graph.value_info(name))
-    return aug
+        del model.graph.output[:]
+        model.graph.output.extend(saved)
+
+
+def augmented_session(model: onnx.ModelProto, graph: ir.Graph, names: list[str],
+                      optimize: bool = True) -> Any:
+    """An onnxruntime session of ``model`` whose outputs are exactly ``names``."""
+    with exposing(model, graph, names) as aug:
+        return make_session(aug, optimize)
 
 
 def calibrate(
@@ -101,32 +114,48 @@ def calibrate(
         )
     held: list[Batch] = []
     seen = 0
-    for gi, group in enumerate(groups):
-        session = make_session(augmented(model, graph, group)) if group else None
-        label = "calibrating" if len(groups) == 1 else f"calibrating {gi + 1}/{len(groups)}"
-        seen = 0
-        for index, raw in enumerate(_progress(_limit(source, max_batches), label, progress,
-                                              _total(source, max_batches))):
-            batch = check_batch(raw, inputs, index)
-            if gi == 0 and len(held) < hold:
-                held.append(batch)
-            if session is not None:
-                try:
-                    outs = session.run(group, batch)
-                except Exception as exc:
-                    raise CalibrationDataError(
-                        f"calibration batch {index}: onnxruntime failed on it: {_one_line(exc)}"
-                    ) from None
-                for name, value in zip(group, outs, strict=True):
-                    if np.issubdtype(value.dtype, np.floating):
-                        stats[name].update(value, where=f" in calibration batch {index}")
-                del outs
-            seen += 1
-        if seen == 0:
-            raise CalibrationDataError(
-                "the calibration data yielded no batches; give at least one batch"
-            )
+    # statistics of batch i are taken on a worker thread while onnxruntime runs batch i+1
+    # (both release the GIL); at most two batches of activations are alive at once
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxq-stats") as pool:
+        for gi, group in enumerate(groups):
+            session = augmented_session(model, graph, group) if group else None
+            label = "calibrating" if len(groups) == 1 else f"calibrating {gi + 1}/{len(groups)}"
+            seen = 0
+            pending: Future[None] | None = None
+            for index, raw in enumerate(_progress(_limit(source, max_batches), label, progress,
+                                                  _total(source, max_batches))):
+                batch = check_batch(raw, inputs, index)
+                if gi == 0 and len(held) < hold:
+                    held.append(batch)
+                if session is not None:
+                    outs = _run(session, group, batch, index)
+                    if pending is not None:
+                        pending.result()  # re-raises a NaN/Inf error of the previous batch
+                    pending = pool.submit(_observe, stats, group, outs, index)
+                seen += 1
+            if pending is not None:
+                pending.result()
+            if seen == 0:
+                raise CalibrationDataError(
+                    "the calibration data yielded no batches; give at least one batch"
+                )
     return CalibrationResult(stats, seen, held)
+
+
+def _run(session: Any, names: list[str], batch: Batch, index: int) -> list[np.ndarray]:
+    try:
+        return list(session.run(names, batch))
+    except Exception as exc:
+        raise CalibrationDataError(
+            f"calibration batch {index}: onnxruntime failed on it: {_one_line(exc)}"
+        ) from None
+
+
+def _observe(stats: dict[str, TensorStats], names: list[str], values: list[np.ndarray],
+             index: int) -> None:
+    for name, value in zip(names, values, strict=True):
+        if np.issubdtype(value.dtype, np.floating):
+            stats[name].update(value, where=f" in calibration batch {index}")
 
 
 def _first_batch(source: Iterable[Batch], inputs: list[InputSpec]) -> Batch | None:

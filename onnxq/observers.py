@@ -17,6 +17,7 @@ when given an unknown name.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -27,6 +28,19 @@ from onnxq.errors import CalibrationDataError, ConfigError
 BINS = 4096  # signed bins over [-R, R]; 2048 per side, as TensorRT's entropy calibrator uses
 _MIN_RANGE = 2.0**-24
 _TINY = 1e-12
+
+
+_local = threading.local()
+
+
+def _scratch(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-thread float32 and int32 work buffers of at least ``n`` elements."""
+    have = getattr(_local, "size", 0)
+    if have < n:
+        _local.size = n
+        _local.flat = np.empty(n, dtype=np.float32)
+        _local.idx = np.empty(n, dtype=np.int32)
+    return _local.flat[:n], _local.idx[:n]
 
 
 @dataclass
@@ -74,10 +88,11 @@ class TensorStats:
         # range 2R is exactly its bin at range R halved: re-binning and batching never move it.
         # R is strictly above every |x|, so no index needs clipping; adding BINS/2 to an
         # integer-valued float32 below 2^24 is exact too.
-        idx = np.multiply(x.reshape(-1), np.float32(BINS / (2.0 * self.range)))
-        np.floor(idx, out=idx)
-        idx += np.float32(BINS // 2)
-        idx = idx.astype(np.int32)  # bincount is fastest on int32 here
+        flat, idx = _scratch(x.size)  # reused buffers: fresh allocations page-fault
+        np.multiply(x.reshape(-1), np.float32(BINS / (2.0 * self.range)), out=flat)
+        np.floor(flat, out=flat)
+        np.add(flat, np.float32(BINS // 2), out=flat)
+        np.copyto(idx, flat, casting="unsafe")  # int32: bincount is fastest on it
         self.counts += np.bincount(idx, minlength=BINS)
 
     def _grow(self, amax: float) -> None:

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 
 from onnxq import ir
-from onnxq.calibrate import augmented, calibrate, make_session
+from onnxq.calibrate import calibrate, exposing, make_session
 from onnxq.data import model_inputs
 from onnxq.errors import CalibrationDataError, UnsupportedModelError
 from tests import graphs
@@ -114,12 +114,15 @@ def test_nan_produced_inside_the_model_names_the_tensor_and_batch():
         calibrate(model, {"log_out": True}, batches, inputs, progress=False)
 
 
-def test_augmented_model_exposes_exactly_the_observed_tensors():
+def test_exposing_shows_exactly_the_observed_tensors_and_restores_the_outputs():
     model, _ = prepared(graphs.residual_add())
     before = ir.serialize(model)
-    aug = augmented(model, ir.Graph(model), ["skip", "conv2_out"])
-    assert [o.name for o in aug.graph.output] == ["skip", "conv2_out"]
+    with exposing(model, ir.Graph(model), ["skip", "conv2_out"]) as aug:
+        assert [o.name for o in aug.graph.output] == ["skip", "conv2_out"]
     assert ir.serialize(model) == before  # the original keeps its outputs
+    with pytest.raises(RuntimeError), exposing(model, ir.Graph(model), ["skip"]):
+        raise RuntimeError("interrupted")
+    assert ir.serialize(model) == before  # ... even when the block fails
 
 
 def test_make_session_wraps_onnxruntime_failures():

@@ -17,6 +17,7 @@ from onnxq.ir.graph import (
 )
 from onnxq.ir.load import (
     check_model,
+    copy_without_initializers,
     infer_shapes,
     load_model,
     name_nodes,
@@ -35,7 +36,8 @@ from onnxq.ir.save import (
 
 __all__ = [
     "DEFAULT_DOMAINS", "FLOAT_TYPES", "PROTO_LIMIT", "Graph", "atomic_write_bytes",
-    "check_model", "constant_node_value", "has_subgraph", "infer_shapes", "load_model",
+    "check_model", "constant_node_value", "copy_without_initializers", "has_subgraph",
+    "infer_shapes", "load_model",
     "make_tensor_value_info", "model_nbytes", "name_nodes", "node_attrs", "opset_version",
     "save_model", "serialize", "session_bytes_or_path", "set_opset", "shapes_for_inputs",
     "upgrade_opset",

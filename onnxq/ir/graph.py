@@ -13,8 +13,10 @@ from onnxq.errors import UnsupportedModelError
 from onnxq.ir.constants import DEFAULT_DOMAINS
 from onnxq.ir.load import _attr_graphs
 
-
 # ------------------------------------------------------------------------------- the index
+_CACHE_LIMIT = 16 * 2**20
+
+
 class Graph:
     """Producers, consumers, constants and types of a model's top-level graph."""
 
@@ -86,9 +88,9 @@ class Graph:
             value = numpy_helper.to_array(self.initializers[name])
         elif name in self.constant_nodes:
             value = constant_node_value(self.constant_nodes[name])
-        if value is not None:
-            self._const_cache[name] = value
-        return value
+        if value is not None and value.nbytes <= _CACHE_LIMIT:
+            self._const_cache[name] = value  # big weights are decoded again when asked for:
+        return value  # holding a second copy of a 2 GB model costs more than decoding
 
     # -- types ---------------------------------------------------------------------------
     def elem_type(self, name: str) -> int | None:

@@ -6,6 +6,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -179,18 +180,33 @@ def shapes_for_inputs(model: onnx.ModelProto,
 _STRIP_BYTES = 1024
 
 
+def copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose top-level graph has no initializers, made field by field so
+    that the original's weights are neither copied nor touched."""
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip="graph")
+    _copy_fields(model.graph, light.graph, skip="initializer")
+    return light
+
+
+def _copy_fields(src: Any, dst: Any, skip: str) -> None:
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == 3  # REPEATED
+        if repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.type == fd.TYPE_MESSAGE:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
 @contextlib.contextmanager
 def _weights_stripped(model: onnx.ModelProto) -> Iterator[onnx.ModelProto]:
     """Yield a copy of ``model`` whose large initializers carry no data (only dims and type)."""
-    graph = model.graph
-    kept = list(graph.initializer)
-    del graph.initializer[:]
-    try:
-        light = onnx.ModelProto()
-        light.CopyFrom(model)
-    finally:
-        graph.initializer.extend(kept)
-    for tensor in kept:
+    light = copy_without_initializers(model)
+    for tensor in model.graph.initializer:
         if tensor.data_location != TensorProto.EXTERNAL and _nbytes(tensor) <= _STRIP_BYTES:
             light.graph.initializer.append(tensor)
         else:

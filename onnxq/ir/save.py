@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxq.errors import OutputError
 from onnxq.ir.constants import PROTO_LIMIT
-from onnxq.ir.load import _nbytes
+from onnxq.ir.load import _nbytes, copy_without_initializers
 
 
 # ------------------------------------------------------------------------------- saving
@@ -50,37 +50,44 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike[str],
 
 
 def _save_external(model: onnx.ModelProto, out: Path) -> list[Path]:
+    """Weights >= 1 KiB go to ``<out>.data`` (4 KiB aligned); the header references them.
+
+    The header is built beside the model, never by editing it, so no second copy of the
+    weights is held: each tensor's bytes live only while they are written.
+    """
     data_name = out.name + ".data"
     data_path = out.parent / data_name
-    moved: list[tuple[TensorProto, bytes]] = []
-    with _temp_beside(data_path) as tmp_data:
-        offset = 0
-        with open(tmp_data, "wb") as fh:
-            for tensor in model.graph.initializer:
-                if _nbytes(tensor) < 1024 or tensor.data_location == TensorProto.EXTERNAL:
-                    continue
-                raw = numpy_helper.to_array(tensor).tobytes() if not tensor.raw_data \
-                    else tensor.raw_data
-                pad = (-offset) % 4096
-                fh.write(b"\0" * pad)
-                offset += pad
-                fh.write(raw)
-                moved.append((tensor, raw))
-                _mark_external(tensor, data_name, offset, len(raw))
-                offset += len(raw)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            body = serialize(model)
-        finally:
-            for tensor, raw in moved:  # give the in-memory model its weights back
-                del tensor.external_data[:]
-                tensor.ClearField("data_location")
-                tensor.raw_data = raw
-        with _temp_beside(out) as tmp_model:
-            tmp_model.write_bytes(body)
-            os.replace(tmp_data, data_path)
-            os.replace(tmp_model, out)
+    header = copy_without_initializers(model)
+    try:
+        with _temp_beside(data_path) as tmp_data:
+            offset = 0
+            with open(tmp_data, "wb") as fh:
+                for tensor in model.graph.initializer:
+                    if _nbytes(tensor) < 1024 or tensor.data_location == TensorProto.EXTERNAL:
+                        header.graph.initializer.append(tensor)
+                        continue
+                    raw = tensor.raw_data or numpy_helper.to_array(tensor).tobytes()
+                    pad = (-offset) % 4096
+                    fh.write(b"\0" * pad)
+                    offset += pad
+                    fh.write(raw)
+                    ref = header.graph.initializer.add()
+                    ref.name, ref.data_type = tensor.name, tensor.data_type
+                    ref.dims.extend(tensor.dims)
+                    _mark_external(ref, data_name, offset, len(raw))
+                    offset += len(raw)
+                    del raw
+                fh.flush()
+                os.fsync(fh.fileno())
+            body = serialize(header)
+            del header
+            with _temp_beside(out) as tmp_model:
+                tmp_model.write_bytes(body)
+                os.replace(tmp_data, data_path)
+                os.replace(tmp_model, out)
+    except OSError as exc:
+        raise OutputError(f"cannot write {out} and its external data: "
+                          f"{exc.strerror or exc}") from None
     return [out, data_path]
 
 
