@@ -215,8 +215,9 @@ def _progress(it: Iterator[Batch], label: str, enabled: bool,
         return it
     from tqdm import tqdm
 
+    # disable=None: no bar when stderr is not a terminal (logs stay one line per error)
     return iter(tqdm(it, desc=label, total=total, unit="batch", file=sys.stderr,
-                     leave=False, dynamic_ncols=True))
+                     leave=False, dynamic_ncols=True, disable=None))
 
 
 def _one_line(exc: BaseException) -> str:

@@ -13,6 +13,8 @@ Files are read lazily, one batch at a time, with ``allow_pickle=False``.
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,8 +85,7 @@ class NpzSamples:
     def __init__(self, path: Path, inputs: list[InputSpec], batch_size: int):
         self.path = path
         self.batch_size = batch_size
-        with _open_npz(path) as arrays:
-            self.arrays = {k: arrays[k] for k in arrays.files}
+        self.arrays = _load_arrays(path)
         lengths = {k: len(v) for k, v in self.arrays.items() if v.ndim > 0}
         if not lengths or len(set(lengths.values())) != 1:
             raise CalibrationDataError(
@@ -123,25 +124,33 @@ def _image_folder(folder: Path, inputs: list[InputSpec], batch_size: int,
     return ImageFolder(folder, inputs[0], Preprocess.from_spec(preprocess), batch_size)
 
 
-def _open_npz(path: Path) -> Any:
+_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+def _load_arrays(path: Path) -> dict[str, np.ndarray]:
+    """All arrays of a ``.npz`` (keys as stored) or ``.npy`` (key ""), without pickles.
+
+    The file is opened here and always closed, also when numpy fails half-way through a
+    corrupt archive.
+    """
     try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise CalibrationDataError(f"{path}: cannot read as .npz/.npy: {exc}") from None
+        with open(path, "rb") as fh:
+            loaded = np.load(fh, allow_pickle=False)
+            if isinstance(loaded, np.ndarray):
+                return {"": loaded}
+            with loaded:
+                return {k: loaded[k] for k in loaded.files}
+    except _READ_ERRORS as exc:
+        raise CalibrationDataError(
+            f"{path}: cannot read as .npz/.npy ({type(exc).__name__}: {exc}); the file is "
+            "corrupt or not a numpy file (pickled arrays are refused)") from None
 
 
 def _read_batch(path: Path, inputs: list[InputSpec]) -> Batch:
+    arrays = _load_arrays(path)
     if path.suffix == ".npy":
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as exc:
-            raise CalibrationDataError(f"{path}: cannot read as .npy: {exc}") from None
-        return {inputs[0].name: arr}
-    with _open_npz(path) as arrays:
-        try:
-            return {k: arrays[k] for k in arrays.files}
-        except (OSError, ValueError, EOFError) as exc:
-            raise CalibrationDataError(f"{path}: cannot read as .npz: {exc}") from None
+        return {inputs[0].name: arrays[""]}
+    return arrays
 
 
 def open_source(source: Any, inputs: list[InputSpec], batch_size: int = 1,
@@ -203,12 +212,7 @@ def check_batch(batch: Any, inputs: list[InputSpec], index: int) -> Batch:
     for spec in inputs:
         arr = np.asarray(batch[spec.name])
         if arr.dtype != spec.dtype:
-            if not np.can_cast(arr.dtype, spec.dtype, casting="same_kind"):
-                raise CalibrationDataError(
-                    f"{where}: input {spec.name!r} has dtype {arr.dtype}, the model expects "
-                    f"{spec.dtype}"
-                )
-            arr = arr.astype(spec.dtype)
+            arr = _cast(arr, spec, where)
         if spec.shape is not None:
             _check_shape(arr, spec, where)
         if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
@@ -217,6 +221,27 @@ def check_batch(batch: Any, inputs: list[InputSpec], index: int) -> Batch:
             )
         out[spec.name] = arr
     return out
+
+
+def _cast(arr: np.ndarray, spec: InputSpec, where: str) -> np.ndarray:
+    """Cast within a kind (float64 -> float32, int32 -> int64); refuse kind changes."""
+    want = spec.dtype
+    if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iu" and want.kind in "iu"):
+        hint = " (raw pixels or token ids? apply the model's preprocessing)" \
+            if want.kind == "f" else ""
+        raise CalibrationDataError(
+            f"{where}: input {spec.name!r} has dtype {arr.dtype}, the model expects {want}{hint}")
+    if arr.dtype.kind == "f" and arr.size:
+        if not np.isfinite(arr).all():
+            raise CalibrationDataError(
+                f"{where}: input {spec.name!r} contains NaN or Inf; clean the data")
+        limit = np.finfo(want).max
+        if np.abs(arr).max() > limit:
+            raise CalibrationDataError(
+                f"{where}: input {spec.name!r} has values beyond the {want} range "
+                f"(|x| up to {float(np.abs(arr).max()):.3g}); rescale the data")
+    with np.errstate(all="ignore"):
+        return arr.astype(want)
 
 
 def _check_shape(arr: np.ndarray, spec: InputSpec, where: str) -> None:

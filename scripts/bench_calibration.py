@@ -376,6 +376,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"machine": machine_facts(), "model": str(args.model),
                                "calib": str(args.calib), "methods": methods, "batches": sizes,
                                "timeout_s": args.timeout, "max_rss_mb": args.max_rss_mb,
+                               "no_ort": args.no_ort, "argv": sys.argv,
                                "runs": {}}
     print(json.dumps(results["machine"]), flush=True)
     log: list[str] = []
@@ -497,6 +498,8 @@ def table(results: dict[str, Any]) -> tuple[list[str], list[str]]:
             continue
         for n in sizes:
             q, o = _get(results, f"onnxq:{m}", n), _get(results, f"ort:{m}", n)
+            if o is None and results.get("no_ort"):
+                continue
             if not _ok(q) or o is None:
                 targets.append(f"FAIL  {m:<10} N={n} ort speedup: onnxq or ort did not run")
             elif not _ok(o):

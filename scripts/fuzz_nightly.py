@@ -84,6 +84,15 @@ def worker(args: argparse.Namespace) -> int:
             else:
                 emit(event="outcome", backend=backend, kind=outcome.kind, stem=outcome.detail,
                      worst=outcome.worst_rel_error, qdq=outcome.qdq_nodes)
+                if outcome.kind == "ok-ill-conditioned":  # keep a few for reviewing the oracle
+                    ill = args.artifacts / "ill-conditioned"
+                    ill.mkdir(exist_ok=True)
+                    if len(list(ill.glob("*.onnx"))) < 50:
+                        path = ill / f"{args.seed}-{time.time_ns() % 10**9:09d}-{backend}.onnx"
+                        onnx.save(case.model, str(path))
+                        path.with_suffix(".json").write_text(json.dumps(
+                            {"backend": backend, "case": repr(case), "batch_seed": case.seed,
+                             "detail": outcome.detail}, indent=2) + "\n")
         emit(event="example")
 
     explore()
@@ -229,14 +238,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{tally.examples} models in {elapsed:.0f} s ({restarts} worker restarts)")
     for b in args.backend:
         c = tally.counts[b]
-        print(f"{b}: ok {c['ok']} (with Q/DQ: {tally.with_qdq[b]}), ok after a legitimate "
-              f"If-branch flip {c['ok-flip']}, OnnxqError {c['onnxq-error']}, failures "
-              f"{c['FAILURE']}; worst relative L2 error when ok: {tally.worst[b]:.4f}")
+        print(f"{b}: ok {c['ok']} (with Q/DQ: {tally.with_qdq[b]}), ok past the bound but "
+              f"within the noise budget (ill-conditioned) {c['ok-ill-conditioned']}, ok after "
+              f"a legitimate If-branch flip {c['ok-flip']}, OnnxqError {c['onnxq-error']}, "
+              f"failures {c['FAILURE']}; worst relative L2 error when ok: "
+              f"{tally.worst[b]:.4f}")
         for stem, n in tally.errors[b].most_common(args.show):
             print(f"  OnnxqError x{n}: {stem}")
     if tally.failures:
         stems = collections.Counter(f"{f['backend']}: {f['stem']}" for f in tally.failures)
-        print(f"\n{len(tally.failures)} FAILURES (models and notes in {args.artifacts}/):")
+        unique = len({(f["backend"], f["case"]) for f in tally.failures})
+        print(f"\n{len(tally.failures)} FAILURES on {unique} distinct (model, backend) pairs "
+              f"(hypothesis re-tries near an example; models and notes in {args.artifacts}/):")
         for stem, n in stems.most_common(args.show):
             print(f"  x{n}: {stem}")
         first: dict[str, dict] = {}

@@ -260,8 +260,9 @@ def op_binary(b: Builder) -> bool:
     else:
         forms = ["scalar", "last", "full"] + (["channel"] if x.rank == 4 else [])
         form = b.choice(forms)
-        shape = {"scalar": (), "last": (x.shape[-1],), "full": x.shape,
-                 "channel": (x.shape[1], 1, 1)}[form]
+        shapes = {"scalar": (), "last": x.shape[-1:], "full": x.shape,
+                  "channel": (*x.shape[1:2], 1, 1)}  # channel: rank-4 tensors only
+        shape = shapes[form]
         if op == "Mul":
             value = b.rng.uniform(0.5, 1.5, size=shape) * b.rng.choice([-1.0, 1.0], size=shape)
         else:

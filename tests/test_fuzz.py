@@ -2,23 +2,36 @@
 runs, conforms to its backend and stays close to the float model, or raises an ``OnnxqError``.
 Never an ``InternalError`` or any other exception.
 
-The error bound.  Per float output, over all calibration batches (the data whose ranges set the
-scales: the bound is about quantization error, not about how well 4 random batches predict the
-range of a fifth), ``||q - f||_2 / ||f||_2 <= 0.2``:
+"Valid, runs, conforms": ``onnx.checker`` (full check), an onnxruntime session with default
+optimizations loads and runs it, ``check(model, PROFILES[backend])`` finds no violation, the
+outputs keep their names and shapes, and no quantized range is wider than what calibration saw.
+
+"Close": per float output, over all calibration batches (the data whose ranges set the scales:
+the bound is about quantization error, not about how well 4 random batches predict a fifth),
+``||q - f||_2 / ||f||_2 <= 0.2``.  Why 0.2:
 
 * one int8 quantize/dequantize of a tensor calibrated to its range adds uniform noise of
-  ``step / sqrt(12)``, ~0.3% of the range; per-channel int8 weights add about as much; a
-  percentile clip (99.99th) touches a handful of values; so one quantized Conv/Gemm/MatMul costs
-  ~0.5-2% relative L2 error (7-bit weights on CPUs without VNNI: about twice that);
-* the generated graphs have at most 8 ops, so at most ~8 such layers in sequence; independent
-  errors add in quadrature (~3-6%), a correlated worst case adds linearly (~15%);
-* 0.2 leaves room for that worst case while any real placement bug (wrong axis, wrong scale,
-  a wrong consumer rewired, a dropped bias) gives errors of order 1.
+  ``step / sqrt(12)``, ~0.3% of the range; per-channel int8 weights add about as much; a clipping
+  range method touches a handful of values; so one quantized Conv/Gemm/MatMul costs ~0.5-2%
+  relative L2 error on a well-conditioned layer (7-bit weights: about twice that);
+* the graphs have at most 8 ops, so at most ~8 such layers in sequence: independent errors add
+  in quadrature (~3-6%), a correlated worst case linearly (~15%); 0.2 covers that, while a real
+  placement bug (wrong axis or scale, a wrong consumer rewired, a dropped bias) costs O(1).
 
-Outputs whose float RMS is below 1e-3 (all-zero after a ReLU, a constant) are *degenerate*: a
-relative error means nothing there, so only finiteness and shape are checked.  When an ``If``
-condition computed from an activation differs between the float and quantized runs (the sum sat
-within quantization noise of 0), the branch legitimately flipped and the bound is not applied.
+A fixed relative bound is wrong for *ill-conditioned* graphs, which random graphs produce: a
+LayerNorm of a rank-1 row (``MatMul`` with K=1) is a sign function; a conv whose output is 25x
+smaller than its input (cancellation) amplifies input noise 25x.  So an output past 0.2 still
+passes when the float model, with the *same* quantization noise budget injected at the *same*
+places (clip to each representable range, plus uniform noise of one step, per channel for
+weights: ``noise_model``), errs at least 1/3 as much: the error is what int8 costs there.  A
+systematic defect is far above its own noise budget (scales x1.5, dropped int32 biases and
+onnxruntime's wrong QLinearSoftmax are all caught: errors of 0.3-1.0 against budgets of 0.01),
+and a too-wide scale, which would inflate its own budget, fails the range check.
+
+Outputs whose float RMS is below 1e-3 (all-zero after a ReLU, a constant) are *degenerate*: only
+finiteness and shape are checked.  When an ``If`` condition computed from an activation differs
+between the float and quantized runs (the sum sat within quantization noise of 0), the branch
+legitimately flipped and the bound is not applied (outcome ``ok-flip``).
 
 Some ``OnnxqError`` messages admit that onnxq itself is at fault (its own validation failed on a
 model that, by construction, is valid and runs): those count as failures too (``BUG_MARKERS``).
@@ -59,7 +72,8 @@ class PropertyViolation(AssertionError):
 
 @dataclass(frozen=True)
 class Outcome:
-    """What happened to one (case, backend): ``kind`` is ok, ok-flip or onnxq-error."""
+    """What happened to one (case, backend): ``kind`` is ok, ok-flip, ok-ill-conditioned (past
+    the fixed bound, within the noise budget) or onnxq-error."""
 
     kind: str
     detail: str = ""
@@ -124,8 +138,9 @@ def quantize_property(case: FuzzCase, backend: str) -> Outcome:
     except Exception as exc:
         raise PropertyViolation(f"the quantized model fails in onnxruntime: {exc}") from exc
     want = [reference.run(names, batch) for batch in evaluation]
-    flipped = False
+    flipped = _branch_flipped(names, want, got)
     worst = 0.0
+    over: list[tuple[str, float, str]] = []
     for i, name in enumerate(names):
         f = np.concatenate([w[i].ravel() for w in want])
         g = np.concatenate([o[i].ravel() for o in got])
@@ -133,25 +148,229 @@ def quantize_property(case: FuzzCase, backend: str) -> Outcome:
             raise PropertyViolation(f"output {name}: shape {got[0][i].shape} != "
                                     f"{want[0][i].shape}")
         if f.dtype.kind != "f":
-            flipped |= not np.array_equal(f, g)
             continue
         if not np.isfinite(g).all():
             raise PropertyViolation(f"output {name}: non-finite values")
-        f64, g64 = f.astype(np.float64), g.astype(np.float64)
-        rms = float(np.sqrt(np.mean(f64**2))) if f.size else 0.0
+        rel, rms = rel_l2(f, g)
         if rms < DEGENERATE_RMS:
             continue
-        rel = float(np.linalg.norm(g64 - f64) / np.linalg.norm(f64))
-        worst = max(worst, rel) if not flipped else worst
+        worst = max(worst, rel)
         if rel > REL_L2_BOUND:
-            worst = max(worst, rel)
-            if not _branch_flipped(names, want, got):
-                raise PropertyViolation(
-                    f"output {name}: relative L2 error {rel:.3f} > {REL_L2_BOUND} (float RMS "
-                    f"{rms:.3g}, max |error| {np.max(np.abs(g64 - f64)):.3g})")
-            flipped = True
+            over.append((name, rel, f"float RMS {rms:.3g}, max |error| "
+                                    f"{np.max(np.abs(g.astype(np.float64) - f)):.3g}"))
+    kind = "ok-flip" if flipped else "ok"
+    detail = ""
+    if over and not flipped:
+        detail = _explained_by_noise(case, result, backend, calib, want, names, over)
+        kind = "ok-ill-conditioned"
+    _check_ranges(case, result, calib)
     qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in q.graph.node)
-    return Outcome("ok-flip" if flipped else "ok", worst_rel_error=worst, qdq_nodes=qdq)
+    return Outcome(kind, detail, worst_rel_error=worst, qdq_nodes=qdq)
+
+
+def rel_l2(f: np.ndarray, g: np.ndarray) -> tuple[float, float]:
+    """Relative L2 error of ``g`` against ``f``, and the RMS of ``f``."""
+    f64, g64 = f.astype(np.float64).ravel(), g.astype(np.float64).ravel()
+    rms = float(np.sqrt(np.mean(f64**2))) if f64.size else 0.0
+    norm = float(np.linalg.norm(f64))
+    return (float(np.linalg.norm(g64 - f64)) / norm if norm else 0.0), rms
+
+
+# ------------------------------------------------------------------------------- noise budget
+def _int_range(zero_point: np.ndarray, bits: int) -> tuple[int, int]:
+    if np.asarray(zero_point).dtype == np.uint8:
+        return 0, 2**bits - 1
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+def _const_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute[0].name == "value":
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    return values
+
+
+def noise_model(case: FuzzCase, placed, rng: np.random.Generator):
+    """The float model with, on every edge onnxq quantized, what quantization does to a value
+    there *statistically*: a clip to the representable range plus uniform noise of one step
+    (weights: per channel).  Returns (model, activation noise specs) or None when an edge
+    cannot be located in the original graph."""
+    model = onnx.ModelProto()
+    model.CopyFrom(case.model)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+              for vi in [*inferred.graph.value_info, *inferred.graph.input,
+                         *inferred.graph.output]}
+    nodes = {n.name: n for n in model.graph.node}
+    consts = _const_values(model)
+    noises: list[tuple[str, list[int], np.ndarray]] = []
+    for k, p in enumerate(placed):
+        if p.kind == "bias":  # int32 at input x weight scale: far below the other errors
+            continue
+        edges = [(nodes.get(n), i) for n, i in p.consumers]
+        if any(node is None or node.input[i] != p.tensor for node, i in edges):
+            return None
+        qp = p.qparams
+        scale = np.asarray(qp.scale, dtype=np.float64)
+        lo_q, hi_q = _int_range(qp.zero_point, p.bits)
+        if p.kind == "weight":
+            w = consts.get(p.tensor)
+            if w is None:
+                return None
+            shape = [1] * w.ndim
+            if scale.size > 1 and qp.axis is not None:
+                shape[qp.axis] = -1
+            step = scale.reshape(shape) if scale.size > 1 else scale.reshape(())
+            amax = (2 ** (p.bits - 1) - 1) * step
+            sim = np.clip(w, -amax, amax) + rng.uniform(-0.5, 0.5, w.shape) * step
+            name = f"{p.tensor}__sim{k}"
+            model.graph.initializer.append(numpy_helper.from_array(sim.astype(w.dtype), name))
+        else:
+            shape = shapes.get(p.tensor)
+            if not shape or any(d <= 0 for d in shape):
+                return None
+            zp = float(np.asarray(qp.zero_point).ravel()[0])
+            step = float(scale.ravel()[0])
+            lo, hi = (lo_q - zp) * step, (hi_q - zp) * step
+            name, clipped, noise = (f"{p.tensor}__sim{k}", f"{p.tensor}__clip{k}",
+                                    f"{p.tensor}__noise{k}")
+            model.graph.initializer.extend([
+                numpy_helper.from_array(np.float32(lo), f"{clipped}_lo"),
+                numpy_helper.from_array(np.float32(hi), f"{clipped}_hi")])
+            model.graph.node.extend([
+                helper.make_node("Clip", [p.tensor, f"{clipped}_lo", f"{clipped}_hi"],
+                                 [clipped]),
+                helper.make_node("Add", [clipped, noise], [name])])
+            model.graph.input.append(helper.make_tensor_value_info(
+                noise, onnx.TensorProto.FLOAT, shape))
+            noises.append((noise, shape, np.float32(step)))
+        for node, i in edges:
+            node.input[i] = name
+    sorted_model = _toposorted(model)
+    return sorted_model, noises
+
+
+def _toposorted(model: onnx.ModelProto) -> onnx.ModelProto:
+    graph = model.graph
+    ready = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    pending = list(graph.node)
+    order = []
+    while pending:
+        rest = []
+        for node in pending:
+            reads = set(node.input)
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    reads |= {x for n in attr.g.node for x in n.input}
+            produced_inside = {o for attr in node.attribute
+                               if attr.type == onnx.AttributeProto.GRAPH
+                               for n in attr.g.node for o in n.output}
+            if (reads - produced_inside) <= ready:
+                order.append(node)
+                ready.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):
+            order.extend(rest)  # let onnxruntime report it
+            break
+        pending = rest
+    del graph.node[:]
+    graph.node.extend(order)
+    return model
+
+
+NOISE_FACTOR = 3.0
+NOISE_DRAWS = 3
+
+
+def _explained_by_noise(case: FuzzCase, result, backend: str, calib, want, names, over):
+    """Outputs past the fixed bound pass only if the same quantization noise budget at the
+    same places, injected into the float model, causes errors at least 1/NOISE_FACTOR as
+    large: the graph is ill-conditioned there (a cancellation, a LayerNorm of a rank-1 row),
+    not misquantized.  A wrong scale, axis or wiring fails: its error is systematic and far
+    above the noise it claims (checked: scales x1.5 or dropped biases are caught)."""
+    rng = np.random.default_rng(0)
+    built = noise_model(case, result.report.placed, rng)
+    if built is None:
+        name, rel, info = over[0]
+        raise PropertyViolation(f"output {name}: relative L2 error {rel:.3f} > {REL_L2_BOUND} "
+                                f"({info}); noise budget not computable")
+    model, noises = built
+    sim = session(model, optimize=backend == "onnxruntime")
+    sims: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(NOISE_DRAWS):
+        runs = []
+        for batch in calib:
+            feed = dict(batch)
+            for noise, shape, step in noises:
+                feed[noise] = (rng.uniform(-0.5, 0.5, shape) * step).astype(np.float32)
+            runs.append(sim.run(names, feed))
+        for i, n in enumerate(names):
+            f = np.concatenate([w[i].ravel() for w in want])
+            if f.dtype.kind == "f":
+                sims[n].append(rel_l2(f, np.concatenate([r[i].ravel() for r in runs]))[0])
+    notes = []
+    for name, rel, info in over:
+        budget = float(np.mean(sims[name]))
+        if rel > NOISE_FACTOR * budget:
+            raise PropertyViolation(
+                f"output {name}: relative L2 error {rel:.3f} > {REL_L2_BOUND} ({info}), and "
+                f"> {NOISE_FACTOR:g} x {budget:.3f}, the error the same quantization noise "
+                "budget causes")
+        notes.append(f"{name}: error {rel:.3f}, noise budget {budget:.3f}")
+    return "; ".join(notes)
+
+
+def _check_ranges(case: FuzzCase, result, calib) -> None:
+    """No quantized range is wider than what calibration saw (activations) or than the weight
+    itself: a too-wide scale wastes int8 levels and would also inflate the noise budget."""
+    acts = [p for p in result.report.placed if p.kind == "activation"]
+    consts = _const_values(case.model)
+    for p in result.report.placed:
+        if p.kind != "weight" or p.tensor not in consts:
+            continue
+        w = np.abs(consts[p.tensor].astype(np.float64))
+        scale = np.asarray(p.qparams.scale, dtype=np.float64)
+        axis = p.qparams.axis
+        if scale.size > 1 and axis is not None:
+            wmax = np.moveaxis(w, axis, 0).reshape(scale.size, -1).max(axis=1)
+        else:
+            wmax = np.asarray(w.max())
+        qmax = 2 ** (p.bits - 1) - 1
+        if np.any(scale * qmax > wmax * 1.01 + 1e-12):
+            raise PropertyViolation(f"weight {p.tensor}: scale x qmax exceeds max |w|")
+    if not acts:
+        return
+    model = onnx.ModelProto()
+    model.CopyFrom(case.model)
+    inputs = {i.name for i in model.graph.input}
+    outputs = {o.name for o in model.graph.output}
+    wanted = [p.tensor for p in acts]
+    fetch = [t for t in wanted if t not in inputs]
+    for t in fetch:
+        if t not in outputs:
+            model.graph.output.append(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT,
+                                                                    None))
+    sess = session(model, optimize=False)
+    observed = dict.fromkeys(wanted, 0.0)
+    for batch in calib:
+        values = dict(batch)
+        if fetch:
+            values.update(zip(fetch, sess.run(fetch, batch), strict=True))
+        for t in wanted:
+            observed[t] = max(observed[t], float(np.max(np.abs(values[t]), initial=0.0)))
+    for p in acts:
+        qp = p.qparams
+        lo_q, hi_q = _int_range(qp.zero_point, p.bits)
+        zp = float(np.asarray(qp.zero_point).ravel()[0])
+        step = float(np.asarray(qp.scale).ravel()[0])
+        reach = max(abs((lo_q - zp) * step), abs((hi_q - zp) * step))
+        seen = observed[p.tensor]
+        # one step of slack: symmetric int8 reaches -128 steps, asymmetric rounds its zero point
+        if seen > 0 and reach > seen * 1.01 + 2 * step:
+            raise PropertyViolation(f"activation {p.tensor}: representable range +-{reach:.4g}"
+                                    f" is wider than anything calibration saw ({seen:.4g})")
 
 
 def _branch_flipped(names: list[str], want, got) -> bool:
@@ -174,19 +393,31 @@ def test_quantize_returns_a_good_model_or_an_onnxq_error(backend, case):
 
 
 # ------------------------------------------------------------------------------- found by fuzzing
-def if_reads_pooled_conv() -> onnx.ModelProto:
-    """Conv -> MaxPool whose output only an If branch reads (an implicit subgraph input)."""
+CHAINS = {"maxpool": ["MaxPool"], "transpose-reshape": ["Transpose", "Reshape"]}
+
+
+def if_reads_conv_through(chain: list[str]) -> onnx.ModelProto:
+    """Conv -> ``chain`` (ops onnxruntime moves Q/DQ across) whose output only an If branch
+    reads (an implicit subgraph input)."""
     vi = helper.make_tensor_value_info
     r = np.random.default_rng(0)
     shape = [1, 16, 8, 8]
-    then_g = helper.make_graph([helper.make_node("Relu", ["pooled"], ["t"])], "then", [],
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["t0"], name="conv", pads=[1, 1, 1, 1])]
+    for i, op in enumerate(chain):
+        a, b = f"t{i}", f"t{i + 1}"
+        nodes.append({
+            "MaxPool": helper.make_node("MaxPool", [a], [b], name=f"op{i}", kernel_shape=[3, 3],
+                                        pads=[1, 1, 1, 1]),
+            "Transpose": helper.make_node("Transpose", [a], [b], name=f"op{i}",
+                                          perm=[0, 1, 3, 2]),
+            "Reshape": helper.make_node("Reshape", [a, "shape"], [b], name=f"op{i}"),
+        }[op])
+    read = f"t{len(chain)}"
+    then_g = helper.make_graph([helper.make_node("Relu", [read], ["t"])], "then", [],
                                [vi("t", onnx.TensorProto.FLOAT, shape)])
-    else_g = helper.make_graph([helper.make_node("Sigmoid", ["pooled"], ["e"])], "else", [],
+    else_g = helper.make_graph([helper.make_node("Sigmoid", [read], ["e"])], "else", [],
                                [vi("e", onnx.TensorProto.FLOAT, shape)])
-    nodes = [
-        helper.make_node("Conv", ["x", "w", "b"], ["conv"], name="conv", pads=[1, 1, 1, 1]),
-        helper.make_node("MaxPool", ["conv"], ["pooled"], name="pool", kernel_shape=[3, 3],
-                         pads=[1, 1, 1, 1]),
+    nodes += [
         helper.make_node("ReduceSum", ["x"], ["total"], name="sum", keepdims=0),
         helper.make_node("Greater", ["total", "zero"], ["cond"], name="positive"),
         helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=then_g,
@@ -195,8 +426,9 @@ def if_reads_pooled_conv() -> onnx.ModelProto:
     inits = [numpy_helper.from_array((r.standard_normal((16, 16, 3, 3)) * 0.1).astype(
                  np.float32), "w"),
              numpy_helper.from_array(np.zeros(16, np.float32), "b"),
-             numpy_helper.from_array(np.float32(0), "zero")]
-    graph = helper.make_graph(nodes, "if_pool", [vi("x", onnx.TensorProto.FLOAT, shape)],
+             numpy_helper.from_array(np.float32(0), "zero"),
+             numpy_helper.from_array(np.asarray(shape, np.int64), "shape")]
+    graph = helper.make_graph(nodes, "if_chain", [vi("x", onnx.TensorProto.FLOAT, shape)],
                               [vi("y", onnx.TensorProto.FLOAT, shape)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -204,17 +436,20 @@ def if_reads_pooled_conv() -> onnx.ModelProto:
     return model
 
 
+@pytest.mark.parametrize("chain", list(CHAINS))
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_dq_feeding_an_op_read_by_a_subgraph_does_not_abort(tmp_path, backend):
-    """Found by scripts/fuzz_nightly.py: with --backend onnxruntime the conv output's DQ feeds a
-    MaxPool whose output an If branch reads; onnxruntime 1.31 aborts (SIGABRT, a C++ assertion
-    in its Q/DQ optimizer) when it loads such a graph with optimizations on: in onnxq's own
-    validation, and in every user's session.  Run in a subprocess: an abort kills the process."""
-    model = tmp_path / "if_pool.onnx"
-    onnx.save(if_reads_pooled_conv(), str(model))
+def test_dq_reaching_a_subgraph_read_does_not_abort(tmp_path, backend, chain):
+    """Found by scripts/fuzz_nightly.py: with --backend onnxruntime the conv output's DQ feeds
+    ops that onnxruntime moves Q/DQ across (MaxPool; Transpose -> Reshape) whose output an If
+    branch reads; onnxruntime 1.31 aborts (SIGABRT: a C++ assertion in its Q/DQ optimizer) when
+    it loads such a graph with optimizations on: in onnxq's own validation, and in every user's
+    session.  Run in a subprocess: an abort kills the process."""
+    model = tmp_path / "if_chain.onnx"
+    float_model = if_reads_conv_through(CHAINS[chain])
+    onnx.save(float_model, str(model))
     calib = tmp_path / "calib"
     calib.mkdir()
-    for i, batch in enumerate(random_batches_for(if_reads_pooled_conv(), 3)):
+    for i, batch in enumerate(random_batches_for(float_model, 3)):
         np.savez(calib / f"{i:04d}.npz", **batch)
     out = tmp_path / "q.onnx"
     tmpdir = tmp_path / "tmp"  # an abort skips onnxq's temp-dir cleanup: keep /tmp clean

@@ -610,12 +610,13 @@ SLOW_SIZE = 256  # 4 MB activations: ~50 ms per batch, 400 batches ~ 20 s
 
 @pytest.fixture(scope="module")
 def slow_job(tmp_path_factory) -> tuple[Path, Path]:
-    """A conv model on 1x16x256x256 inputs and 400 calibration batches (hard links to one)."""
+    """A conv model on 1x16x256x256 inputs and 4000 calibration batches (hard links to one):
+    minutes of calibration, so the signal always lands inside it."""
     root = tmp_path_factory.mktemp("slow")
     model = root / "big_activation.onnx"
     onnx.save(conv_model(size=SLOW_SIZE), str(model))
     calib = write_calib(root / "calib", batches(1, shape=(1, 16, SLOW_SIZE, SLOW_SIZE)))
-    for i in range(1, 400):
+    for i in range(1, 4000):
         os.link(calib / "0000.npz", calib / f"{i:04d}.npz")
     return model, calib
 
@@ -636,9 +637,9 @@ def test_interrupted_quantize_leaves_nothing_behind(tmp_path, slow_job, signum):
              str(out_dir / "r.json")],
             stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=tmp_path)
         try:
-            # the progress bar says when calibration runs; without one (a quieter onnxq),
-            # start-up takes ~1.5 s and calibration ~20 s, so 4 s is inside it either way
-            deadline = time.monotonic() + 4
+            # the progress bar says when calibration runs; without one (stderr is not a
+            # terminal here), start-up takes ~1.5 s and calibration minutes: 3 s is inside it
+            deadline = time.monotonic() + 3
             while b"calibrating" not in err_path.read_bytes() and time.monotonic() < deadline:
                 assert proc.poll() is None, err_path.read_text()
                 time.sleep(0.05)

@@ -42,10 +42,36 @@ def load_model(path: str | os.PathLike[str], min_opset: int = 13) -> onnx.ModelP
         onnx.load_external_data_for_model(model, str(base))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{p}: cannot read external data: {exc}") from None
+    _check_payloads(model, str(p))
     check_model(model, where=str(p))
     model = upgrade_opset(model, min_opset, where=str(p))
     name_nodes(model.graph)
     return infer_shapes(model)
+
+
+_TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data",
+                 "string_data")
+
+
+def _check_payloads(model: onnx.ModelProto, where: str) -> None:
+    """Every weight's stored bytes must match its dims and type (a truncated or tampered file
+    would otherwise fail much later, inside a rule)."""
+    for tensor in _all_tensors(model.graph):
+        n = int(np.prod(tensor.dims)) if tensor.dims else 1
+        if tensor.HasField("raw_data"):
+            want = n * _itemsize(tensor.data_type)
+            got = len(tensor.raw_data)
+            if got != want and tensor.data_type not in _PACKED_TYPES:
+                raise ModelLoadError(
+                    f"{where}: initializer {tensor.name!r} holds {got} bytes, its shape "
+                    f"{list(tensor.dims)} and type need {want}; the file is truncated or corrupt")
+            continue
+        counts = [len(getattr(tensor, f)) for f in _TYPED_FIELDS if len(getattr(tensor, f))]
+        if counts and n > 0 and counts[0] not in (n, 2 * n) and \
+                tensor.data_type not in _PACKED_TYPES:
+            raise ModelLoadError(
+                f"{where}: initializer {tensor.name!r} holds {counts[0]} values, its shape "
+                f"{list(tensor.dims)} needs {n}; the file is corrupt")
 
 
 def check_model(model: onnx.ModelProto, where: str = "model") -> None:
@@ -86,12 +112,18 @@ def _check_external_location(tensor: TensorProto, base: Path, model_path: Path) 
     where = f"{model_path}: initializer {tensor.name!r}"
     if not location:
         raise ModelLoadError(f"{where}: external data without a location")
+    if "\0" in location:
+        raise ModelLoadError(f"{where}: external data location contains a NUL byte; refused")
     if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location:
         raise ModelLoadError(
             f"{where}: external data location {location!r} is an absolute path; refused for "
             "safety (it must be a file inside the model's folder)"
         )
-    resolved = (base / location).resolve()
+    try:
+        resolved = (base / location).resolve()
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(f"{where}: external data location {location!r} cannot be "
+                             f"resolved ({exc}); refused") from None
     if base != resolved and base not in resolved.parents:
         raise ModelLoadError(
             f"{where}: external data location {location!r} leaves the model's folder "
@@ -103,8 +135,13 @@ def _check_external_location(tensor: TensorProto, base: Path, model_path: Path) 
             f"into {base}"
         )
     size = resolved.stat().st_size
-    offset = int(info.get("offset", 0) or 0)
-    length = int(info.get("length", 0) or 0)
+    try:
+        offset = int(info.get("offset", 0) or 0)
+        length = int(info.get("length", 0) or 0)
+    except ValueError:
+        raise ModelLoadError(
+            f"{where}: external data offset/length {info.get('offset')!r}/"
+            f"{info.get('length')!r} are not integers; the model file is corrupt") from None
     if offset < 0 or length < 0 or offset + length > size:
         raise ModelLoadError(
             f"{where}: external data range {offset}+{length} is past the end of {location!r} "
@@ -178,6 +215,8 @@ def shapes_for_inputs(model: onnx.ModelProto,
 
 
 _STRIP_BYTES = 1024
+# sub-byte and packed element types whose byte count is not n * itemsize
+_PACKED_TYPES = frozenset({TensorProto.STRING, 20, 21, 22, 23, 24, 25, 26})
 
 
 def copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:

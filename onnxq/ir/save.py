@@ -83,12 +83,26 @@ def _save_external(model: onnx.ModelProto, out: Path) -> list[Path]:
             del header
             with _temp_beside(out) as tmp_model:
                 tmp_model.write_bytes(body)
-                os.replace(tmp_data, data_path)
-                os.replace(tmp_model, out)
+                _swap_in(tmp_model, out, tmp_data, data_path)
     except OSError as exc:
         raise OutputError(f"cannot write {out} and its external data: "
                           f"{exc.strerror or exc}") from None
     return [out, data_path]
+
+
+def _swap_in(tmp_model: Path, out: Path, tmp_data: Path, data_path: Path) -> None:
+    """Rename the header, then the data; if the data rename fails, put the previous header
+    back, so an earlier output never reads weights that are not its own."""
+    previous = out.read_bytes() if out.is_file() and out.stat().st_size < 2**26 else None
+    os.replace(tmp_model, out)
+    try:
+        os.replace(tmp_data, data_path)
+    except BaseException:
+        if previous is not None:
+            atomic_write_bytes(out, previous)
+        else:
+            out.unlink(missing_ok=True)
+        raise
 
 
 def _mark_external(tensor: TensorProto, location: str, offset: int, length: int) -> None:
