@@ -156,6 +156,9 @@ def _quantize(args: argparse.Namespace) -> int:
     from onnxq.api import quantize
     from onnxq.errors import OutputError
 
+    if not args.output or args.output.endswith(("/", "\\")) or Path(args.output).is_dir():
+        raise OutputError(f"output {args.output!r} is not a file path; "
+                          "give e.g. -o model.int8.onnx")
     out = Path(args.output)
     if Path(args.model).exists() and out.exists() and out.resolve() == Path(args.model).resolve():
         raise OutputError(f"output {out} is the input model; choose another path")

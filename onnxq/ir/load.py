@@ -42,11 +42,21 @@ def load_model(path: str | os.PathLike[str], min_opset: int = 13) -> onnx.ModelP
         onnx.load_external_data_for_model(model, str(base))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{p}: cannot read external data: {exc}") from None
+    _check_opset(model, str(p))
     _check_payloads(model, str(p))
     check_model(model, where=str(p))
     model = upgrade_opset(model, min_opset, where=str(p))
     name_nodes(model.graph)
     return infer_shapes(model)
+
+
+def _check_opset(model: onnx.ModelProto, where: str) -> None:
+    newest = onnx.defs.onnx_opset_version()
+    version = opset_version(model)
+    if version > newest:
+        raise UnsupportedModelError(
+            f"{where}: default-domain opset {version} is newer than this onnx knows "
+            f"(up to {newest}); re-export with opset <= {newest} or upgrade onnx and onnxruntime")
 
 
 _TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data",
