@@ -16,13 +16,20 @@ another, timed with ``time.perf_counter`` and measured with ``os.wait4`` (``ru_m
 
 Every child gets ``--timeout`` seconds and an RSS cap (``--max-rss-mb``, enforced by polling
 /proc/PID/status and killing; ``--rss-cap-mode rlimit`` uses RLIMIT_AS instead); a child that
-hits them is reported as TIMEOUT / OOM.  Floor and onnxq-minmax runs are repeated ``--repeat``
-times and the fastest is kept.
+hits them is reported as TIMEOUT / OOM.  Each calibrate()-only run is bracketed by floor runs
+(floor, calib, floor, ...) and compared with the fastest of its own floors, so that a ratio
+compares runs made under the same machine load; onnxq-minmax (every onnxq measurement with
+``--repeat-all``) is repeated ``--repeat`` times and the fastest run is kept.  Children's CPU
+time (``ru_utime + ru_stime``) is recorded too: on a shared machine it moves less than wall time.
+
+To benchmark one fixed version while others commit, run it on a snapshot of the package:
+``git archive HEAD onnxq | tar -x -C /tmp/snap`` and ``PYTHONPATH=/tmp/snap python ...``.
 
     python scripts/bench_calibration.py                       # mobilenet_v2 from $ZOO_HOME
     python scripts/bench_calibration.py --model m.onnx --calib calib/ --batches 64,512 \
         --methods minmax,percentile,entropy,mse,auto --json bench.json
     python scripts/bench_calibration.py --profile percentile --batches 64   # where time goes
+    python scripts/bench_calibration.py --batches 16 --methods minmax --no-ort  # quick check
 
 Exit code 0 whatever the targets say (they are printed as PASS/FAIL); 2 on a usage error.
 """
@@ -112,30 +119,15 @@ def run_child(cmd: list[str], timeout: float, max_rss_mb: float, cap_mode: str,
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=cwd,
                                 preexec_fn=limit, start_new_session=True)
-        killed = ""
-        peak_polled = 0
-        wall = 0.0
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid == proc.pid:
-                if not killed:
-                    wall = time.perf_counter() - t0
-                break
-            rss = _vm_rss_kb(proc.pid)
-            peak_polled = max(peak_polled, rss)
-            if not killed:
-                if time.perf_counter() - t0 > timeout:
-                    killed = "TIMEOUT"
-                elif ((cap_mode == "poll" and rss > cap_kb)
-                      or _mem_available_kb() < min_free_mb * 1024):
-                    killed = "OOM"
-                if killed:
-                    wall = time.perf_counter() - t0
-                    with contextlib.suppress(OSError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-            time.sleep(0.05)
+        try:
+            killed, wall, status, usage, peak_kb = _watch(proc.pid, t0, timeout, cap_kb,
+                                                          cap_mode, min_free_mb)
+        except BaseException:  # interrupted: never leave a child behind
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
         proc.returncode = os.waitstatus_to_exitcode(status)
-        rss_mb = max(usage.ru_maxrss, peak_polled) / 1024.0
+        rss_mb = max(usage.ru_maxrss, peak_kb) / 1024.0
         cpu = usage.ru_utime + usage.ru_stime
         out.seek(0)
         err.seek(0)
@@ -144,7 +136,7 @@ def run_child(cmd: list[str], timeout: float, max_rss_mb: float, cap_mode: str,
     for line in stdout.splitlines():
         line = line.strip()
         if line.startswith("{"):
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(ValueError):
                 info.update(json.loads(line))
     if killed:
         return Run(killed, wall, rss_mb, info, f"killed after {wall:.0f} s", cpu, load1)
@@ -155,6 +147,37 @@ def run_child(cmd: list[str], timeout: float, max_rss_mb: float, cap_mode: str,
         return Run("OOM" if oom else "FAIL", wall, rss_mb, info,
                    f"exit {proc.returncode}: {tail[:400]}", cpu, load1)
     return Run("ok", wall, rss_mb, info, "", cpu, load1)
+
+
+def _watch(pid: int, t0: float, timeout: float, cap_kb: int, cap_mode: str,
+           min_free_mb: float) -> tuple[str, float, int, Any, int]:
+    """Poll the child until it exits; kill its process group on timeout or memory.
+
+    Returns (killed: "" | "TIMEOUT" | "OOM", wall seconds (to the kill, if killed), wait
+    status, rusage from os.wait4, peak VmRSS seen by polling in KB).
+    """
+    killed = ""
+    wall = 0.0
+    peak = 0
+    while True:
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done == pid:
+            if not killed:
+                wall = time.perf_counter() - t0
+            return killed, wall, status, usage, peak
+        rss = _vm_rss_kb(pid)
+        peak = max(peak, rss)
+        if not killed:
+            if time.perf_counter() - t0 > timeout:
+                killed = "TIMEOUT"
+            elif ((cap_mode == "poll" and rss > cap_kb)
+                  or _mem_available_kb() < min_free_mb * 1024):
+                killed = "OOM"
+            if killed:
+                wall = time.perf_counter() - t0
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+        time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------- child drivers
@@ -316,6 +339,8 @@ def machine_facts() -> dict[str, Any]:
             facts[mod] = __import__(mod).__version__
         except Exception:
             facts[mod] = "?"
+    with contextlib.suppress(Exception):
+        facts["onnxq_path"] = str(Path(__import__("onnxq").__file__).parent)
     with contextlib.suppress(Exception):
         facts["onnxq_commit"] = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -574,6 +599,8 @@ def profile(args: argparse.Namespace) -> None:
 
 
 def _report_spy(raw: Path, top: int) -> None:
+    """Shares of the samples taken inside calibrate(), on the main thread or on a statistics
+    worker thread (a stack through ``onnxq/calibrate.py``), by innermost onnxq source line."""
     import collections
     import linecache
     import re
@@ -584,29 +611,35 @@ def _report_spy(raw: Path, top: int) -> None:
     frame = re.compile(r"^(.*) \((.*):(\d+)\)$")
     lines: collections.Counter[tuple[str, str, int]] = collections.Counter()
     funcs: collections.Counter[str] = collections.Counter()
+    threads: collections.Counter[str] = collections.Counter()
     total = 0
     for row in raw.read_text().splitlines():
         stack, _, count = row.rpartition(" ")
         frames = [frame.match(f) for f in stack.split(";")]
         parsed = [(m.group(1), m.group(2), int(m.group(3))) for m in frames if m]
-        at = [i for i, f in enumerate(parsed) if f[0] == "calibrate"
-              and f[1].endswith("calibrate.py")]
+        at = [i for i, f in enumerate(parsed) if f[1].replace("\\", "/").endswith(
+            "onnxq/calibrate.py")]
         if not at:
             continue
         k = int(count)
         total += k
-        mine = [f for f in parsed[at[0]:] if "onnxq/" in f[1] or "onnxq\\" in f[1]]
+        main = any(f[0] == "calibrate" for f in parsed[: at[0] + 1])
+        threads["main thread (calibrate loop)" if main else "worker thread (statistics)"] += k
+        mine = [f for f in parsed[at[0]:] if "onnxq/" in f[1].replace("\\", "/")]
         leaf = mine[-1] if mine else parsed[-1]
         lines[leaf] += k
         funcs[leaf[0]] += k
     if not total:
         print("no samples inside calibrate()")
         return
-    print(f"{total} samples inside calibrate(); by innermost onnxq source line:")
+    print(f"{total} busy samples inside calibrate() (all threads; idle waits not sampled):")
+    for name, k in threads.most_common():
+        print(f"{100 * k / total:5.1f}%  {name}")
+    print("by innermost onnxq source line:")
     print(f"{'share':>6}  where                                  code")
     for (fn, file, line), k in lines.most_common(top):
-        code = linecache.getline(str(root / file), line).strip() if not Path(file).is_absolute() \
-            else linecache.getline(file, line).strip()
+        path = Path(file) if Path(file).is_absolute() else root / file
+        code = linecache.getline(str(path), line).strip()
         print(f"{100 * k / total:5.1f}%  {f'{fn} ({Path(file).name}:{line})':<38} {code[:70]}")
     print("by function:")
     for fn, k in funcs.most_common(8):
@@ -635,11 +668,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     zoo = Path(os.environ.get("ZOO_HOME", "~/zoo")).expanduser()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, default=zoo / "models" / "mobilenet_v2.onnx")
+    p.add_argument("--model", type=Path, default=zoo / "models" / "mobilenet_v2.onnx",
+                   help="float ONNX model (default: $ZOO_HOME/models/mobilenet_v2.onnx)")
     p.add_argument("--calib", type=Path, default=None,
                    help="folder of .npz batches (default: ~/zw/calib/<model stem>)")
     p.add_argument("--batches", default="64,512", help="comma-separated N (default 64,512)")
-    p.add_argument("--methods", default=DEFAULT_METHODS)
+    p.add_argument("--methods", default=DEFAULT_METHODS,
+                   help=f"comma-separated onnxq methods (default {DEFAULT_METHODS})")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per child (900)")
     p.add_argument("--max-rss-mb", type=float, default=16384.0, help="RSS cap per child (16 GB)")
     p.add_argument("--rss-cap-mode", choices=("poll", "rlimit"), default="poll",
@@ -652,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write all measurements to this JSON file")
     p.add_argument("--profile", metavar="METHOD",
                    help="instead of benchmarking, profile calibrate() for METHOD at the "
-                   "smallest N with cProfile and print the top functions")
+                   "smallest N (py-spy or cProfile) and print where its time goes")
     p.add_argument("--profiler", choices=("auto", "py-spy", "cprofile"), default="auto",
                    help="for --profile: py-spy when installed (line-level), else cProfile")
     p.add_argument("--profile-out", type=Path, help="keep the raw profile (py-spy raw stacks "
