@@ -1,0 +1,73 @@
+"""--save-calibration / --load-calibration: statistics reused without data, stale caches refused."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+import onnxq
+from onnxq import ir
+from onnxq.cli import main
+from onnxq.errors import CalibrationDataError
+from tests import graphs
+
+
+def test_cached_statistics_give_the_same_model_as_the_data(tmp_path):
+    model = graphs.residual_add()
+    batches = graphs.random_batches(model, 4)
+    cache = tmp_path / "calib.json"
+    direct = onnxq.quantize(model, batches, method="percentile", progress=False,
+                            save_calibration=cache)
+    assert json.loads(cache.read_text())["format"] == "onnxq-calibration"
+    cached = onnxq.quantize(model, None, method="percentile", progress=False,
+                            load_calibration=cache)
+    assert ir.serialize(cached.model) == ir.serialize(direct.model)
+
+
+def test_a_cache_serves_any_method_because_it_keeps_histograms(tmp_path):
+    model = graphs.residual_add()
+    batches = graphs.random_batches(model, 4)
+    cache = tmp_path / "calib.json"
+    onnxq.quantize(model, batches, method="minmax", progress=False, save_calibration=cache)
+    for method in ("entropy", "mse", "auto"):
+        direct = onnxq.quantize(model, batches, method=method, progress=False)
+        cached = onnxq.quantize(model, None, method=method, progress=False,
+                                load_calibration=cache)
+        assert ir.serialize(cached.model) == ir.serialize(direct.model), method
+
+
+def test_a_cache_of_another_model_names_the_missing_tensors(tmp_path):
+    cache = tmp_path / "calib.json"
+    other = graphs.conv_relu()
+    onnxq.quantize(other, graphs.random_batches(other, 2), progress=False,
+                   save_calibration=cache)
+    with pytest.raises(CalibrationDataError, match="no statistics for .* tensor"):
+        onnxq.quantize(graphs.residual_add(), None, progress=False, load_calibration=cache)
+
+
+def test_a_changed_shape_is_refused(tmp_path):
+    cache = tmp_path / "calib.json"
+    small = graphs.conv_relu(size=8)
+    onnxq.quantize(small, graphs.random_batches(small, 2), progress=False,
+                   save_calibration=cache)
+    with pytest.raises(CalibrationDataError, match="had shape .* now gives"):
+        onnxq.quantize(graphs.conv_relu(size=16), None, progress=False, load_calibration=cache)
+
+
+def test_cli_round_trip_and_garbage_cache(tmp_path, calib_dir, capsys):
+    model = graphs.residual_add()
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    calib = calib_dir(model)
+    cache = tmp_path / "c.json"
+    assert main(["quantize", str(path), "-o", str(tmp_path / "a.onnx"), "--calib", str(calib),
+                 "--save-calibration", str(cache), "-q"]) == 0
+    assert main(["quantize", str(path), "-o", str(tmp_path / "b.onnx"),
+                 "--load-calibration", str(cache), "-q"]) == 0
+    (tmp_path / "bad.json").write_text("{not json")
+    assert main(["quantize", str(path), "-o", str(tmp_path / "c.onnx"),
+                 "--load-calibration", str(tmp_path / "bad.json")]) == 2
+    assert "not a JSON calibration cache" in capsys.readouterr().err
+    assert not (tmp_path / "c.onnx").exists()
