@@ -43,7 +43,7 @@ def test_a_cache_of_another_model_names_the_missing_tensors(tmp_path):
     other = graphs.conv_relu()
     onnxq.quantize(other, graphs.random_batches(other, 2), progress=False,
                    save_calibration=cache)
-    with pytest.raises(CalibrationDataError, match="no statistics for .* tensor"):
+    with pytest.raises(CalibrationDataError, match=r"no statistics for .* tensor"):
         onnxq.quantize(graphs.residual_add(), None, progress=False, load_calibration=cache)
 
 
@@ -52,7 +52,7 @@ def test_a_changed_shape_is_refused(tmp_path):
     small = graphs.conv_relu(size=8)
     onnxq.quantize(small, graphs.random_batches(small, 2), progress=False,
                    save_calibration=cache)
-    with pytest.raises(CalibrationDataError, match="had shape .* now gives"):
+    with pytest.raises(CalibrationDataError, match=r"had shape .* now gives"):
         onnxq.quantize(graphs.conv_relu(size=16), None, progress=False, load_calibration=cache)
 
 
