@@ -46,6 +46,8 @@ def make_session(model: onnx.ModelProto, optimize: bool = True, workdir: Path | 
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    # idle onnxruntime threads would spin on the core the statistics thread needs
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -116,7 +118,9 @@ def calibrate(
     seen = 0
     # statistics of batch i are taken on a worker thread while onnxruntime runs batch i+1
     # (both release the GIL); at most two batches of activations are alive at once
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxq-stats") as pool:
+    # min/max alone is cheaper than a thread hand-off: only histograms go to the worker
+    workers = 1 if any(s.histogram for s in stats.values()) else 0
+    with _executor(workers) as pool:
         for gi, group in enumerate(groups):
             session = augmented_session(model, graph, group) if group else None
             label = "calibrating" if len(groups) == 1 else f"calibrating {gi + 1}/{len(groups)}"
@@ -140,6 +144,30 @@ def calibrate(
                     "the calibration data yielded no batches; give at least one batch"
                 )
     return CalibrationResult(stats, seen, held)
+
+
+class _Inline:
+    """An executor that runs each job at once (no worker thread)."""
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def submit(self, fn: Any, *args: Any) -> Future[None]:
+        done: Future[None] = Future()
+        try:
+            done.set_result(fn(*args))
+        except BaseException as exc:  # re-raised by .result(), like a worker's failure
+            done.set_exception(exc)
+        return done
+
+
+def _executor(workers: int) -> Any:
+    if workers == 0:
+        return _Inline()
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="onnxq-stats")
 
 
 def _run(session: Any, names: list[str], batch: Batch, index: int) -> list[np.ndarray]:

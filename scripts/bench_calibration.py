@@ -50,7 +50,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 HISTOGRAM_METHODS = {"percentile", "entropy", "mse", "aciq", "auto"}
 ORT_METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
@@ -341,11 +341,11 @@ def machine_facts() -> dict[str, Any]:
         except Exception:
             facts[mod] = "?"
     with contextlib.suppress(Exception):
-        facts["onnxq_path"] = str(Path(__import__("onnxq").__file__).parent)
-    with contextlib.suppress(Exception):
+        where = Path(str(__import__("onnxq").__file__)).parent
+        facts["onnxq_path"] = str(where)
         facts["onnxq_commit"] = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-            cwd=Path(__import__("onnxq").__file__).parent, check=False).stdout.strip()
+            cwd=where, check=False).stdout.strip()
     return facts
 
 
@@ -485,7 +485,7 @@ def _fmt_mb(run: dict[str, Any] | None) -> str:
     return f"{s}-{max(many):.0f}" if len(many) > 1 and max(many) - min(many) >= 1 else s
 
 
-def _ok(run: dict[str, Any] | None) -> bool:
+def _ok(run: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
     return run is not None and run["status"] == "ok"
 
 
@@ -580,7 +580,9 @@ def profile(args: argparse.Namespace) -> None:
 
     With py-spy (default when installed): sampled stacks, attributed to the innermost onnxq
     source line (a numpy call such as ``np.bincount`` shows as the line that makes it), which
-    cProfile cannot split (numpy's C functions count as their caller's own time there).
+    cProfile cannot split (numpy's C functions count as their caller's own time there), on
+    every thread (cProfile sees only the main thread: work that calibrate() hands to a worker
+    thread shows there as waiting on a lock).
     """
     import shutil
 
@@ -678,7 +680,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         kind, rest = argv[1], argv[2:]
-        {"floor": child_floor, "ort": child_ort, "calib": child_calib}[kind](*rest)
+        if kind == "floor":
+            child_floor(*rest)
+        elif kind == "ort":
+            child_ort(*rest)
+        else:
+            child_calib(*rest)
         return 0
     zoo = Path(os.environ.get("ZOO_HOME", "~/zoo")).expanduser()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
