@@ -37,6 +37,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from onnxq.backends.profile import PROFILES
 from onnxq.config import Override, QuantConfig
 from onnxq.errors import ConfigError
 from onnxq.torch_export import module_pattern
@@ -110,7 +111,7 @@ def from_sparsebit(doc: dict[str, Any], where: str = "config") -> QuantConfig:
     if _per_channel(w, where) is False:
         overrides += [Override(op_type=op, per_channel=False) for op in WEIGHT_OPS]
     symmetric = _symmetric(a, where, backend)
-    if symmetric is True and backend == "onnxruntime":
+    if symmetric is True and not PROFILES[backend].activation_symmetric:
         overrides.append(Override(node="*", symmetric=True))
     method, percentile = _observer(a, "A", where)
     weight_method = _observer(w, "W", where)[0] or "minmax"  # Sparsebit's default observer
@@ -240,9 +241,10 @@ def _symmetric(flat: dict[str, Any], where: str, backend: str,
         raise ConfigError(f"{where}: {name}.QSCHEME: per-{scheme[0]}-{scheme[1]}: onnxq "
                           "quantizes activations per tensor; use per-tensor-symmetric or "
                           "per-tensor-affine")
-    if scheme[1] == "affine" and backend == "tensorrt":
-        raise ConfigError(f"{where}: {name}.QSCHEME: per-tensor-affine: TensorRT needs "
-                          "symmetric activations; use per-tensor-symmetric or BACKEND: onnxruntime")
+    if scheme[1] == "affine" and PROFILES[backend].activation_symmetric:
+        raise ConfigError(f"{where}: {name}.QSCHEME: per-tensor-affine: the {backend} backend "
+                          "needs symmetric activations (zero point 0, as TensorRT requires); "
+                          "use per-tensor-symmetric or BACKEND: onnxruntime")
     return scheme[1] == "symmetric"
 
 
