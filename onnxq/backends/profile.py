@@ -74,6 +74,9 @@ class BackendProfile:
             requantization of an integer kernel, not a folded ReLU/Clip): clipping there
             saturates the outliers the next op (hardswish, sigmoid, add) still needs, so
             onnxruntime's raw outputs use ``minmax``.
+        folded_activations: activations right after a weighted op that the backend drops when
+            the output Q's range already clips (onnxruntime's ReluQuantFusion and
+            ClipQuantFusion): the Q/DQ goes after them.
         float_readers: op types that read an op's quantized output as the float tensor, not
             through a DequantizeLinear: onnxruntime fuses DQ -> Softmax -> Q into QLinearSoftmax,
             which returns 0 instead of 1 over an axis of size 1 (onnxruntime 1.31, found by
@@ -107,6 +110,7 @@ class BackendProfile:
     reduced_weight_qmax: int | None = None
     integer_kernel_ops: frozenset[str] = frozenset()
     output_method: str | None = None
+    folded_activations: frozenset[str] = frozenset()
     float_readers: frozenset[str] = frozenset()
     float_output_kernel_ops: frozenset[str] = frozenset()
     passthrough_ops: frozenset[str] = PASSTHROUGH_OPS
@@ -146,6 +150,7 @@ ONNXRUNTIME = BackendProfile(
     reduced_weight_qmax=63,
     float_output_kernel_ops=frozenset({"Gemm"}),
     output_method="minmax",
+    folded_activations=frozenset({"Relu", "Clip"}),
     float_readers=frozenset({"Softmax"}),
     integer_kernel_ops=frozenset(
         {"Conv", "ConvTranspose", "MatMul", "Gemm", "Add", "Mul", "Concat", "GlobalAveragePool",

@@ -98,7 +98,7 @@ def quantized_output(m: Match, ctx: Context) -> list[Spec]:
     readers = ctx.graph.consumers.get(out, [])
     if len(readers) == 1 and out not in ctx.graph.graph_outputs:
         nxt, _ = readers[0]
-        if nxt.op_type in ("Relu", "Clip") and nxt.name not in ctx.claimed:
+        if nxt.op_type in ctx.profile.folded_activations and nxt.name not in ctx.claimed:
             specs = output_specs(m, ctx, nxt.output[0])
             if specs:
                 ctx.claimed.add(nxt.name)
