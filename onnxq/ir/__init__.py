@@ -7,7 +7,7 @@ after a batch of edits, :meth:`Graph.commit` re-sorts the nodes topologically an
 longer feeds an output.  ``save_model`` writes atomically.
 """
 
-from onnxq.ir.constants import DEFAULT_DOMAINS, FLOAT_TYPES, PROTO_LIMIT
+from onnxq.ir.constants import DEFAULT_DOMAINS, PROTO_LIMIT
 from onnxq.ir.graph import (
     Graph,
     constant_node_value,
@@ -27,7 +27,6 @@ from onnxq.ir.load import (
 )
 from onnxq.ir.save import (
     atomic_write_bytes,
-    make_tensor_value_info,
     model_nbytes,
     save_model,
     serialize,
@@ -35,10 +34,10 @@ from onnxq.ir.save import (
 )
 
 __all__ = [
-    "DEFAULT_DOMAINS", "FLOAT_TYPES", "PROTO_LIMIT", "Graph", "atomic_write_bytes",
+    "DEFAULT_DOMAINS", "PROTO_LIMIT", "Graph", "atomic_write_bytes",
     "check_model", "constant_node_value", "copy_without_initializers", "has_subgraph",
     "infer_shapes", "load_model",
-    "make_tensor_value_info", "model_nbytes", "name_nodes", "node_attrs", "opset_version",
+    "model_nbytes", "name_nodes", "node_attrs", "opset_version",
     "save_model", "serialize", "session_bytes_or_path", "set_opset", "shapes_for_inputs",
     "upgrade_opset",
 ]

@@ -1,12 +1,9 @@
 """Facts about ONNX protos that every part of ``onnxq.ir`` shares."""
 
-from onnx import TensorProto
 
 # Protobuf cannot serialize a message of 2 GiB or more; stay well below it.
 PROTO_LIMIT = 2**31 - 2**26
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
-FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16,
-                         TensorProto.DOUBLE})
 
 

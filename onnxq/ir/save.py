@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from onnxq.errors import OutputError
 from onnxq.ir.constants import PROTO_LIMIT
@@ -151,9 +151,3 @@ def session_bytes_or_path(model: onnx.ModelProto, workdir: Path) -> bytes | str:
     path = workdir / "model.onnx"
     save_model(model, path, external_data=True)
     return str(path)
-
-
-def make_tensor_value_info(name: str, elem_type: int) -> onnx.ValueInfoProto:
-    """A ValueInfo with an element type and unknown shape."""
-    return helper.make_tensor_value_info(name, elem_type, None)
-
