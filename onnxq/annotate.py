@@ -127,6 +127,8 @@ def _precheck(node, ctx: Context) -> str | None:
                 "leaves control-flow bodies float")
     if node.domain not in ir.DEFAULT_DOMAINS:
         return f"custom-domain op ({node.domain}) stays float"
+    if node.name in ctx.float_nodes:  # decided from the calibration data
+        return ctx.float_nodes[node.name]
     if any(o in ctx.graph.subgraph_reads for o in node.output):
         return ("its output is read inside a control-flow subgraph; Q/DQ next to such reads "
                 "makes onnxruntime's optimizer abort, so it stays float")

@@ -16,6 +16,7 @@ from onnxq.annotate import Annotations, annotate, range_exclusions
 from onnxq.backends.check import check
 from onnxq.backends.profile import BackendProfile, profile_for
 from onnxq.backends.validate import fidelity, run_outputs
+from onnxq.bias_correction import BiasCorrection, correct_biases
 from onnxq.calibrate import CalibrationResult, calibrate
 from onnxq.calibrate import load_calibration as load_calibration_file
 from onnxq.calibrate import save_calibration as save_calibration_file
@@ -32,7 +33,12 @@ ModelLike = str | os.PathLike[str] | onnx.ModelProto
 
 @dataclass
 class QuantizedModel:
-    """The result of :func:`quantize`: the Q/DQ model and its report."""
+    """The result of :func:`quantize`: the Q/DQ model and its report.
+
+    For an input whose external data was left on disk (``onnxq.ir.external.LAZY_BYTES``),
+    float weights that stayed float are read into ``model`` unless they too pass that size;
+    then they still point into the input's data file, and :meth:`save` copies them out.
+    """
 
     model: onnx.ModelProto
     report: Report
@@ -129,7 +135,7 @@ def quantize(model: ModelLike, calibration: Any = None, *,
                                    "--load-calibration FILE")
     profile, profile_note = profile_for(cfg.backend, cfg.reduce_range)
     loaded, source = load(model, profile)
-    reference_bytes = ir.serialize(loaded) if ir.model_nbytes(loaded) < ir.PROTO_LIMIT else None
+    reference_bytes = _float_reference(loaded)
     passes: list[str] = []
     if cfg.simplify:
         loaded, passes = simplify(loaded)
@@ -149,12 +155,19 @@ def quantize(model: ModelLike, calibration: Any = None, *,
     qparams, warnings = _qparams(annotations, result, profile, cfg)
     if profile_note:
         warnings.insert(0, profile_note)
+    corrections = _correct_biases(loaded, annotations, profile, cfg, data, inputs, warnings)
+    # the float outputs first: its session is gone before the quantized model is built
+    reference = _float_outputs(reference_bytes, result, profile)
+    del reference_bytes
     placed = materialize(loaded, annotations, qparams, profile, cfg)
+    if ir.external.lazy_nbytes(loaded) < ir.external.LAZY_BYTES:
+        ir.external.load_all(loaded)  # float weights that stayed float (biases): now in memory
     report = Report(
         model=source.name if source else "<in-memory model>", backend=profile.name,
         config=cfg.to_dict(), simplify_passes=passes, decisions=annotations.decisions,
-        placed=placed, calibration_batches=result.batches_seen, warnings=warnings)
-    _validate(loaded, reference_bytes, result, profile, report)
+        placed=placed, calibration_batches=result.batches_seen, warnings=warnings,
+        bias_corrections=corrections)
+    _validate(loaded, reference, result, profile, report)
     return QuantizedModel(loaded, report, source)
 
 
@@ -203,6 +216,7 @@ def _place_and_calibrate(model: onnx.ModelProto, graph: ir.Graph, profile: Backe
             fresh = calibrate(model, missing, data, inputs, max_batches=cfg.max_batches,
                               hold=cfg.fidelity_batches if result is None else 0,
                               memory_budget=cfg.memory_budget_mb * 2**20,
+                              histogram_sample=cfg.histogram_sample,
                               progress=cfg.progress)
             result = fresh if result is None else _merged(result, fresh)
         elif missing:
@@ -251,8 +265,46 @@ def _qparams(annotations: Annotations, result: CalibrationResult, profile: Backe
     return out, warnings
 
 
-def _validate(model: onnx.ModelProto, reference_bytes: bytes | None, result: CalibrationResult,
-              profile: BackendProfile, report: Report) -> None:
+def _correct_biases(model: onnx.ModelProto, annotations: Annotations,
+                    profile: BackendProfile, cfg: QuantConfig, data: Iterable[Any] | None,
+                    inputs: list[Any], warnings: list[str]) -> list[BiasCorrection]:
+    """Empirical bias correction (``onnxq.bias_correction``) when the config asks for it and
+    the calibration data can be read again."""
+    if not cfg.bias_correction or data is None:
+        return []
+    if iter(data) is data:
+        warnings.append("bias correction skipped: the calibration source can be read only once")
+        return []
+    if ir.model_nbytes(model) >= ir.PROTO_LIMIT:
+        warnings.append("bias correction skipped: the model is too large to hold its "
+                        "quantized weights next to the float ones")
+        return []
+    return correct_biases(model, annotations, profile, cfg, data, inputs)
+
+
+def _float_reference(model: onnx.ModelProto) -> bytes | None:
+    """The loaded float model, kept for the fidelity check: its serialization, in which weights
+    left on disk stay references (a few KB); None when the proto itself holds too much."""
+    if ir.inline_nbytes(model) >= ir.PROTO_LIMIT:
+        return None
+    return ir.serialize(model, load_lazy=False)
+
+
+def _float_outputs(reference_bytes: bytes | None, result: CalibrationResult,
+                   profile: BackendProfile) -> list[dict[str, Any]] | None:
+    """The float model's outputs on the held batches (None: no float copy was kept).
+
+    The float reference runs like the quantized model (fusion on or off), so an onnxruntime
+    optimizer quirk on the float graph cannot pass for quantization error.
+    """
+    if reference_bytes is None or not result.held:
+        return None
+    reference = onnx.load_from_string(reference_bytes)
+    return run_outputs(reference, result.held, profile.fused_validation, "float")
+
+
+def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
+              result: CalibrationResult, profile: BackendProfile, report: Report) -> None:
     violations = check(model, profile)
     report.violations = violations
     if violations:
@@ -266,11 +318,7 @@ def _validate(model: onnx.ModelProto, reference_bytes: bytes | None, result: Cal
     if not result.held:
         return
     quant = run_outputs(model, result.held, profile.fused_validation, "quantized")
-    if reference_bytes is None:
+    if reference is None:
         report.warnings.append("model too large to keep a float copy: fidelity not measured")
         return
-    reference = onnx.load_from_string(reference_bytes)
-    # the float reference runs like the quantized model (fusion on or off), so an onnxruntime
-    # optimizer quirk on the float graph cannot pass for quantization error
-    ref = run_outputs(reference, result.held, profile.fused_validation, "float")
-    report.fidelity = fidelity(ref, quant)
+    report.fidelity = fidelity(reference, quant)

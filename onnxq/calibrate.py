@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import sys
 import tempfile
@@ -29,6 +30,7 @@ from onnxq.errors import CalibrationDataError, UnsupportedModelError
 from onnxq.observers import TensorStats
 
 DEFAULT_MEMORY_BUDGET = 4 * 2**30
+DEFAULT_HISTOGRAM_SAMPLE = 65536  # values per sample that go into a histogram
 
 
 @dataclass
@@ -40,14 +42,19 @@ class CalibrationResult:
     held: list[Batch] = field(default_factory=list)
 
 
-def make_session(model: onnx.ModelProto, optimize: bool = True, workdir: Path | None = None):
-    """An onnxruntime CPU session for ``model`` (external data for huge models)."""
+def make_session(model: onnx.ModelProto, optimize: bool = True, workdir: Path | None = None,
+                 spinning: bool = False):
+    """An onnxruntime CPU session for ``model`` (external data for huge models).
+
+    ``spinning``: let idle onnxruntime threads spin; only when no other thread of ours needs
+    a core (a statistics worker competing with spinning threads loses).
+    """
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    # idle onnxruntime threads would spin on the core the statistics thread needs
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not spinning:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -73,21 +80,15 @@ def exposing(model: onnx.ModelProto, graph: ir.Graph,
     The outputs are swapped in place and restored afterwards: copying the model would hold a
     second copy of every weight (the 2 GB models this must handle).
     """
-    saved = [onnx.ValueInfoProto.FromString(o.SerializeToString()) for o in model.graph.output]
-    del model.graph.output[:]
-    try:
-        model.graph.output.extend(graph.value_info(name) for name in names)
-        yield model
-    finally:
-        del model.graph.output[:]
-        model.graph.output.extend(saved)
+    with ir.with_outputs(model, [graph.value_info(name) for name in names]) as aug:
+        yield aug
 
 
 def augmented_session(model: onnx.ModelProto, graph: ir.Graph, names: list[str],
-                      optimize: bool = True) -> Any:
+                      optimize: bool = True, spinning: bool = False) -> Any:
     """An onnxruntime session of ``model`` whose outputs are exactly ``names``."""
     with exposing(model, graph, names) as aug:
-        return make_session(aug, optimize)
+        return make_session(aug, optimize, spinning=spinning)
 
 
 def calibrate(
@@ -99,14 +100,25 @@ def calibrate(
     max_batches: int | None = None,
     hold: int = 0,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    histogram_sample: int = DEFAULT_HISTOGRAM_SAMPLE,
     progress: bool = True,
 ) -> CalibrationResult:
-    """Observe ``tensors`` (name -> needs a histogram) over the batches of ``source``."""
+    """Observe ``tensors`` (name -> needs a histogram) over the batches of ``source``.
+
+    Min and max see every value.  A histogram gets every value of a sample (one item along
+    the tensor's first axis) of at most ``histogram_sample`` values, else every s-th value of
+    each sample, where s is the smallest prime at least the ratio that divides none of the
+    tensor's dimensions (so the kept values cycle through every channel and position); s is
+    fixed per tensor from the first batch's shapes.  ``histogram_sample=0`` keeps every value.
+    """
     graph = ir.Graph(model)
     stats = {name: TensorStats(name, histogram=hist) for name, hist in tensors.items()}
     names = sorted(tensors)
     first = _first_batch(source, inputs)
-    sizes = _sizes(model, graph, names, first)
+    concrete = _concrete_shapes(model, graph, names, first)
+    sizes = {name: 4 * _numel(concrete.get(name) or graph.shape(name)) for name in names}
+    strides = {name: _tensor_stride(concrete.get(name) or graph.shape(name), histogram_sample)
+               for name in names if tensors[name]}
     groups = _groups(names, sizes, memory_budget)
     if len(groups) > 1 and iter(source) is source:  # type: ignore[comparison-overlap]
         raise CalibrationDataError(
@@ -117,12 +129,13 @@ def calibrate(
     held: list[Batch] = []
     seen = 0
     # statistics of batch i are taken on a worker thread while onnxruntime runs batch i+1
-    # (both release the GIL); at most two batches of activations are alive at once
+    # (both release the GIL); at most two batches of activations are alive at once.
     # min/max alone is cheaper than a thread hand-off: only histograms go to the worker
     workers = 1 if any(s.histogram for s in stats.values()) else 0
     with _executor(workers) as pool:
         for gi, group in enumerate(groups):
-            session = augmented_session(model, graph, group) if group else None
+            session = augmented_session(model, graph, group, spinning=workers == 0) \
+                if group else None
             label = "calibrating" if len(groups) == 1 else f"calibrating {gi + 1}/{len(groups)}"
             seen = 0
             pending: Future[None] | None = None
@@ -135,15 +148,54 @@ def calibrate(
                     outs = _run(session, group, batch, index)
                     if pending is not None:
                         pending.result()  # re-raises a NaN/Inf error of the previous batch
-                    pending = pool.submit(_observe, stats, group, outs, index)
+                    pending = pool.submit(_observe, stats, group, outs, strides, index)
                 seen += 1
             if pending is not None:
                 pending.result()
+            session = None  # free this group's weights before the next session loads its own
             if seen == 0:
                 raise CalibrationDataError(
                     "the calibration data yielded no batches; give at least one batch"
                 )
     return CalibrationResult(stats, seen, held)
+
+
+def _tensor_stride(shape: tuple[int | str | None, ...] | None, target: int) -> int:
+    """The histogram stride of a tensor: 1 unless its concrete shape is known and a sample
+    (everything after the first axis; all of it for rank <= 1) has more than ``target``."""
+    if target <= 0 or shape is None or not all(isinstance(d, int) and d > 0 for d in shape):
+        return 1
+    dims = [int(d) for d in shape]  # type: ignore[arg-type]
+    per_sample = _numel(shape[1:] if len(shape) >= 2 else shape)
+    return _stride(per_sample, dims, target)
+
+
+def _numel(shape: tuple[int | str | None, ...] | None) -> int:
+    """Number of elements; unknown dimensions count as 64 (an unknown shape as 1M)."""
+    if shape is None:
+        return 1024 * 1024
+    n = 1
+    for d in shape:
+        n *= d if isinstance(d, int) and d > 0 else 64
+    return n
+
+
+def _stride(per_sample: int, dims: list[int], target: int) -> int:
+    """1 when a sample has at most ``target`` values, else the smallest prime >= the ratio
+    that divides no dimension (a stride sharing a factor with a dimension would sample the
+    same few channels or columns over and over)."""
+    if per_sample <= target:
+        return 1
+    p = max(2, -(-per_sample // target))
+    while not _is_prime(p) or any(d % p == 0 for d in dims):
+        p += 1
+    return p
+
+
+def _is_prime(n: int) -> bool:
+    if n < 2:
+        return False
+    return all(n % k for k in range(2, math.isqrt(n) + 1))
 
 
 class _Inline:
@@ -180,10 +232,11 @@ def _run(session: Any, names: list[str], batch: Batch, index: int) -> list[np.nd
 
 
 def _observe(stats: dict[str, TensorStats], names: list[str], values: list[np.ndarray],
-             index: int) -> None:
+             strides: dict[str, int], index: int) -> None:
     for name, value in zip(names, values, strict=True):
         if np.issubdtype(value.dtype, np.floating):
-            stats[name].update(value, where=f" in calibration batch {index}")
+            stats[name].update(value, where=f" in calibration batch {index}",
+                               stride=strides.get(name, 1))
 
 
 def _first_batch(source: Iterable[Batch], inputs: list[InputSpec]) -> Batch | None:
@@ -195,20 +248,16 @@ def _first_batch(source: Iterable[Batch], inputs: list[InputSpec]) -> Batch | No
     return None
 
 
-def _sizes(model: onnx.ModelProto, graph: ir.Graph, names: list[str],
-           first: Batch | None) -> dict[str, int]:
-    """Bytes of each observed tensor for one batch: from shapes inferred with the first batch's
-    concrete input shapes; unknown dimensions count as 64."""
-    concrete = ir.shapes_for_inputs(model, {k: v.shape for k, v in first.items()}) if first \
-        else {}
-    out = {}
-    for name in names:
-        shape = concrete.get(name) or graph.shape(name)
-        n = 1
-        for d in shape if shape is not None else (1024, 1024):
-            n *= d if isinstance(d, int) and d > 0 else 64
-        out[name] = 4 * n
-    return out
+def _concrete_shapes(model: onnx.ModelProto, graph: ir.Graph, names: list[str],
+                    first: Batch | None) -> dict[str, tuple[int | str | None, ...]]:
+    """The observed tensors' shapes inferred with the first batch's concrete input shapes
+    (graph shapes where that inference knows nothing)."""
+    if first is None:
+        return {}
+    concrete: dict[str, tuple[int | str | None, ...]] = dict(
+        ir.shapes_for_inputs(model, {k: v.shape for k, v in first.items()}))
+    concrete.update({k: tuple(v.shape) for k, v in first.items()})
+    return {name: concrete[name] for name in names if name in concrete}
 
 
 def _groups(names: list[str], sizes: dict[str, int], budget: int) -> list[list[str]]:

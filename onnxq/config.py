@@ -100,6 +100,9 @@ class QuantConfig:
             initializer + QuantizeLinear -> DequantizeLinear).
         weight_method: per-channel weight range: ``minmax`` (each channel's largest
             magnitude) or ``mse`` (the per-channel clip with the least squared error).
+        bias_correction: subtract from each quantized Conv/ConvTranspose/Gemm/MatMul layer's
+            float bias the mean output shift its weight rounding causes, measured per channel
+            on the calibration data (one extra pass; ``onnxq.bias_correction``).
         min_channels: Conv/Gemm/MatMul with fewer input or output channels stay float
             (INT8 does not pay for them in TensorRT); 0 disables the rule, ``None`` takes the
             backend profile's default.
@@ -111,6 +114,9 @@ class QuantConfig:
             int16 sums on x86 CPUs without VNNI); ``None`` decides from the CPU.
         memory_budget_mb: activations of one batch that calibration may hold at once; when
             the observed tensors need more, they are observed in groups, one pass each.
+        histogram_sample: values per sample that go into a tensor's histogram: a sample with
+            more contributes every s-th value (s prime, coprime to its dimensions); min/max
+            always see every value; 0 puts every value in the histogram (slower).
         preprocess: how a folder of images becomes model inputs: a preset (``imagenet``,
             ``0-1``, ``tf``) or a spec (docs/calibration.md); in YAML also a mapping.
         simplify: run the simplify passes before placing Q/DQ.
@@ -126,11 +132,13 @@ class QuantConfig:
     fidelity_batches: int = 4
     weight_storage: str = "int8"
     weight_method: str = "mse"
+    bias_correction: bool = False
     min_channels: int | None = None
     mask_threshold: float = 1e4
     concat_range_ratio: float = 16.0
     reduce_range: bool | None = None
     memory_budget_mb: int = 4096
+    histogram_sample: int = 65536
     preprocess: str | None = None
     simplify: bool = True
     progress: bool = True
@@ -163,6 +171,8 @@ class QuantConfig:
             raise ConfigError(f"concat_range_ratio: must be >= 1, got {self.concat_range_ratio}")
         if self.memory_budget_mb < 1:
             raise ConfigError(f"memory_budget_mb: must be >= 1, got {self.memory_budget_mb}")
+        if self.histogram_sample < 0:
+            raise ConfigError(f"histogram_sample: must be >= 0, got {self.histogram_sample}")
         if self.min_channels is not None and self.min_channels < 0:
             raise ConfigError(f"min_channels: must be >= 0, got {self.min_channels}")
         # Normalise lists given from Python or YAML into tuples so the config stays hashable.
@@ -276,11 +286,13 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "fidelity_batches": (int,),
     "weight_storage": (str,),
     "weight_method": (str,),
+    "bias_correction": (bool,),
     "min_channels": (int, type(None)),
     "mask_threshold": (int, float),
     "concat_range_ratio": (int, float),
     "reduce_range": (bool, type(None)),
     "memory_budget_mb": (int,),
+    "histogram_sample": (int,),
     "preprocess": (str, dict, type(None)),
     "simplify": (bool,),
     "progress": (bool,),

@@ -34,12 +34,12 @@ _local = threading.local()
 
 
 def _scratch(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-thread float32 and int32 work buffers of at least ``n`` elements."""
+    """Per-thread float32 and intp work buffers of at least ``n`` elements."""
     have = getattr(_local, "size", 0)
     if have < n:
         _local.size = n
         _local.flat = np.empty(n, dtype=np.float32)
-        _local.idx = np.empty(n, dtype=np.int32)
+        _local.idx = np.empty(n, dtype=np.intp)  # bincount's own index type: no conversion
     return _local.flat[:n], _local.idx[:n]
 
 
@@ -58,18 +58,22 @@ class TensorStats:
     sample_min_sum: float = 0.0
     sample_max_sum: float = 0.0
 
-    def update(self, x: np.ndarray, where: str = "") -> None:
-        """Add one batch of values of this tensor."""
+    def update(self, x: np.ndarray, where: str = "", stride: int = 1) -> None:
+        """Add one batch of values of this tensor.
+
+        Min and max see every value; the histogram gets every ``stride``-th value of each
+        sample (each item along the leading axis; rank <= 1: the whole batch is one sample),
+        so the same samples give the same histogram however they are batched.
+        """
         if x.size == 0:
             return
         x = np.asarray(x)
         if x.dtype != np.float32:
             x = x.astype(np.float32)
         rows = x.reshape(x.shape[0], -1) if x.ndim >= 2 else x.reshape(1, -1)
-        row_min = rows.min(axis=1).astype(np.float64)
+        row_min = rows.min(axis=1).astype(np.float64)  # numpy's min/max propagate NaN
         row_max = rows.max(axis=1).astype(np.float64)
-        lo = float(row_min.min())
-        hi = float(row_max.max())
+        lo, hi = float(row_min.min()), float(row_max.max())
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise CalibrationDataError(
                 f"tensor {self.name!r} has NaN or Inf values{where}; check the calibration data "
@@ -81,19 +85,30 @@ class TensorStats:
         self.sample_max_sum += float(row_max.sum())
         self.min = min(self.min, lo)
         self.max = max(self.max, hi)
-        if not self.histogram:
-            return
-        self._grow(max(abs(lo), abs(hi)))
-        # floor(x * 2^k) is exact in float32 (a power-of-two product), so a value's bin at
+        if self.histogram:
+            self._grow(max(abs(lo), abs(hi)))
+            self._add_values(rows[:, ::stride] if stride > 1 else rows)
+
+    def _add_values(self, values: np.ndarray) -> None:
+        """Count values (a 2-D array, possibly a strided view) into the histogram; they must
+        lie within the current range."""
+        # floor(x * 2^k) is exact while the product cannot underflow, so a value's bin at
         # range 2R is exactly its bin at range R halved: re-binning and batching never move it.
-        # R is strictly above every |x|, so no index needs clipping; adding BINS/2 to an
-        # integer-valued float32 below 2^24 is exact too.
-        flat, idx = _scratch(x.size)  # reused buffers: fresh allocations page-fault
-        np.multiply(x.reshape(-1), np.float32(BINS / (2.0 * self.range)), out=flat)
+        # 2^k = BINS / 2R is >= 1 up to R = 2048: float32 is exact there.  Above, a tiny
+        # negative x could underflow to -0 and land in the bin above zero: float64 is exact for
+        # every float32 x and power of two.  R is strictly above every |x|, so no index needs
+        # clipping; adding BINS/2 to an integer-valued float below 2^24 is exact too.
+        scale = BINS / (2.0 * self.range)
+        flat, idx = _scratch(values.size)  # reused buffers: fresh allocations page-fault
+        if scale < 1.0:
+            flat = np.empty(values.size, dtype=np.float64)
+        flat = flat.reshape(values.shape)
+        idx = idx.reshape(values.shape)
+        np.multiply(values, flat.dtype.type(scale), out=flat)
         np.floor(flat, out=flat)
-        np.add(flat, np.float32(BINS // 2), out=flat)
-        np.copyto(idx, flat, casting="unsafe")  # int32: bincount is fastest on it
-        self.counts += np.bincount(idx, minlength=BINS)
+        np.add(flat, flat.dtype.type(BINS // 2), out=flat)
+        np.copyto(idx, flat, casting="unsafe")
+        self.counts += np.bincount(idx.reshape(-1), minlength=BINS)
 
     def _grow(self, amax: float) -> None:
         # the smallest power of two strictly above amax: no value ever sits on the top edge,
@@ -216,7 +231,12 @@ def _entropy(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tuple[
     if last <= levels:
         amax = last * width
     else:
-        amax = _kl_threshold(hist[:last].astype(np.float64), levels) * width
+        kept = hist[:last].astype(np.float64)
+        # the first bin holds the exact zeros of ReLU/padding, which every scale represents
+        # exactly; left in, that spike dominates the KL and pulls the threshold far too low
+        # (TensorRT's pytorch-quantization and ModelOpt replace it by its neighbour the same way)
+        kept[0] = kept[1]
+        amax = _kl_threshold(kept, levels) * width
     amax = min(amax, max(abs(stats.min), abs(stats.max)))
     if symmetric:
         return -amax, amax
@@ -475,17 +495,38 @@ def weight_qparams(weight: np.ndarray, axis: int | None, qmax: int = 127,
     return QParams(scale, zp, axis, method, float(-amax.max()), float(amax.max()))
 
 
-def _mse_weight_range(rows: np.ndarray, amax: np.ndarray, qmax: int) -> np.ndarray:
-    best_err = np.full(len(rows), np.inf)
-    best = amax.copy()
-    for ratio in _WEIGHT_CLIP_RATIOS:
-        cand = amax * ratio
-        scale = (cand / np.float32(qmax))[:, None]
-        err = ((np.clip(np.rint(rows / scale), -qmax, qmax) * scale - rows) ** 2).sum(axis=1)
-        better = err < best_err
-        best_err = np.where(better, err, best_err)
-        best = np.where(better, cand, best)
-    return best.astype(np.float32)
+def _mse_weight_range(rows: np.ndarray, amax: np.ndarray, qmax: int,
+                      block: int = 1 << 16) -> np.ndarray:
+    """Per row, the clip among ``_WEIGHT_CLIP_RATIOS * amax`` with the least squared error.
+
+    Rows are processed in blocks of about ``block`` values through one reused buffer: the
+    arithmetic per row is unchanged, the working set stays in cache (3-4x faster on
+    4096x4096 weights than whole-tensor temporaries).
+    """
+    n, k = rows.shape
+    best = amax.astype(np.float32, copy=True)
+    per = max(1, block // max(k, 1))
+    buf = np.empty((min(per, n), k), dtype=np.float32)
+    for start in range(0, n, per):
+        r = rows[start:start + per]
+        a = amax[start:start + per]
+        b = buf[:len(r)]
+        out = best[start:start + per]
+        best_err = np.full(len(r), np.inf)
+        for ratio in _WEIGHT_CLIP_RATIOS:
+            cand = a * ratio
+            scale = (cand / np.float32(qmax))[:, None]
+            np.divide(r, scale, out=b)
+            np.rint(b, out=b)
+            np.clip(b, -qmax, qmax, out=b)
+            b *= scale
+            b -= r
+            np.square(b, out=b)
+            err = b.sum(axis=1)
+            better = err < best_err
+            best_err = np.where(better, err, best_err)
+            out[...] = np.where(better, cand, out)
+    return best
 
 
 def quantize_weight(weight: np.ndarray, qp: QParams, qmax: int = 127) -> np.ndarray:

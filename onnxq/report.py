@@ -16,6 +16,7 @@ import numpy as np
 
 from onnxq.annotate import Decision
 from onnxq.backends.validate import OutputFidelity
+from onnxq.bias_correction import BiasCorrection
 from onnxq.errors import Violation
 from onnxq.materialize import Placed
 
@@ -35,6 +36,7 @@ class Report:
     fidelity_mode: str = ""
     violations: list[Violation] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    bias_corrections: list[BiasCorrection] = field(default_factory=list)
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -75,6 +77,7 @@ class Report:
                  **({"closest_rule": d.rule} if d.rule else {})}
                 for d in self.float_ops
             ],
+            "bias_corrections": [asdict(c) for c in self.bias_corrections],
             "fidelity": {"mode": self.fidelity_mode,
                          "outputs": [asdict(f) for f in self.fidelity]},
             "violations": [asdict(v) for v in self.violations],
@@ -101,6 +104,12 @@ class Report:
                 lines.append(f"  {count:4d} x {reason}")
             if len(reasons) > 12:
                 lines.append(f"  ... {len(reasons) - 12} more reasons in the report file")
+        if self.bias_corrections:
+            channels = sum(c.corrected for c in self.bias_corrections)
+            largest = max(self.bias_corrections, key=lambda c: c.max_shift)
+            lines.append(f"bias correction: {channels} channels of {len(self.bias_corrections)} "
+                         f"layers shifted back (largest {largest.max_shift:.3g} in "
+                         f"{largest.node})")
         for f in self.fidelity:
             lines.append(f"fidelity {f.name} ({self.fidelity_mode}): cosine {f.cosine:.6f}, "
                          f"max abs error {f.max_abs_error:.4g} (float range {f.float_max_abs:.4g})")
@@ -128,6 +137,10 @@ class Report:
             + table(d["quantized_tensors"], ["tensor", "kind", "method", "scale", "zero_point",
                                              "axis", "range"])
             + "<h2>Float ops</h2>" + table(d["float_ops"], ["node", "op_type", "reason"])
+            + ("<h2>Bias corrections</h2>" + table(
+                d["bias_corrections"], ["node", "bias", "channels", "corrected", "max_shift",
+                                        "mean_abs_shift", "bias_max_abs"])
+               if d["bias_corrections"] else "")
             + "<h2>Fidelity</h2>" + table(d["fidelity"]["outputs"],
                                           ["name", "cosine", "max_abs_error"])
         )

@@ -9,8 +9,9 @@ Writes ``--calib-batches`` random N(0, 1) batches for the model's inputs (read f
 no weights are loaded), runs ``onnxq quantize`` (the CLI's ``main``) in a child process and
 prints the model size (header + external data), the wall time, the child's peak RSS
 (``os.wait4``'s ``ru_maxrss``) and the ratio peak RSS / model size.  While the child runs its
-RSS is sampled from ``/proc``; each time it grows by another ``--stack-every`` MiB the child
-dumps its Python stack (faulthandler on SIGUSR1), so the report says *where* memory grew.  On
+RSS is sampled from ``/proc``; each time it grows by another ``--stack-every`` MiB (and every
+``--stack-period`` seconds, if given) the child dumps its Python stack (faulthandler on
+SIGUSR1), so the report says *where* memory grew (and where the time goes).  On
 failure the child's stderr tail (its traceback) is printed.  Output files are deleted unless
 ``--keep``.  Exit status: the child's.
 """
@@ -83,24 +84,30 @@ def rss_of(pid: int) -> int:
 class Sampler(threading.Thread):
     """Samples the child's RSS; asks for a Python stack at each new high-water step."""
 
-    def __init__(self, pid: int, step: int, started: float):
+    def __init__(self, pid: int, step: int, started: float, period: float = 0.0):
         super().__init__(daemon=True)
-        self.pid, self.step, self.started = pid, step, started
+        self.pid, self.step, self.started, self.period = pid, step, started, period
         self.samples: list[tuple[float, int]] = []
         self.marks: list[tuple[float, int]] = []  # (t, rss) when a stack was requested
         self.stop = threading.Event()
 
     def run(self) -> None:
         next_mark = self.step
+        next_tick = self.period
         while not self.stop.wait(0.1):
             rss = rss_of(self.pid)
             if not rss:
                 continue
             t = time.monotonic() - self.started
             self.samples.append((t, rss))
-            if self.step and rss >= next_mark:
+            grew = self.step and rss >= next_mark
+            ticked = self.period and t >= next_tick
+            if grew or ticked:
                 self.marks.append((t, rss))
-                next_mark = (rss // self.step + 1) * self.step
+                if grew:
+                    next_mark = (rss // self.step + 1) * self.step
+                if ticked:
+                    next_tick = t + self.period
                 try:
                     os.kill(self.pid, signal.SIGUSR1)
                 except ProcessLookupError:
@@ -133,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: a temporary folder next to the model)")
     p.add_argument("--stack-every", type=int, default=1024,
                    help="MiB of RSS growth between Python stack dumps (0: none)")
+    p.add_argument("--stack-period", type=float, default=0.0,
+                   help="also dump the Python stack every this many seconds (0: never): "
+                   "where the time goes")
     p.add_argument("--keep", action="store_true", help="keep the output and calibration data")
     args = p.parse_args(argv)
 
@@ -150,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(err_path, "w") as err:
         started = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-        sampler = Sampler(proc.pid, args.stack_every * MIB, started)
+        sampler = Sampler(proc.pid, args.stack_every * MIB, started, args.stack_period)
         sampler.start()
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.monotonic() - started

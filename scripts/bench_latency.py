@@ -1,19 +1,29 @@
 #!/usr/bin/env python3
 """Latency of a quantized model against its float model in onnxruntime (CPU, default session).
 
-    python scripts/bench_latency.py FLOAT.onnx QUANT.onnx [--calib DIR] [--runs 50] [--threads N]
+    python scripts/bench_latency.py FLOAT.onnx QUANT.onnx [--calib DIR] [--runs 50] [--repeat 5]
+                                    [--threads N] [--profile]
 
 Feeds the first batch of ``--calib`` (a folder of .npz batches) or random data shaped like the
 model's inputs (dynamic dimensions set to 1, or to --dim NAME=VALUE); warms up, then times
-``--runs`` runs of each model alternately and prints the median milliseconds and the ratio
-float / quantized (> 1: the quantized model is faster).
+``--runs`` runs of each model alternately, ``--repeat`` times.  Each round gives a median per
+model and a ratio float / quantized (> 1: the quantized model is faster); the line printed last
+is the median over the rounds, with the rounds' range, so that a machine shared with other jobs
+shows up as spread instead of as a wrong number.
+
+``--profile`` also runs both models under onnxruntime's profiler and prints where the time goes
+per op type (kernel time per run; the profiler adds a few microseconds per node, so use it for
+shares, not for absolute latency).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,11 +31,14 @@ import numpy as np
 import onnxruntime as ort
 
 
-def _session(path: Path, threads: int) -> ort.InferenceSession:
+def _session(path: Path, threads: int, profile_dir: str | None = None) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     if threads:
         opts.intra_op_num_threads = threads
+    if profile_dir is not None:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(Path(profile_dir) / path.stem)
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
@@ -45,33 +58,75 @@ def _feeds(sess: ort.InferenceSession, calib: Path | None, dims: dict[str, int])
     return feeds
 
 
+def time_alternating(sessions: dict[str, ort.InferenceSession], feeds: dict, runs: int,
+                     ) -> dict[str, float]:
+    """Median milliseconds per session over ``runs`` runs, the sessions taking turns."""
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    for _ in range(runs):
+        for name, sess in sessions.items():
+            t0 = time.perf_counter()
+            sess.run(None, feeds)
+            times[name].append((time.perf_counter() - t0) * 1000)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def op_profile(path: Path, feeds: dict, runs: int, threads: int) -> dict[str, tuple[int, float]]:
+    """Op type -> (node count, kernel microseconds per run) from onnxruntime's profiler."""
+    with tempfile.TemporaryDirectory(prefix="onnxq-prof-") as tmp:
+        sess = _session(path, threads, tmp)
+        for _ in range(runs):
+            sess.run(None, feeds)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    total: dict[str, float] = collections.defaultdict(float)
+    nodes: dict[str, set[str]] = collections.defaultdict(set)
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            op = e["args"]["op_name"]
+            total[op] += e["dur"]
+            nodes[op].add(e["name"])
+    return {op: (len(nodes[op]), us / runs) for op, us in total.items()}
+
+
+def _print_profiles(paths: dict[str, Path], feeds: dict, runs: int, threads: int) -> None:
+    for name, path in paths.items():
+        prof = op_profile(path, feeds, runs, threads)
+        total = sum(us for _, us in prof.values())
+        print(f"profile {name} ({path.name}): kernels {total / 1000:.3f} ms per run")
+        for op, (count, us) in sorted(prof.items(), key=lambda kv: -kv[1][1]):
+            print(f"  {op:26s} x{count:<4d} {us:9.1f} us  {100 * us / total:5.1f}%")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Time both models and print the medians and their ratio."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("float_model", type=Path)
     p.add_argument("quant_model", type=Path)
     p.add_argument("--calib", type=Path)
-    p.add_argument("--runs", type=int, default=50)
+    p.add_argument("--runs", type=int, default=50, help="timed runs per model and round")
+    p.add_argument("--repeat", type=int, default=5, help="rounds (default 5)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--profile", action="store_true",
+                   help="also print onnxruntime's per-op-type kernel time for both models")
     args = p.parse_args(argv)
     dims = {k: int(v) for k, v in (d.split("=", 1) for d in args.dim)}
-    sessions = {"float": _session(args.float_model, args.threads),
-                "int8": _session(args.quant_model, args.threads)}
+    paths = {"float": args.float_model, "int8": args.quant_model}
+    sessions = {k: _session(v, args.threads) for k, v in paths.items()}
     feeds = _feeds(sessions["float"], args.calib, dims)
-    times: dict[str, list[float]] = {k: [] for k in sessions}
     for _ in range(args.warmup):
         for sess in sessions.values():
             sess.run(None, feeds)
-    for _ in range(args.runs):
-        for name, sess in sessions.items():
-            t0 = time.perf_counter()
-            sess.run(None, feeds)
-            times[name].append((time.perf_counter() - t0) * 1000)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"{args.float_model.name}: float {med['float']:.2f} ms, int8 {med['int8']:.2f} ms "
-          f"(median of {args.runs}), speed-up float/int8 = {med['float'] / med['int8']:.2f}x")
+    rounds = [time_alternating(sessions, feeds, args.runs) for _ in range(max(1, args.repeat))]
+    ratios = [r["float"] / r["int8"] for r in rounds]
+    med = {k: statistics.median(r[k] for r in rounds) for k in sessions}
+    if len(rounds) > 1:
+        print("rounds float/int8: " + " ".join(f"{x:.2f}" for x in ratios))
+    print(f"{args.float_model.name}: float {med['float']:.3f} ms, int8 {med['int8']:.3f} ms "
+          f"(median of {args.runs} runs x {len(rounds)} rounds), speed-up float/int8 = "
+          f"{statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})")
+    if args.profile:
+        _print_profiles(paths, feeds, max(args.runs, 20), args.threads)
     return 0
 
 

@@ -147,3 +147,18 @@ def test_constant_zero_activation_gives_a_warning():
     result = onnxq.quantize(model, batches, progress=False)
     assert any("constant zero" in w for w in result.report.warnings)
     assert check(result.model, PROFILES["tensorrt"]) == []
+
+
+def test_concat_of_inputs_with_very_different_ranges_stays_float():
+    model = graphs.two_branch_concat(channels=64)  # big enough for int8 to pay in onnxruntime
+    for t in model.graph.initializer:  # the second branch: ~100x the first's range
+        if t.name.startswith("c2."):
+            t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t) * 100, t.name))
+    batches = graphs.random_batches(model, 4)
+    result = onnxq.quantize(model, batches, backend="onnxruntime", progress=False)
+    concat = next(d for d in result.report.decisions if d.node == "concat")
+    assert not concat.quantized
+    assert "ranges differ" in concat.reason and "(> 16x)" in concat.reason
+    same = onnxq.quantize(graphs.two_branch_concat(channels=64), batches, backend="onnxruntime",
+                          progress=False)
+    assert next(d for d in same.report.decisions if d.node == "concat").quantized

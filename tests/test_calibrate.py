@@ -8,9 +8,10 @@ import onnxruntime as ort
 import pytest
 
 from onnxq import ir
-from onnxq.calibrate import calibrate, exposing, make_session
+from onnxq.calibrate import _stride, calibrate, exposing, make_session
 from onnxq.data import model_inputs
 from onnxq.errors import CalibrationDataError, UnsupportedModelError
+from onnxq.observers import BINS
 from tests import graphs
 
 
@@ -130,3 +131,117 @@ def test_make_session_wraps_onnxruntime_failures():
     model.graph.node[0].op_type = "NoSuchOp"
     with pytest.raises(UnsupportedModelError, match="onnxruntime cannot load the model"):
         make_session(model)
+
+
+# --------------------------------------------------------------- in-graph statistics, sampling
+def batched_conv(channels: int = 16, size: int = 12) -> onnx.ModelProto:
+    """x[N, C, S, S] -> Conv -> Relu -> y, with a dynamic batch axis."""
+    r = graphs.rng(5)
+    nodes = [
+        onnx.helper.make_node("Conv", ["x", "w", "b"], ["conv_out"], name="conv", pads=[1] * 4),
+        onnx.helper.make_node("Relu", ["conv_out"], ["y"], name="relu"),
+    ]
+    return graphs.model(
+        nodes, [graphs.tensor("x", ["N", channels, size, size])],
+        [graphs.tensor("y", ["N", channels, size, size])],
+        [graphs.init("w", graphs.weight(r, channels, channels, 3, 3)),
+         graphs.init("b", graphs.weight(r, channels))])
+
+
+@pytest.mark.parametrize("histogram", [True, False])
+def test_a_single_nan_anywhere_is_found(histogram):
+    # one NaN in the middle of a tensor (not its first value) is found too
+    model, inputs = prepared(graphs.log_model())
+    x = np.full((1, 16, 8, 8), 2.0, np.float32)
+    x[0, 7, 3, 5] = -1.0
+    with pytest.raises(CalibrationDataError,
+                       match="'log_out' has NaN or Inf values in calibration batch 0"):
+        calibrate(model, {"log_out": histogram}, [{"x": x}], inputs, progress=False)
+
+
+def test_stride_is_a_prime_coprime_to_every_dimension():
+    assert _stride(1000, [10, 10, 10], 1000) == 1
+    assert _stride(2304, [1, 16, 12, 12], 100) == 29  # 24 -> 29: the next prime
+    assert _stride(768 * 64, [1, 64, 768], 1024) == 53  # 48 -> 53
+    assert _stride(7 * 49, [1, 7, 7, 7], 100) == 5  # 4 -> 5 (5 divides no dimension)
+    assert _stride(11 * 13 * 100, [1, 11, 13, 100], 500) == 29  # skips 11, 13, 17, 19, 23
+    for dims in ([1, 64, 56, 56], [1, 3, 224, 224], [1, 128, 768], [4, 17, 19, 23]):
+        n = int(np.prod(dims[1:]))
+        for target in (64, 1000, 4096):
+            s = _stride(n, dims, target)
+            assert s >= n / target or s == 1
+            assert s == 1 or (all(s % k for k in range(2, s)) and all(d % s for d in dims))
+
+
+def test_sampled_histogram_holds_every_sth_value_of_each_sample_and_exact_extremes():
+    model, inputs = prepared(batched_conv())
+    batches = [graphs.random_inputs(model, seed=i, dynamic=3) for i in range(4)]
+    result = calibrate(model, {"conv_out": True, "y": False}, batches, inputs,
+                       histogram_sample=100, progress=False)
+    ref = reference_values(model, batches, ["conv_out"])["conv_out"]
+    stats = result.stats["conv_out"]
+    assert stats.count == ref.size  # min/max/count see every value
+    assert stats.min == float(ref.min()) and stats.max == float(ref.max())
+    stride = _stride(16 * 12 * 12, [3, 16, 12, 12], 100)
+    assert stride == 29
+    kept = ref.reshape(12, -1)[:, ::stride].ravel()  # 12 samples: 4 batches of 3
+    idx = np.floor(kept * np.float32(BINS / (2 * stats.range))).astype(np.int64) + BINS // 2
+    np.testing.assert_array_equal(stats.counts, np.bincount(idx, minlength=BINS))
+    assert result.stats["y"].count == ref.size and result.stats["y"].counts.sum() == 0
+
+
+def test_sampling_is_per_sample_so_batching_does_not_change_the_histogram():
+    model, inputs = prepared(batched_conv())
+    samples = [graphs.random_inputs(model, seed=i, dynamic=1) for i in range(16)]
+    ones = calibrate(model, {"conv_out": True}, samples, inputs, histogram_sample=100,
+                     progress=False).stats["conv_out"]
+    fours = [{"x": np.concatenate([s["x"] for s in samples[i:i + 4]])} for i in range(0, 16, 4)]
+    grouped = calibrate(model, {"conv_out": True}, fours, inputs, histogram_sample=100,
+                        progress=False).stats["conv_out"]
+    np.testing.assert_array_equal(ones.counts, grouped.counts)
+    assert (ones.min, ones.max, ones.count) == (grouped.min, grouped.max, grouped.count)
+    assert ones.sample_max_sum == pytest.approx(grouped.sample_max_sum, rel=1e-6)
+
+
+def test_histogram_sample_zero_keeps_every_value():
+    model, inputs = prepared(batched_conv())
+    batches = [graphs.random_inputs(model, seed=i, dynamic=2) for i in range(3)]
+    stats = calibrate(model, {"conv_out": True}, batches, inputs, histogram_sample=0,
+                      progress=False).stats["conv_out"]
+    assert stats.counts.sum() == stats.count == 3 * 2 * 16 * 12 * 12
+
+
+def test_float16_rank1_and_unknown_rank_tensors_are_observed():
+    nodes = [
+        onnx.helper.make_node("Cast", ["x"], ["half"], to=onnx.TensorProto.FLOAT16, name="c"),
+        onnx.helper.make_node("Relu", ["half"], ["half_relu"], name="r"),
+        onnx.helper.make_node("Cast", ["half_relu"], ["back"], to=onnx.TensorProto.FLOAT,
+                              name="c2"),
+        onnx.helper.make_node("ReduceSum", ["back"], ["total"], keepdims=0, name="s"),
+        onnx.helper.make_node("Reshape", ["back", "shape"], ["anyrank"], name="rs"),
+    ]
+    graph = onnx.helper.make_graph(
+        nodes, "ranks", [graphs.tensor("x", [37]), graphs.tensor("shape", [None],
+                                                                  onnx.TensorProto.INT64)],
+        [graphs.tensor("total", []), graphs.tensor("anyrank", None)])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model.ir_version = graphs.IR_VERSION
+    model, inputs = prepared(model)
+    assert ir.Graph(model).shape("anyrank") is None
+    x = np.linspace(-3, 5, 37, dtype=np.float32)
+    batch = {"x": x, "shape": np.array([37, 1], np.int64)}
+    result = calibrate(model, {"half_relu": True, "x": True, "total": False, "anyrank": True},
+                       [batch], inputs, progress=False)
+    assert result.stats["half_relu"].max == 5.0 and result.stats["half_relu"].min == 0.0
+    assert result.stats["x"].count == 37 and result.stats["x"].samples == 1
+    assert result.stats["total"].count == 1
+    assert result.stats["total"].max == pytest.approx(float(np.maximum(x, 0).sum()), rel=1e-3)
+    assert result.stats["anyrank"].counts.sum() == 37  # exposed whole, numpy's statistics
+
+
+def test_observing_adds_nothing_to_the_model():
+    model, inputs = prepared(batched_conv())
+    before = ir.serialize(model)
+    calibrate(model, {"conv_out": True, "x": False}, graphs.random_batches(model, 2), inputs,
+              progress=False)
+    assert ir.serialize(model) == before

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -32,6 +33,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxq
+from onnxq import ir
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
 from onnxq.cli import main
@@ -729,6 +731,46 @@ def test_external_data_model_quantizes_and_saves_with_external_data(tmp_path):
     # the source files are untouched and still self-consistent
     assert onnx.load(str(model_path), load_external_data=False).graph.initializer[0].data_location \
         == TensorProto.EXTERNAL
+
+
+def test_weights_left_on_disk_quantize_to_the_same_bytes(tmp_path, monkeypatch):
+    """The >2 GB path at CI size: past ``LAZY_BYTES`` the weights stay in the input's data file
+    (read one at a time, hard-linked for onnxruntime).  The output and report are byte for byte
+    those of the run that reads the weights in; the inputs and the temp folder are untouched."""
+    builder = load_script("make_large_model")
+    src = tmp_path / "src"
+    src.mkdir()
+    model_path, data_path = builder.build_large_model(src / "stack.onnx", layers=5, width=256)
+    inputs = (model_path, data_path)
+    before = [(p.read_bytes(), p.stat().st_mtime_ns, p.stat().st_nlink) for p in inputs]
+    calib = write_calib(tmp_path / "calib", batches(4, shape=(1, 256), seed=3))
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
+    links: list[str] = []
+    real_link = ir.external.link_into
+
+    def recording_link(source: str, target: Path) -> bool:
+        links.append(source)
+        return real_link(source, target)
+
+    monkeypatch.setattr(ir.external, "link_into", recording_link)
+    runs = []
+    for lazy_bytes in (2**40, 2**20):  # read in; left on disk (the data file is 1.3 MB)
+        monkeypatch.setattr(ir.external, "LAZY_BYTES", lazy_bytes)
+        out = tmp_path / f"out-{lazy_bytes}"
+        out.mkdir()
+        code = main(["quantize", str(model_path), "-o", str(out / "q.onnx"), "--calib",
+                     str(calib), "--report", str(out / "report.json"), "-q"])
+        assert code == 0
+        runs.append([(out / name).read_bytes() for name in ("q.onnx", "report.json")])
+        assert sorted(p.name for p in out.iterdir()) == ["q.onnx", "report.json"]
+    assert links and set(links) == {str(data_path.resolve())}  # the lazy run linked the data
+    assert runs[0] == runs[1]
+    report = json.loads(runs[1][1])
+    assert report["fidelity"]["outputs"][0]["cosine"] > 0.99
+    assert [(p.read_bytes(), p.stat().st_mtime_ns, p.stat().st_nlink) for p in inputs] == before
+    assert list(tmpdir.iterdir()) == []
 
 
 # ------------------------------------------------------------------------------- code safety

@@ -91,6 +91,19 @@ class BackendProfile:
             products; ``None``: the backend never reduces.
         fused_validation: whether fidelity is measured with onnxruntime's Q/DQ fusion on (the
             kernels the user will run) or off (the graph's own arithmetic, what TensorRT runs).
+        float_grouped_convs: grouped (depthwise) convs get int8 only inside a chain of integer
+            kernels: onnxruntime's x86 int8 depthwise kernel runs 1.4-10x slower than float.
+        min_macs_per_output: a Conv/Gemm/MatMul summing fewer products per output element
+            (input channels per group x kernel area; K) gets int8 only inside a chain of integer
+            kernels (``onnxq.rewrites.cost``): onnxruntime's x86 depthwise and few-channel int8
+            convs run slower than float.  0: off.
+        min_macs: the same for an op with fewer multiply-adds per sample (static shapes only):
+            its Q/DQ nodes would cost more than it saves.  0: off.
+        chain_ops: ops quantized only when every activation input comes quantized out of an
+            integer kernel (their int8 kernel saves nothing by itself).
+        nhwc_only_ops: ops onnxruntime runs in uint8 when a Q follows them (it moves the Q
+            backward through them) but fast only inside the NHWC layout of its integer convs; an
+            op below the cost thresholds whose output reaches one keeps int8.
     """
 
     name: str
@@ -113,6 +126,11 @@ class BackendProfile:
     folded_activations: frozenset[str] = frozenset()
     float_readers: frozenset[str] = frozenset()
     float_output_kernel_ops: frozenset[str] = frozenset()
+    float_grouped_convs: bool = False
+    min_macs_per_output: int = 0
+    min_macs: int = 0
+    chain_ops: frozenset[str] = frozenset()
+    nhwc_only_ops: frozenset[str] = frozenset()
     passthrough_ops: frozenset[str] = PASSTHROUGH_OPS
     shape_ops: frozenset[str] = SHAPE_OPS
 
@@ -159,6 +177,12 @@ ONNXRUNTIME = BackendProfile(
     ),
     allowed_qdq_dtypes=frozenset({"int8", "uint8", "int32"}),
     fused_validation=True,
+    float_grouped_convs=True,
+    min_macs_per_output=32,
+    min_macs=65536,
+    chain_ops=frozenset({"Add", "Mul", "Concat", "GlobalAveragePool", "AveragePool", "Sigmoid",
+                         "LeakyRelu"}),
+    nhwc_only_ops=frozenset({"MaxPool"}),
 )
 
 PROFILES: dict[str, BackendProfile] = {p.name: p for p in (TENSORRT, ONNXRUNTIME)}

@@ -4,9 +4,12 @@
 opset too old for per-axis Q/DQ and runs shape inference.  :class:`Graph` is an index over a
 ``GraphProto`` (producers, consumers, constants, types) with the few edits the pipeline needs;
 after a batch of edits, :meth:`Graph.commit` re-sorts the nodes topologically and drops what no
-longer feeds an output.  ``save_model`` writes atomically.
+longer feeds an output.  ``save_model`` writes atomically.  Past ``external.LAZY_BYTES`` of
+external data, weights stay on disk until read (``onnxq.ir.external``).
 """
 
+from onnxq.ir import external
+from onnxq.ir.augment import with_outputs
 from onnxq.ir.constants import DEFAULT_DOMAINS, PROTO_LIMIT
 from onnxq.ir.graph import (
     Graph,
@@ -27,6 +30,7 @@ from onnxq.ir.load import (
 )
 from onnxq.ir.save import (
     atomic_write_bytes,
+    inline_nbytes,
     model_nbytes,
     save_model,
     serialize,
@@ -35,9 +39,9 @@ from onnxq.ir.save import (
 
 __all__ = [
     "DEFAULT_DOMAINS", "PROTO_LIMIT", "Graph", "atomic_write_bytes",
-    "check_model", "constant_node_value", "copy_without_initializers", "has_subgraph",
-    "infer_shapes", "load_model",
+    "check_model", "constant_node_value", "copy_without_initializers", "external",
+    "has_subgraph", "infer_shapes", "inline_nbytes", "load_model",
     "model_nbytes", "name_nodes", "node_attrs", "opset_version",
     "save_model", "serialize", "session_bytes_or_path", "set_opset", "shapes_for_inputs",
-    "upgrade_opset",
+    "upgrade_opset", "with_outputs",
 ]

@@ -10,6 +10,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxq.errors import UnsupportedModelError
+from onnxq.ir import external
 from onnxq.ir.constants import DEFAULT_DOMAINS
 from onnxq.ir.load import _attr_graphs
 
@@ -85,7 +86,7 @@ class Graph:
         if name in self.graph_inputs_set():
             return None
         if name in self.initializers:
-            value = numpy_helper.to_array(self.initializers[name])
+            value = external.tensor_array(self.initializers[name])  # lazy: read from disk
         elif name in self.constant_nodes:
             value = constant_node_value(self.constant_nodes[name])
         if value is not None and value.nbytes <= _CACHE_LIMIT:
@@ -158,9 +159,9 @@ class Graph:
 
     def add_initializer(self, name: str, value: np.ndarray) -> str:
         """Add a constant; returns its name."""
-        tensor = numpy_helper.from_array(np.asarray(value, order="C"), name)
-        self.proto.initializer.append(tensor)
-        self.initializers[name] = tensor
+        self.proto.initializer.append(numpy_helper.from_array(np.asarray(value, order="C"), name))
+        # index the graph's own copy: the detached original would keep a second copy alive
+        self.initializers[name] = self.proto.initializer[-1]
         self._names().add(name)
         return name
 
@@ -269,10 +270,11 @@ class Graph:
         keep.reverse()
         del self.proto.node[:]
         self.proto.node.extend(keep)
-        used = [t for t in self.proto.initializer if t.name in live]
-        if len(used) != len(self.proto.initializer):
-            del self.proto.initializer[:]
-            self.proto.initializer.extend(used)
+        # deleted in place: rebuilding the list would copy every kept weight (protobuf copies
+        # on extend, and its arena keeps the originals until the model is freed)
+        for i in range(len(self.proto.initializer) - 1, -1, -1):
+            if self.proto.initializer[i].name not in live:
+                del self.proto.initializer[i]
         names = live | {o.name for o in self.proto.output}
         infos = [vi for vi in self.proto.value_info if vi.name in names]
         del self.proto.value_info[:]

@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, external_data_helper, helper
 
 from onnxq.errors import ModelLoadError, UnsupportedModelError
+from onnxq.ir import external
 from onnxq.ir.constants import DEFAULT_DOMAINS
 
 
@@ -21,7 +22,9 @@ def load_model(path: str | os.PathLike[str], min_opset: int = 13) -> onnx.ModelP
     """Read, check, upgrade (to ``min_opset``) and shape-infer a model file.
 
     External data must lie inside the model's folder; anything else (``..``, absolute paths,
-    symlinks that leave the folder) is refused before a byte of it is read.
+    symlinks that leave the folder) is refused before a byte of it is read.  From
+    ``external.LAZY_BYTES`` of external data on, the weights stay on disk (lazy tensors, see
+    :mod:`onnxq.ir.external`): the model then holds only the graph.
     """
     p = Path(path)
     if not p.is_file():
@@ -38,16 +41,50 @@ def load_model(path: str | os.PathLike[str], min_opset: int = 13) -> onnx.ModelP
     base = p.resolve().parent
     for tensor in _external_tensors(model):
         _check_external_location(tensor, base, p)
-    try:
-        onnx.load_external_data_for_model(model, str(base))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{p}: cannot read external data: {exc}") from None
+    _load_external_data(model, base, p)
     _check_opset(model, str(p))
     _check_payloads(model, str(p))
     check_model(model, where=str(p))
     model = upgrade_opset(model, min_opset, where=str(p))
     name_nodes(model.graph)
     return infer_shapes(model)
+
+
+def _load_external_data(model: onnx.ModelProto, base: Path, p: Path) -> None:
+    """Read the (checked) external data in, or, past :data:`external.LAZY_BYTES`, leave the
+    top-level weights on disk as lazy tensors (``onnxq.ir.external``)."""
+    lazy = _lazy_candidates(model, base, p)
+    try:
+        if not lazy:
+            onnx.load_external_data_for_model(model, str(base))
+            return
+        for tensor, path, offset, length in lazy:
+            external.make_lazy(tensor, path, offset, length)
+        for tensor in _external_tensors(model):
+            if not external.is_lazy(tensor):
+                external_data_helper.load_external_data_for_tensor(tensor, str(base))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{p}: cannot read external data: {exc}") from None
+
+
+def _lazy_candidates(model: onnx.ModelProto, base: Path,
+                     p: Path) -> list[tuple[TensorProto, Path, int, int]]:
+    """Top-level external initializers to leave on disk: all of them when they hold at least
+    ``LAZY_BYTES``, else none.  Each one's stored length must match its shape and type."""
+    found = []
+    for tensor in model.graph.initializer:
+        if tensor.data_location != TensorProto.EXTERNAL or tensor.data_type in _PACKED_TYPES:
+            continue
+        path, offset, length = _check_external_location(tensor, base, p)
+        if length is None:
+            length = path.stat().st_size - offset
+        want = _nbytes(tensor)
+        if length != want:
+            raise ModelLoadError(
+                f"{p}: initializer {tensor.name!r} holds {length} bytes, its shape "
+                f"{list(tensor.dims)} and type need {want}; the file is truncated or corrupt")
+        found.append((tensor, path, offset, length))
+    return found if sum(f[3] for f in found) >= external.LAZY_BYTES else []
 
 
 def _check_opset(model: onnx.ModelProto, where: str) -> None:
@@ -116,7 +153,10 @@ def _attr_graphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
     return []
 
 
-def _check_external_location(tensor: TensorProto, base: Path, model_path: Path) -> None:
+def _check_external_location(tensor: TensorProto, base: Path,
+                             model_path: Path) -> tuple[Path, int, int | None]:
+    """Refuse a location outside ``base`` or a range past the file's end; returns the resolved
+    file, the offset and the length (``None`` when not given: to the end of the file)."""
     info = {e.key: e.value for e in tensor.external_data}
     location = info.get("location", "")
     where = f"{model_path}: initializer {tensor.name!r}"
@@ -157,6 +197,7 @@ def _check_external_location(tensor: TensorProto, base: Path, model_path: Path) 
             f"{where}: external data range {offset}+{length} is past the end of {location!r} "
             f"({size} bytes); the data file is truncated or belongs to another model"
         )
+    return resolved, offset, (length if info.get("length") else None)
 
 
 def upgrade_opset(model: onnx.ModelProto, min_opset: int, where: str = "model") -> onnx.ModelProto:

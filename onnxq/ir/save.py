@@ -12,19 +12,37 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from onnxq.errors import OutputError
+from onnxq.ir import external
 from onnxq.ir.constants import PROTO_LIMIT
 from onnxq.ir.load import _nbytes, copy_without_initializers
 
 
 # ------------------------------------------------------------------------------- saving
 def model_nbytes(model: onnx.ModelProto) -> int:
-    """Approximate serialized size: the weights dominate."""
+    """Approximate serialized size: the weights dominate (lazy ones included)."""
     return sum(_nbytes(t) for t in model.graph.initializer) + 1_000_000
 
 
-def serialize(model: onnx.ModelProto) -> bytes:
-    """Deterministic serialization for models under the protobuf limit."""
-    return model.SerializeToString(deterministic=True)
+def inline_nbytes(model: onnx.ModelProto) -> int:
+    """Approximate size of what the proto itself holds (weights left on disk excluded)."""
+    return sum(_nbytes(t) for t in model.graph.initializer
+               if t.data_location != TensorProto.EXTERNAL) + 1_000_000
+
+
+def serialize(model: onnx.ModelProto, load_lazy: bool = True) -> bytes:
+    """Deterministic serialization for models under the protobuf limit.
+
+    Lazy weights are read in (the bytes are what the model would be had it been loaded
+    whole), or with ``load_lazy=False`` kept as references to their files: a header for
+    onnxq's own use (:func:`session_bytes_or_path` accepts it back), not a file to share.
+    """
+    if not load_lazy or not external.has_lazy(model):
+        return model.SerializeToString(deterministic=True)
+    full = copy_without_initializers(model)
+    for tensor in model.graph.initializer:
+        full.graph.initializer.append(
+            external.loaded_copy(tensor) if external.is_lazy(tensor) else tensor)
+    return full.SerializeToString(deterministic=True)
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike[str],
@@ -32,8 +50,10 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike[str],
     """Write ``model`` atomically; returns the files written.
 
     ``external_data=None`` stores weights in a ``<name>.data`` file beside the model only when
-    the model would pass protobuf's 2 GB limit.  Files appear under their final names only when
-    complete (written to a temporary file in the same folder, then renamed).
+    the model would pass protobuf's 2 GB limit or some weights were left on disk when it was
+    loaded (those are copied range by range, never read in whole).  Files appear under their
+    final names only when complete (written to a temporary file in the same folder, then
+    renamed).
     """
     out = Path(path)
     folder = out.parent if str(out.parent) else Path(".")
@@ -42,41 +62,56 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike[str],
     if not os.access(folder, os.W_OK):
         raise OutputError(f"output folder is not writable: {folder}")
     if external_data is None:
-        external_data = model_nbytes(model) >= PROTO_LIMIT
+        external_data = model_nbytes(model) >= PROTO_LIMIT or external.has_lazy(model)
     if not external_data:
         atomic_write_bytes(out, serialize(model))
         return [out]
     return _save_external(model, out)
 
 
-def _save_external(model: onnx.ModelProto, out: Path) -> list[Path]:
+def _save_external(model: onnx.ModelProto, out: Path, link_lazy: bool = False) -> list[Path]:
     """Weights >= 1 KiB go to ``<out>.data`` (4 KiB aligned); the header references them.
 
     The header is built beside the model, never by editing it, so no second copy of the
-    weights is held: each tensor's bytes live only while they are written.
+    weights is held: each tensor's bytes live only while they are written.  Lazy weights are
+    copied from their file in chunks or, with ``link_lazy`` (onnxruntime's private copy in a
+    temporary folder), referenced in a hard link of their file when the filesystem allows.
     """
     data_name = out.name + ".data"
     data_path = out.parent / data_name
     header = copy_without_initializers(model)
+    links: dict[str, str | None] = {}
     try:
         with _temp_beside(data_path) as tmp_data:
             offset = 0
             with open(tmp_data, "wb") as fh:
                 for tensor in model.graph.initializer:
-                    if _nbytes(tensor) < 1024 or tensor.data_location == TensorProto.EXTERNAL:
+                    lazy = external.is_lazy(tensor)
+                    if lazy and _nbytes(tensor) < 1024:
+                        header.graph.initializer.append(external.loaded_copy(tensor))
+                        continue
+                    if not lazy and (_nbytes(tensor) < 1024
+                                     or tensor.data_location == TensorProto.EXTERNAL):
                         header.graph.initializer.append(tensor)
                         continue
-                    raw = tensor.raw_data or numpy_helper.to_array(tensor).tobytes()
+                    if lazy and link_lazy:
+                        ext = external.extent(tensor)
+                        linked = _linked(ext.path, out, links)
+                        if linked is not None:
+                            _add_ref(header, tensor, linked, ext.offset, ext.length)
+                            continue
                     pad = (-offset) % 4096
                     fh.write(b"\0" * pad)
                     offset += pad
-                    fh.write(raw)
-                    ref = header.graph.initializer.add()
-                    ref.name, ref.data_type = tensor.name, tensor.data_type
-                    ref.dims.extend(tensor.dims)
-                    _mark_external(ref, data_name, offset, len(raw))
-                    offset += len(raw)
-                    del raw
+                    if lazy:
+                        length = external.copy_bytes(tensor, fh)
+                    else:
+                        raw = tensor.raw_data or numpy_helper.to_array(tensor).tobytes()
+                        fh.write(raw)
+                        length = len(raw)
+                        del raw
+                    _add_ref(header, tensor, data_name, offset, length)
+                    offset += length
                 fh.flush()
                 os.fsync(fh.fileno())
             body = serialize(header)
@@ -103,6 +138,22 @@ def _swap_in(tmp_model: Path, out: Path, tmp_data: Path, data_path: Path) -> Non
         else:
             out.unlink(missing_ok=True)
         raise
+
+
+def _linked(source: str, out: Path, links: dict[str, str | None]) -> str | None:
+    """The name of a hard link of ``source`` beside ``out`` (made once), None if refused."""
+    if source not in links:
+        name = f"{out.name}.src{len(links)}"
+        links[source] = name if external.link_into(source, out.parent / name) else None
+    return links[source]
+
+
+def _add_ref(header: onnx.ModelProto, tensor: TensorProto, location: str, offset: int,
+             length: int) -> None:
+    ref = header.graph.initializer.add()
+    ref.name, ref.data_type = tensor.name, tensor.data_type
+    ref.dims.extend(tensor.dims)
+    _mark_external(ref, location, offset, length)
 
 
 def _mark_external(tensor: TensorProto, location: str, offset: int, length: int) -> None:
@@ -145,9 +196,16 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 
 def session_bytes_or_path(model: onnx.ModelProto, workdir: Path) -> bytes | str:
-    """What onnxruntime's InferenceSession should load: bytes, or a file for huge models."""
-    if model_nbytes(model) < PROTO_LIMIT:
+    """What onnxruntime's InferenceSession should load: the serialized model, or a file in
+    ``workdir`` for large models.
+
+    A file (from :data:`external.LAZY_BYTES` of weights, or when weights were left on disk)
+    saves the serialized copy: onnxruntime maps the external data itself.  Weights left on
+    disk stay in their file, hard-linked into ``workdir`` (onnxruntime reads external data only
+    from the model's own folder), or copied when the filesystem refuses the link.
+    """
+    if not external.has_lazy(model) and model_nbytes(model) < external.LAZY_BYTES:
         return serialize(model)
     path = workdir / "model.onnx"
-    save_model(model, path, external_data=True)
+    _save_external(model, path, link_lazy=True)
     return str(path)

@@ -8,10 +8,12 @@ channel thresholds) comes from the profile, never from a branch on the backend's
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from onnx import TensorProto
 
+from onnxq.rewrites.cost import chain_decline, cost_decline
 from onnxq.rewrites.pattern import Context, Decline, Match, Rule, Spec, rule
 
 CONV_LIKE = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -117,14 +119,22 @@ def small_decline(op: str, k: int, n: int, ctx: Context) -> Decline | None:
     return None
 
 
-def weighted_op(m: Match, ctx: Context, k: int, n: int) -> list[Spec] | Decline:
-    """Activation input 0 + weight input 1 (+ int32 bias, output Q/DQ where the profile asks)."""
+def weighted_op(m: Match, ctx: Context, k: int, n: int,
+                macs_per_output: int | None = None, grouped: bool = False,
+                ) -> list[Spec] | Decline:
+    """Activation input 0 + weight input 1 (+ int32 bias, output Q/DQ where the profile asks).
+
+    ``macs_per_output`` (products summed per output element) feeds the profile's cost rules
+    (``onnxq.rewrites.cost``); ``None`` (ConvTranspose, not measured) skips them."""
     problem = activation_problem(m, ctx, m.input(0))
     if problem:
         return Decline(problem)
     small = small_decline(m.node.op_type, k, n, ctx)
     if small:
         return small
+    costly = cost_decline(m, ctx, macs_per_output, grouped) if macs_per_output else None
+    if costly:
+        return costly
     w = weight_spec(m, ctx, 1)
     if isinstance(w, Decline):
         return w
@@ -151,8 +161,10 @@ def conv(m: Match, ctx: Context) -> list[Spec] | Decline:
     if w is None or w.ndim < 3:
         return Decline(f"weight {m.input(1)!r} is not a constant of rank >= 3")
     group = int(m.attrs().get("group", 1))  # type: ignore[call-overload]
+    per_output = None
     if m.node.op_type == "Conv":
         out_c, in_c = w.shape[0], w.shape[1] * group
+        per_output = w.shape[1] * math.prod(w.shape[2:])
     else:
         in_c, out_c = w.shape[0], w.shape[1] * group
     if group > 1 and ctx.min_channels:
@@ -162,8 +174,8 @@ def conv(m: Match, ctx: Context) -> list[Spec] | Decline:
                 f"grouped conv (group={group}) with {out_c} output channels and kernel {kernel}: "
                 "INT8 pays only when out_channels % 8 == 0 and kernel >= 3"
             )
-        return weighted_op(m, ctx, max(in_c, ctx.min_channels), out_c)
-    return weighted_op(m, ctx, in_c, out_c)
+        return weighted_op(m, ctx, max(in_c, ctx.min_channels), out_c, per_output, True)
+    return weighted_op(m, ctx, in_c, out_c, per_output, group > 1)
 
 
 @rule("gemm", "Gemm")
@@ -174,7 +186,7 @@ def gemm(m: Match, ctx: Context) -> list[Spec] | Decline:
         return Decline("B is not a constant matrix (activation x activation Gemm stays float)")
     trans_b = int(m.attrs().get("transB", 0))  # type: ignore[call-overload]
     k, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
-    return weighted_op(m, ctx, k, n)
+    return weighted_op(m, ctx, k, n, k)
 
 
 @rule("matmul", "MatMul")
@@ -187,7 +199,7 @@ def matmul(m: Match, ctx: Context) -> list[Spec] | Decline:
         )
     if b.ndim < 2:
         return Decline("right-hand side is a vector (GEMV): INT8 does not pay")
-    return weighted_op(m, ctx, b.shape[-2], b.shape[-1])
+    return weighted_op(m, ctx, b.shape[-2], b.shape[-1], b.shape[-2])
 
 
 @rule("residual_add", "Add")
@@ -222,6 +234,9 @@ def binary(m: Match, ctx: Context) -> list[Spec] | Decline:
         problem = activation_problem(m, ctx, m.input(index))
         if problem:
             return Decline(problem)
+    chain = chain_decline(m, ctx, [m.input(0), m.input(1)])
+    if chain:
+        return chain
     return [activation(m, 0), activation(m, 1), *output_specs(m, ctx, m.node.output[0])]
 
 
@@ -232,6 +247,9 @@ def concat(m: Match, ctx: Context) -> list[Spec] | Decline:
         problem = activation_problem(m, ctx, m.input(index))
         if problem:
             return Decline(problem)
+    chain = chain_decline(m, ctx, list(m.node.input))
+    if chain:
+        return chain
     outs = output_specs(m, ctx, m.node.output[0])
     if not outs:
         return Decline("its output is a graph output or unread; the concat stays float")
@@ -244,6 +262,9 @@ def unary(m: Match, ctx: Context) -> list[Spec] | Decline:
     problem = activation_problem(m, ctx, m.input(0))
     if problem:
         return Decline(problem)
+    chain = chain_decline(m, ctx, [m.input(0)])
+    if chain:
+        return chain
     outs = output_specs(m, ctx, m.node.output[0])
     if not outs:
         return Decline("its output is a graph output or unread; no integer kernel to fuse")

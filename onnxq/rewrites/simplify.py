@@ -15,6 +15,9 @@ from onnx import helper, numpy_helper
 
 from onnxq import ir
 from onnxq.errors import OnnxqError, UnsupportedModelError
+from onnxq.rewrites.bias_add import fold_bias_add
+from onnxq.rewrites.hardswish import fuse_hardswish
+from onnxq.rewrites.prelu import decompose_prelu
 
 Pass = Callable[[ir.Graph], bool]
 
@@ -181,6 +184,9 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     remove_identities,
     fold_constants,
     fold_batchnorm,
+    fold_bias_add,
+    fuse_hardswish,
+    decompose_prelu,
 )
 
 

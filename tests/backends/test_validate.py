@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxq.backends.validate import OutputFidelity, fidelity, run_outputs
+from onnxq.backends.validate import OutputFidelity, fidelity, run_outputs, validation_session
 from onnxq.calibrate import make_session
-from onnxq.errors import BackendConstraintError
+from onnxq.errors import BackendConstraintError, UnsupportedModelError
 from tests import graphs
 
 
@@ -28,6 +28,26 @@ def test_run_outputs_failure_names_the_model_and_batch():
         BackendConstraintError, match="the quantized model fails in onnxruntime on held batch 1"
     ):
         run_outputs(model, batches, fused=False, what="quantized")
+
+
+def test_validation_sessions_run_nodes_in_the_models_priority_order():
+    """onnxruntime's default order runs every weight's DequantizeLinear before the first
+    MatMul: an unfused model would then hold all its weights in float at once."""
+    import onnxruntime as ort
+
+    for fused in (False, True):
+        opts = validation_session(graphs.conv_relu(), fused).get_session_options()
+        assert opts.execution_order == ort.ExecutionOrder.PRIORITY_BASED
+        assert opts.graph_optimization_level == (
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL if fused
+            else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+
+
+def test_validation_session_load_failure_names_the_model():
+    model = graphs.conv_relu()
+    model.graph.node[0].op_type = "NoSuchOp"
+    with pytest.raises(UnsupportedModelError, match="cannot load the quantized model"):
+        validation_session(model, fused=False)
 
 
 def test_fidelity_of_identical_outputs_is_perfect():

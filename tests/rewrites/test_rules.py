@@ -13,6 +13,19 @@ from onnxq.config import QuantConfig
 from onnxq.rewrites.rules import RULE_SETS
 from tests import graphs
 
+# These tests check what each rule places once it applies.  The onnxruntime profile's cost rules
+# (onnxq.rewrites.cost: depthwise convs, small ops and chain ops stay float outside chains of
+# integer kernels) would keep most of these tiny graphs float; tests/rewrites/test_cost.py
+# covers them, with the real profile.
+ONNXRUNTIME_NO_COST = PROFILES["onnxruntime"].replace(
+    float_grouped_convs=False, min_macs_per_output=0, min_macs=0, chain_ops=frozenset(),
+    nhwc_only_ops=frozenset())
+
+
+@pytest.fixture(autouse=True)
+def _onnxruntime_without_cost_rules(monkeypatch):
+    monkeypatch.setitem(PROFILES, "onnxruntime", ONNXRUNTIME_NO_COST)
+
 
 def annotated(model: onnx.ModelProto, backend: str = "tensorrt", **options) -> Annotations:
     graph = ir.Graph(ir.infer_shapes(model))

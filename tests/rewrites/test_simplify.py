@@ -244,4 +244,7 @@ def test_default_passes_order():
         "remove_identities",
         "fold_constants",
         "fold_batchnorm",
+        "fold_bias_add",
+        "fuse_hardswish",
+        "decompose_prelu",
     ]

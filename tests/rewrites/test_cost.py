@@ -1,0 +1,164 @@
+"""The onnxruntime profile's cost rules (onnxq.rewrites.cost): where int8 does not pay, ops stay
+float unless they sit inside a chain of integer kernels; TensorRT placement is unaffected."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from onnx import helper
+
+import onnxq
+from onnxq import ir
+from onnxq.annotate import Annotations, annotate
+from onnxq.backends.profile import PROFILES
+from onnxq.config import QuantConfig
+from tests import graphs
+
+
+def net(layers: list[tuple], shape: tuple[int, ...] = (1, 16, 16, 16)) -> onnx.ModelProto:
+    """A chain of layers named l0, l1, ...; the last output feeds a Tanh tail (no integer kernel)
+    so that it is not a graph output.
+
+    ``("conv", out_channels, kernel, group)``, ``("gemm", n)``, ``("op", op_type)``.
+    """
+    r = graphs.rng(0)
+    nodes, inits, x, dims = [], [], "x", list(shape)
+    for i, layer in enumerate(layers):
+        name, out = f"l{i}", f"t{i}"
+        if layer[0] == "conv":
+            _, out_c, k, group = layer
+            w = graphs.weight(r, out_c, dims[1] // group, k, k)
+            b = graphs.weight(r, out_c)
+            inits += [graphs.init(f"{name}.w", w), graphs.init(f"{name}.b", b)]
+            nodes.append(helper.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [out], name=name,
+                                          group=group, pads=[k // 2] * 4))
+            dims[1] = out_c
+        elif layer[0] == "gemm":
+            w = graphs.weight(r, layer[1], dims[1])
+            inits.append(graphs.init(f"{name}.w", w))
+            nodes.append(helper.make_node("Gemm", [x, f"{name}.w"], [out], name=name, transB=1))
+            dims[1] = layer[1]
+        elif layer[1] == "MaxPool":
+            nodes.append(helper.make_node("MaxPool", [x], [out], name=name, kernel_shape=[2, 2],
+                                          strides=[2, 2]))
+            dims[2:] = [d // 2 for d in dims[2:]]
+        else:
+            nodes.append(helper.make_node(layer[1], [x], [out], name=name))
+        x = out
+    nodes.append(helper.make_node("Tanh", [x], ["y"], name="tail"))
+    return graphs.model(nodes, [graphs.tensor("x", list(shape))], [graphs.tensor("y", dims)],
+                        inits)
+
+
+def annotated(model: onnx.ModelProto, backend: str = "onnxruntime") -> Annotations:
+    graph = ir.Graph(ir.infer_shapes(model))
+    return annotate(graph, PROFILES[backend], QuantConfig(backend=backend))
+
+
+def decision(ann: Annotations, node: str):
+    (found,) = [d for d in ann.decisions if d.node == node]
+    return found
+
+
+def quantized(ann: Annotations) -> list[str]:
+    return [d.node for d in ann.decisions if d.quantized and d.rule != "fused"]
+
+
+SEPARABLE = [("conv", 32, 3, 1), ("op", "Relu"), ("conv", 32, 3, 32), ("op", "Relu"),
+             ("conv", 32, 1, 1), ("op", "Relu")]
+
+
+# ------------------------------------------------------------------------------- grouped convs
+def test_depthwise_conv_inside_a_chain_of_integer_kernels_is_quantized():
+    ann = annotated(net(SEPARABLE))
+    assert quantized(ann) == ["l0", "l2", "l4"]
+
+
+def test_depthwise_conv_on_a_float_input_stays_float():
+    ann = annotated(net(SEPARABLE[2:], shape=(1, 32, 16, 16)))  # reads the graph input
+    d = decision(ann, "l0")
+    assert not d.quantized and d.rule == "conv"
+    assert "grouped conv" in d.reason and "slower than float" in d.reason
+    assert quantized(ann) == ["l2"]  # the pointwise conv after it starts the chain
+
+
+def test_depthwise_conv_that_would_end_the_chain_stays_float():
+    layers = [*SEPARABLE[:2], ("conv", 32, 3, 32), ("op", "Tanh"), ("conv", 32, 1, 1)]
+    ann = annotated(net(layers))
+    d = decision(ann, "l2")
+    assert not d.quantized and "no reader continues the chain" in d.reason
+    assert quantized(ann) == ["l0", "l4"]
+
+
+def test_grouped_conv_placement_is_unchanged_for_tensorrt():
+    ann = annotated(net(SEPARABLE[2:], shape=(1, 32, 16, 16)), "tensorrt")
+    assert decision(ann, "l0").quantized
+
+
+# ------------------------------------------------------------------------------- few products
+def test_conv_with_few_products_per_output_stays_float():
+    ann = annotated(net([("conv", 32, 3, 1), ("op", "Tanh"), ("conv", 32, 3, 1)],
+                        shape=(1, 3, 16, 16)))
+    d = decision(ann, "l0")  # 3 channels x 3 x 3 = 27 products per output
+    assert not d.quantized
+    assert "27 multiply-adds per output element (< min_macs_per_output=32)" in d.reason
+    assert quantized(ann) == ["l2"]
+
+
+def test_conv_with_few_products_keeps_int8_when_a_maxpool_follows():
+    # onnxruntime would run that MaxPool on uint8 outside its NHWC layout (10x slower than float)
+    ann = annotated(net([("conv", 32, 3, 1), ("op", "Tanh"), ("op", "MaxPool"),
+                         ("conv", 32, 3, 1)], shape=(1, 3, 16, 16)))
+    assert decision(ann, "l0").quantized
+
+
+def test_the_threshold_is_profile_data():
+    model = net([("conv", 32, 3, 1), ("op", "Tanh"), ("conv", 32, 3, 1)], shape=(1, 3, 16, 16))
+    graph = ir.Graph(ir.infer_shapes(model))
+    profile = PROFILES["onnxruntime"].replace(min_macs_per_output=0)
+    ann = annotate(graph, profile, QuantConfig(backend="onnxruntime"))
+    assert decision(ann, "l0").quantized
+
+
+# ------------------------------------------------------------------------------- small ops
+def test_small_gemm_stays_float_and_a_large_one_is_quantized():
+    small = annotated(net([("gemm", 16), ("op", "Tanh")], shape=(1, 64)))
+    d = decision(small, "l0")
+    assert not d.quantized and "1024 multiply-adds per sample (< min_macs=65536)" in d.reason
+    large = annotated(net([("gemm", 256), ("op", "Tanh")], shape=(1, 512)))
+    assert decision(large, "l0").quantized
+
+
+# ------------------------------------------------------------------------------- chain ops
+def test_add_of_two_integer_kernels_is_quantized():
+    ann = annotated(graphs.with_tail(graphs.residual_add(), "Tanh"))
+    add = decision(ann, "add")
+    assert add.quantized and add.rule == "binary"
+
+
+@pytest.mark.parametrize("builder", [lambda: graphs.binary("Add"), lambda: graphs.binary("Mul"),
+                                     graphs.concat, lambda: graphs.unary("Sigmoid")])
+def test_chain_op_on_float_inputs_stays_float(builder):
+    ann = annotated(builder())
+    (d,) = [d for d in ann.decisions if d.node in ("binary", "concat", "unary")]
+    assert not d.quantized
+    assert "pays only inside a chain of integer kernels" in d.reason
+    assert not ann.tensors
+
+
+# ------------------------------------------------------------------------------- end to end
+def test_qdq_count_and_onnxruntime_fuses_what_was_placed():
+    from onnxq.backends.fusion import fusion_report
+
+    model = net([*SEPARABLE, ("conv", 32, 3, 32), ("op", "Tanh")])
+    result = onnxq.quantize(model, graphs.random_batches(model, 3), backend="onnxruntime",
+                            progress=False)
+    out = result.model
+    # x, and the three Relu outputs; the last depthwise conv ends the chain and stays float
+    assert graphs.count_ops(out, "QuantizeLinear") == 4
+    assert graphs.count_ops(out, "DequantizeLinear") == 4 + 3 + 3  # + weights + int32 biases
+    report = fusion_report(out, PROFILES["onnxruntime"].integer_kernel_ops)
+    assert report.ratio == 1.0 and not report.float_between
+    # the float depthwise conv reads a DequantizeLinear but no Q follows it, so onnxruntime does
+    # not quantize its weights on its own: three integer convs, not four
+    assert report.integer_ops == {"QLinearConv": 3}
