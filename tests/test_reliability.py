@@ -637,7 +637,10 @@ def test_interrupted_quantize_leaves_nothing_behind(tmp_path, slow_job, signum):
             [sys.executable, "-m", "onnxq.cli", "quantize", str(model), "-o",
              str(out_dir / "q.onnx"), "--calib", str(calib), "--report",
              str(out_dir / "r.json")],
-            stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=tmp_path)
+            stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=tmp_path,
+            # a shell's background job inherits SIGINT ignored, and Python then installs no
+            # KeyboardInterrupt handler: give the child the default disposition, as a terminal
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             # the progress bar says when calibration runs; without one (stderr is not a
             # terminal here), start-up takes ~1.5 s and calibration minutes: 3 s is inside it
