@@ -205,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--examples", type=int, default=2000, help="models to generate")
     p.add_argument("--seed", type=int, help="hypothesis seed (default: random, printed)")
-    p.add_argument("--backend", action="append", choices=("tensorrt", "onnxruntime"),
-                   help="backend(s) to test (default both)")
+    p.add_argument("--backend", action="append",
+                   choices=("tensorrt", "onnxruntime", "onnxruntime-nocost"),
+                   help="backend(s) to test (default all three; onnxruntime-nocost: the "
+                   "onnxruntime profile without its cost rules, so small graphs get Q/DQ)")
     p.add_argument("--artifacts", type=Path, default=Path("fuzz-failures"),
                    help="folder for failing models (default ./fuzz-failures)")
     p.add_argument("--max-ops", type=int, default=8, help="ops per generated graph")
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--show", type=int, default=20, help="message groups to print")
     p.add_argument("--worker-log", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    args.backend = args.backend or ["tensorrt", "onnxruntime"]
+    args.backend = args.backend or ["tensorrt", "onnxruntime", "onnxruntime-nocost"]
     if args.worker_log is not None:
         return worker(args)
 
