@@ -736,7 +736,8 @@ def test_external_data_model_quantizes_and_saves_with_external_data(tmp_path):
         == TensorProto.EXTERNAL
 
 
-def test_weights_left_on_disk_quantize_to_the_same_bytes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend", ["tensorrt", "onnxruntime"])
+def test_weights_left_on_disk_quantize_to_the_same_bytes(tmp_path, monkeypatch, backend):
     """The >2 GB path at CI size: past ``LAZY_BYTES`` the weights stay in the input's data file
     (read one at a time, hard-linked for onnxruntime).  The output and report are byte for byte
     those of the run that reads the weights in; the inputs and the temp folder are untouched."""
@@ -764,13 +765,15 @@ def test_weights_left_on_disk_quantize_to_the_same_bytes(tmp_path, monkeypatch):
         out = tmp_path / f"out-{lazy_bytes}"
         out.mkdir()
         code = main(["quantize", str(model_path), "-o", str(out / "q.onnx"), "--calib",
-                     str(calib), "--report", str(out / "report.json"), "-q"])
+                     str(calib), "--report", str(out / "report.json"), "--backend", backend,
+                     "-q"])
         assert code == 0
         runs.append([(out / name).read_bytes() for name in ("q.onnx", "report.json")])
         assert sorted(p.name for p in out.iterdir()) == ["q.onnx", "report.json"]
     assert links and set(links) == {str(data_path.resolve())}  # the lazy run linked the data
     assert runs[0] == runs[1]
     report = json.loads(runs[1][1])
+    assert report["summary"]["quantized_ops"] > 0
     assert report["fidelity"]["outputs"][0]["cosine"] > 0.99
     assert [(p.read_bytes(), p.stat().st_mtime_ns, p.stat().st_nlink) for p in inputs] == before
     assert list(tmpdir.iterdir()) == []
