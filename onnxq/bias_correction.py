@@ -36,7 +36,7 @@ from onnxq.annotate import Annotations
 from onnxq.backends.profile import BackendProfile
 from onnxq.config import QuantConfig
 from onnxq.data import Batch, InputSpec, check_batch
-from onnxq.observers import quantize_weight, weight_qparams
+from onnxq.observers import dequantize_weight, quantize_weight, weight_qparams
 
 CORRECTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 MIN_SIGNIFICANCE = 2.0  # a channel's shift must exceed this many standard errors
@@ -118,10 +118,8 @@ def _targets(graph: ir.Graph, annotations: Annotations, profile: BackendProfile,
         bias, axis, rank, scale = where
         qmax = weight_qmax(ann, profile)
         qp = weight_qparams(w, ann.axis, qmax, config.weight_method)
-        scales = qp.scale if qp.axis is None else qp.scale.reshape(
-            [-1 if d == qp.axis else 1 for d in range(w.ndim)])
-        dequantized = (quantize_weight(w, qp, qmax).astype(np.float32) * scales)
-        out.append(_Target(node, bias, scale, axis, rank, dequantized.astype(np.float32)))
+        dequantized = dequantize_weight(quantize_weight(w, qp, qmax), qp)
+        out.append(_Target(node, bias, scale, axis, rank, dequantized))
     return out
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from onnxq.config import BACKENDS
 from onnxq.errors import OnnxqError
 
 EPILOG = """\
@@ -50,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("model", help="float ONNX model (never modified)")
     q.add_argument("-o", "--output", required=True, help="output .onnx path (written atomically)")
     q.add_argument("--calib", metavar="DATA", help="calibration data (see below)")
-    q.add_argument("--backend", choices=("tensorrt", "onnxruntime"),
+    q.add_argument("--backend", choices=BACKENDS,
                    help="target backend (default tensorrt: symmetric int8, per-channel weights)")
     q.add_argument("--method", choices=sorted(METHODS),
                    help="activation range method (default: the config's, else auto: per tensor the "
@@ -92,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
                        "points, scale values and shapes, per-axis scales only on weights, weight "
                        "axes, opset, forbidden ops. Exit 1 if any violation.")
     c.add_argument("model")
-    c.add_argument("--backend", choices=("tensorrt", "onnxruntime"), default="tensorrt")
+    c.add_argument("--backend", choices=BACKENDS, default="tensorrt")
     c.add_argument("--engine", action="store_true",
                    help="also build a TensorRT engine and report per-layer precision (needs the "
                    "tensorrt package and an NVIDIA GPU)")
@@ -122,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
                        description="Show where onnxq would place Q/DQ and why each op stays "
                        "float, without calibrating.")
     e.add_argument("model")
-    e.add_argument("--backend", choices=("tensorrt", "onnxruntime"),
+    e.add_argument("--backend", choices=BACKENDS,
                    help="target backend (default: the config's, else tensorrt)")
     e.add_argument("--config", metavar="FILE.yaml")
     e.add_argument("--exclude", action="append", metavar="GLOB", default=None)

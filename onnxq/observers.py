@@ -532,10 +532,19 @@ def _mse_weight_range(rows: np.ndarray, amax: np.ndarray, qmax: int,
 def quantize_weight(weight: np.ndarray, qp: QParams, qmax: int = 127) -> np.ndarray:
     """int8 values of ``weight`` under ``qp`` (round half to even, as QuantizeLinear)."""
     w = np.asarray(weight, dtype=np.float32)
-    scale = qp.scale
-    if qp.axis is not None:
-        shape = [1] * w.ndim
-        shape[qp.axis] = -1
-        scale = scale.reshape(shape)
-    q = np.rint(w / scale)
+    q = np.rint(w / _broadcast_scale(qp, w.ndim))
     return np.clip(q, -qmax, qmax).astype(np.int8)
+
+
+def dequantize_weight(q: np.ndarray, qp: QParams) -> np.ndarray:
+    """The float32 values DequantizeLinear gives for the int8 ``q`` under ``qp``."""
+    return (q.astype(np.float32) * _broadcast_scale(qp, q.ndim)).astype(np.float32)
+
+
+def _broadcast_scale(qp: QParams, ndim: int) -> np.ndarray:
+    """``qp.scale`` shaped to broadcast against a tensor of rank ``ndim``."""
+    if qp.axis is None:
+        return qp.scale
+    shape = [1] * ndim
+    shape[qp.axis] = -1
+    return qp.scale.reshape(shape)

@@ -38,11 +38,10 @@ import re
 from typing import Any
 
 from onnxq.backends.profile import PROFILES
-from onnxq.config import Override, QuantConfig
+from onnxq.config import BACKENDS, Override, QuantConfig
 from onnxq.errors import ConfigError
 from onnxq.torch_export import module_pattern
 
-BACKENDS = ("tensorrt", "onnxruntime")
 WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 OBSERVERS = {"MINMAX": "minmax", "PERCENTILE": "percentile", "KL_HISTOGRAM": "entropy",
              "KL": "entropy", "MSE": "mse", "ACIQ": "aciq", "MOVING_AVERAGE": "ema"}

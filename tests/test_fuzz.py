@@ -56,6 +56,7 @@ import onnxq
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
 from tests.fuzzgraphs import FuzzCase, fuzz_cases
+from tests.profiles import ONNXRUNTIME_NO_COST
 
 BACKENDS = ("tensorrt", "onnxruntime")
 # the onnxruntime profile without its cost rules (onnxq.rewrites.cost): with them, most small
@@ -111,9 +112,7 @@ def quantize_property(case: FuzzCase, backend: str) -> Outcome:
     if backend != NO_COST:
         return _quantize_property(case, backend)
     saved = PROFILES["onnxruntime"]
-    PROFILES["onnxruntime"] = saved.replace(
-        float_grouped_convs=False, min_macs_per_output=0, min_macs=0, chain_ops=frozenset(),
-        nhwc_only_ops=frozenset())
+    PROFILES["onnxruntime"] = ONNXRUNTIME_NO_COST
     try:
         return _quantize_property(case, "onnxruntime")
     finally:

@@ -12,14 +12,10 @@ from onnxq.backends.profile import PROFILES
 from onnxq.config import QuantConfig
 from onnxq.rewrites.rules import RULE_SETS
 from tests import graphs
+from tests.profiles import ONNXRUNTIME_NO_COST
 
-# These tests check what each rule places once it applies.  The onnxruntime profile's cost rules
-# (onnxq.rewrites.cost: depthwise convs, small ops and chain ops stay float outside chains of
-# integer kernels) would keep most of these tiny graphs float; tests/rewrites/test_cost.py
-# covers them, with the real profile.
-ONNXRUNTIME_NO_COST = PROFILES["onnxruntime"].replace(
-    float_grouped_convs=False, min_macs_per_output=0, min_macs=0, chain_ops=frozenset(),
-    nhwc_only_ops=frozenset())
+# These tests check what each rule places once it applies, so the onnxruntime profile's cost
+# rules are off here (tests/profiles.py).
 
 
 @pytest.fixture(autouse=True)
