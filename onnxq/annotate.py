@@ -192,15 +192,29 @@ def shape_path(graph: ir.Graph, profile: BackendProfile) -> set[str]:
     return path
 
 
+WEAK_CHANNEL = 1 / 16  # a channel peaking below this share of the tensor's peak: < 8 levels
+
+
+def grouped_conv_inputs(graph: ir.Graph) -> dict[str, str]:
+    """Grouped (depthwise) Conv node name -> its activation input."""
+    return {n.name: n.input[0] for n in graph.nodes
+            if n.op_type == "Conv" and n.domain in ir.DEFAULT_DOMAINS and n.input
+            and int(ir.node_attrs(n).get("group", 1)) > 1}
+
+
 def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
                      max_abs: float, concat_ratio: float,
+                     grouped: dict[str, str] | None = None, weak_fraction: float = 1.0,
                      ) -> tuple[dict[str, str], dict[str, str]]:
     """Tensors and nodes to keep float because of what the calibration data showed.
 
     * a tensor whose magnitude reaches ``max_abs`` (an additive attention mask filled with
       -1e4 or -3.4e38, or any range so wide that int8 would wipe out its ordinary values);
     * a node whose activation inputs share one output scale (Concat) while their ranges differ
-      by more than ``concat_ratio`` (box coordinates next to class scores).
+      by more than ``concat_ratio`` (box coordinates next to class scores);
+    * a grouped (depthwise) Conv of ``grouped`` (node -> input) whose input has more than
+      ``weak_fraction`` of its channels peaking below ``WEAK_CHANNEL`` of the tensor's peak:
+      each such channel alone feeds its outputs, with fewer than 8 of int8's 127 levels.
     """
     float_tensors: dict[str, str] = {}
     for ann in annotations.of_kind("activation"):
@@ -223,4 +237,15 @@ def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
             float_nodes[d.node] = (
                 f"its inputs' ranges differ {max(ranges) / min(ranges):.0f}x (> {concat_ratio:g}x);"
                 " one shared scale would crush the small ones, so it stays float")
+    for d in annotations.decisions:
+        tensor = (grouped or {}).get(d.node)
+        if not d.quantized or tensor is None or tensor not in stats:
+            continue
+        weak = stats[tensor].weak_channels(WEAK_CHANNEL)
+        if weak is not None and weak[0] > weak_fraction * weak[1]:
+            float_nodes[d.node] = (
+                f"{weak[0]} of its input's {weak[1]} channels peak below 1/"
+                f"{round(1 / WEAK_CHANNEL)} of the tensor's peak (> weak_channel_fraction="
+                f"{weak_fraction:g}): one per-tensor int8 scale leaves them under 8 levels, and "
+                "each feeds its own outputs alone; the grouped conv stays float")
     return float_tensors, float_nodes

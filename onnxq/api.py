@@ -12,7 +12,7 @@ from typing import Any
 import onnx
 
 from onnxq import ir
-from onnxq.annotate import Annotations, annotate, range_exclusions
+from onnxq.annotate import Annotations, annotate, grouped_conv_inputs, range_exclusions
 from onnxq.backends.check import check
 from onnxq.backends.profile import BackendProfile, profile_for
 from onnxq.backends.validate import fidelity, run_outputs
@@ -22,7 +22,13 @@ from onnxq.calibrate import load_calibration as load_calibration_file
 from onnxq.calibrate import save_calibration as save_calibration_file
 from onnxq.config import QuantConfig
 from onnxq.data import model_inputs, open_source
-from onnxq.errors import BackendConstraintError, CalibrationDataError, ConfigError, OutputError
+from onnxq.errors import (
+    BackendConstraintError,
+    CalibrationDataError,
+    ConfigError,
+    OutputError,
+    UnsupportedModelError,
+)
 from onnxq.materialize import materialize
 from onnxq.observers import HISTOGRAM_METHODS, MethodOptions, QParams, activation_qparams
 from onnxq.report import Report
@@ -135,6 +141,8 @@ def quantize(model: ModelLike, calibration: Any = None, *,
                                    "--load-calibration FILE")
     profile, profile_note = profile_for(cfg.backend, cfg.reduce_range)
     loaded, source = load(model, profile)
+    _refuse_quantized(loaded, source)
+    weight_inputs = ir.drop_initializer_inputs(loaded)
     reference_bytes = _float_reference(loaded)
     passes: list[str] = []
     if cfg.simplify:
@@ -155,6 +163,15 @@ def quantize(model: ModelLike, calibration: Any = None, *,
     qparams, warnings = _qparams(annotations, result, profile, cfg)
     if profile_note:
         warnings.insert(0, profile_note)
+    half = _half_precision_note(graph, profile)
+    if half:
+        warnings.append(half)
+    if weight_inputs:
+        shown = ", ".join(repr(n) for n in weight_inputs[:3])
+        more = f" and {len(weight_inputs) - 3} more" if len(weight_inputs) > 3 else ""
+        warnings.append(
+            f"{len(weight_inputs)} initializers were also graph inputs ({shown}{more}; an old "
+            "exporter's habit): they are plain weights in the output, no longer inputs")
     corrections = _correct_biases(loaded, annotations, profile, cfg, data, inputs, warnings)
     # the float outputs first: its session is gone before the quantized model is built
     reference = _float_outputs(reference_bytes, result, profile)
@@ -185,7 +202,8 @@ def _place_from_cache(model: onnx.ModelProto, graph: ir.Graph, profile: BackendP
         annotations = annotate(graph, profile, cfg, float_tensors, float_nodes)
         stats = load_calibration_file(cache, graph, _observed(annotations))
         more_t, more_n = range_exclusions(annotations, stats, cfg.mask_threshold,
-                                          cfg.concat_range_ratio)
+                                          cfg.concat_range_ratio, grouped_conv_inputs(graph),
+                                          cfg.weak_channel_fraction)
         if more_t.keys() <= float_tensors.keys() and more_n.keys() <= float_nodes.keys():
             break
         float_tensors.update(more_t)
@@ -208,6 +226,7 @@ def _place_and_calibrate(model: onnx.ModelProto, graph: ir.Graph, profile: Backe
     float_nodes: dict[str, str] = {}
     result: CalibrationResult | None = None
     reiterable = iter(data) is not data
+    grouped = grouped_conv_inputs(graph)
     for _ in range(4):
         annotations = annotate(graph, profile, cfg, float_tensors, float_nodes)
         wanted = _observed(annotations, all_histograms)
@@ -217,7 +236,8 @@ def _place_and_calibrate(model: onnx.ModelProto, graph: ir.Graph, profile: Backe
                               hold=cfg.fidelity_batches if result is None else 0,
                               memory_budget=cfg.memory_budget_mb * 2**20,
                               histogram_sample=cfg.histogram_sample,
-                              progress=cfg.progress)
+                              progress=cfg.progress,
+                              channels=frozenset(grouped.values()))
             result = fresh if result is None else _merged(result, fresh)
         elif missing:
             for t in missing:
@@ -225,7 +245,8 @@ def _place_and_calibrate(model: onnx.ModelProto, graph: ir.Graph, profile: Backe
                                     "can be read only once)")
             continue
         more_t, more_n = range_exclusions(annotations, result.stats, cfg.mask_threshold,
-                                          cfg.concat_range_ratio)
+                                          cfg.concat_range_ratio, grouped,
+                                          cfg.weak_channel_fraction)
         if more_t.keys() <= float_tensors.keys() and more_n.keys() <= float_nodes.keys():
             return annotations, result
         float_tensors.update(more_t)
@@ -280,6 +301,36 @@ def _correct_biases(model: onnx.ModelProto, annotations: Annotations,
                         "quantized weights next to the float ones")
         return []
     return correct_biases(model, annotations, profile, cfg, data, inputs)
+
+
+def _half_precision_note(graph: ir.Graph, profile: BackendProfile) -> str | None:
+    """Why a float16/bfloat16 model comes out with nothing quantized, and what to do."""
+    half = [n.name for n in graph.nodes if n.op_type in profile.weight_axes and n.input
+            and graph.elem_type(n.input[0]) in (onnx.TensorProto.FLOAT16,
+                                                onnx.TensorProto.BFLOAT16)]
+    if not half:
+        return None
+    return (f"{len(half)} {'/'.join(sorted(profile.weight_axes))} op(s) compute in float16 or "
+            f"bfloat16 (first: {half[0]!r}); onnxq quantizes float32 tensors, so they stay "
+            "float: quantize the float32 original instead (TensorRT still builds it with FP16 "
+            "and INT8 enabled)")
+
+
+QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
+                           "ConvInteger", "MatMulInteger", "MatMulIntegerToFloat"})
+
+
+def _refuse_quantized(model: onnx.ModelProto, source: Path | None) -> None:
+    """A model that already holds Q/DQ or integer ops is not onnxq's input: its quantization
+    would clash with the backend's (uint8 zero points under TensorRT, double rounding)."""
+    found = sorted({n.op_type for n in model.graph.node
+                    if n.op_type in QUANTIZED_OPS or n.op_type.startswith("QLinear")})
+    if found:
+        where = source.name if source else "the model"
+        raise UnsupportedModelError(
+            f"{where} is already quantized (it holds {', '.join(found)}); onnxq quantizes float "
+            "models: give it the float original, or run `onnxq check MODEL --backend B` to "
+            "check this one")
 
 
 def _float_reference(model: onnx.ModelProto) -> bytes | None:

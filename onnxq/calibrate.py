@@ -102,6 +102,7 @@ def calibrate(
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     histogram_sample: int = DEFAULT_HISTOGRAM_SAMPLE,
     progress: bool = True,
+    channels: frozenset[str] = frozenset(),
 ) -> CalibrationResult:
     """Observe ``tensors`` (name -> needs a histogram) over the batches of ``source``.
 
@@ -110,9 +111,11 @@ def calibrate(
     each sample, where s is the smallest prime at least the ratio that divides none of the
     tensor's dimensions (so the kept values cycle through every channel and position); s is
     fixed per tensor from the first batch's shapes.  ``histogram_sample=0`` keeps every value.
+    Tensors in ``channels`` also get each channel's peak magnitude (axis 1).
     """
     graph = ir.Graph(model)
-    stats = {name: TensorStats(name, histogram=hist) for name, hist in tensors.items()}
+    stats = {name: TensorStats(name, histogram=hist, channels=name in channels)
+             for name, hist in tensors.items()}
     names = sorted(tensors)
     first = _first_batch(source, inputs)
     concrete = _concrete_shapes(model, graph, names, first)

@@ -110,6 +110,10 @@ class QuantConfig:
             additive attention mask, a fill value: int8 would erase its ordinary values).
         concat_range_ratio: a Concat (onnxruntime backend) whose inputs' ranges differ by more
             than this factor stays float instead of forcing one scale on all of them.
+        weak_channel_fraction: a grouped (depthwise) Conv stays float when more than this
+            fraction of its input's channels peak below 1/16 of the tensor's peak on the
+            calibration data (one per-tensor int8 scale leaves them under 8 levels; each
+            channel feeds its own outputs alone); 1 turns the rule off.
         reduce_range: 7-bit weights for the onnxruntime backend (its u8s8 CPU kernels saturate
             int16 sums on x86 CPUs without VNNI); ``None`` decides from the CPU.
         memory_budget_mb: activations of one batch that calibration may hold at once; when
@@ -135,7 +139,8 @@ class QuantConfig:
     bias_correction: bool = False
     min_channels: int | None = None
     mask_threshold: float = 1e4
-    concat_range_ratio: float = 16.0
+    concat_range_ratio: float = 8.0
+    weak_channel_fraction: float = 0.25
     reduce_range: bool | None = None
     memory_budget_mb: int = 4096
     histogram_sample: int = 65536
@@ -169,6 +174,9 @@ class QuantConfig:
             raise ConfigError(f"mask_threshold: must be > 0, got {self.mask_threshold}")
         if not self.concat_range_ratio >= 1:
             raise ConfigError(f"concat_range_ratio: must be >= 1, got {self.concat_range_ratio}")
+        if not 0.0 < self.weak_channel_fraction <= 1.0:
+            raise ConfigError(
+                f"weak_channel_fraction: must be in (0, 1], got {self.weak_channel_fraction}")
         if self.memory_budget_mb < 1:
             raise ConfigError(f"memory_budget_mb: must be >= 1, got {self.memory_budget_mb}")
         if self.histogram_sample < 0:
@@ -290,6 +298,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "min_channels": (int, type(None)),
     "mask_threshold": (int, float),
     "concat_range_ratio": (int, float),
+    "weak_channel_fraction": (int, float),
     "reduce_range": (bool, type(None)),
     "memory_budget_mb": (int,),
     "histogram_sample": (int,),

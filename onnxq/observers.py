@@ -57,6 +57,8 @@ class TensorStats:
     samples: int = 0  # samples along the leading axis, for the moving-average min/max
     sample_min_sum: float = 0.0
     sample_max_sum: float = 0.0
+    channels: bool = False  # also track each channel's peak |x| (axis 1)
+    channel_amax: np.ndarray | None = None
 
     def update(self, x: np.ndarray, where: str = "", stride: int = 1) -> None:
         """Add one batch of values of this tensor.
@@ -71,8 +73,18 @@ class TensorStats:
         if x.dtype != np.float32:
             x = x.astype(np.float32)
         rows = x.reshape(x.shape[0], -1) if x.ndim >= 2 else x.reshape(1, -1)
-        row_min = rows.min(axis=1).astype(np.float64)  # numpy's min/max propagate NaN
-        row_max = rows.max(axis=1).astype(np.float64)
+        if self.channels and x.ndim >= 3:
+            # per (sample, channel) first: the per-sample extremes come from these, so the
+            # channel peaks cost no extra pass over the data
+            per = x.reshape(x.shape[0], x.shape[1], -1)
+            ch_min, ch_max = per.min(axis=2), per.max(axis=2)
+            row_min = ch_min.min(axis=1).astype(np.float64)
+            row_max = ch_max.max(axis=1).astype(np.float64)
+            peak = np.maximum(np.abs(ch_min), np.abs(ch_max)).max(axis=0).astype(np.float64)
+        else:
+            peak = None
+            row_min = rows.min(axis=1).astype(np.float64)  # numpy's min/max propagate NaN
+            row_max = rows.max(axis=1).astype(np.float64)
         lo, hi = float(row_min.min()), float(row_max.max())
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise CalibrationDataError(
@@ -85,9 +97,29 @@ class TensorStats:
         self.sample_max_sum += float(row_max.sum())
         self.min = min(self.min, lo)
         self.max = max(self.max, hi)
+        if peak is not None:
+            self._merge_channels(peak)
         if self.histogram:
             self._grow(max(abs(lo), abs(hi)))
             self._add_values(rows[:, ::stride] if stride > 1 else rows)
+
+    def _merge_channels(self, peak: np.ndarray) -> None:
+        if self.channel_amax is None:
+            self.channel_amax = peak
+        elif self.channel_amax.shape == peak.shape:
+            self.channel_amax = np.maximum(self.channel_amax, peak)
+        else:  # a channel count that changes between batches: no per-channel view
+            self.channels, self.channel_amax = False, None
+
+    def weak_channels(self, below: float = 1 / 16) -> tuple[int, int] | None:
+        """(channels whose peak |x| is under ``below`` x the tensor's peak, channels), if the
+        per-channel peaks were tracked."""
+        if self.channel_amax is None or not self.channel_amax.size:
+            return None
+        top = float(self.channel_amax.max())
+        if top <= 0:
+            return None
+        return int((self.channel_amax < below * top).sum()), int(self.channel_amax.size)
 
     def _add_values(self, values: np.ndarray) -> None:
         """Count values (a 2-D array, possibly a strided view) into the histogram; they must
@@ -132,6 +164,10 @@ class TensorStats:
         """Combine the statistics of two shards of data in place; returns ``self``."""
         if other.count == 0:
             return self
+        if other.channel_amax is not None and (self.channel_amax is not None or not self.count):
+            self._merge_channels(other.channel_amax.copy())
+        elif self.count:  # one shard without channel peaks: no per-channel view of the whole
+            self.channels, self.channel_amax = False, None
         self.samples += other.samples
         self.sample_min_sum += other.sample_min_sum
         self.sample_max_sum += other.sample_max_sum
@@ -165,6 +201,8 @@ class TensorStats:
             "samples": self.samples, "sample_min_sum": self.sample_min_sum,
             "sample_max_sum": self.sample_max_sum, "histogram": self.histogram,
             "bins": [int(i) for i in nz], "counts": [int(self.counts[i]) for i in nz],
+            "channel_amax": (None if self.channel_amax is None
+                             else [float(v) for v in self.channel_amax]),
         }
 
     @classmethod
@@ -177,6 +215,9 @@ class TensorStats:
                     histogram=bool(data["histogram"]))
         stats.counts[np.asarray(data["bins"], dtype=np.int64)] = np.asarray(
             data["counts"], dtype=np.int64)
+        if data.get("channel_amax") is not None:
+            stats.channels = True
+            stats.channel_amax = np.asarray(data["channel_amax"], dtype=np.float64)
         return stats
 
 

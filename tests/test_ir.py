@@ -283,3 +283,22 @@ def test_in_memory_model_is_never_modified():
     before = ir.serialize(model)
     onnxq.quantize(model, graphs.random_batches(model, 2), progress=False)
     assert ir.serialize(model) == before
+
+
+def test_drop_initializer_inputs_makes_weights_plain_and_raises_an_old_ir_version():
+    model = graphs.conv_relu()
+    graph = model.graph
+    graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                       for t in graph.initializer)
+    model.ir_version = 3
+    assert ir.drop_initializer_inputs(model) == ["conv.weight", "conv.bias"]
+    assert [i.name for i in graph.input] == ["x"]
+    assert model.ir_version == helper.find_min_ir_version_for(list(model.opset_import))
+    onnx.checker.check_model(model, full_check=True)
+    assert ir.drop_initializer_inputs(model) == []  # nothing left to drop; IR stays
+
+
+def test_drop_initializer_inputs_keeps_a_recent_ir_version():
+    model = graphs.conv_relu()
+    model.ir_version = 10
+    assert ir.drop_initializer_inputs(model) == [] and model.ir_version == 10

@@ -381,3 +381,29 @@ def test_entropy_is_not_pulled_down_by_the_exact_zeros_of_a_relu():
     stats.update(x.reshape(1, -1))
     lo, hi = get_method("entropy")(stats, True, MethodOptions())
     assert 6.0 < hi < float(x.max()) and lo == -hi
+
+
+def test_channel_peaks_are_exact_merge_across_shards_and_survive_json():
+    r = np.random.default_rng(5)
+    x = (r.standard_normal((6, 4, 5, 5)) * np.array([1, 0.01, 3, 0.5])[None, :, None, None]
+         ).astype(np.float32)
+    whole = TensorStats("t", channels=True)
+    whole.update(x)
+    plain = TensorStats("t")
+    plain.update(x)
+    want = np.abs(x).max(axis=(0, 2, 3))
+    np.testing.assert_array_equal(whole.channel_amax, want)
+    # the per-channel path gives the same min/max/histogram as the plain one
+    assert (whole.min, whole.max, whole.samples) == (plain.min, plain.max, plain.samples)
+    assert whole.sample_min_sum == plain.sample_min_sum
+    np.testing.assert_array_equal(whole.counts, plain.counts)
+    left, right = TensorStats("t", channels=True), TensorStats("t", channels=True)
+    left.update(x[:2])
+    right.update(x[2:])
+    np.testing.assert_array_equal(left.merge(right).channel_amax, want)
+    again = TensorStats.from_json("t", whole.to_json())
+    np.testing.assert_array_equal(again.channel_amax, want)
+    assert whole.weak_channels(1 / 16) == (1, 4)  # only the 0.01 channel: 0.01 < 3 / 16
+    assert TensorStats("t").weak_channels() is None
+    # a shard without channel peaks leaves no per-channel view of the whole
+    assert left.merge(plain).channel_amax is None

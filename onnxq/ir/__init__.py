@@ -21,6 +21,7 @@ from onnxq.ir.graph import (
 from onnxq.ir.load import (
     check_model,
     copy_without_initializers,
+    drop_initializer_inputs,
     infer_shapes,
     load_model,
     name_nodes,
@@ -39,7 +40,8 @@ from onnxq.ir.save import (
 
 __all__ = [
     "DEFAULT_DOMAINS", "PROTO_LIMIT", "Graph", "atomic_write_bytes",
-    "check_model", "constant_node_value", "copy_without_initializers", "external",
+    "check_model", "constant_node_value", "copy_without_initializers", "drop_initializer_inputs",
+    "external",
     "has_subgraph", "infer_shapes", "inline_nbytes", "load_model",
     "model_nbytes", "name_nodes", "node_attrs", "opset_version",
     "save_model", "serialize", "session_bytes_or_path", "set_opset", "shapes_for_inputs",

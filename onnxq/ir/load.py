@@ -220,6 +220,29 @@ def upgrade_opset(model: onnx.ModelProto, min_opset: int, where: str = "model") 
     return restored
 
 
+def drop_initializer_inputs(model: onnx.ModelProto) -> list[str]:
+    """Stop listing initializers among the graph inputs; returns their names.
+
+    IR < 4 required every initializer to be a graph input; from IR 4 on, such an input is an
+    overridable default, which keeps onnxruntime from folding it or fusing it into an integer
+    kernel.  A quantized model fixes its weights either way, so they become plain weights.  An
+    IR version older than the model's opsets need (an opset upgrade leaves it as it was) is
+    raised to the oldest that fits, else the Q/DQ constants added later would make an IR 3
+    model invalid.
+    """
+    graph = model.graph
+    weights = {t.name for t in graph.initializer}
+    dropped = [vi.name for vi in graph.input if vi.name in weights]
+    if dropped:
+        kept = [vi for vi in graph.input if vi.name not in weights]
+        del graph.input[:]
+        graph.input.extend(kept)
+    needed = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    if model.ir_version < max(4, needed):
+        model.ir_version = max(4, needed)
+    return dropped
+
+
 def opset_version(model: onnx.ModelProto) -> int:
     """The default-domain opset of a model."""
     for imp in model.opset_import:

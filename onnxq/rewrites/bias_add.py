@@ -1,10 +1,13 @@
-"""Fold an ``Add`` of a per-channel constant after a Conv into the Conv's bias.
+"""Fold a per-channel affine after a Conv into the Conv: ``Mul`` into its weight and bias,
+``Add`` into its bias.
 
 Exporters that keep the bias apart (PaddlePaddle's ``conv2d`` + ``elementwise_add``, a bias
 added after a squeeze-and-excitation conv) write ``Conv(x, W) + b`` with ``b`` of shape
-``[1, C, 1, 1]``.  The Add is one more pass over the tensor and, in a quantized model, one more
-Q/DQ boundary: the Conv's integer kernel cannot absorb it.  ``Conv(x, W, B + b)`` is the same
-function (one float rounding of ``B + b`` apart).
+``[1, C, 1, 1]``; Caffe2 and frozen-batch-norm exports write a batch norm as
+``Conv(x, W) * s + b``.  Each Mul or Add is one more pass over the tensor and, in a quantized
+model, one more Q/DQ boundary: the Conv's integer kernel cannot absorb it, and TensorRT's
+Q/DQ conv fusion stops there.  ``Conv(x, W * s, B * s + b)`` is the same function (float
+rounding apart).
 """
 
 from __future__ import annotations
@@ -28,6 +31,83 @@ def fold_bias_add(graph: ir.Graph) -> bool:
     return bool(doomed)
 
 
+def fold_channel_mul(graph: ir.Graph) -> bool:
+    """``Mul(Conv(x, W[, B]), s)`` with a constant per-channel vector ``s`` (not a scalar)
+    becomes ``Conv(x, W * s, B * s)``."""
+    doomed = []
+    for mul in graph.nodes:
+        folded = _fold_mul(graph, mul)
+        if folded is not None:
+            doomed.append(mul)
+    graph.remove_nodes(doomed)
+    return bool(doomed)
+
+
+def _fold_mul(graph: ir.Graph, mul: onnx.NodeProto) -> onnx.NodeProto | None:
+    """Fold ``mul`` into its producing Conv; returns the Conv, or ``None`` when it does not fit."""
+    if mul.op_type != "Mul" or mul.domain not in ir.DEFAULT_DOMAINS or len(mul.input) != 2:
+        return None
+    for i in (0, 1):
+        conv = graph.producer.get(mul.input[i])
+        scale = _channel_vector(graph, mul.input[1 - i], conv)
+        if conv is None or scale is None or not _sole_reader(graph, conv, mul.input[i]):
+            continue
+        # a batch norm's scale varies per channel; one scalar for all channels (PP-LCNet's
+        # learnable affine block) is left alone: folding it moves onnxruntime's output
+        # quantization past the affine, which cost PP-OCRv4 det and rec accuracy (measured)
+        if graph.const_value(mul.input[1 - i]).size == 1:  # type: ignore[union-attr]
+            continue
+        weight = graph.const_value(conv.input[1])
+        old = conv.input[2] if len(conv.input) > 2 and conv.input[2] else ""
+        bias = graph.const_value(old) if old else None
+        if weight is None or (old and (bias is None or bias.shape != scale.shape)):
+            continue
+        scaled = scaled_weight(conv, weight.astype(np.float64), scale.astype(np.float64))
+        if scaled is None:
+            continue
+        conv.input[1] = graph.add_initializer(graph.unique_name(f"{conv.input[1]}_mul"),
+                                              scaled.astype(weight.dtype))
+        if old:
+            assert bias is not None
+            conv.input[2] = graph.add_initializer(
+                graph.unique_name(f"{conv.name}_bias_mul"),
+                (bias.astype(np.float64) * scale).astype(bias.dtype))
+        conv.output[0] = mul.output[0]
+        return conv
+    return None
+
+
+def _sole_reader(graph: ir.Graph, conv: onnx.NodeProto, out: str) -> bool:
+    """True when ``out`` is ``conv``'s output and read by one node only (not by a subgraph, not
+    a graph output): the Conv may then produce the reader's tensor instead."""
+    return (len(graph.consumers.get(out, [])) == 1 and out not in graph.graph_outputs
+            and out not in graph.subgraph_reads and out == conv.output[0])
+
+
+def scaled_weight(node: onnx.NodeProto, w: np.ndarray, scale: np.ndarray) -> np.ndarray | None:
+    """``w``, the weight of Conv/ConvTranspose/Gemm ``node``, with output channel ``k``
+    multiplied by ``scale[k]``; ``None`` when the shapes do not fit."""
+    attrs = ir.node_attrs(node)
+    if node.op_type == "Conv":
+        if w.shape[0] != len(scale):
+            return None
+        return w * scale.reshape(-1, *([1] * (w.ndim - 1)))
+    if node.op_type == "ConvTranspose":
+        group = int(attrs.get("group", 1))
+        c_in, c_out_g = w.shape[0], w.shape[1]
+        if c_out_g * group != len(scale):
+            return None
+        grouped = w.reshape(group, c_in // group, c_out_g, *w.shape[2:])
+        s = scale.reshape(group, 1, c_out_g, *([1] * (w.ndim - 2)))
+        return (grouped * s).reshape(w.shape)
+    # Gemm: only the plain y = A B' + C form folds exactly
+    if attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0 or w.ndim != 2:
+        return None
+    if attrs.get("transB", 0):
+        return w * scale[:, None] if w.shape[0] == len(scale) else None
+    return w * scale[None, :] if w.shape[1] == len(scale) else None
+
+
 def _fold(graph: ir.Graph, add: onnx.NodeProto) -> onnx.NodeProto | None:
     """Fold ``add`` into its producing Conv; returns the Conv, or ``None`` when it does not fit."""
     if add.op_type != "Add" or add.domain not in ir.DEFAULT_DOMAINS or len(add.input) != 2:
@@ -37,9 +117,7 @@ def _fold(graph: ir.Graph, add: onnx.NodeProto) -> onnx.NodeProto | None:
         bias = _channel_vector(graph, add.input[1 - i], conv)
         if conv is None or bias is None:
             continue
-        out = add.input[i]
-        if (len(graph.consumers.get(out, [])) != 1 or out in graph.graph_outputs
-                or out in graph.subgraph_reads or out != conv.output[0]):
+        if not _sole_reader(graph, conv, add.input[i]):
             continue
         old = conv.input[2] if len(conv.input) > 2 and conv.input[2] else ""
         base = graph.const_value(old) if old else np.zeros_like(bias)

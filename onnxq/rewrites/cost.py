@@ -55,8 +55,8 @@ def _continues_chain(ctx: Context, tensor: str) -> bool:
         tensor = readers[0][0].output[0]  # a ReLU/Clip the output quantization absorbs
         readers = g.consumers.get(tensor, [])
     for node, _ in readers:
-        if node.op_type not in kernels:
-            continue
+        if node.op_type not in kernels or node.name in ctx.float_nodes:
+            continue  # (a node the calibration data keeps float continues nothing)
         others = [t for t in node.input if t and t != tensor and not g.is_const(t)]
         if all((p := g.producer.get(t)) is not None and p.op_type in kernels for t in others):
             return True
@@ -88,15 +88,22 @@ def _reaches_nhwc_only_op(ctx: Context, tensor: str, depth: int = 6) -> bool:
 
 
 def chain_decline(m: Match, ctx: Context, inputs: list[str]) -> Decline | None:
-    """For a profile chain op: decline unless every activation input comes out of an int8 op."""
+    """For a profile chain op: decline unless every activation input comes out of an int8 op
+    and some reader of its output can go on in int8."""
     if m.node.op_type not in ctx.profile.chain_ops:
         return None
-    if all(from_integer_kernel(ctx, t) for t in inputs):
-        return None
-    return Decline(
-        f"{ctx.profile.name}'s integer {m.node.op_type} pays only inside a chain of integer "
-        "kernels, and not every input comes quantized out of one: Q/DQ around it would cost "
-        "more than it saves, it stays float")
+    if not all(from_integer_kernel(ctx, t) for t in inputs):
+        return Decline(
+            f"{ctx.profile.name}'s integer {m.node.op_type} pays only inside a chain of integer "
+            "kernels, and not every input comes quantized out of one: Q/DQ around it would "
+            "cost more than it saves, it stays float")
+    if not _continues_chain(ctx, m.node.output[0]):
+        # the chain ends here: its output is dequantized at once, so int8 saves nothing and
+        # adds a rounding, often of a model's final scores (a detector's objectness Sigmoid)
+        return Decline(
+            f"{ctx.profile.name}'s integer {m.node.op_type} pays only inside a chain of integer "
+            "kernels, and no reader of its output continues one: it stays float")
+    return None
 
 
 def cost_decline(m: Match, ctx: Context, macs_per_output: int, grouped: bool = False,

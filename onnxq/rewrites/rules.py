@@ -94,8 +94,9 @@ def _dq_would_reach_subgraph(ctx: Context, tensor: str) -> bool:
 
 
 def quantized_output(m: Match, ctx: Context) -> list[Spec]:
-    """Output Q/DQ of a weighted op; a single following ReLU/Clip is folded in (onnxruntime
-    drops it when the Q's range already clips), in which case its output gets the Q/DQ."""
+    """Output Q/DQ of a weighted op or an integer Add/Mul; a single following ReLU/Clip is
+    folded in (onnxruntime drops it when the Q's range already clips), in which case its output
+    gets the Q/DQ."""
     out = m.node.output[0]
     readers = ctx.graph.consumers.get(out, [])
     if len(readers) == 1 and out not in ctx.graph.graph_outputs:
@@ -237,7 +238,10 @@ def binary(m: Match, ctx: Context) -> list[Spec] | Decline:
     chain = chain_decline(m, ctx, [m.input(0), m.input(1)])
     if chain:
         return chain
-    return [activation(m, 0), activation(m, 1), *output_specs(m, ctx, m.node.output[0])]
+    # a ReLU after the Add (ResNet's residual join) folds into its output quantization, unless
+    # the ReLU's output is a graph output: then the Q/DQ goes between the two
+    outs = quantized_output(m, ctx) or output_specs(m, ctx, m.node.output[0])
+    return [activation(m, 0), activation(m, 1), *outs]
 
 
 @rule("concat", "Concat")

@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 
 from onnxq import ir
 from onnxq.errors import OnnxqError, UnsupportedModelError
-from onnxq.rewrites.bias_add import fold_bias_add
+from onnxq.rewrites.bias_add import fold_bias_add, fold_channel_mul, scaled_weight
 from onnxq.rewrites.hardswish import fuse_hardswish
 from onnxq.rewrites.prelu import decompose_prelu
 
@@ -61,6 +61,18 @@ def remove_identities(graph: ir.Graph) -> bool:
         doomed.append(node)
     graph.remove_nodes(doomed)
     return bool(doomed)
+
+
+def sum_to_add(graph: ir.Graph) -> bool:
+    """A two-input ``Sum`` (Caffe2's residual joins) becomes the ``Add`` it is: same
+    broadcasting, same single rounding, and the residual and integer-Add rules match Add."""
+    changed = False
+    for node in graph.nodes:
+        if (node.op_type == "Sum" and node.domain in ir.DEFAULT_DOMAINS
+                and len(node.input) == 2 and all(node.input)):
+            node.op_type = "Add"
+            changed = True
+    return changed
 
 
 def fold_constants(graph: ir.Graph) -> bool:
@@ -132,7 +144,7 @@ def fold_batchnorm(graph: ir.Graph) -> bool:
         eps = float(ir.node_attrs(bn).get("epsilon", 1e-5))
         gamma, beta, mean, var = (np.asarray(p, dtype=np.float64) for p in params)  # type: ignore[arg-type]
         scale = gamma / np.sqrt(var + eps)
-        folded = _scaled_weight(producer, weight.astype(np.float64), scale)
+        folded = scaled_weight(producer, weight.astype(np.float64), scale)
         if folded is None:
             continue
         bias_name = producer.input[2] if len(producer.input) > 2 else ""
@@ -157,33 +169,13 @@ def fold_batchnorm(graph: ir.Graph) -> bool:
     return bool(doomed)
 
 
-def _scaled_weight(node: onnx.NodeProto, w: np.ndarray, scale: np.ndarray) -> np.ndarray | None:
-    attrs = ir.node_attrs(node)
-    if node.op_type == "Conv":
-        if w.shape[0] != len(scale):
-            return None
-        return w * scale.reshape(-1, *([1] * (w.ndim - 1)))
-    if node.op_type == "ConvTranspose":
-        group = int(attrs.get("group", 1))
-        c_in, c_out_g = w.shape[0], w.shape[1]
-        if c_out_g * group != len(scale):
-            return None
-        grouped = w.reshape(group, c_in // group, c_out_g, *w.shape[2:])
-        s = scale.reshape(group, 1, c_out_g, *([1] * (w.ndim - 2)))
-        return (grouped * s).reshape(w.shape)
-    # Gemm: only the plain y = A B' + C form folds exactly
-    if attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0 or w.ndim != 2:
-        return None
-    if attrs.get("transB", 0):
-        return w * scale[:, None] if w.shape[0] == len(scale) else None
-    return w * scale[None, :] if w.shape[1] == len(scale) else None
-
-
 DEFAULT_PASSES: tuple[Pass, ...] = (
     constants_to_initializers,
     remove_identities,
+    sum_to_add,
     fold_constants,
     fold_batchnorm,
+    fold_channel_mul,
     fold_bias_add,
     fuse_hardswish,
     decompose_prelu,

@@ -1,5 +1,6 @@
-"""fold_bias_add: Conv followed by an Add of a per-channel constant becomes one Conv with that
-bias; anything that varies over other axes, or a conv output read elsewhere, is left alone."""
+"""fold_bias_add / fold_channel_mul: Conv followed by an Add (a Mul) of a per-channel constant
+becomes one Conv with that bias (those scaled weights and bias); anything that varies over other
+axes, or a conv output read elsewhere, is left alone."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import onnx
 import pytest
 from onnx import helper
 
-from onnxq.rewrites.bias_add import fold_bias_add
+from onnxq import ir
+from onnxq.rewrites.bias_add import fold_bias_add, fold_channel_mul
+from onnxq.rewrites.simplify import simplify
 from tests import graphs
 from tests.rewrites.test_simplify import apply, assert_same_outputs
 
@@ -17,8 +20,8 @@ C = 8
 
 def conv_add(bias_shape: tuple[int, ...] = (1, C, 1, 1), conv_bias: bool = False,
              const_first: bool = False, second_reader: bool = False,
-             transpose: bool = False) -> onnx.ModelProto:
-    """x -> Conv(/ConvTranspose) -> Add(constant of ``bias_shape``) -> Relu -> y."""
+             transpose: bool = False, op_type: str = "Add") -> onnx.ModelProto:
+    """x -> Conv(/ConvTranspose) -> Add (``op_type``) constant of ``bias_shape`` -> Relu -> y."""
     r = graphs.rng(1)
     op = "ConvTranspose" if transpose else "Conv"
     conv_inputs = ["x", "w", "b"] if conv_bias else ["x", "w"]
@@ -28,7 +31,7 @@ def conv_add(bias_shape: tuple[int, ...] = (1, C, 1, 1), conv_bias: bool = False
         inits.append(graphs.init("b", graphs.weight(r, C)))
     add_inputs = ["k", "conv_out"] if const_first else ["conv_out", "k"]
     nodes = [helper.make_node(op, conv_inputs, ["conv_out"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Add", add_inputs, ["add_out"], name="add"),
+             helper.make_node(op_type, add_inputs, ["add_out"], name="add"),
              helper.make_node("Relu", ["add_out"], ["y"], name="relu")]
     outputs = [graphs.tensor("y", [1, C, 6, 6])]
     if second_reader:
@@ -83,3 +86,52 @@ def test_fold_bias_add_keeps_the_bias_dtype_and_values():
     original = {t.name: onnx.numpy_helper.to_array(t) for t in before.graph.initializer}
     assert folded.dtype == np.float32
     np.testing.assert_allclose(folded, original["b"] + original["k"].reshape(-1), rtol=0)
+
+
+MUL_FOLDS = [{}, {"conv_bias": True}, {"const_first": True}, {"bias_shape": (C, 1, 1)},
+             {"transpose": True, "conv_bias": True}]
+
+
+@pytest.mark.parametrize("options", MUL_FOLDS)
+def test_fold_channel_mul_scales_weight_and_bias(options):
+    before = conv_add(op_type="Mul", **options)
+    after, modified = apply(fold_channel_mul, before)
+    assert modified
+    assert graphs.op_types(after) == [before.graph.node[0].op_type, "Relu"]
+    conv = after.graph.node[0]
+    assert conv.output[0] == "add_out" and len(conv.input) == len(before.graph.node[0].input)
+    assert_same_outputs(before, after)
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ({"bias_shape": (1, C, 6, 6)}, "varies over space"),
+        ({"bias_shape": (C,)}, "broadcasts along the last (width) axis, not channels"),
+        ({"second_reader": True}, "the conv output is read by another node"),
+        ({"bias_shape": (1,)}, "one scalar for every channel (a learnable affine block)"),
+    ],
+)
+def test_fold_channel_mul_declines(options, why):
+    before = conv_add(op_type="Mul", **options)
+    after, modified = apply(fold_channel_mul, before)
+    assert not modified, why
+    assert graphs.count_ops(after, "Mul") == 1
+
+
+def test_conv_mul_add_batch_norm_folds_into_one_conv():
+    # Caffe2 / frozen-batch-norm exports: Conv -> Mul(s) -> Add(b) -> Relu
+    r = graphs.rng(2)
+    inits = [graphs.init("w", graphs.weight(r, C, C, 3, 3)),
+             graphs.init("s", graphs.weight(r, 1, C, 1, 1, scale=2.0)),
+             graphs.init("b", graphs.weight(r, 1, C, 1, 1))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["c", "s"], ["m"], name="scale"),
+             helper.make_node("Add", ["m", "b"], ["a"], name="shift"),
+             helper.make_node("Relu", ["a"], ["y"], name="relu")]
+    before = graphs.model(nodes, [graphs.tensor("x", [1, C, 6, 6])],
+                          [graphs.tensor("y", [1, C, 6, 6])], inits)
+    after, passes = simplify(ir.infer_shapes(before))  # as onnxq.ir.load_model leaves it
+    assert graphs.op_types(after) == ["Conv", "Relu"]
+    assert {"fold_channel_mul", "fold_bias_add"} <= set(passes)
+    assert_same_outputs(before, after)

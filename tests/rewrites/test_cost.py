@@ -130,10 +130,32 @@ def test_small_gemm_stays_float_and_a_large_one_is_quantized():
 
 
 # ------------------------------------------------------------------------------- chain ops
-def test_add_of_two_integer_kernels_is_quantized():
-    ann = annotated(graphs.with_tail(graphs.residual_add(), "Tanh"))
-    add = decision(ann, "add")
+def residual_into_conv() -> onnx.ModelProto:
+    """residual_add (two convs joined by an Add) whose Add feeds one more conv -> Tanh."""
+    model = graphs.residual_add(channels=32)
+    graph = model.graph
+    r = graphs.rng(9)
+    out = graph.output[0].name
+    inner = f"{out}_joined"
+    for node in graph.node:
+        node.output[:] = [inner if o == out else o for o in node.output]
+    graph.initializer.append(graphs.init("conv3.w", graphs.weight(r, 32, 32, 3, 3)))
+    graph.node.extend([
+        helper.make_node("Conv", [inner, "conv3.w"], ["c3"], name="conv3", pads=[1, 1, 1, 1]),
+        helper.make_node("Tanh", ["c3"], [out], name="tail")])
+    return model
+
+
+def test_add_of_two_integer_kernels_is_quantized_when_the_chain_goes_on():
+    add = decision(annotated(residual_into_conv()), "add")
     assert add.quantized and add.rule == "binary"
+
+
+def test_add_whose_output_no_integer_kernel_reads_stays_float():
+    # Add -> Tanh -> output: its Q would be dequantized at once; int8 saves nothing
+    add = decision(annotated(graphs.with_tail(graphs.residual_add(), "Tanh")), "add")
+    assert not add.quantized
+    assert "no reader of its output continues one" in add.reason
 
 
 @pytest.mark.parametrize("builder", [lambda: graphs.binary("Add"), lambda: graphs.binary("Mul"),

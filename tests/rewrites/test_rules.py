@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import onnx
 import pytest
+from onnx import helper
 
 import onnxq
 from onnxq import ir
@@ -276,6 +277,23 @@ def test_binary_match_inputs_and_output(op_type):
     }
     assert ann.tensors["bin_out"].consumers == [("relu", 0)]
     assert decision(ann, "binary").rule == "binary"
+
+
+def test_binary_folds_a_following_relu_into_its_output_quantization():
+    # ResNet's join: Add -> Relu -> Conv.  onnxruntime drops a Relu before a Q whose zero
+    # point is the type's minimum, so the Q/DQ goes on the Relu's output and QLinearAdd fuses
+    r = graphs.rng(4)
+    nodes = [helper.make_node("Add", ["a", "b"], ["s"], name="binary"),
+             helper.make_node("Relu", ["s"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    shape = [1, 16, 8, 8]
+    model = graphs.model(nodes, [graphs.tensor("a", shape), graphs.tensor("b", shape)],
+                         [graphs.tensor("y", shape)],
+                         [graphs.init("w", graphs.weight(r, 16, 16, 3, 3))])
+    ann = annotated(model, "onnxruntime")
+    assert decision(ann, "binary").quantized
+    assert decision(ann, "relu").rule == "fused"
+    assert "s" not in ann.tensors and ann.tensors["r"].consumers == [("conv", 0)]
 
 
 def test_binary_decline_constant_input():

@@ -17,6 +17,7 @@ from onnxq.rewrites.simplify import (
     fold_constants,
     remove_identities,
     simplify,
+    sum_to_add,
 )
 from tests import graphs
 
@@ -65,6 +66,26 @@ def test_constants_to_initializers_moves_constant_nodes():
 def test_constants_to_initializers_reports_no_change_without_constants():
     after, modified = apply(constants_to_initializers, graphs.conv_relu())
     assert not modified and graphs.op_types(after) == ["Conv", "Relu"]
+
+
+def sum_model(n_inputs: int) -> onnx.ModelProto:
+    """x -> Conv, then Sum(Conv out, x[, x]) -> y: a Caffe2-style residual join."""
+    r = graphs.rng(3)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Sum", ["c", "x", "x"][:n_inputs], ["y"], name="join")]
+    return graphs.model(nodes, [graphs.tensor("x", [1, 8, 6, 6])],
+                        [graphs.tensor("y", [1, 8, 6, 6])],
+                        [graphs.init("w", graphs.weight(r, 8, 8, 3, 3))])
+
+
+def test_sum_to_add_rewrites_a_two_input_sum_only():
+    before = sum_model(2)
+    after, modified = apply(sum_to_add, before)
+    assert modified and graphs.op_types(after) == ["Conv", "Add"]
+    assert_same_outputs(before, after)
+    for n in (1, 3):  # not an Add: left alone
+        after, modified = apply(sum_to_add, sum_model(n))
+        assert not modified and graphs.count_ops(after, "Sum") == 1
 
 
 def test_remove_identities_drops_identity_and_inference_dropout():
@@ -242,8 +263,10 @@ def test_default_passes_order():
     assert [p.__name__ for p in DEFAULT_PASSES] == [
         "constants_to_initializers",
         "remove_identities",
+        "sum_to_add",
         "fold_constants",
         "fold_batchnorm",
+        "fold_channel_mul",
         "fold_bias_add",
         "fuse_hardswish",
         "decompose_prelu",
