@@ -12,6 +12,8 @@ rounding apart).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import numpy as np
 import onnx
 
@@ -22,36 +24,39 @@ _WITH_BIAS = ("Conv", "ConvTranspose")
 
 def fold_bias_add(graph: ir.Graph) -> bool:
     """``Add(Conv(x, W[, B]), b)`` with a constant per-channel ``b`` becomes ``Conv(x, W, B+b)``."""
-    doomed = []
-    for add in graph.nodes:
-        folded = _fold(graph, add)
-        if folded is not None:
-            doomed.append(add)
-    graph.remove_nodes(doomed)
-    return bool(doomed)
+    return _fold_all(graph, _fold)
 
 
 def fold_channel_mul(graph: ir.Graph) -> bool:
     """``Mul(Conv(x, W[, B]), s)`` with a constant per-channel vector ``s`` (not a scalar)
     becomes ``Conv(x, W * s, B * s)``."""
-    doomed = []
-    for mul in graph.nodes:
-        folded = _fold_mul(graph, mul)
-        if folded is not None:
-            doomed.append(mul)
+    return _fold_all(graph, _fold_mul)
+
+
+def _fold_all(graph: ir.Graph,
+              fold: Callable[[ir.Graph, onnx.NodeProto], onnx.NodeProto | None]) -> bool:
+    """Apply ``fold`` to every node; the nodes it folded away are removed."""
+    doomed = [node for node in graph.nodes if fold(graph, node) is not None]
     graph.remove_nodes(doomed)
     return bool(doomed)
 
 
+def _conv_operands(graph: ir.Graph, node: onnx.NodeProto, op_type: str,
+                   ) -> Iterator[tuple[int, onnx.NodeProto, np.ndarray]]:
+    """(i, conv, c) for each way ``node`` (an ``op_type`` of two inputs) reads a Conv's output
+    as input ``i``, which only it reads, and a per-channel constant ``c`` as the other."""
+    if node.op_type != op_type or node.domain not in ir.DEFAULT_DOMAINS or len(node.input) != 2:
+        return
+    for i in (0, 1):
+        conv = graph.producer.get(node.input[i])
+        vector = _channel_vector(graph, node.input[1 - i], conv)
+        if conv is not None and vector is not None and _sole_reader(graph, conv, node.input[i]):
+            yield i, conv, vector
+
+
 def _fold_mul(graph: ir.Graph, mul: onnx.NodeProto) -> onnx.NodeProto | None:
     """Fold ``mul`` into its producing Conv; returns the Conv, or ``None`` when it does not fit."""
-    if mul.op_type != "Mul" or mul.domain not in ir.DEFAULT_DOMAINS or len(mul.input) != 2:
-        return None
-    for i in (0, 1):
-        conv = graph.producer.get(mul.input[i])
-        scale = _channel_vector(graph, mul.input[1 - i], conv)
-        if conv is None or scale is None or not _sole_reader(graph, conv, mul.input[i]):
-            continue
+    for i, conv, scale in _conv_operands(graph, mul, "Mul"):
         # a batch norm's scale varies per channel; one scalar for all channels (PP-LCNet's
         # learnable affine block) is left alone: folding it moves onnxruntime's output
         # quantization past the affine, which cost PP-OCRv4 det and rec accuracy (measured)
@@ -110,15 +115,7 @@ def scaled_weight(node: onnx.NodeProto, w: np.ndarray, scale: np.ndarray) -> np.
 
 def _fold(graph: ir.Graph, add: onnx.NodeProto) -> onnx.NodeProto | None:
     """Fold ``add`` into its producing Conv; returns the Conv, or ``None`` when it does not fit."""
-    if add.op_type != "Add" or add.domain not in ir.DEFAULT_DOMAINS or len(add.input) != 2:
-        return None
-    for i in (0, 1):
-        conv = graph.producer.get(add.input[i])
-        bias = _channel_vector(graph, add.input[1 - i], conv)
-        if conv is None or bias is None:
-            continue
-        if not _sole_reader(graph, conv, add.input[i]):
-            continue
+    for _, conv, bias in _conv_operands(graph, add, "Add"):
         old = conv.input[2] if len(conv.input) > 2 and conv.input[2] else ""
         base = graph.const_value(old) if old else np.zeros_like(bias)
         if base is None or base.shape != bias.shape or base.dtype != bias.dtype:
