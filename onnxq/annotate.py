@@ -203,19 +203,22 @@ def grouped_conv_inputs(graph: ir.Graph) -> dict[str, str]:
 
 
 def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
-                     max_abs: float, concat_ratio: float,
-                     grouped: dict[str, str] | None = None, weak_fraction: float = 1.0,
+                     config: QuantConfig, grouped: dict[str, str],
                      ) -> tuple[dict[str, str], dict[str, str]]:
     """Tensors and nodes to keep float because of what the calibration data showed.
 
-    * a tensor whose magnitude reaches ``max_abs`` (an additive attention mask filled with
-      -1e4 or -3.4e38, or any range so wide that int8 would wipe out its ordinary values);
+    * a tensor whose magnitude reaches ``config.mask_threshold`` (an additive attention mask
+      filled with -1e4 or -3.4e38, or any range so wide that int8 would wipe out its ordinary
+      values);
     * a node whose activation inputs share one output scale (Concat) while their ranges differ
-      by more than ``concat_ratio`` (box coordinates next to class scores);
+      by more than ``config.concat_range_ratio`` (box coordinates next to class scores);
     * a grouped (depthwise) Conv of ``grouped`` (node -> input) whose input has more than
-      ``weak_fraction`` of its channels peaking below ``WEAK_CHANNEL`` of the tensor's peak:
-      each such channel alone feeds its outputs, with fewer than 8 of int8's 127 levels.
+      ``config.weak_channel_fraction`` of its channels peaking below ``WEAK_CHANNEL`` of the
+      tensor's peak: each such channel alone feeds its outputs, with fewer than 8 of int8's 127
+      levels.
     """
+    max_abs, concat_ratio = config.mask_threshold, config.concat_range_ratio
+    weak_fraction = config.weak_channel_fraction
     float_tensors: dict[str, str] = {}
     for ann in annotations.of_kind("activation"):
         s = stats.get(ann.tensor)
@@ -238,7 +241,7 @@ def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
                 f"its inputs' ranges differ {max(ranges) / min(ranges):.0f}x (> {concat_ratio:g}x);"
                 " one shared scale would crush the small ones, so it stays float")
     for d in annotations.decisions:
-        tensor = (grouped or {}).get(d.node)
+        tensor = grouped.get(d.node)
         if not d.quantized or tensor is None or tensor not in stats:
             continue
         weak = stats[tensor].weak_channels(WEAK_CHANNEL)

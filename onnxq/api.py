@@ -201,9 +201,7 @@ def _place_from_cache(model: onnx.ModelProto, graph: ir.Graph, profile: BackendP
     for _ in range(4):
         annotations = annotate(graph, profile, cfg, float_tensors, float_nodes)
         stats = load_calibration_file(cache, graph, _observed(annotations))
-        more_t, more_n = range_exclusions(annotations, stats, cfg.mask_threshold,
-                                          cfg.concat_range_ratio, grouped_conv_inputs(graph),
-                                          cfg.weak_channel_fraction)
+        more_t, more_n = range_exclusions(annotations, stats, cfg, grouped_conv_inputs(graph))
         if more_t.keys() <= float_tensors.keys() and more_n.keys() <= float_nodes.keys():
             break
         float_tensors.update(more_t)
@@ -244,9 +242,7 @@ def _place_and_calibrate(model: onnx.ModelProto, graph: ir.Graph, profile: Backe
                 float_tensors[t] = (f"tensor {t!r} was not observed (the calibration source "
                                     "can be read only once)")
             continue
-        more_t, more_n = range_exclusions(annotations, result.stats, cfg.mask_threshold,
-                                          cfg.concat_range_ratio, grouped,
-                                          cfg.weak_channel_fraction)
+        more_t, more_n = range_exclusions(annotations, result.stats, cfg, grouped)
         if more_t.keys() <= float_tensors.keys() and more_n.keys() <= float_nodes.keys():
             return annotations, result
         float_tensors.update(more_t)
