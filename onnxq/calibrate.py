@@ -3,6 +3,9 @@
 One augmented model exposes exactly the tensors to observe as extra outputs; onnxruntime runs
 it batch by batch, each batch's activations go to the tensors' :class:`TensorStats` and are
 dropped.  Memory depends on the number of observed tensors, never on the number of batches.
+A tensor that needs no histogram, that the graph keeps >= 0 and whose shape is a static
+(N, C, H, W) is observed inside the graph instead (:func:`_peaks_plan`): a GlobalMaxPool gives
+its per-channel maxima without converting it out of onnxruntime's blocked layout.
 When exposing every tensor at once would pass ``memory_budget`` bytes for one batch, the tensors
 are observed in groups, one pass over the data per group (the data must then be re-iterable).
 """
@@ -111,15 +114,23 @@ def calibrate(
     each sample, where s is the smallest prime at least the ratio that divides none of the
     tensor's dimensions (so the kept values cycle through every channel and position); s is
     fixed per tensor from the first batch's shapes.  ``histogram_sample=0`` keeps every value.
-    Tensors in ``channels`` also get each channel's peak magnitude (axis 1).
+    Tensors in ``channels`` also get each channel's peak magnitude (axis 1).  A tensor the
+    graph keeps >= 0 (:meth:`ir.Graph.nonnegative`) is read for its maxima only and its
+    minimum is recorded as 0: every range includes 0, so no scale changes.  When such a tensor
+    needs no histogram and has a static (N, C, H, W) shape, its maxima are taken inside the
+    graph (a GlobalMaxPool) instead of exposing it whole.
     """
     graph = ir.Graph(model)
-    stats = {name: TensorStats(name, histogram=hist, channels=name in channels)
+    stats = {name: TensorStats(name, histogram=hist, channels=name in channels,
+                               nonnegative=graph.nonnegative(name))
              for name, hist in tensors.items()}
     names = sorted(tensors)
     first = _first_batch(source, inputs)
     concrete = _concrete_shapes(model, graph, names, first)
-    sizes = {name: 4 * _numel(concrete.get(name) or graph.shape(name)) for name in names}
+    peaks = {name: plan for name in names
+             if not tensors[name] and (plan := _peaks_plan(graph, name))}
+    sizes = {name: 4 * peaks[name].channels if name in peaks
+             else 4 * _numel(concrete.get(name) or graph.shape(name)) for name in names}
     strides = {name: _tensor_stride(concrete.get(name) or graph.shape(name), histogram_sample)
                for name in names if tensors[name]}
     groups = _groups(names, sizes, memory_budget)
@@ -137,8 +148,11 @@ def calibrate(
     workers = 1 if any(s.histogram for s in stats.values()) else 0
     with _executor(workers) as pool:
         for gi, group in enumerate(groups):
-            session = augmented_session(model, graph, group, spinning=workers == 0) \
+            plans = [peaks[name] for name in group if name in peaks]
+            exposed = [name for name in group if name not in peaks]
+            session = _peaks_session(model, graph, exposed, plans, workers == 0) \
                 if group else None
+            outputs = exposed + ([ir.PEAKS_OUTPUT] if plans else [])
             label = "calibrating" if len(groups) == 1 else f"calibrating {gi + 1}/{len(groups)}"
             seen = 0
             pending: Future[None] | None = None
@@ -148,10 +162,10 @@ def calibrate(
                 if gi == 0 and len(held) < hold:
                     held.append(batch)
                 if session is not None:
-                    outs = _run(session, group, batch, index)
+                    outs = dict(zip(outputs, _run(session, outputs, batch, index), strict=True))
                     if pending is not None:
                         pending.result()  # re-raises a NaN/Inf error of the previous batch
-                    pending = pool.submit(_observe, stats, group, outs, strides, index)
+                    pending = pool.submit(_observe, stats, exposed, plans, outs, strides, index)
                 seen += 1
             if pending is not None:
                 pending.result()
@@ -234,12 +248,55 @@ def _run(session: Any, names: list[str], batch: Batch, index: int) -> list[np.nd
         ) from None
 
 
-def _observe(stats: dict[str, TensorStats], names: list[str], values: list[np.ndarray],
-             strides: dict[str, int], index: int) -> None:
-    for name, value in zip(names, values, strict=True):
+def _observe(stats: dict[str, TensorStats], exposed: list[str], plans: list[_PeaksPlan],
+             outs: dict[str, np.ndarray], strides: dict[str, int], index: int) -> None:
+    where = f" in calibration batch {index}"
+    for name in exposed:
+        value = outs[name]
         if np.issubdtype(value.dtype, np.floating):
-            stats[name].update(value, where=f" in calibration batch {index}",
-                               stride=strides.get(name, 1))
+            stats[name].update(value, where=where, stride=strides.get(name, 1))
+    if not plans:
+        return
+    joined = outs[ir.PEAKS_OUTPUT]  # per-channel maxima of every plan, joined along axis 1
+    joined = joined.reshape(joined.shape[0], -1)
+    starts = np.cumsum([0] + [plan.channels for plan in plans[:-1]])
+    row_max = np.maximum.reduceat(joined, starts, axis=1).astype(np.float64)  # (N, plans)
+    for k, plan in enumerate(plans):
+        channel_max = joined[:, starts[k] : starts[k] + plan.channels]
+        stats[plan.tensor].update_peaks(row_max[:, k], joined.shape[0] * plan.per_sample,
+                                        where, channel_max)
+
+
+@dataclass(frozen=True)
+class _PeaksPlan:
+    """A tensor observed inside the graph through its per-channel maxima."""
+
+    tensor: str
+    channels: int
+    per_sample: int  # values per sample (C*H*W, static)
+
+
+def _peaks_plan(graph: ir.Graph, name: str) -> _PeaksPlan | None:
+    """Observe ``name`` through in-graph per-channel maxima when that is exact: a float32
+    tensor the graph keeps >= 0 (so its maxima give its whole range) with a static (N, C, H, W)
+    shape, which onnxruntime may hold in its blocked layout.  (Only for tensors without a
+    histogram: a histogram needs the values themselves, and a grid of them sampled in the
+    graph chose worse ranges than the per-value stride; docs/calibration.md.)"""
+    shape = graph.shape(name)
+    if (shape is None or len(shape) != 4 or graph.elem_type(name) != onnx.TensorProto.FLOAT
+            or not all(isinstance(d, int) and d > 0 for d in shape[1:])
+            or not graph.nonnegative(name)):
+        return None
+    c, h, w = (int(d) for d in shape[1:])  # type: ignore[arg-type]
+    return _PeaksPlan(name, c, c * h * w)
+
+
+def _peaks_session(model: onnx.ModelProto, graph: ir.Graph, exposed: list[str],
+                   plans: list[_PeaksPlan], spinning: bool) -> Any:
+    """A session whose outputs are ``exposed`` and then the joined maxima of ``plans``."""
+    with ir.with_channel_peaks(model, [graph.value_info(n) for n in exposed],
+                               [plan.tensor for plan in plans]) as aug:
+        return make_session(aug, spinning=spinning)
 
 
 def _first_batch(source: Iterable[Batch], inputs: list[InputSpec]) -> Batch | None:

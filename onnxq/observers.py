@@ -59,6 +59,9 @@ class TensorStats:
     sample_max_sum: float = 0.0
     channels: bool = False  # also track each channel's peak |x| (axis 1)
     channel_amax: np.ndarray | None = None
+    # the graph guarantees x >= 0 (a Relu's output, ...): only maxima are read and the minimum
+    # is recorded as 0.  Every range includes 0, so no scale depends on a minimum above 0.
+    nonnegative: bool = False
 
     def update(self, x: np.ndarray, where: str = "", stride: int = 1) -> None:
         """Add one batch of values of this tensor.
@@ -73,27 +76,39 @@ class TensorStats:
         if x.dtype != np.float32:
             x = x.astype(np.float32)
         rows = x.reshape(x.shape[0], -1) if x.ndim >= 2 else x.reshape(1, -1)
-        if self.channels and x.ndim >= 3:
-            # per (sample, channel) first: the per-sample extremes come from these, so the
-            # channel peaks cost no extra pass over the data
-            per = x.reshape(x.shape[0], x.shape[1], -1)
-            ch_min, ch_max = per.min(axis=2), per.max(axis=2)
-            row_min = ch_min.min(axis=1).astype(np.float64)
-            row_max = ch_max.max(axis=1).astype(np.float64)
-            peak = np.maximum(np.abs(ch_min), np.abs(ch_max)).max(axis=0).astype(np.float64)
-        else:
-            peak = None
-            row_min = rows.min(axis=1).astype(np.float64)  # numpy's min/max propagate NaN
-            row_max = rows.max(axis=1).astype(np.float64)
-        lo, hi = float(row_min.min()), float(row_max.max())
+        row_max, row_min, peak = self._extremes(x, rows)
+        lo, _ = self._record(row_min, row_max, peak, int(x.size), where)
+        if self.histogram:
+            self._add_values(rows[:, ::stride] if stride > 1 else rows, lo >= 0.0)
+
+    def update_peaks(self, row_max: np.ndarray, count: int, where: str = "",
+                     channel_max: np.ndarray | None = None) -> None:
+        """Add one batch of a non-negative tensor seen through its maxima: ``row_max`` per
+        sample, ``channel_max`` per sample and channel (needed when :attr:`channels`), and its
+        value count.  Every value was >= 0 (:attr:`nonnegative`), so the minimum is 0; there
+        is no histogram to fill."""
+        if row_max.size == 0:
+            return
+        peak = None
+        if self.channels and channel_max is not None:
+            peak = channel_max.reshape(channel_max.shape[0], -1).max(axis=0).astype(np.float64)
+        self._record(None, row_max, peak, count, where)
+
+    def _record(self, row_min: np.ndarray | None, row_max: np.ndarray, peak: np.ndarray | None,
+                count: int, where: str) -> tuple[float, float]:
+        """Fold one batch's per-sample extremes in (and widen the histogram's range);
+        ``row_min`` None: all zero."""
+        lo = 0.0 if row_min is None else float(row_min.min())
+        hi = float(row_max.max())
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise CalibrationDataError(
                 f"tensor {self.name!r} has NaN or Inf values{where}; check the calibration data "
                 "(a NaN/Inf input or a model that overflows on it)"
             )
-        self.count += int(x.size)
-        self.samples += len(row_min)
-        self.sample_min_sum += float(row_min.sum())
+        self.count += count
+        self.samples += len(row_max)
+        if row_min is not None:
+            self.sample_min_sum += float(row_min.sum())
         self.sample_max_sum += float(row_max.sum())
         self.min = min(self.min, lo)
         self.max = max(self.max, hi)
@@ -101,7 +116,31 @@ class TensorStats:
             self._merge_channels(peak)
         if self.histogram:
             self._grow(max(abs(lo), abs(hi)))
-            self._add_values(rows[:, ::stride] if stride > 1 else rows)
+        return lo, hi
+
+    def _extremes(self, x: np.ndarray,
+                  rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Per-sample maxima and minima (float64; no minima: all 0), and each channel's peak
+        |x| when tracked.
+
+        numpy's min/max propagate NaN, so a NaN shows in the maxima; a non-negative tensor
+        skips the pass over its minima."""
+        if self.channels and x.ndim >= 3:
+            # per (sample, channel) first: the per-sample extremes come from these, so the
+            # channel peaks cost no extra pass over the data
+            per = x.reshape(x.shape[0], x.shape[1], -1)
+            ch_max = per.max(axis=2)
+            if self.nonnegative:
+                row_max = ch_max.max(axis=1).astype(np.float64)
+                return row_max, None, ch_max.max(axis=0).astype(np.float64)
+            ch_min = per.min(axis=2)
+            peak = np.maximum(np.abs(ch_min), np.abs(ch_max)).max(axis=0).astype(np.float64)
+            return (ch_max.max(axis=1).astype(np.float64),
+                    ch_min.min(axis=1).astype(np.float64), peak)
+        row_max = rows.max(axis=1).astype(np.float64)
+        if self.nonnegative:
+            return row_max, None, None
+        return row_max, rows.min(axis=1).astype(np.float64), None
 
     def _merge_channels(self, peak: np.ndarray) -> None:
         if self.channel_amax is None:
@@ -121,24 +160,31 @@ class TensorStats:
             return None
         return int((self.channel_amax < below * top).sum()), int(self.channel_amax.size)
 
-    def _add_values(self, values: np.ndarray) -> None:
-        """Count values (a 2-D array, possibly a strided view) into the histogram; they must
-        lie within the current range."""
+    def _add_values(self, values: np.ndarray, nonnegative: bool = False) -> None:
+        """Count values (an array, possibly a strided view) into the histogram; they must
+        lie within the current range (and be >= 0 when ``nonnegative``)."""
         # floor(x * 2^k) is exact while the product cannot underflow, so a value's bin at
         # range 2R is exactly its bin at range R halved: re-binning and batching never move it.
+        scale = BINS / (2.0 * self.range)
+        flat, idx = _scratch(values.size)  # reused buffers: fresh allocations page-fault
+        idx = idx.reshape(values.shape)
+        half = BINS // 2
+        if nonnegative:
+            # x * 2^k >= 0 is exact in float32 (an underflow lands below 1, in bin 0 either
+            # way), and for values >= 0 the int conversion's truncation is the floor: one pass
+            np.multiply(values, np.float32(scale), out=idx, casting="unsafe")
+            self.counts[half:] += np.bincount(idx.reshape(-1), minlength=half)
+            return
         # 2^k = BINS / 2R is >= 1 up to R = 2048: float32 is exact there.  Above, a tiny
         # negative x could underflow to -0 and land in the bin above zero: float64 is exact for
         # every float32 x and power of two.  R is strictly above every |x|, so no index needs
         # clipping; adding BINS/2 to an integer-valued float below 2^24 is exact too.
-        scale = BINS / (2.0 * self.range)
-        flat, idx = _scratch(values.size)  # reused buffers: fresh allocations page-fault
         if scale < 1.0:
             flat = np.empty(values.size, dtype=np.float64)
         flat = flat.reshape(values.shape)
-        idx = idx.reshape(values.shape)
         np.multiply(values, flat.dtype.type(scale), out=flat)
         np.floor(flat, out=flat)
-        np.add(flat, flat.dtype.type(BINS // 2), out=flat)
+        np.add(flat, flat.dtype.type(half), out=flat)
         np.copyto(idx, flat, casting="unsafe")
         self.counts += np.bincount(idx.reshape(-1), minlength=BINS)
 
@@ -168,6 +214,7 @@ class TensorStats:
             self._merge_channels(other.channel_amax.copy())
         elif self.count:  # one shard without channel peaks: no per-channel view of the whole
             self.channels, self.channel_amax = False, None
+        self.nonnegative = self.nonnegative and other.nonnegative
         self.samples += other.samples
         self.sample_min_sum += other.sample_min_sum
         self.sample_max_sum += other.sample_max_sum
@@ -200,6 +247,7 @@ class TensorStats:
             "count": self.count, "min": self.min, "max": self.max, "range": self.range,
             "samples": self.samples, "sample_min_sum": self.sample_min_sum,
             "sample_max_sum": self.sample_max_sum, "histogram": self.histogram,
+            "nonnegative": self.nonnegative,
             "bins": [int(i) for i in nz], "counts": [int(self.counts[i]) for i in nz],
             "channel_amax": (None if self.channel_amax is None
                              else [float(v) for v in self.channel_amax]),
@@ -212,7 +260,8 @@ class TensorStats:
                     max=float(data["max"]), range=float(data["range"]),
                     samples=int(data["samples"]), sample_min_sum=float(data["sample_min_sum"]),
                     sample_max_sum=float(data["sample_max_sum"]),
-                    histogram=bool(data["histogram"]))
+                    histogram=bool(data["histogram"]),
+                    nonnegative=bool(data.get("nonnegative", False)))
         stats.counts[np.asarray(data["bins"], dtype=np.int64)] = np.asarray(
             data["counts"], dtype=np.int64)
         if data.get("channel_amax") is not None:

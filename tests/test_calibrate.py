@@ -8,10 +8,10 @@ import onnxruntime as ort
 import pytest
 
 from onnxq import ir
-from onnxq.calibrate import _stride, calibrate, exposing, make_session
+from onnxq.calibrate import _peaks_plan, _stride, calibrate, exposing, make_session
 from onnxq.data import model_inputs
 from onnxq.errors import CalibrationDataError, UnsupportedModelError
-from onnxq.observers import BINS
+from onnxq.observers import BINS, TensorStats
 from tests import graphs
 
 
@@ -245,3 +245,39 @@ def test_observing_adds_nothing_to_the_model():
     calibrate(model, {"conv_out": True, "x": False}, graphs.random_batches(model, 2), inputs,
               progress=False)
     assert ir.serialize(model) == before
+
+
+def test_a_relu_output_is_observed_in_the_graph_with_the_same_statistics():
+    # y = Relu(conv_out): its per-channel maxima come from an in-graph GlobalMaxPool; min,
+    # max, count, per-sample sums and channel peaks equal those of the whole tensor
+    model, inputs = prepared(batched_conv())
+    graph = ir.Graph(model)
+    assert _peaks_plan(graph, "y") is not None  # observed in the graph
+    assert _peaks_plan(graph, "conv_out") is None  # signed: exposed whole
+    batches = [graphs.random_inputs(model, seed=i, dynamic=3) for i in range(4)]
+    got = calibrate(model, {"y": False}, batches, inputs, channels=frozenset({"y"}),
+                    progress=False).stats["y"]
+    want = TensorStats("y", histogram=False, channels=True)
+    for b in batches:
+        want.update(np.maximum(reference_values(model, [b], ["conv_out"])["conv_out"]
+                               .reshape(3, 16, 12, 12), 0))
+    assert got.nonnegative and (got.count, got.samples) == (want.count, want.samples) == (
+        4 * 3 * 16 * 144, 12)
+    assert (got.min, got.max) == (0.0, want.max) and want.min == 0.0
+    assert got.sample_max_sum == pytest.approx(want.sample_max_sum, rel=1e-12)
+    assert got.sample_min_sum == want.sample_min_sum == 0.0
+    np.testing.assert_array_equal(got.channel_amax, want.channel_amax)
+    # with a histogram the values themselves are needed: the tensor is exposed whole
+    hist = calibrate(model, {"y": True}, batches, inputs, progress=False).stats["y"]
+    assert (hist.max, hist.count) == (want.max, want.count) and hist.counts.sum() == want.count
+
+
+def test_nan_in_an_in_graph_observed_tensor_is_an_error():
+    # Exp(Log(x)) >= 0 is observed in the graph; x < 0 makes every value NaN
+    nodes = [onnx.helper.make_node("Log", ["x"], ["l"]), onnx.helper.make_node("Exp", ["l"], ["e"])]
+    model, inputs = prepared(graphs.model(nodes, [graphs.tensor("x", [1, 4, 8, 8])],
+                                          [graphs.tensor("e", [1, 4, 8, 8])]))
+    assert _peaks_plan(ir.Graph(model), "e") is not None
+    with pytest.raises(CalibrationDataError, match="'e' has NaN or Inf values in calibration"):
+        calibrate(model, {"e": False}, [{"x": -np.ones((1, 4, 8, 8), np.float32)}], inputs,
+                  progress=False)

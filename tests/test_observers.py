@@ -407,3 +407,41 @@ def test_channel_peaks_are_exact_merge_across_shards_and_survive_json():
     assert TensorStats("t").weak_channels() is None
     # a shard without channel peaks leaves no per-channel view of the whole
     assert left.merge(plain).channel_amax is None
+
+
+@pytest.mark.parametrize("channels", [False, True])
+@pytest.mark.parametrize("stride", [1, 3])
+def test_a_nonnegative_tensor_reads_only_maxima_and_bins_like_a_signed_one(channels, stride):
+    # Relu-like data (a third exactly 0); the one-pass binning of values >= 0 gives the bins
+    # of the floor path, at small and large ranges (float32 scale above and below 1)
+    r = np.random.default_rng(7)
+    for gain in (1.0, 1e4):
+        x = np.maximum(r.standard_normal((4, 8, 10, 10)) * gain, 0).astype(np.float32)
+        x[0, 0, 0, :3] = [1e-30, 2.0**-140, -0.0]  # underflow in the product, and a -0
+        fast = TensorStats("t", channels=channels, nonnegative=True)
+        slow = TensorStats("t", channels=channels)
+        for part in (x[:1], x[1:]):
+            fast.update(part, stride=stride)
+            slow.update(part, stride=stride)
+        np.testing.assert_array_equal(fast.counts, slow.counts)
+        assert (fast.min, fast.max, fast.count, fast.samples) == (
+            slow.min, slow.max, slow.count, slow.samples)
+        assert fast.sample_max_sum == slow.sample_max_sum and fast.sample_min_sum == 0.0
+        if channels:
+            np.testing.assert_array_equal(fast.channel_amax, slow.channel_amax)
+        again = TensorStats.from_json("t", fast.to_json())
+        assert again.nonnegative and again.merge(slow).nonnegative is False
+
+
+def test_update_peaks_equals_update_on_the_whole_tensor():
+    r = np.random.default_rng(8)
+    x = np.maximum(r.standard_normal((3, 4, 6, 6)), 0).astype(np.float32)
+    whole = TensorStats("t", histogram=False, channels=True, nonnegative=True)
+    whole.update(x)
+    peaks = TensorStats("t", histogram=False, channels=True, nonnegative=True)
+    channel_max = x.max(axis=(2, 3))
+    peaks.update_peaks(channel_max.max(axis=1).astype(np.float64), x.size,
+                       channel_max=channel_max)
+    np.testing.assert_array_equal(peaks.channel_amax, whole.channel_amax)
+    assert (peaks.min, peaks.max, peaks.count, peaks.samples, peaks.sample_max_sum) == (
+        whole.min, whole.max, whole.count, whole.samples, whole.sample_max_sum)

@@ -9,7 +9,7 @@ external data, weights stay on disk until read (``onnxq.ir.external``).
 """
 
 from onnxq.ir import external
-from onnxq.ir.augment import with_outputs
+from onnxq.ir.augment import PEAKS_OUTPUT, with_channel_peaks, with_outputs
 from onnxq.ir.constants import DEFAULT_DOMAINS, PROTO_LIMIT
 from onnxq.ir.graph import (
     Graph,
@@ -39,11 +39,11 @@ from onnxq.ir.save import (
 )
 
 __all__ = [
-    "DEFAULT_DOMAINS", "PROTO_LIMIT", "Graph", "atomic_write_bytes",
+    "DEFAULT_DOMAINS", "PEAKS_OUTPUT", "PROTO_LIMIT", "Graph", "atomic_write_bytes",
     "check_model", "constant_node_value", "copy_without_initializers", "drop_initializer_inputs",
     "external",
     "has_subgraph", "infer_shapes", "inline_nbytes", "load_model",
     "model_nbytes", "name_nodes", "node_attrs", "opset_version",
     "save_model", "serialize", "session_bytes_or_path", "set_opset", "shapes_for_inputs",
-    "upgrade_opset", "with_outputs",
+    "upgrade_opset", "with_channel_peaks", "with_outputs",
 ]

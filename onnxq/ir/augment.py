@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 
 import onnx
+from onnx import helper
 
 
 @contextlib.contextmanager
@@ -26,3 +27,35 @@ def with_outputs(model: onnx.ModelProto,
     finally:
         del graph.output[:]
         graph.output.extend(saved)
+
+
+PEAKS_OUTPUT = "onnxq_probe/channel_max"
+
+
+@contextlib.contextmanager
+def with_channel_peaks(model: onnx.ModelProto, outputs: Sequence[onnx.ValueInfoProto],
+                       tensors: Sequence[str]) -> Iterator[onnx.ModelProto]:
+    """``model`` whose outputs are ``outputs`` and then :data:`PEAKS_OUTPUT`: the per-channel
+    maxima of the rank-4 ``tensors`` (a GlobalMaxPool each), joined along axis 1, shape
+    (N, sum of their channels, 1, 1); for the duration of the block.  The added nodes are
+    removed afterwards, even on error.
+
+    The pools run in onnxruntime's blocked NCHWc layout, where exposing a whole tensor would
+    first convert it back to NCHW; one joined output instead of dozens of tiny ones saves a
+    layout conversion each."""
+    graph = model.graph
+    nodes, shown = [], []
+    if tensors:
+        pooled = [f"{PEAKS_OUTPUT}/{i}" for i in range(len(tensors))]
+        nodes = [helper.make_node("GlobalMaxPool", [t], [p], name=p)
+                 for t, p in zip(tensors, pooled, strict=True)]
+        nodes.append(helper.make_node("Concat", pooled, [PEAKS_OUTPUT], name=PEAKS_OUTPUT,
+                                      axis=1))
+        shown = [helper.make_tensor_value_info(PEAKS_OUTPUT, onnx.TensorProto.FLOAT, None)]
+    count = len(graph.node)
+    graph.node.extend(nodes)
+    try:
+        with with_outputs(model, list(outputs) + shown) as aug:
+            yield aug
+    finally:
+        del graph.node[count:]

@@ -16,6 +16,15 @@ from onnxq.ir.load import _attr_graphs
 
 # ------------------------------------------------------------------------------- the index
 _CACHE_LIMIT = 16 * 2**20
+# ops whose output is >= 0 whatever their input (NaN aside)
+_NONNEGATIVE_OPS = frozenset({"Relu", "Sigmoid", "HardSigmoid", "Softmax", "Softplus", "Abs",
+                              "Exp"})
+# ops whose output is >= 0 when their first input is (they move or pick values, or take
+# maxima or means of them)
+_SIGN_KEEPING_OPS = frozenset({"Identity", "Reshape", "Flatten", "Transpose", "Squeeze",
+                               "Unsqueeze", "Slice", "Split", "Gather", "MaxPool",
+                               "AveragePool", "GlobalMaxPool", "GlobalAveragePool",
+                               "DepthToSpace", "SpaceToDepth", "Tile", "Expand"})
 
 
 class Graph:
@@ -125,6 +134,42 @@ class Graph:
             else:
                 dims.append(None)
         return tuple(dims)
+
+    def nonnegative(self, name: str) -> bool:
+        """True when the ops that produce ``name`` guarantee it is never below 0 (Relu,
+        Sigmoid, Clip with a constant min >= 0, ... and shape ops and max/average pools over
+        such a tensor).  False whenever that is not certain."""
+        seen: set[str] = set()
+        todo = [name]
+        while todo:
+            tensor = todo.pop()
+            if tensor in seen:
+                continue
+            seen.add(tensor)
+            node = self.producer.get(tensor)
+            if node is None or node.domain not in DEFAULT_DOMAINS:
+                return False
+            if node.op_type in _NONNEGATIVE_OPS:
+                continue
+            if node.op_type == "Clip":
+                if not self._clip_floor_nonnegative(node):
+                    return False
+                continue
+            if node.op_type in _SIGN_KEEPING_OPS or (node.op_type == "Concat"):
+                data = node.input if node.op_type == "Concat" else node.input[:1]
+                if not data or any(not x for x in data):
+                    return False
+                todo.extend(data)
+                continue
+            return False
+        return True
+
+    def _clip_floor_nonnegative(self, node: onnx.NodeProto) -> bool:
+        if len(node.input) >= 2 and node.input[1]:  # opset >= 11: min is an input
+            low = self.const_value(node.input[1])
+            return low is not None and low.size == 1 and float(low.reshape(())) >= 0.0
+        attrs = node_attrs(node)  # opset < 11: min is an attribute (default: no floor)
+        return "min" in attrs and float(attrs["min"]) >= 0.0
 
     def value_info(self, name: str) -> onnx.ValueInfoProto:
         """A ValueInfo for ``name`` (type from inference; float when unknown)."""
