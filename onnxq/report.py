@@ -111,8 +111,15 @@ class Report:
                          f"layers shifted back (largest {largest.max_shift:.3g} in "
                          f"{largest.node})")
         for f in self.fidelity:
-            lines.append(f"fidelity {f.name} ({self.fidelity_mode}): cosine {f.cosine:.6f}, "
-                         f"max abs error {f.max_abs_error:.4g} (float range {f.float_max_abs:.4g})")
+            if f.compared == "cosine":
+                lines.append(f"fidelity {f.name} ({self.fidelity_mode}): cosine {f.cosine:.6f}, "
+                             f"max abs error {f.max_abs_error:.4g} "
+                             f"(float range {f.float_max_abs:.4g})")
+            elif f.compared == "agreement":
+                lines.append(f"fidelity {f.name} ({self.fidelity_mode}): equal to the float "
+                             f"model's in {f.cosine:.0%} of the held batches")
+            else:
+                lines.append(f"fidelity {f.name}: {f.compared}")
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
 
@@ -142,7 +149,7 @@ class Report:
                                         "mean_abs_shift", "bias_max_abs"])
                if d["bias_corrections"] else "")
             + "<h2>Fidelity</h2>" + table(d["fidelity"]["outputs"],
-                                          ["name", "cosine", "max_abs_error"])
+                                          ["name", "compared", "cosine", "max_abs_error"])
         )
 
     def write(self, path: str | os.PathLike[str]) -> None:

@@ -227,3 +227,34 @@ def test_depthwise_conv_with_weak_input_channels_stays_float(weak, fraction, qua
     assert conv.quantized == quantized
     if not quantized:
         assert "8 of its input's 16 channels peak below 1/16" in conv.reason
+
+
+def test_a_label_map_output_is_compared_by_its_probabilities():
+    # scikit-learn exports classifiers with a ZipMap (ai.onnx.ml): one {label: p} map per
+    # sample; fidelity compares the probabilities instead of calling the maps unequal
+    from onnx import TensorProto, helper
+
+    r = graphs.rng(3)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["logits"], name="fc2"),
+        helper.make_node("Softmax", ["logits"], ["p"], name="softmax", axis=1),
+        helper.make_node("ZipMap", ["p"], ["maps"], name="zipmap", domain="ai.onnx.ml",
+                         classlabels_int64s=[0, 1, 2, 3]),
+    ]
+    maps = helper.make_value_info("maps", helper.make_sequence_type_proto(
+        helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(
+            TensorProto.FLOAT, []))))
+    graph = helper.make_graph(
+        nodes, "zipmap", [graphs.tensor("x", ["N", 32])], [maps],
+        [graphs.init("w1", graphs.weight(r, 32, 64, scale=0.3)),
+         graphs.init("w2", graphs.weight(r, 64, 4, scale=0.3))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.onnx.ml", 3)])
+    model.ir_version = graphs.IR_VERSION
+    data = [{"x": graphs.rng(i).standard_normal((8, 32)).astype(np.float32)} for i in range(4)]
+    result = onnxq.quantize(model, data, backend="onnxruntime", progress=False)
+    (fid,) = result.report.fidelity
+    assert fid.name == "maps" and fid.compared == "cosine" and 0.99 < fid.cosine <= 1.0
+    assert "fidelity maps (" in result.report.summary()

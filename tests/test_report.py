@@ -143,3 +143,18 @@ def test_notes_and_per_channel_values_are_listed():
     (entry,) = report.to_dict()["quantized_tensors"]
     assert entry["scale"] == pytest.approx([0.1, 0.2]) and entry["zero_point"] == [0]
     assert entry["note"] == "constant zero" and entry["consumers"] == ["conv:1"]
+
+
+def test_summary_says_how_each_output_was_compared():
+    report = Report("m.onnx", "tensorrt", {}, fidelity_mode="fusion off", fidelity=[
+        OutputFidelity("probs", 0.99, 0.1, 1.0),
+        OutputFidelity("label", 0.75, 0.0, 0.0, "agreement"),
+        OutputFidelity("maps", 0.0, 0.0, 0.0, "not compared: a list output, not a numeric tensor"),
+    ])
+    lines = [ln for ln in report.summary().splitlines() if ln.startswith("fidelity")]
+    assert lines == [
+        "fidelity probs (fusion off): cosine 0.990000, max abs error 0.1 (float range 1)",
+        "fidelity label (fusion off): equal to the float model's in 75% of the held batches",
+        "fidelity maps: not compared: a list output, not a numeric tensor",
+    ]
+    assert "<td>agreement</td>" in report.to_html()

@@ -26,9 +26,12 @@ class OutputFidelity:
     """Agreement of one model output with the float model over the held batches."""
 
     name: str
-    cosine: float
+    cosine: float  # for ``compared == "agreement"``: the share of held batches equal
     max_abs_error: float
     float_max_abs: float
+    # "cosine" (float outputs, also sequences of {label: probability} maps), "agreement"
+    # (integer/bool outputs must be equal), or why the output was not compared
+    compared: str = "cosine"
 
 
 def validation_session(model: onnx.ModelProto, fused: bool, what: str = "quantized") -> Any:
@@ -88,16 +91,39 @@ def fidelity(reference: list[dict[str, np.ndarray]],
     """Cosine similarity and max absolute error per output, over all batches."""
     out = []
     for name in reference[0] if reference else []:
-        ref = [np.asarray(r[name]) for r in reference]
-        got = [np.asarray(q[name]) for q in quantized]
-        if not all(np.issubdtype(r.dtype, np.floating) for r in ref):
-            agree = np.mean([np.array_equal(r, g) for r, g in zip(ref, got, strict=True)])
-            out.append(OutputFidelity(name, float(agree), 0.0, 0.0))
+        ref = [_as_array(r[name]) for r in reference]
+        got = [_as_array(q[name]) for q in quantized]
+        if any(v is None for v in ref + got):
+            kind = type(reference[0][name]).__name__
+            out.append(OutputFidelity(name, 0.0, 0.0, 0.0,
+                                      f"not compared: a {kind} output, not a numeric tensor"))
             continue
-        a = np.concatenate([r.astype(np.float64).ravel() for r in ref])
-        b = np.concatenate([g.astype(np.float64).ravel() for g in got])
+        ref_arrays = [r for r in ref if r is not None]
+        got_arrays = [g for g in got if g is not None]
+        if not all(np.issubdtype(r.dtype, np.floating) for r in ref_arrays):
+            agree = np.mean([np.array_equal(r, g)
+                             for r, g in zip(ref_arrays, got_arrays, strict=True)])
+            out.append(OutputFidelity(name, float(agree), 0.0, 0.0, "agreement"))
+            continue
+        a = np.concatenate([r.astype(np.float64).ravel() for r in ref_arrays])
+        b = np.concatenate([g.astype(np.float64).ravel() for g in got_arrays])
         denom = float(np.linalg.norm(a) * np.linalg.norm(b))
         cos = float(a @ b / denom) if denom > 0 else float(np.array_equal(a, b))
         err = float(np.max(np.abs(a - b))) if a.size else 0.0
         out.append(OutputFidelity(name, round(cos, 6), err, float(np.max(np.abs(a), initial=0))))
     return out
+
+
+def _as_array(value: Any) -> np.ndarray | None:
+    """A numeric array for an output: tensors as they are, a sequence of {key: number} maps
+    (scikit-learn's ZipMap probabilities) as rows of its values in key order; None for any
+    other output."""
+    if isinstance(value, np.ndarray):
+        return value if value.dtype.kind in "biuf" else None
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        keys = sorted(value[0])
+        try:
+            return np.array([[float(v[k]) for k in keys] for v in value], dtype=np.float64)
+        except (KeyError, TypeError, ValueError):
+            return None
+    return None

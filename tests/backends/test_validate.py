@@ -66,7 +66,19 @@ def test_fidelity_measures_cosine_and_max_error_over_all_batches():
 def test_fidelity_of_integer_outputs_is_the_agreement_rate():
     ref = [{"ids": np.array([1, 2])}, {"ids": np.array([3, 4])}]
     got = [{"ids": np.array([1, 2])}, {"ids": np.array([3, 5])}]
-    assert fidelity(ref, got) == [OutputFidelity("ids", 0.5, 0.0, 0.0)]
+    assert fidelity(ref, got) == [OutputFidelity("ids", 0.5, 0.0, 0.0, "agreement")]
+
+
+def test_fidelity_of_label_maps_compares_their_values_and_skips_other_outputs():
+    # scikit-learn's ZipMap: one {label: probability} map per sample
+    ref = [{"p": [{0: 0.9, 1: 0.1}, {0: 0.2, 1: 0.8}], "s": [np.zeros(2, np.float32)]}]
+    got = [{"p": [{0: 0.8, 1: 0.2}, {0: 0.2, 1: 0.8}], "s": [np.ones(2, np.float32)]}]
+    maps, other = fidelity(ref, got)
+    want = np.array([0.9, 0.1, 0.2, 0.8]) @ np.array([0.8, 0.2, 0.2, 0.8]) / (
+        np.linalg.norm([0.9, 0.1, 0.2, 0.8]) * np.linalg.norm([0.8, 0.2, 0.2, 0.8]))
+    assert maps.compared == "cosine" and maps.cosine == pytest.approx(want, abs=1e-6)
+    assert maps.max_abs_error == pytest.approx(0.1) and maps.float_max_abs == 0.9
+    assert other.compared == "not compared: a list output, not a numeric tensor"
 
 
 def test_fidelity_of_all_zero_outputs():
