@@ -126,7 +126,8 @@ def _precheck(node, ctx: Context) -> str | None:
         return (f"{node.op_type} holds subgraphs; onnxq quantizes the top-level graph and "
                 "leaves control-flow bodies float")
     if node.domain not in ir.DEFAULT_DOMAINS:
-        return f"custom-domain op ({node.domain}) stays float"
+        kind = "ONNX-ML op" if node.domain == "ai.onnx.ml" else "custom-domain op"
+        return f"{kind} ({node.domain}) stays float"
     if node.name in ctx.float_nodes:  # decided from the calibration data
         return ctx.float_nodes[node.name]
     if any(o in ctx.graph.subgraph_reads for o in node.output):

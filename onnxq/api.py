@@ -177,6 +177,10 @@ def quantize(model: ModelLike, calibration: Any = None, *,
     reference = _float_outputs(reference_bytes, result, profile)
     del reference_bytes
     placed = materialize(loaded, annotations, qparams, profile, cfg)
+    if not placed:
+        warnings.append(
+            f"no op of this model is quantized for {profile.name} (the reasons are under 'left "
+            "float'): the output computes exactly what the input model does")
     if ir.external.lazy_nbytes(loaded) < ir.external.LAZY_BYTES:
         ir.external.load_all(loaded)  # float weights that stayed float (biases): now in memory
     report = Report(

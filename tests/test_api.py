@@ -139,6 +139,8 @@ def test_nothing_to_quantize_still_gives_a_valid_model():
     result = quantize(graphs.matmul_act())
     assert graphs.op_types(result.model) == ["MatMul"]
     assert result.report.placed == [] and result.report.fidelity[0].cosine == 1.0
+    assert any(w.startswith("no op of this model is quantized for tensorrt")
+               for w in result.report.warnings)
 
 
 def test_constant_zero_activation_gives_a_warning():
@@ -258,3 +260,5 @@ def test_a_label_map_output_is_compared_by_its_probabilities():
     (fid,) = result.report.fidelity
     assert fid.name == "maps" and fid.compared == "cosine" and 0.99 < fid.cosine <= 1.0
     assert "fidelity maps (" in result.report.summary()
+    reasons = {d.node: d.reason for d in result.report.decisions if not d.quantized}
+    assert reasons["zipmap"] == "ONNX-ML op (ai.onnx.ml) stays float"
