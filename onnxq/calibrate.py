@@ -128,7 +128,7 @@ def calibrate(
     first = _first_batch(source, inputs)
     concrete = _concrete_shapes(model, graph, names, first)
     peaks = {name: plan for name in names
-             if not tensors[name] and (plan := _peaks_plan(graph, name))}
+             if not tensors[name] and (plan := _peaks_plan(graph, name, concrete.get(name)))}
     sizes = {name: 4 * peaks[name].channels if name in peaks
              else 4 * _numel(concrete.get(name) or graph.shape(name)) for name in names}
     strides = {name: _tensor_stride(concrete.get(name) or graph.shape(name), histogram_sample)
@@ -259,6 +259,13 @@ def _observe(stats: dict[str, TensorStats], exposed: list[str], plans: list[_Pea
         return
     joined = outs[ir.PEAKS_OUTPUT]  # per-channel maxima of every plan, joined along axis 1
     joined = joined.reshape(joined.shape[0], -1)
+    if joined.shape[1] != sum(plan.channels for plan in plans):
+        raise UnsupportedModelError(
+            f"calibration batch {index}: onnxruntime gives {joined.shape[1]} channels in all "
+            f"for {len(plans)} tensors (e.g. {plans[0].tensor!r}) whose shapes the model "
+            f"declares with {sum(plan.channels for plan in plans)}: its shape information is "
+            "stale; remove the model's value_info and run onnx.shape_inference, or calibrate "
+            "with a histogram method (those tensors are then read whole)")
     starts = np.cumsum([0] + [plan.channels for plan in plans[:-1]])
     row_max = np.maximum.reduceat(joined, starts, axis=1).astype(np.float64)  # (N, plans)
     for k, plan in enumerate(plans):
@@ -276,15 +283,20 @@ class _PeaksPlan:
     per_sample: int  # values per sample (C*H*W, static)
 
 
-def _peaks_plan(graph: ir.Graph, name: str) -> _PeaksPlan | None:
+def _peaks_plan(graph: ir.Graph, name: str,
+                concrete: tuple[int | str | None, ...] | None = None) -> _PeaksPlan | None:
     """Observe ``name`` through in-graph per-channel maxima when that is exact: a float32
     tensor the graph keeps >= 0 (so its maxima give its whole range) with a static (N, C, H, W)
     shape, which onnxruntime may hold in its blocked layout.  (Only for tensors without a
     histogram: a histogram needs the values themselves, and a grid of them sampled in the
-    graph chose worse ranges than the per-value stride; docs/calibration.md.)"""
+    graph chose worse ranges than the per-value stride; docs/calibration.md.)
+
+    ``concrete``: the shape inferred afresh for the first batch, which must agree (a model's
+    own shape annotations can be stale)."""
     shape = graph.shape(name)
     if (shape is None or len(shape) != 4 or graph.elem_type(name) != onnx.TensorProto.FLOAT
             or not all(isinstance(d, int) and d > 0 for d in shape[1:])
+            or (concrete is not None and tuple(concrete[1:]) != tuple(shape[1:]))
             or not graph.nonnegative(name)):
         return None
     c, h, w = (int(d) for d in shape[1:])  # type: ignore[arg-type]

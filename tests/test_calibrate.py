@@ -281,3 +281,19 @@ def test_nan_in_an_in_graph_observed_tensor_is_an_error():
     with pytest.raises(CalibrationDataError, match="'e' has NaN or Inf values in calibration"):
         calibrate(model, {"e": False}, [{"x": -np.ones((1, 4, 8, 8), np.float32)}], inputs,
                   progress=False)
+
+
+def test_stale_declared_shapes_do_not_mix_up_channels():
+    # the model declares y with 8 channels, onnxruntime computes 16
+    model = graphs.conv_relu()
+    model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 8
+    model, inputs = prepared(model)
+    assert ir.Graph(model).shape("y") == (1, 8, 8, 8) and _peaks_plan(ir.Graph(model), "y")
+    batches = graphs.random_batches(model, 3)
+    # a re-iterable source: shapes inferred afresh for the first batch disagree, so y is
+    # read whole and its statistics are right
+    stats = calibrate(model, {"y": False}, batches, inputs, progress=False).stats["y"]
+    assert stats.max == float(reference_values(model, batches, ["y"])["y"].max())
+    # a source read once cannot be looked at first: the mismatch is found at run time
+    with pytest.raises(UnsupportedModelError, match="onnxruntime gives 16 channels in all"):
+        calibrate(model, {"y": False}, iter(batches), inputs, progress=False)

@@ -276,6 +276,9 @@ def shapes_for_inputs(model: onnx.ModelProto,
                 for d in inputs[vi.name]:
                     dims.add().dim_value = int(d)
         del light.graph.value_info[:]
+        for vi in light.graph.output:  # inferred afresh too: a model's declarations go stale
+            if vi.type.HasField("tensor_type"):
+                vi.type.tensor_type.ClearField("shape")
         try:
             inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
         except Exception:
