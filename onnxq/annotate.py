@@ -70,6 +70,7 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
     """
     ctx = Context(profile, config, graph, shape_path=shape_path(graph, profile),
                   float_tensors=dict(float_tensors or {}), float_nodes=dict(float_nodes or {}))
+    heads = head_nodes(graph) if profile.head_method else frozenset()
     rules = RULE_SETS[profile.rule_set]
     tensors: dict[str, TensorAnnotation] = {}
     decisions: list[Decision] = []
@@ -105,6 +106,11 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
             for spec in result:
                 _merge(tensors, spec, r.name, config, graph, profile.name,
                        profile.activation_symmetric, profile.output_method)
+                head = tensors[spec.tensor]
+                if (profile.head_method and head.kind == "activation" and not head.output
+                        and head.settings.method == "auto"
+                        and any(n in heads for n, _ in head.consumers)):
+                    head.settings = replace(head.settings, method=profile.head_method)
                 ctx.quantized[spec.tensor] = tensors[spec.tensor].kind
             ctx.claimed.add(node.name)
             for extra in ctx.claimed - before - {node.name}:
@@ -253,3 +259,43 @@ def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
                 f"{weak_fraction:g}): one per-tensor int8 scale leaves them under 8 levels, and "
                 "each feeds its own outputs alone; the grouped conv stays float")
     return float_tensors, float_nodes
+
+
+# ops a model's output is read through after its last weighted layer: they move, select or
+# squash values without mixing them (a binary op counts when its other input is a constant)
+_HEAD_PATH_OPS = frozenset({
+    "Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Concat", "Split",
+    "Slice", "Gather", "Sigmoid", "HardSigmoid", "Tanh", "Relu", "LeakyRelu", "Clip",
+    "Softmax", "LogSoftmax", "Add", "Sub", "Mul", "Div"})
+_WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+
+
+def head_nodes(graph: ir.Graph) -> frozenset[str]:
+    """The weighted ops (Conv, ConvTranspose, Gemm, MatMul) a graph output is read from
+    through nothing but data movement, a constant bias/scale and Sigmoid/Softmax: a model's
+    heads (class scores, boxes, logits).  Their outputs are read at their extremes, with no
+    later layer to average a clipped input out."""
+    heads: set[str] = set()
+    seen: set[str] = set()
+    todo = list(graph.graph_outputs)
+    while todo:
+        tensor = todo.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        node = graph.producer.get(tensor)
+        if node is None or node.domain not in ir.DEFAULT_DOMAINS:
+            continue
+        if node.op_type in _WEIGHTED_OPS:
+            heads.add(node.name)
+            continue
+        if node.op_type not in _HEAD_PATH_OPS:
+            continue
+        data = [x for x in node.input if x and not graph.is_const(x)]
+        if node.op_type in ("Add", "Sub", "Mul", "Div") and len(data) != 1:
+            continue  # both inputs computed: it mixes values
+        if node.op_type in ("Reshape", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze",
+                            "Clip"):
+            data = [node.input[0]] if node.input and node.input[0] else []
+        todo.extend(data)
+    return frozenset(heads)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -122,3 +123,48 @@ def test_fused_relu_is_reported_as_folded_into_its_producer():
     assert relu.quantized and relu.rule == "fused"
     assert relu.reason == "folded into conv1's output quantization"
     assert ann.tensors["skip"].consumers == [("conv2", 0), ("add", 1)]
+
+
+def _detector(channels: int = 32) -> onnx.ModelProto:
+    """x -> body Conv -> Relu -> (cls Conv, box Conv) -> Concat -> Reshape -> Split ->
+    (Sigmoid scores, boxes) -> Concat -> y, and a second output through an Add of two
+    computed tensors."""
+    r = graphs.rng(1)
+    c = channels
+    nodes = [
+        helper.make_node("Conv", ["x", "wb"], ["b"], name="body", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["b"], ["br"], name="relu"),
+        helper.make_node("Conv", ["br", "wc"], ["cls"], name="cls"),
+        helper.make_node("Conv", ["br", "wx"], ["box"], name="box"),
+        helper.make_node("Concat", ["box", "cls"], ["cat"], name="cat", axis=1),
+        helper.make_node("Reshape", ["cat", "shape"], ["flat"], name="reshape"),
+        helper.make_node("Split", ["flat", "sizes"], ["boxes", "logits"], name="split", axis=1),
+        helper.make_node("Sigmoid", ["logits"], ["scores"], name="sigmoid"),
+        helper.make_node("Concat", ["boxes", "scores"], ["y"], name="out", axis=1),
+        helper.make_node("Conv", ["br", "wm"], ["m"], name="mixed"),
+        helper.make_node("Add", ["m", "br"], ["z"], name="add"),
+    ]
+    inits = [graphs.init("wb", graphs.weight(r, c, c, 3, 3)),
+             graphs.init("wc", graphs.weight(r, c, c, 1, 1)),
+             graphs.init("wx", graphs.weight(r, c, c, 1, 1)),
+             graphs.init("wm", graphs.weight(r, c, c, 1, 1)),
+             graphs.init("shape", np.array([1, 2 * c, -1])),
+             graphs.init("sizes", np.array([c, c]))]
+    return graphs.model(nodes, [graphs.tensor("x", [1, c, 8, 8])],
+                        [graphs.tensor("y", [1, 2 * c, 64]), graphs.tensor("z", [1, c, 8, 8])],
+                        inits)
+
+
+def test_heads_are_the_weighted_ops_an_output_is_read_from_without_mixing():
+    from onnxq.annotate import head_nodes
+
+    graph = ir.Graph(ir.infer_shapes(_detector()))
+    assert head_nodes(graph) == frozenset({"cls", "box"})  # not body; not mixed (an Add)
+
+
+def test_auto_means_minmax_for_the_inputs_of_heads():
+    ann = annotated(_detector())
+    assert ann.tensors["br"].method == "minmax"  # read by the heads cls and box
+    assert ann.tensors["x"].method == "auto"  # the body's input
+    # an explicit method is kept
+    assert annotated(_detector(), method="percentile").tensors["br"].method == "percentile"

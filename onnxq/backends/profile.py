@@ -74,6 +74,12 @@ class BackendProfile:
             requantization of an integer kernel, not a folded ReLU/Clip): clipping there
             saturates the outliers the next op (hardswish, sigmoid, add) still needs, so
             onnxruntime's raw outputs use ``minmax``.
+        head_method: the range method that ``auto`` means for the activation inputs of a
+            model's heads (:func:`onnxq.annotate.head_nodes`: the weighted ops an output is read
+            from through data movement, a constant bias and Sigmoid/Softmax only).  Their
+            outputs (scores, boxes, logits) are read at their extremes and no later layer
+            averages a clipped input out: YOLOv8n's class scores kept 24 of 29 detections
+            with ``minmax`` there against 22 with clipping.  ``None``: no special case.
         folded_activations: activations right after a weighted op that the backend drops when
             the output Q's range already clips (onnxruntime's ReluQuantFusion and
             ClipQuantFusion): the Q/DQ goes after them.
@@ -123,6 +129,7 @@ class BackendProfile:
     reduced_weight_qmax: int | None = None
     integer_kernel_ops: frozenset[str] = frozenset()
     output_method: str | None = None
+    head_method: str | None = "minmax"
     folded_activations: frozenset[str] = frozenset()
     float_readers: frozenset[str] = frozenset()
     float_output_kernel_ops: frozenset[str] = frozenset()
