@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import onnx
+
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.config import QuantConfig, TensorSettings
@@ -276,26 +278,22 @@ def head_nodes(graph: ir.Graph) -> frozenset[str]:
     heads (class scores, boxes, logits).  Their outputs are read at their extremes, with no
     later layer to average a clipped input out."""
     heads: set[str] = set()
-    seen: set[str] = set()
-    todo = list(graph.graph_outputs)
-    while todo:
-        tensor = todo.pop()
-        if tensor in seen:
-            continue
-        seen.add(tensor)
-        node = graph.producer.get(tensor)
+
+    def step(tensor: str, node: onnx.NodeProto | None) -> list[str]:
         if node is None or node.domain not in ir.DEFAULT_DOMAINS:
-            continue
+            return []
         if node.op_type in _WEIGHTED_OPS:
             heads.add(node.name)
-            continue
+            return []
         if node.op_type not in _HEAD_PATH_OPS:
-            continue
-        data = [x for x in node.input if x and not graph.is_const(x)]
-        if node.op_type in ("Add", "Sub", "Mul", "Div") and len(data) != 1:
-            continue  # both inputs computed: it mixes values
+            return []
         if node.op_type in ("Reshape", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze",
                             "Clip"):
-            data = [node.input[0]] if node.input and node.input[0] else []
-        todo.extend(data)
+            return [node.input[0]] if node.input and node.input[0] else []
+        data = [x for x in node.input if x and not graph.is_const(x)]
+        if node.op_type in ("Add", "Sub", "Mul", "Div") and len(data) != 1:
+            return []  # both inputs computed: it mixes values
+        return data
+
+    graph.walk_up(graph.graph_outputs, step)
     return frozenset(heads)

@@ -3,6 +3,7 @@ needs (add/replace/remove, then ``commit``: topological sort, dead-code removal)
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -135,34 +136,43 @@ class Graph:
                 dims.append(None)
         return tuple(dims)
 
+    def walk_up(self, start: Iterable[str],
+                step: Callable[[str, onnx.NodeProto | None], Iterable[str]]) -> None:
+        """Visit every tensor reachable backwards from ``start`` once: ``step(tensor, its
+        producer or None)`` returns the tensors to visit next (none: stop there)."""
+        seen: set[str] = set()
+        todo = list(start)
+        while todo:
+            tensor = todo.pop()
+            if tensor not in seen:
+                seen.add(tensor)
+                todo.extend(step(tensor, self.producer.get(tensor)))
+
     def nonnegative(self, name: str) -> bool:
         """True when the ops that produce ``name`` guarantee it is never below 0 (Relu,
         Sigmoid, Clip with a constant min >= 0, ... and shape ops and max/average pools over
         such a tensor).  False whenever that is not certain."""
-        seen: set[str] = set()
-        todo = [name]
-        while todo:
-            tensor = todo.pop()
-            if tensor in seen:
-                continue
-            seen.add(tensor)
-            node = self.producer.get(tensor)
+        unsure: list[str] = []
+
+        def step(tensor: str, node: onnx.NodeProto | None) -> list[str]:
             if node is None or node.domain not in DEFAULT_DOMAINS:
-                return False
-            if node.op_type in _NONNEGATIVE_OPS:
-                continue
-            if node.op_type == "Clip":
+                unsure.append(tensor)
+            elif node.op_type in _NONNEGATIVE_OPS:
+                pass
+            elif node.op_type == "Clip":
                 if not self._clip_floor_nonnegative(node):
-                    return False
-                continue
-            if node.op_type in _SIGN_KEEPING_OPS or (node.op_type == "Concat"):
-                data = node.input if node.op_type == "Concat" else node.input[:1]
-                if not data or any(not x for x in data):
-                    return False
-                todo.extend(data)
-                continue
-            return False
-        return True
+                    unsure.append(tensor)
+            elif node.op_type in _SIGN_KEEPING_OPS or node.op_type == "Concat":
+                data = list(node.input if node.op_type == "Concat" else node.input[:1])
+                if data and all(data):
+                    return data
+                unsure.append(tensor)
+            else:
+                unsure.append(tensor)
+            return []
+
+        self.walk_up([name], step)
+        return not unsure
 
     def _clip_floor_nonnegative(self, node: onnx.NodeProto) -> bool:
         if len(node.input) >= 2 and node.input[1]:  # opset >= 11: min is an input
