@@ -57,6 +57,7 @@ class Annotations:
 
     tensors: dict[str, TensorAnnotation]
     decisions: list[Decision]
+    notes: list[str] = field(default_factory=list)  # model-wide choices, for the report
 
     def of_kind(self, kind: str) -> list[TensorAnnotation]:
         return [t for t in self.tensors.values() if t.kind == kind]
@@ -73,6 +74,7 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
     ctx = Context(profile, config, graph, shape_path=shape_path(graph, profile),
                   float_tensors=dict(float_tensors or {}), float_nodes=dict(float_nodes or {}))
     heads = head_nodes(graph) if profile.head_method else frozenset()
+    scores = score_maps(graph) if profile.head_method else []
     rules = RULE_SETS[profile.rule_set]
     tensors: dict[str, TensorAnnotation] = {}
     decisions: list[Decision] = []
@@ -109,9 +111,10 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
                 _merge(tensors, spec, r.name, config, graph, profile.name,
                        profile.activation_symmetric, profile.output_method)
                 head = tensors[spec.tensor]
-                if (profile.head_method and head.kind == "activation" and not head.output
+                if (profile.head_method and head.kind == "activation"
                         and head.settings.method == "auto"
-                        and any(n in heads for n, _ in head.consumers)):
+                        and (scores or (not head.output
+                                        and any(n in heads for n, _ in head.consumers)))):
                     head.settings = replace(head.settings, method=profile.head_method)
                 ctx.quantized[spec.tensor] = tensors[spec.tensor].kind
             ctx.claimed.add(node.name)
@@ -123,7 +126,14 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
         else:
             assert closest is not None
             decisions.append(Decision(node.name, node.op_type, False, closest[0], closest[1]))
-    return Annotations(tensors, decisions)
+    notes = []
+    if scores and any(t.method == profile.head_method for t in tensors.values()
+                      if t.kind == "activation"):
+        notes.append(
+            f"output {', '.join(repr(o) for o in scores)} holds per-element sigmoid scores (a "
+            f"detector's or a segmentation map's): 'auto' calibrates every activation with "
+            f"{profile.head_method}, which keeps the peaks such scores are read from")
+    return Annotations(tensors, decisions, notes)
 
 
 def _precheck(node, ctx: Context) -> str | None:
@@ -272,6 +282,25 @@ _HEAD_PATH_OPS = frozenset({
 _WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 
+def _weighted(node: onnx.NodeProto) -> bool:
+    return node.domain in ir.DEFAULT_DOMAINS and node.op_type in _WEIGHTED_OPS
+
+
+def _head_path_step(graph: ir.Graph, node: onnx.NodeProto | None) -> list[str]:
+    """The tensors a walk up from an output continues to through ``node`` (none at a
+    weighted op, which ends a head path, or at an op that mixes values)."""
+    if node is None or node.domain not in ir.DEFAULT_DOMAINS or node.op_type in _WEIGHTED_OPS:
+        return []
+    if node.op_type not in _HEAD_PATH_OPS:
+        return []
+    if node.op_type in ("Reshape", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze", "Clip"):
+        return [node.input[0]] if node.input and node.input[0] else []
+    data = [x for x in node.input if x and not graph.is_const(x)]
+    if node.op_type in ("Add", "Sub", "Mul", "Div") and len(data) != 1:
+        return []  # both inputs computed: it mixes values
+    return data
+
+
 def head_nodes(graph: ir.Graph) -> frozenset[str]:
     """The weighted ops (Conv, ConvTranspose, Gemm, MatMul) a graph output is read from
     through nothing but data movement, a constant bias/scale and Sigmoid/Softmax: a model's
@@ -280,20 +309,35 @@ def head_nodes(graph: ir.Graph) -> frozenset[str]:
     heads: set[str] = set()
 
     def step(tensor: str, node: onnx.NodeProto | None) -> list[str]:
-        if node is None or node.domain not in ir.DEFAULT_DOMAINS:
-            return []
-        if node.op_type in _WEIGHTED_OPS:
+        if node is not None and _weighted(node):
             heads.add(node.name)
-            return []
-        if node.op_type not in _HEAD_PATH_OPS:
-            return []
-        if node.op_type in ("Reshape", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze",
-                            "Clip"):
-            return [node.input[0]] if node.input and node.input[0] else []
-        data = [x for x in node.input if x and not graph.is_const(x)]
-        if node.op_type in ("Add", "Sub", "Mul", "Div") and len(data) != 1:
-            return []  # both inputs computed: it mixes values
-        return data
+        return _head_path_step(graph, node)
 
     graph.walk_up(graph.graph_outputs, step)
     return frozenset(heads)
+
+
+def score_maps(graph: ir.Graph) -> list[str]:
+    """Graph outputs of rank >= 3 read from a weighted op through a Sigmoid (or HardSigmoid)
+    and the ops of :func:`head_nodes`' paths: per-element scores a detector or a segmentation
+    model thresholds, so their extremes decide.  Clipping any activation moved them on every
+    such model measured (docs/benchmarks.md)."""
+    found = []
+    for out in graph.graph_outputs:
+        shape = graph.shape(out)
+        if shape is None or len(shape) < 3:
+            continue
+        seen = {"sigmoid": False, "head": False}
+
+        def step(tensor: str, node: onnx.NodeProto | None, seen: dict[str, bool] = seen
+                 ) -> list[str]:
+            if node is not None and node.op_type in ("Sigmoid", "HardSigmoid"):
+                seen["sigmoid"] = True
+            if node is not None and _weighted(node):
+                seen["head"] = True
+            return _head_path_step(graph, node)
+
+        graph.walk_up([out], step)
+        if seen["sigmoid"] and seen["head"]:
+            found.append(out)
+    return found

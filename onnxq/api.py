@@ -161,6 +161,7 @@ def quantize(model: ModelLike, calibration: Any = None, *,
         if save_calibration is not None:
             save_calibration_file(save_calibration, result.stats, graph)
     qparams, warnings = _qparams(annotations, result, profile, cfg)
+    warnings[0:0] = annotations.notes
     if profile_note:
         warnings.insert(0, profile_note)
     half = _half_precision_note(graph, profile)

@@ -125,9 +125,9 @@ def test_fused_relu_is_reported_as_folded_into_its_producer():
     assert ann.tensors["skip"].consumers == [("conv2", 0), ("add", 1)]
 
 
-def _detector(channels: int = 32) -> onnx.ModelProto:
+def _detector(channels: int = 32, squash: str = "Sigmoid") -> onnx.ModelProto:
     """x -> body Conv -> Relu -> (cls Conv, box Conv) -> Concat -> Reshape -> Split ->
-    (Sigmoid scores, boxes) -> Concat -> y, and a second output through an Add of two
+    (``squash``ed scores, boxes) -> Concat -> y, and a second output through an Add of two
     computed tensors."""
     r = graphs.rng(1)
     c = channels
@@ -139,7 +139,7 @@ def _detector(channels: int = 32) -> onnx.ModelProto:
         helper.make_node("Concat", ["box", "cls"], ["cat"], name="cat", axis=1),
         helper.make_node("Reshape", ["cat", "shape"], ["flat"], name="reshape"),
         helper.make_node("Split", ["flat", "sizes"], ["boxes", "logits"], name="split", axis=1),
-        helper.make_node("Sigmoid", ["logits"], ["scores"], name="sigmoid"),
+        helper.make_node(squash, ["logits"], ["scores"], name="sigmoid"),
         helper.make_node("Concat", ["boxes", "scores"], ["y"], name="out", axis=1),
         helper.make_node("Conv", ["br", "wm"], ["m"], name="mixed"),
         helper.make_node("Add", ["m", "br"], ["z"], name="add"),
@@ -163,8 +163,21 @@ def test_heads_are_the_weighted_ops_an_output_is_read_from_without_mixing():
 
 
 def test_auto_means_minmax_for_the_inputs_of_heads():
-    ann = annotated(_detector())
+    model = _detector(squash="Softmax")  # scores over classes: no per-element score map
+    ann = annotated(model)
     assert ann.tensors["br"].method == "minmax"  # read by the heads cls and box
     assert ann.tensors["x"].method == "auto"  # the body's input
+    assert ann.notes == []
     # an explicit method is kept
-    assert annotated(_detector(), method="percentile").tensors["br"].method == "percentile"
+    assert annotated(model, method="percentile").tensors["br"].method == "percentile"
+
+
+def test_auto_means_minmax_everywhere_for_per_element_sigmoid_scores():
+    from onnxq.annotate import score_maps
+
+    model = _detector()
+    assert score_maps(ir.Graph(ir.infer_shapes(model))) == ["y"]  # not z: no sigmoid
+    ann = annotated(model)
+    assert {t.method for t in ann.of_kind("activation")} == {"minmax"}
+    assert ann.notes and ann.notes[0].startswith("output 'y' holds per-element sigmoid scores")
+    assert {t.method for t in annotated(model, method="mse").of_kind("activation")} == {"mse"}

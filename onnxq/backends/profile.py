@@ -78,8 +78,10 @@ class BackendProfile:
             model's heads (:func:`onnxq.annotate.head_nodes`: the weighted ops an output is read
             from through data movement, a constant bias and Sigmoid/Softmax only).  Their
             outputs (scores, boxes, logits) are read at their extremes and no later layer
-            averages a clipped input out: YOLOv8n's class scores kept 24 of 29 detections
-            with ``minmax`` there against 22 with clipping.  ``None``: no special case.
+            averages a clipped input out.  A model whose outputs are per-element sigmoid
+            scores (:func:`onnxq.annotate.score_maps`: detectors, segmentation maps) gets it
+            for every activation: on YOLOv8n, YOLOX and PP-OCRv4 det, clipping anywhere moved
+            the scores (docs/benchmarks.md).  ``None``: no special case.
         folded_activations: activations right after a weighted op that the backend drops when
             the output Q's range already clips (onnxruntime's ReluQuantFusion and
             ClipQuantFusion): the Q/DQ goes after them.
