@@ -314,6 +314,8 @@ def _explain(args: argparse.Namespace) -> int:
         print(f"{d.node:<{width}}  {d.op_type:<18} {what}")
     n_q = sum(d.quantized for d in ann.decisions)
     print(f"{n_q} of {len(ann.decisions)} ops quantized for {profile.name}")
+    for note in ann.notes:
+        print(f"note: {note}")
     return 0
 
 

@@ -336,3 +336,10 @@ def test_method_for_needs_glob_equals_method(tmp_path, conv_files, capsys):
     assert main(args) == 2
     assert "expected GLOB=METHOD" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_explain_notes_a_model_with_per_element_sigmoid_scores(model_file, capsys):
+    path = model_file(graphs.with_tail(graphs.conv_relu(), "Sigmoid"))
+    assert main(["explain", str(path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("note: output ") and "per-element sigmoid scores" in lines[-1]
