@@ -161,7 +161,6 @@ def quantize(model: ModelLike, calibration: Any = None, *,
         if save_calibration is not None:
             save_calibration_file(save_calibration, result.stats, graph)
     qparams, warnings = _qparams(annotations, result, profile, cfg)
-    warnings[0:0] = annotations.notes
     if profile_note:
         warnings.insert(0, profile_note)
     half = _half_precision_note(graph, profile)
@@ -188,6 +187,7 @@ def quantize(model: ModelLike, calibration: Any = None, *,
         model=source.name if source else "<in-memory model>", backend=profile.name,
         config=cfg.to_dict(), simplify_passes=passes, decisions=annotations.decisions,
         placed=placed, calibration_batches=result.batches_seen, warnings=warnings,
+        notes=list(annotations.notes),
         bias_corrections=corrections)
     _validate(loaded, reference, result, profile, report)
     return QuantizedModel(loaded, report, source)

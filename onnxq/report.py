@@ -36,6 +36,7 @@ class Report:
     fidelity_mode: str = ""
     violations: list[Violation] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # model-wide choices worth knowing
     bias_corrections: list[BiasCorrection] = field(default_factory=list)
 
     # -- views ---------------------------------------------------------------------------
@@ -81,6 +82,7 @@ class Report:
             "fidelity": {"mode": self.fidelity_mode,
                          "outputs": [asdict(f) for f in self.fidelity]},
             "violations": [asdict(v) for v in self.violations],
+            "notes": self.notes,
             "warnings": self.warnings,
         }
 
@@ -120,6 +122,7 @@ class Report:
                              f"model's in {f.cosine:.0%} of the held batches")
             else:
                 lines.append(f"fidelity {f.name}: {f.compared}")
+        lines.extend(f"note: {n}" for n in self.notes)
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
 

@@ -262,3 +262,12 @@ def test_a_label_map_output_is_compared_by_its_probabilities():
     assert "fidelity maps (" in result.report.summary()
     reasons = {d.node: d.reason for d in result.report.decisions if not d.quantized}
     assert reasons["zipmap"] == "ONNX-ML op (ai.onnx.ml) stays float"
+
+
+def test_a_model_with_per_element_sigmoid_scores_is_calibrated_with_minmax_and_noted():
+    result = quantize(graphs.with_tail(graphs.conv_relu(), "Sigmoid"))
+    assert {p.qparams.method for p in result.report.placed if p.kind == "activation"} \
+        == {"minmax"}
+    (note,) = result.report.notes
+    assert "per-element sigmoid scores" in note and f"note: {note}" in result.report.summary()
+    assert json.loads(result.report.to_json())["notes"] == [note]
