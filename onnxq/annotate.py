@@ -126,7 +126,7 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
         else:
             assert closest is not None
             decisions.append(Decision(node.name, node.op_type, False, closest[0], closest[1]))
-    notes = []
+    notes: list[str] = []
     if scores and any(t.method == profile.head_method for t in tensors.values()
                       if t.kind == "activation"):
         notes.append(
@@ -289,10 +289,9 @@ def _weighted(node: onnx.NodeProto) -> bool:
 def _head_path_step(graph: ir.Graph, node: onnx.NodeProto | None) -> list[str]:
     """The tensors a walk up from an output continues to through ``node`` (none at a
     weighted op, which ends a head path, or at an op that mixes values)."""
-    if node is None or node.domain not in ir.DEFAULT_DOMAINS or node.op_type in _WEIGHTED_OPS:
-        return []
-    if node.op_type not in _HEAD_PATH_OPS:
-        return []
+    if (node is None or node.domain not in ir.DEFAULT_DOMAINS
+            or node.op_type not in _HEAD_PATH_OPS):
+        return []  # a weighted op ends the path, an op not listed mixes values
     if node.op_type in ("Reshape", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze", "Clip"):
         return [node.input[0]] if node.input and node.input[0] else []
     data = [x for x in node.input if x and not graph.is_const(x)]
