@@ -279,6 +279,9 @@ _HEAD_PATH_OPS = frozenset({
     "Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Concat", "Split",
     "Slice", "Gather", "Sigmoid", "HardSigmoid", "Tanh", "Relu", "LeakyRelu", "Clip",
     "Softmax", "LogSoftmax", "Add", "Sub", "Mul", "Div"})
+# head-path ops whose inputs after the first are shapes, indices, sizes or bounds
+_DATA_FIRST_OPS = frozenset({"Reshape", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze",
+                             "Clip"})
 _WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 
@@ -292,7 +295,7 @@ def _head_path_step(graph: ir.Graph, node: onnx.NodeProto | None) -> list[str]:
     if (node is None or node.domain not in ir.DEFAULT_DOMAINS
             or node.op_type not in _HEAD_PATH_OPS):
         return []  # a weighted op ends the path, an op not listed mixes values
-    if node.op_type in ("Reshape", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze", "Clip"):
+    if node.op_type in _DATA_FIRST_OPS:
         return [node.input[0]] if node.input and node.input[0] else []
     data = [x for x in node.input if x and not graph.is_const(x)]
     if node.op_type in ("Add", "Sub", "Mul", "Div") and len(data) != 1:
@@ -321,22 +324,20 @@ def score_maps(graph: ir.Graph) -> list[str]:
     and the ops of :func:`head_nodes`' paths: per-element scores a detector or a segmentation
     model thresholds, so their extremes decide.  Clipping any activation moved them on every
     such model measured (docs/benchmarks.md)."""
-    found = []
-    for out in graph.graph_outputs:
-        shape = graph.shape(out)
-        if shape is None or len(shape) < 3:
-            continue
-        seen = {"sigmoid": False, "head": False}
+    return [out for out in graph.graph_outputs
+            if len(graph.shape(out) or ()) >= 3 and _read_through_sigmoid(graph, out)]
 
-        def step(tensor: str, node: onnx.NodeProto | None, seen: dict[str, bool] = seen
-                 ) -> list[str]:
-            if node is not None and node.op_type in ("Sigmoid", "HardSigmoid"):
-                seen["sigmoid"] = True
-            if node is not None and _weighted(node):
-                seen["head"] = True
-            return _head_path_step(graph, node)
 
-        graph.walk_up([out], step)
-        if seen["sigmoid"] and seen["head"]:
-            found.append(out)
-    return found
+def _read_through_sigmoid(graph: ir.Graph, output: str) -> bool:
+    """Whether a walk up the head paths from ``output`` meets a Sigmoid and a weighted op."""
+    met: set[str] = set()
+
+    def step(tensor: str, node: onnx.NodeProto | None) -> list[str]:
+        if node is not None and node.op_type in ("Sigmoid", "HardSigmoid"):
+            met.add("sigmoid")
+        if node is not None and _weighted(node):
+            met.add("head")
+        return _head_path_step(graph, node)
+
+    graph.walk_up([output], step)
+    return met == {"sigmoid", "head"}

@@ -153,6 +153,7 @@ def calibrate(
             session = _peaks_session(model, graph, exposed, plans, workers == 0) \
                 if group else None
             outputs = exposed + ([ir.PEAKS_OUTPUT] if plans else [])
+            starts = np.cumsum([0] + [plan.channels for plan in plans])  # in the joined output
             label = "calibrating" if len(groups) == 1 else f"calibrating {gi + 1}/{len(groups)}"
             seen = 0
             pending: Future[None] | None = None
@@ -165,7 +166,8 @@ def calibrate(
                     outs = dict(zip(outputs, _run(session, outputs, batch, index), strict=True))
                     if pending is not None:
                         pending.result()  # re-raises a NaN/Inf error of the previous batch
-                    pending = pool.submit(_observe, stats, exposed, plans, outs, strides, index)
+                    pending = pool.submit(_observe, stats, exposed, plans, starts, outs, strides,
+                                          index)
                 seen += 1
             if pending is not None:
                 pending.result()
@@ -249,7 +251,10 @@ def _run(session: Any, names: list[str], batch: Batch, index: int) -> list[np.nd
 
 
 def _observe(stats: dict[str, TensorStats], exposed: list[str], plans: list[_PeaksPlan],
-             outs: dict[str, np.ndarray], strides: dict[str, int], index: int) -> None:
+             starts: np.ndarray, outs: dict[str, np.ndarray], strides: dict[str, int],
+             index: int) -> None:
+    """Fold one batch in: ``exposed`` tensors whole, ``plans`` from the joined per-channel
+    maxima, where plan k holds channels ``starts[k]:starts[k + 1]``."""
     where = f" in calibration batch {index}"
     for name in exposed:
         value = outs[name]
@@ -259,17 +264,16 @@ def _observe(stats: dict[str, TensorStats], exposed: list[str], plans: list[_Pea
         return
     joined = outs[ir.PEAKS_OUTPUT]  # per-channel maxima of every plan, joined along axis 1
     joined = joined.reshape(joined.shape[0], -1)
-    if joined.shape[1] != sum(plan.channels for plan in plans):
+    if joined.shape[1] != starts[-1]:
         raise UnsupportedModelError(
             f"calibration batch {index}: onnxruntime gives {joined.shape[1]} channels in all "
             f"for {len(plans)} tensors (e.g. {plans[0].tensor!r}) whose shapes the model "
-            f"declares with {sum(plan.channels for plan in plans)}: its shape information is "
+            f"declares with {starts[-1]}: its shape information is "
             "stale; remove the model's value_info and run onnx.shape_inference, or calibrate "
             "with a histogram method (those tensors are then read whole)")
-    starts = np.cumsum([0] + [plan.channels for plan in plans[:-1]])
-    row_max = np.maximum.reduceat(joined, starts, axis=1).astype(np.float64)  # (N, plans)
+    row_max = np.maximum.reduceat(joined, starts[:-1], axis=1).astype(np.float64)  # (N, plans)
     for k, plan in enumerate(plans):
-        channel_max = joined[:, starts[k] : starts[k] + plan.channels]
+        channel_max = joined[:, starts[k] : starts[k + 1]]
         stats[plan.tensor].update_peaks(row_max[:, k], joined.shape[0] * plan.per_sample,
                                         where, channel_max)
 

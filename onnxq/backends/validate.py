@@ -11,7 +11,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -98,8 +98,7 @@ def fidelity(reference: list[dict[str, np.ndarray]],
             out.append(OutputFidelity(name, 0.0, 0.0, 0.0,
                                       f"not compared: a {kind} output, not a numeric tensor"))
             continue
-        ref_arrays = [r for r in ref if r is not None]
-        got_arrays = [g for g in got if g is not None]
+        ref_arrays, got_arrays = cast(list[np.ndarray], ref), cast(list[np.ndarray], got)
         if not all(np.issubdtype(r.dtype, np.floating) for r in ref_arrays):
             agree = np.mean([np.array_equal(r, g)
                              for r, g in zip(ref_arrays, got_arrays, strict=True)])
