@@ -7,6 +7,7 @@ Nothing here edits the graph.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 import onnx
@@ -72,7 +73,8 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
     found in the calibration data (see :func:`range_exclusions`).
     """
     ctx = Context(profile, config, graph, shape_path=shape_path(graph, profile),
-                  float_tensors=dict(float_tensors or {}), float_nodes=dict(float_nodes or {}))
+                  float_tensors=dict(float_tensors or {}),
+                  float_nodes={**log_paths(graph), **(float_nodes or {})})
     heads = head_nodes(graph) if profile.head_method else frozenset()
     scores = score_maps(graph) if profile.head_method else []
     rules = RULE_SETS[profile.rule_set]
@@ -146,7 +148,7 @@ def _precheck(node, ctx: Context) -> str | None:
     if node.domain not in ir.DEFAULT_DOMAINS:
         kind = "ONNX-ML op" if node.domain == "ai.onnx.ml" else "custom-domain op"
         return f"{kind} ({node.domain}) stays float"
-    if node.name in ctx.float_nodes:  # decided from the calibration data
+    if node.name in ctx.float_nodes:  # from the calibration data, or on a logarithm's path
         return ctx.float_nodes[node.name]
     if any(o in ctx.graph.subgraph_reads for o in node.output):
         return ("its output is read inside a control-flow subgraph; Q/DQ next to such reads "
@@ -287,6 +289,54 @@ _WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 def _weighted(node: onnx.NodeProto) -> bool:
     return node.domain in ir.DEFAULT_DOMAINS and node.op_type in _WEIGHTED_OPS
+
+
+# ops that carry a value's magnitude into a logarithm without squashing it: linear maps,
+# products, powers and sums, reductions, floors (Clip/Max with an epsilon), data movement
+_LOG_PATH_OPS = frozenset({
+    "Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "BatchNormalization", "Add", "Sub",
+    "Mul", "Div", "Neg", "Abs", "Pow", "Sqrt", "Max", "Min", "Clip", "Sum", "Mean",
+    "ReduceSum", "ReduceMean", "ReduceL1", "ReduceL2", "ReduceSumSquare", "AveragePool",
+    "GlobalAveragePool", "Identity", "Cast", "Reshape", "Flatten", "Transpose", "Squeeze",
+    "Unsqueeze", "Slice", "Split", "Gather", "Concat", "Pad", "Expand", "Tile"})
+_LOG_DATA_FIRST_OPS = frozenset({"Reshape", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze",
+                                 "Clip", "Pad", "Expand", "Tile", "ReduceSum", "ReduceMean",
+                                 "ReduceL1", "ReduceL2", "ReduceSumSquare", "BatchNormalization",
+                                 "Pow"})
+
+
+def log_paths(graph: ir.Graph) -> dict[str, str]:
+    """Nodes whose output reaches a ``Log`` through :data:`_LOG_PATH_OPS` alone -> why they
+    stay float.
+
+    A logarithm spreads out small values: a power spectrum's quiet bins, 1e-6 next to 1e2,
+    are as far apart after it as its loud ones.  int8's uniform steps (1/127 of the peak)
+    erase them, so the spectrogram front ends of audio models (STFT/CQT convs, squares and
+    sums, a mel MatMul, then Log) lose everything they carry.  The walk up from each Log stops
+    at any op not listed (an activation such as Relu or Softmax ends a learned layer's
+    output), at graph inputs and at constants."""
+    found: dict[str, str] = {}
+    for log in graph.nodes:
+        if log.op_type != "Log" or log.domain not in ir.DEFAULT_DOMAINS or not log.input:
+            continue
+        path: list[str] = []
+        graph.walk_up([log.input[0]], functools.partial(_log_path_step, graph, path))
+        for name in path:
+            found.setdefault(name, (
+                f"its output reaches the logarithm {log.name!r} through linear, power and "
+                "data-movement ops only: int8's uniform steps would erase the small values "
+                "the logarithm spreads out, so it stays float"))
+    return found
+
+
+def _log_path_step(graph: ir.Graph, path: list[str], _tensor: str,
+                   node: onnx.NodeProto | None) -> list[str]:
+    """Add ``node`` to ``path`` and give the tensors to walk on to, if it carries magnitudes."""
+    if node is None or node.domain not in ir.DEFAULT_DOMAINS or node.op_type not in _LOG_PATH_OPS:
+        return []
+    path.append(node.name)
+    inputs = node.input[:1] if node.op_type in _LOG_DATA_FIRST_OPS else node.input
+    return [x for x in inputs if x and not graph.is_const(x)]
 
 
 def _head_path_step(graph: ir.Graph, node: onnx.NodeProto | None) -> list[str]:

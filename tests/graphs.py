@@ -662,6 +662,38 @@ def two_branch_concat(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
 
 
 # Every float builder (no argument needed) by name, for parametrized tests.
+def spectrogram(bins: int = 32, mels: int = 16, seed: int = 0) -> onnx.ModelProto:
+    """An audio front end and a learned layer: x [1, 1, 16384] -> two strided Convs (an STFT's
+    real and imaginary parts) -> squares -> Add (power) -> Transpose -> MatMul (mel) ->
+    Clip(1e-6) -> Log -> Transpose -> Conv(k3, 16 -> 16) -> Relu -> y."""
+    r = rng(seed)
+    nodes = [
+        helper.make_node("Conv", ["x", "stft_re.weight"], ["re"], name="stft_re", strides=[16]),
+        helper.make_node("Conv", ["x", "stft_im.weight"], ["im"], name="stft_im", strides=[16]),
+        helper.make_node("Mul", ["re", "re"], ["re2"], name="re_sq"),
+        helper.make_node("Mul", ["im", "im"], ["im2"], name="im_sq"),
+        helper.make_node("Add", ["re2", "im2"], ["power"], name="power"),
+        helper.make_node("Transpose", ["power"], ["power_t"], name="power_t", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["power_t", "mel.weight"], ["mel"], name="mel"),
+        helper.make_node("Clip", ["mel", "eps"], ["mel_floor"], name="floor"),
+        helper.make_node("Log", ["mel_floor"], ["logmel"], name="log"),
+        helper.make_node("Transpose", ["logmel"], ["features"], name="features", perm=[0, 2, 1]),
+        helper.make_node("Conv", ["features", "conv.weight", "conv.bias"], ["conv_out"],
+                         name="conv", pads=[1, 1]),
+        helper.make_node("Relu", ["conv_out"], ["y"], name="relu"),
+    ]
+    inits = [
+        init("stft_re.weight", weight(r, bins, 1, 64)),
+        init("stft_im.weight", weight(r, bins, 1, 64)),
+        init("mel.weight", np.abs(weight(r, bins, mels))),
+        init("eps", np.array(1e-6, dtype=np.float32)),
+        init("conv.weight", weight(r, mels, mels, 3)),
+        init("conv.bias", weight(r, mels)),
+    ]
+    return model(nodes, [tensor("x", [1, 1, 16384])], [tensor("y", [1, mels, 1021])], inits,
+                 name="spectrogram")
+
+
 BUILDERS = {
     "conv_relu": conv_relu,
     "conv_small": conv_small,
@@ -677,6 +709,7 @@ BUILDERS = {
     "identity_dropout": identity_dropout,
     "if_model": if_model,
     "two_branch_concat": two_branch_concat,
+    "spectrogram": spectrogram,
 }
 
 

@@ -181,3 +181,30 @@ def test_auto_means_minmax_everywhere_for_per_element_sigmoid_scores():
     assert {t.method for t in ann.of_kind("activation")} == {"minmax"}
     assert ann.notes and ann.notes[0].startswith("output 'y' holds per-element sigmoid scores")
     assert {t.method for t in annotated(model, method="mse").of_kind("activation")} == {"mse"}
+
+
+def test_the_path_into_a_logarithm_stays_float_and_the_layers_after_it_do_not():
+    for backend in ("tensorrt", "onnxruntime"):
+        ann = annotated(graphs.with_tail(graphs.spectrogram()), backend)
+        decided = {d.node: d for d in ann.decisions}
+        for node in ("stft_re", "stft_im", "re_sq", "im_sq", "power", "power_t", "mel", "floor"):
+            assert not decided[node].quantized, (backend, node)
+            assert "reaches the logarithm 'log'" in decided[node].reason, (backend, node)
+        assert decided["conv"].quantized, backend
+        assert "re" not in ann.tensors and "mel" not in ann.tensors
+
+
+def test_the_walk_up_from_a_logarithm_stops_at_an_activation():
+    conv1 = graphs.conv_relu()  # x -> conv -> relu -> y
+    nodes = list(conv1.graph.node) + [
+        helper.make_node("Conv", ["y", "conv2.weight"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Abs", ["c2"], ["mag"], name="abs"),
+        helper.make_node("Log", ["mag"], ["out"], name="log"),
+    ]
+    inits = list(conv1.graph.initializer) + [
+        graphs.init("conv2.weight", graphs.weight(graphs.rng(1), 16, 16, 3, 3))]
+    model = graphs.model(nodes, list(conv1.graph.input), [graphs.tensor("out", [1, 16, 8, 8])],
+                         inits)
+    r = reasons(annotated(model))
+    assert "logarithm" in r["conv2"] and "logarithm" in r["abs"]
+    assert r["conv"] == "" and "logarithm" not in r["relu"]
