@@ -248,8 +248,9 @@ def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
         amax = max(abs(s.min), abs(s.max))
         if amax >= max_abs:
             float_tensors[ann.tensor] = (
-                f"tensor {ann.tensor!r} reaches |x| = {amax:.3g} (>= {max_abs:g}): an attention "
-                "mask or fill value; int8 would erase its ordinary values, so it stays float")
+                f"tensor {ann.tensor!r} reaches |x| = {amax:.3g} (>= {max_abs:g}): a fill "
+                "value (an attention mask) or a range so wide that int8 would erase its "
+                "ordinary values, so it stays float")
     float_nodes: dict[str, str] = {}
     for d in annotations.decisions:
         if not d.quantized or d.rule != "concat":

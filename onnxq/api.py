@@ -355,6 +355,9 @@ def _float_outputs(reference_bytes: bytes | None, result: CalibrationResult,
     return run_outputs(reference, result.held, profile.fused_validation, "float")
 
 
+LOW_FIDELITY = 0.95  # output cosine below which the report warns
+
+
 def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
               result: CalibrationResult, profile: BackendProfile, report: Report) -> None:
     violations = check(model, profile)
@@ -374,3 +377,14 @@ def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
         report.warnings.append("model too large to keep a float copy: fidelity not measured")
         return
     report.fidelity = fidelity(reference, quant)
+    for out in report.fidelity:
+        if out.compared == "cosine" and out.cosine < LOW_FIDELITY:
+            report.warnings.append(
+                f"output {out.name!r} agrees with the float model at cosine {out.cosine:.3f} "
+                f"only (< {LOW_FIDELITY}; max abs error {out.max_abs_error:.3g}, float range "
+                f"{out.float_max_abs:.3g}): check it on your metric; `onnxq analyze` ranks the "
+                "tensors that lose most, and --exclude keeps their ops float")
+        elif out.compared == "agreement" and out.cosine < 1.0:
+            report.warnings.append(
+                f"output {out.name!r} differs from the float model on "
+                f"{1 - out.cosine:.0%} of the held batches (integer output)")

@@ -121,7 +121,9 @@ def _parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("explain", help="per op: quantized (which rule) or why not",
                        description="Show where onnxq would place Q/DQ and why each op stays "
-                       "float, without calibrating.")
+                       "float, without calibrating. Rules that read the calibration data "
+                       "(mask_threshold, concat_range_ratio, weak_channel_fraction) can keep "
+                       "more ops float in `onnxq quantize`; its report gives those reasons.")
     e.add_argument("model")
     e.add_argument("--backend", choices=BACKENDS,
                    help="target backend (default: the config's, else tensorrt)")
@@ -215,6 +217,9 @@ def _check(args: argparse.Namespace) -> int:
         print(v)
     qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
     print(f"{args.model}: {len(violations)} {profile.name} violation(s), {qdq} Q/DQ nodes")
+    if qdq == 0:
+        print("note: the model has no Q/DQ nodes, so there was nothing to check; quantize it "
+              "first (onnxq quantize)")
     if profile.fused_validation:  # the backend runs fused integer kernels: say which fused
         from onnxq.backends.fusion import fusion_report
 
@@ -313,7 +318,9 @@ def _explain(args: argparse.Namespace) -> int:
             what = f"float: {d.reason}" + (f" [closest rule: {d.rule}]" if d.rule else "")
         print(f"{d.node:<{width}}  {d.op_type:<18} {what}")
     n_q = sum(d.quantized for d in ann.decisions)
-    print(f"{n_q} of {len(ann.decisions)} ops quantized for {profile.name}")
+    print(f"{n_q} of {len(ann.decisions)} ops quantized for {profile.name} (before calibration: "
+          "what the data shows can keep more of them float, e.g. a range >= mask_threshold, "
+          "Concat inputs whose ranges differ, weak channels; the quantize report lists them)")
     for note in ann.notes:
         print(f"note: {note}")
     return 0

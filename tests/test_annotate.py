@@ -196,13 +196,14 @@ def test_the_path_into_a_logarithm_stays_float_and_the_layers_after_it_do_not():
 
 def test_the_walk_up_from_a_logarithm_stops_at_an_activation():
     conv1 = graphs.conv_relu()  # x -> conv -> relu -> y
-    nodes = list(conv1.graph.node) + [
+    nodes = [
+        *conv1.graph.node,
         helper.make_node("Conv", ["y", "conv2.weight"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
         helper.make_node("Abs", ["c2"], ["mag"], name="abs"),
         helper.make_node("Log", ["mag"], ["out"], name="log"),
     ]
-    inits = list(conv1.graph.initializer) + [
-        graphs.init("conv2.weight", graphs.weight(graphs.rng(1), 16, 16, 3, 3))]
+    inits = [*conv1.graph.initializer,
+             graphs.init("conv2.weight", graphs.weight(graphs.rng(1), 16, 16, 3, 3))]
     model = graphs.model(nodes, list(conv1.graph.input), [graphs.tensor("out", [1, 16, 8, 8])],
                          inits)
     r = reasons(annotated(model))

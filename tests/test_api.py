@@ -51,6 +51,30 @@ def test_fidelity_is_measured_on_held_batches():
     assert fid.name == "y" and 0.999 < fid.cosine <= 1.0
     assert 0 < fid.max_abs_error < 0.1 * fid.float_max_abs
     assert quantize(graphs.conv_relu(), fidelity_batches=0).report.fidelity == []
+    assert not any("agrees with the float model" in w for w in result.report.warnings)
+
+
+def test_an_output_that_int8_ruins_gets_a_low_fidelity_warning():
+    # the conv reads only channels 1-15, which one per-tensor scale set by channel 0 (500x
+    # larger) rounds to zero
+    model = graphs.conv_relu()
+    for init in model.graph.initializer:
+        value = onnx.numpy_helper.to_array(init).copy()
+        if init.name == "conv.weight":
+            value[:, 0] = 0
+        else:
+            value[:] = 0
+        init.CopyFrom(onnx.numpy_helper.from_array(value, init.name))
+    r = graphs.rng(3)
+    batches = [{"x": (r.standard_normal((1, 16, 8, 8))
+                      * np.array([500] + [1] * 15)[:, None, None]).astype(np.float32)}
+               for _ in range(4)]
+    result = onnxq.quantize(model, batches, method="minmax", progress=False)
+    (fid,) = result.report.fidelity
+    assert fid.cosine < 0.95
+    (warning,) = [w for w in result.report.warnings if "agrees with the float model" in w]
+    assert warning.startswith(f"output 'y' agrees with the float model at cosine {fid.cosine:.3f}")
+    assert "onnxq analyze" in warning
 
 
 @pytest.mark.parametrize(

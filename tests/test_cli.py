@@ -194,6 +194,14 @@ def test_check_clean_model_exits_0(tmp_path, conv_files, capsys):
     assert capsys.readouterr().out.strip() == f"{out}: 0 tensorrt violation(s), 3 Q/DQ nodes"
 
 
+def test_check_of_a_float_model_says_there_was_nothing_to_check(conv_files, capsys):
+    model, _ = conv_files
+    assert main(["check", str(model)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == f"{model}: 0 tensorrt violation(s), 0 Q/DQ nodes"
+    assert lines[1].startswith("note: the model has no Q/DQ nodes, so there was nothing to check")
+
+
 def test_check_bad_model_exits_1_and_lists_violations(tmp_path, model_file, calib_dir, capsys):
     tailed = graphs.with_tail(graphs.conv_relu())  # so onnxruntime quantizes the conv
     model, calib = model_file(tailed), calib_dir(tailed, n=3)
@@ -240,7 +248,7 @@ def test_explain_prints_one_line_per_op(model_file, capsys):
     assert "quantized by conv: x, conv1.weight" in by_node["conv1"]
     assert "float: no tensorrt rule quantizes Relu" in by_node["relu1"]
     assert "quantized by residual_add: skip" in by_node["add"]
-    assert lines[-1] == "3 of 4 ops quantized for tensorrt"
+    assert lines[-1].startswith("3 of 4 ops quantized for tensorrt (before calibration: ")
 
 
 def test_explain_with_exclude_and_closest_rule(model_file, capsys):
@@ -249,7 +257,7 @@ def test_explain_with_exclude_and_closest_rule(model_file, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert "[closest rule: conv]" in lines[0] and "min_channels=16" in lines[0]
     assert "excluded by --exclude relu" in lines[1]
-    assert lines[-1] == "0 of 2 ops quantized for tensorrt"
+    assert lines[-1].startswith("0 of 2 ops quantized for tensorrt (before calibration")
 
 
 def test_explain_takes_the_backend_from_the_config(tmp_path, model_file, capsys):
@@ -258,9 +266,10 @@ def test_explain_takes_the_backend_from_the_config(tmp_path, model_file, capsys)
     config.write_text("backend: onnxruntime\n", encoding="utf-8")
     assert main(["explain", str(path), "--config", str(config)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-1].endswith("quantized for onnxruntime")
+    assert "quantized for onnxruntime (before calibration" in lines[-1]
     assert main(["explain", str(path), "--config", str(config), "--backend", "tensorrt"]) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("for tensorrt")
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "quantized for tensorrt (before calibration" in last
 
 
 # ------------------------------------------------------------------------------- help

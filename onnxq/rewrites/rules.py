@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import onnx
 from onnx import TensorProto
 
 from onnxq.rewrites.cost import chain_decline, cost_decline
@@ -61,17 +62,33 @@ def weight_spec(m: Match, ctx: Context, index: int) -> Spec | Decline:
 
 
 def output_specs(m: Match, ctx: Context, output: str) -> list[Spec]:
-    """Q/DQ on the node's output (read by all consumers), unless it is a graph output."""
+    """Q/DQ on the node's output (read by all consumers), unless :func:`output_problem`."""
+    if output_problem(m, ctx, output):
+        return []
+    return [Spec(output, "activation", _quantized_readers(ctx, output), output=True)]
+
+
+def output_problem(m: Match, ctx: Context, output: str) -> str | None:
+    """Why ``output`` (a node's output) cannot get Q/DQ, or None."""
     g = ctx.graph
-    if output in g.graph_outputs or activation_problem(m, ctx, output):
-        return []
-    readers = tuple((n.name, i) for n, i in g.consumers.get(output, [])
-                    if n.op_type not in ctx.profile.float_readers)
-    if not readers or output in g.subgraph_reads:
-        return []
-    if _dq_would_reach_subgraph(ctx, output):
-        return []  # a DQ next to a subgraph read aborts onnxruntime's optimizer
-    return [Spec(output, "activation", readers, output=True)]
+    if output in g.graph_outputs:
+        return f"its output {output!r} is a graph output (never quantized)"
+    problem = activation_problem(m, ctx, output)
+    if problem:
+        return problem
+    if output in g.subgraph_reads:
+        return f"its output {output!r} is read inside a control-flow subgraph"
+    if not _quantized_readers(ctx, output):
+        return f"no reader of its output {output!r} takes int8"
+    if _dq_would_reach_subgraph(ctx, output):  # a DQ there aborts onnxruntime's optimizer
+        return (f"a DequantizeLinear on its output {output!r} could end up next to a tensor a "
+                "control-flow subgraph reads")
+    return None
+
+
+def _quantized_readers(ctx: Context, output: str) -> tuple[tuple[str, int], ...]:
+    return tuple((n.name, i) for n, i in ctx.graph.consumers.get(output, [])
+                 if n.op_type not in ctx.profile.float_readers)
 
 
 def _dq_would_reach_subgraph(ctx: Context, tensor: str) -> bool:
@@ -97,17 +114,25 @@ def quantized_output(m: Match, ctx: Context) -> list[Spec]:
     """Output Q/DQ of a weighted op or an integer Add/Mul; a single following ReLU/Clip is
     folded in (onnxruntime drops it when the Q's range already clips), in which case its output
     gets the Q/DQ."""
+    folded = _folded_activation(m, ctx)
+    if folded is not None:
+        specs = output_specs(m, ctx, folded.output[0])
+        if specs:
+            ctx.claimed.add(folded.name)
+        # a ReLU/Clip output is bounded by the activation itself: not a raw requantization
+        return [replace(s, output=False) for s in specs]
+    return output_specs(m, ctx, m.node.output[0])
+
+
+def _folded_activation(m: Match, ctx: Context) -> onnx.NodeProto | None:
+    """The single ReLU/Clip reader whose output takes the node's output Q/DQ, if any."""
     out = m.node.output[0]
     readers = ctx.graph.consumers.get(out, [])
     if len(readers) == 1 and out not in ctx.graph.graph_outputs:
         nxt, _ = readers[0]
         if nxt.op_type in ctx.profile.folded_activations and nxt.name not in ctx.claimed:
-            specs = output_specs(m, ctx, nxt.output[0])
-            if specs:
-                ctx.claimed.add(nxt.name)
-            # a ReLU/Clip output is bounded by the activation itself: not a raw requantization
-            return [replace(s, output=False) for s in specs]
-    return output_specs(m, ctx, out)
+            return nxt
+    return None
 
 
 def small_decline(op: str, k: int, n: int, ctx: Context) -> Decline | None:
@@ -146,10 +171,12 @@ def weighted_op(m: Match, ctx: Context, k: int, n: int,
     if ctx.profile.quantize_outputs:
         outs = quantized_output(m, ctx)
         if not outs and m.node.op_type not in ctx.profile.float_output_kernel_ops:
+            folded = _folded_activation(m, ctx)
+            tensor = folded.output[0] if folded is not None else m.node.output[0]
+            why = output_problem(m, ctx, tensor) or "its output cannot be quantized"
             return Decline(
-                f"its output cannot be quantized (a graph output, or read by a subgraph) and "
-                f"{ctx.profile.name} has no integer {m.node.op_type} with a float output: Q/DQ "
-                "on its inputs alone would only add work")
+                f"{why}, and {ctx.profile.name} has no integer {m.node.op_type} with a float "
+                "output: Q/DQ on its inputs alone would only add work")
         specs += outs
     return specs
 
@@ -203,6 +230,22 @@ def matmul(m: Match, ctx: Context) -> list[Spec] | Decline:
     return weighted_op(m, ctx, b.shape[-2], b.shape[-1], b.shape[-2])
 
 
+def _shapes_differ(a: tuple[int | str | None, ...] | None,
+                   b: tuple[int | str | None, ...] | None) -> bool:
+    """True when two shapes certainly differ: unknown, another rank, or two different sizes in
+    one place (differently named symbolic dimensions may be equal at run time)."""
+    if a is None or b is None or len(a) != len(b):
+        return True
+    return any(isinstance(x, int) and isinstance(y, int) and x != y
+               for x, y in zip(a, b, strict=True))
+
+
+def _shape_text(shape: tuple[int | str | None, ...] | None) -> str:
+    if shape is None:
+        return "(unknown)"
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
 @rule("residual_add", "Add")
 def residual_add(m: Match, ctx: Context) -> list[Spec] | Decline:
     """Residual Add: Q/DQ on the skip input only, so the Add fuses into the conv's epilogue."""
@@ -212,8 +255,9 @@ def residual_add(m: Match, ctx: Context) -> list[Spec] | Decline:
         problem = activation_problem(m, ctx, t)
         if problem:
             return Decline(problem)
-    if g.shape(a) is not None and g.shape(a) != g.shape(b):
-        return Decline("inputs have different shapes (broadcast Add is not a residual)")
+    if g.shape(a) is not None and _shapes_differ(g.shape(a), g.shape(b)):
+        return Decline(f"inputs have different shapes {_shape_text(g.shape(a))} and "
+                       f"{_shape_text(g.shape(b))} (a broadcast Add is not a residual)")
 
     def fusable(t: str) -> bool:
         producer = g.producer.get(t)

@@ -90,7 +90,18 @@ def test_conv_match_onnxruntime_quantizes_the_fused_relu_output():
 
 def test_conv_whose_output_cannot_be_quantized_stays_float_for_onnxruntime():
     d = decision(annotated(graphs.conv_relu(), "onnxruntime"), "conv")
-    assert not d.quantized and "no integer Conv with a float output" in d.reason
+    assert not d.quantized and d.reason.startswith(
+        "its output 'y' is a graph output (never quantized), and onnxruntime has no integer "
+        "Conv with a float output")
+
+
+def test_a_conv_whose_output_stays_float_for_a_data_reason_gives_that_reason():
+    graph = ir.Graph(ir.infer_shapes(graphs.with_tail(graphs.conv_relu())))
+    ann = annotate(graph, PROFILES["onnxruntime"], QuantConfig(backend="onnxruntime"),
+                   float_tensors={"y": "tensor 'y' reaches |x| = 2e+05"})
+    d = decision(ann, "conv")
+    assert not d.quantized and d.reason.startswith(
+        "tensor 'y' reaches |x| = 2e+05, and onnxruntime has no integer Conv")
 
 
 def test_relu_is_not_reported_fused_when_no_output_qdq_is_placed():
@@ -250,7 +261,15 @@ def test_residual_add_decline_without_conv_producer():
 
 def test_residual_add_decline_broadcast():
     d = decision(annotated(graphs.conv_add_broadcast()), "add")
-    assert not d.quantized and "different shapes" in d.reason
+    assert not d.quantized and "different shapes [" in d.reason
+
+
+def test_residual_add_with_differently_named_symbolic_sizes_is_still_a_residual():
+    m = graphs.residual_add()
+    m.graph.value_info.extend([graphs.tensor("skip", [1, 16, "h1", "w1"]),
+                               graphs.tensor("conv2_out", [1, 16, "h2", "w2"])])
+    ann = annotate(ir.Graph(m), PROFILES["tensorrt"], QuantConfig(backend="tensorrt"))
+    assert decision(ann, "add").quantized
 
 
 def test_residual_add_decline_when_the_conv_is_float():
