@@ -232,9 +232,11 @@ def matmul(m: Match, ctx: Context) -> list[Spec] | Decline:
 
 def _shapes_differ(a: tuple[int | str | None, ...] | None,
                    b: tuple[int | str | None, ...] | None) -> bool:
-    """True when two shapes certainly differ: unknown, another rank, or two different sizes in
-    one place (differently named symbolic dimensions may be equal at run time)."""
-    if a is None or b is None or len(a) != len(b):
+    """True when two shapes certainly differ: another rank or two different sizes in one place
+    (differently named symbolic dimensions may be equal at run time, or not)."""
+    if a is None or b is None:
+        return False
+    if len(a) != len(b):
         return True
     return any(isinstance(x, int) and isinstance(y, int) and x != y
                for x, y in zip(a, b, strict=True))
@@ -255,8 +257,10 @@ def residual_add(m: Match, ctx: Context) -> list[Spec] | Decline:
         problem = activation_problem(m, ctx, t)
         if problem:
             return Decline(problem)
-    if g.shape(a) is not None and _shapes_differ(g.shape(a), g.shape(b)):
-        return Decline(f"inputs have different shapes {_shape_text(g.shape(a))} and "
+    if g.shape(a) is not None and g.shape(a) != g.shape(b):
+        differ = "have different shapes" if _shapes_differ(g.shape(a), g.shape(b)) else \
+            "have shapes that cannot be shown equal"
+        return Decline(f"inputs {differ}, {_shape_text(g.shape(a))} and "
                        f"{_shape_text(g.shape(b))} (a broadcast Add is not a residual)")
 
     def fusable(t: str) -> bool:
