@@ -300,10 +300,11 @@ _LOG_PATH_OPS = frozenset({
     "ReduceSum", "ReduceMean", "ReduceL1", "ReduceL2", "ReduceSumSquare", "AveragePool",
     "GlobalAveragePool", "Identity", "Cast", "Reshape", "Flatten", "Transpose", "Squeeze",
     "Unsqueeze", "Slice", "Split", "Gather", "Concat", "Pad", "Expand", "Tile"})
-_LOG_DATA_FIRST_OPS = frozenset({"Reshape", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze",
-                                 "Clip", "Pad", "Expand", "Tile", "ReduceSum", "ReduceMean",
-                                 "ReduceL1", "ReduceL2", "ReduceSumSquare", "BatchNormalization",
-                                 "Pow"})
+# log-path ops whose inputs after the first are shapes, sizes, axes, bounds, statistics or
+# exponents
+_LOG_DATA_FIRST_OPS = _DATA_FIRST_OPS | {"Pad", "Expand", "Tile", "ReduceSum", "ReduceMean",
+                                         "ReduceL1", "ReduceL2", "ReduceSumSquare",
+                                         "BatchNormalization", "Pow"}
 
 
 def log_paths(graph: ir.Graph) -> dict[str, str]:
