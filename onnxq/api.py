@@ -239,6 +239,7 @@ def _place_and_calibrate(model: onnx.ModelProto, graph: ir.Graph, profile: Backe
                               hold=cfg.fidelity_batches if result is None else 0,
                               memory_budget=cfg.memory_budget_mb * 2**20,
                               histogram_sample=cfg.histogram_sample,
+                              histogram_budget=cfg.histogram_budget,
                               progress=cfg.progress,
                               channels=frozenset(grouped.values()))
             result = fresh if result is None else _merged(result, fresh)

@@ -34,6 +34,8 @@ from onnxq.observers import TensorStats
 
 DEFAULT_MEMORY_BUDGET = 4 * 2**30
 DEFAULT_HISTOGRAM_SAMPLE = 65536  # values per sample that go into a histogram
+DEFAULT_HISTOGRAM_BUDGET = 2**24  # values one histogram counts over the whole calibration
+MIN_SAMPLE_SHARE = 1024  # the budget never takes a sample's share below this
 
 
 @dataclass
@@ -104,6 +106,7 @@ def calibrate(
     hold: int = 0,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     histogram_sample: int = DEFAULT_HISTOGRAM_SAMPLE,
+    histogram_budget: int = DEFAULT_HISTOGRAM_BUDGET,
     progress: bool = True,
     channels: frozenset[str] = frozenset(),
 ) -> CalibrationResult:
@@ -114,6 +117,10 @@ def calibrate(
     each sample, where s is the smallest prime at least the ratio that divides none of the
     tensor's dimensions (so the kept values cycle through every channel and position); s is
     fixed per tensor from the first batch's shapes.  ``histogram_sample=0`` keeps every value.
+    ``histogram_budget`` caps the values one histogram counts over the whole calibration: when
+    the source says how many batches it holds, a sample's share is at most the budget divided
+    by the number of samples (:func:`sample_share`), so many batches cost less each; the share
+    depends on the number of samples, not on how they are batched.
     Tensors in ``channels`` also get each channel's peak magnitude (axis 1).  A tensor the
     graph keeps >= 0 (:meth:`ir.Graph.nonnegative`) is read for its maxima only and its
     minimum is recorded as 0: every range includes 0, so no scale changes.  When such a tensor
@@ -131,7 +138,9 @@ def calibrate(
              if not tensors[name] and (plan := _peaks_plan(graph, name, concrete.get(name)))}
     sizes = {name: 4 * peaks[name].channels if name in peaks
              else 4 * _numel(concrete.get(name) or graph.shape(name)) for name in names}
-    strides = {name: _tensor_stride(concrete.get(name) or graph.shape(name), histogram_sample)
+    share = sample_share(histogram_sample, histogram_budget,
+                         _samples_total(first, _total(source, max_batches)))
+    strides = {name: _tensor_stride(concrete.get(name) or graph.shape(name), share)
                for name in names if tensors[name]}
     groups = _groups(names, sizes, memory_budget)
     if len(groups) > 1 and iter(source) is source:  # type: ignore[comparison-overlap]
@@ -177,6 +186,30 @@ def calibrate(
                     "the calibration data yielded no batches; give at least one batch"
                 )
     return CalibrationResult(stats, seen, held)
+
+
+def sample_share(histogram_sample: int, budget: int, samples: int | None) -> int:
+    """Values per sample that go into a histogram: ``histogram_sample`` (0: every value),
+    lowered to ``budget / samples`` rounded down to a power of two (at least
+    :data:`MIN_SAMPLE_SHARE`) when ``samples`` is known and the budget would be passed.
+    The power of two keeps the share the same for sample counts that differ a little (a
+    last, shorter batch)."""
+    if histogram_sample <= 0 or budget <= 0 or not samples:
+        return histogram_sample
+    fair = budget // samples
+    if fair >= histogram_sample:
+        return histogram_sample
+    return min(histogram_sample, max(MIN_SAMPLE_SHARE, 1 << max(0, fair.bit_length() - 1)))
+
+
+def _samples_total(first: Batch | None, batches: int | None) -> int | None:
+    """Samples in the whole calibration, from the number of batches and the first batch's
+    leading axis (a rank <= 1 input: one sample per batch); None when either is unknown."""
+    if first is None or not batches:
+        return None
+    lead = next(iter(first.values()), None)
+    per_batch = int(lead.shape[0]) if lead is not None and lead.ndim >= 2 else 1
+    return batches * max(per_batch, 1)
 
 
 def _tensor_stride(shape: tuple[int | str | None, ...] | None, target: int) -> int:

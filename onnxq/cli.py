@@ -83,6 +83,10 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--histogram-sample", type=int, metavar="N",
                    help="values per sample that enter a histogram (default 65536; larger "
                    "samples contribute every s-th value; 0 = every value, slower)")
+    q.add_argument("--histogram-budget", type=int, metavar="N",
+                   help="values one tensor's histogram counts over the whole calibration "
+                   "(default 16777216): beyond 256 samples each contributes fewer; 0 = no "
+                   "budget")
     q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
     q.add_argument("--external-data", action="store_true",
                    help="store weights in OUT.data beside the model (automatic above 2 GB)")
@@ -177,7 +181,7 @@ def _quantize(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, percentile=args.percentile,
         max_batches=args.max_batches, simplify=False if args.no_simplify else None,
         progress=False if args.quiet else None, memory_budget_mb=args.memory_budget,
-        histogram_sample=args.histogram_sample,
+        histogram_sample=args.histogram_sample, histogram_budget=args.histogram_budget,
         preprocess=args.preprocess,
         save_calibration=args.save_calibration, load_calibration=args.load_calibration)
     written = result.save(out, report=args.report,

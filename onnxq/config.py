@@ -121,6 +121,10 @@ class QuantConfig:
         histogram_sample: values per sample that go into a tensor's histogram: a sample with
             more contributes every s-th value (s prime, coprime to its dimensions); min/max
             always see every value; 0 puts every value in the histogram (slower).
+        histogram_budget: values that one tensor's histogram counts over the whole
+            calibration: with more samples than ``histogram_budget / histogram_sample``, each
+            sample contributes fewer values (its share, rounded down to a power of two, at
+            least 1024); 0: no budget.  Calibrations of up to 256 samples are not affected.
         preprocess: how a folder of images becomes model inputs: a preset (``imagenet``,
             ``0-1``, ``tf``) or a spec (docs/calibration.md); in YAML also a mapping.
         simplify: run the simplify passes before placing Q/DQ.
@@ -144,6 +148,7 @@ class QuantConfig:
     reduce_range: bool | None = None
     memory_budget_mb: int = 4096
     histogram_sample: int = 65536
+    histogram_budget: int = 2**24
     preprocess: str | None = None
     simplify: bool = True
     progress: bool = True
@@ -181,6 +186,8 @@ class QuantConfig:
             raise ConfigError(f"memory_budget_mb: must be >= 1, got {self.memory_budget_mb}")
         if self.histogram_sample < 0:
             raise ConfigError(f"histogram_sample: must be >= 0, got {self.histogram_sample}")
+        if self.histogram_budget < 0:
+            raise ConfigError(f"histogram_budget: must be >= 0, got {self.histogram_budget}")
         if self.min_channels is not None and self.min_channels < 0:
             raise ConfigError(f"min_channels: must be >= 0, got {self.min_channels}")
         # Normalise lists given from Python or YAML into tuples so the config stays hashable.
@@ -302,6 +309,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "reduce_range": (bool, type(None)),
     "memory_budget_mb": (int,),
     "histogram_sample": (int,),
+    "histogram_budget": (int,),
     "preprocess": (str, dict, type(None)),
     "simplify": (bool,),
     "progress": (bool,),

@@ -280,7 +280,8 @@ def child_calib(model: str, calib: str, method: str, profile_out: str | None = N
     def call() -> Any:
         return calibrate(loaded, wanted, data, inputs, max_batches=cfg.max_batches,
                          hold=cfg.fidelity_batches, memory_budget=cfg.memory_budget_mb * 2**20,
-                         progress=False)
+                         histogram_sample=cfg.histogram_sample,
+                         histogram_budget=cfg.histogram_budget, progress=False)
 
     if profile_out:
         import cProfile

@@ -8,7 +8,15 @@ import onnxruntime as ort
 import pytest
 
 from onnxq import ir
-from onnxq.calibrate import _peaks_plan, _stride, calibrate, exposing, make_session
+from onnxq.calibrate import (
+    MIN_SAMPLE_SHARE,
+    _peaks_plan,
+    _stride,
+    calibrate,
+    exposing,
+    make_session,
+    sample_share,
+)
 from onnxq.data import model_inputs
 from onnxq.errors import CalibrationDataError, UnsupportedModelError
 from onnxq.observers import BINS, TensorStats
@@ -201,6 +209,41 @@ def test_sampling_is_per_sample_so_batching_does_not_change_the_histogram():
     np.testing.assert_array_equal(ones.counts, grouped.counts)
     assert (ones.min, ones.max, ones.count) == (grouped.min, grouped.max, grouped.count)
     assert ones.sample_max_sum == pytest.approx(grouped.sample_max_sum, rel=1e-6)
+
+
+def test_sample_share_follows_the_budget_in_powers_of_two():
+    assert sample_share(65536, 2**24, None) == 65536  # unknown sample count: no budget
+    assert sample_share(65536, 2**24, 256) == 65536  # 2^24 / 256 = 65536: not lowered
+    assert sample_share(65536, 2**24, 257) == 32768  # 65280 rounds down to a power of two
+    assert sample_share(65536, 2**24, 512) == 32768
+    assert sample_share(65536, 2**24, 1000) == sample_share(65536, 2**24, 1024) == 16384
+    assert sample_share(65536, 2**24, 10**9) == MIN_SAMPLE_SHARE
+    assert sample_share(500, 2**24, 10**9) == 500  # never above histogram_sample
+    assert sample_share(0, 2**24, 10**9) == 0  # 0: every value, whatever the budget
+    assert sample_share(65536, 0, 10**9) == 65536  # budget 0: off
+
+
+def test_histogram_budget_lowers_each_samples_share_whatever_the_batching():
+    model, inputs = prepared(batched_conv())
+    samples = [graphs.random_inputs(model, seed=i, dynamic=1) for i in range(16)]
+    fours = [{"x": np.concatenate([s["x"] for s in samples[i:i + 4]])} for i in range(0, 16, 4)]
+    per_sample = 16 * 12 * 12  # 2304 values; a budget of 16 x 1024 leaves each sample 1024
+    full = calibrate(model, {"conv_out": True}, samples, inputs, histogram_budget=0,
+                     progress=False).stats["conv_out"]
+    assert full.counts.sum() == 16 * per_sample
+    ones, grouped = (calibrate(model, {"conv_out": True}, data, inputs,
+                               histogram_budget=16 * MIN_SAMPLE_SHARE,
+                               progress=False).stats["conv_out"] for data in (samples, fours))
+    stride = _stride(per_sample, [1, 16, 12, 12], MIN_SAMPLE_SHARE)
+    assert stride == 5  # 3 divides 12
+    assert ones.counts.sum() == 16 * len(range(0, per_sample, stride))
+    np.testing.assert_array_equal(ones.counts, grouped.counts)
+    # min, max and count still see every value
+    assert (ones.min, ones.max, ones.count) == (full.min, full.max, full.count)
+    # a source read only once cannot say how many samples it holds: no budget
+    once = calibrate(model, {"conv_out": True}, iter(samples), inputs,
+                     histogram_budget=16 * MIN_SAMPLE_SHARE, progress=False).stats["conv_out"]
+    np.testing.assert_array_equal(once.counts, full.counts)
 
 
 def test_histogram_sample_zero_keeps_every_value():

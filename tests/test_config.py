@@ -103,6 +103,8 @@ def test_from_dict_bad_overrides(overrides, match):
         ("max_batches", 0, "max_batches: must be >= 1"),
         ("fidelity_batches", -1, "fidelity_batches: must be >= 0"),
         ("min_channels", -2, "min_channels: must be >= 0"),
+        ("histogram_sample", -1, "histogram_sample: must be >= 0"),
+        ("histogram_budget", -1, "histogram_budget: must be >= 0"),
     ],
 )
 def test_invalid_values_raise_config_error(field, value, match):
