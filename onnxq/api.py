@@ -65,7 +65,7 @@ class QuantizedModel:
         if report is not None:
             try:
                 self.report.write(report)
-            except OutputError:
+            except BaseException:
                 for path in written:  # all or nothing
                     path.unlink(missing_ok=True)
                 raise
@@ -379,6 +379,18 @@ def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
         return
     report.fidelity = fidelity(reference, quant)
     for out in report.fidelity:
+        if out.nonfinite_mismatch:
+            report.warnings.append(
+                f"output {out.name!r}: {out.nonfinite_mismatch} value(s) are NaN/Inf in one model "
+                "but not in the other (or a different NaN/Inf) on the held batches: int8 "
+                "rounding can move a value near 0 across the domain edge of a Sqrt, Log or "
+                "division, or make a sum overflow; check the ops before this output "
+                "(`onnxq analyze`)")
+        if out.nonfinite:
+            report.notes.append(
+                f"output {out.name!r}: {out.nonfinite} value(s) of the float model are NaN/Inf "
+                "on the held batches (e.g. Sqrt or Log of a negative input); its cosine and "
+                "error cover the values finite in both models")
         if out.compared == "cosine" and out.cosine < LOW_FIDELITY:
             report.warnings.append(
                 f"output {out.name!r} agrees with the float model at cosine {out.cosine:.3f} "

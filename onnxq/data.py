@@ -141,6 +141,12 @@ def _load_arrays(path: Path) -> dict[str, np.ndarray]:
             with loaded:
                 return {k: loaded[k] for k in loaded.files}
     except _READ_ERRORS as exc:
+        if "allow_pickle" in str(exc):
+            raise CalibrationDataError(
+                f"{path}: holds an object array (strings or Python objects), which numpy can "
+                "only load by unpickling, and onnxq refuses pickled data; give numeric arrays "
+                "(a string input cannot be calibrated)"
+            ) from None
         raise CalibrationDataError(
             f"{path}: cannot read as .npz/.npy ({type(exc).__name__}: {exc}); the file is "
             "corrupt or not a numpy file (pickled arrays are refused)") from None

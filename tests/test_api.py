@@ -54,6 +54,26 @@ def test_fidelity_is_measured_on_held_batches():
     assert not any("agrees with the float model" in w for w in result.report.warnings)
 
 
+def test_an_output_with_nan_in_the_float_model_is_reported_and_saved(tmp_path):
+    # Sqrt(conv_out - 0.5) is NaN wherever the conv gives less than 0.5, in both models
+    model = graphs.conv_relu()
+    model.graph.node[1].CopyFrom(onnx.helper.make_node("Sub", ["conv_out", "half"], ["shifted"],
+                                                       name="sub"))
+    model.graph.node.append(onnx.helper.make_node("Sqrt", ["shifted"], ["y"], name="sqrt"))
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.float32(0.5), "half"))
+    result = quantize(model, fidelity_batches=2)
+    (fid,) = result.report.fidelity
+    assert fid.nonfinite > 0 and 0.99 < fid.cosine <= 1.0
+    assert any("value(s) of the float model are NaN/Inf" in n for n in result.report.notes)
+    # rounding moves a few conv outputs near 0.5 across Sqrt's domain edge
+    assert 0 < fid.nonfinite_mismatch < fid.nonfinite / 100
+    assert any("NaN/Inf in one model but not in the other" in w for w in result.report.warnings)
+    written = result.save(tmp_path / "q.onnx", report=tmp_path / "q.json")
+    assert [p.name for p in written] == ["q.onnx", "q.json"]
+    saved = json.loads((tmp_path / "q.json").read_text(encoding="utf-8"))
+    assert saved["fidelity"]["outputs"][0]["nonfinite"] == fid.nonfinite
+
+
 def test_an_output_that_int8_ruins_gets_a_low_fidelity_warning():
     # the conv reads only channels 1-15, which one per-tensor scale set by channel 0 (500x
     # larger) rounds to zero

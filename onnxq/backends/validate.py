@@ -32,6 +32,11 @@ class OutputFidelity:
     # "cosine" (float outputs, also sequences of {label: probability} maps), "agreement"
     # (integer/bool outputs must be equal), or why the output was not compared
     compared: str = "cosine"
+    # values that are NaN/Inf in the float output (the cosine and the error cover the values
+    # finite in both models), and values where exactly one model is finite or the two differ
+    # in NaN/Inf
+    nonfinite: int = 0
+    nonfinite_mismatch: int = 0
 
 
 def validation_session(model: onnx.ModelProto, fused: bool, what: str = "quantized") -> Any:
@@ -106,10 +111,22 @@ def fidelity(reference: list[dict[str, np.ndarray]],
             continue
         a = np.concatenate([r.astype(np.float64).ravel() for r in ref_arrays])
         b = np.concatenate([g.astype(np.float64).ravel() for g in got_arrays])
+        nonfinite = mismatch = 0
+        if a.shape != b.shape:
+            out.append(OutputFidelity(name, 0.0, 0.0, 0.0, "not compared: the quantized model "
+                                      f"gives {b.size} values, the float model {a.size}"))
+            continue
+        finite = np.isfinite(a) & np.isfinite(b)
+        if not finite.all():
+            same = ~finite & ((np.isnan(a) & np.isnan(b)) | (a == b))
+            nonfinite = int((~np.isfinite(a)).sum())
+            mismatch = int((~finite & ~same).sum())
+            a, b = a[finite], b[finite]
         denom = float(np.linalg.norm(a) * np.linalg.norm(b))
         cos = float(a @ b / denom) if denom > 0 else float(np.array_equal(a, b))
         err = float(np.max(np.abs(a - b))) if a.size else 0.0
-        out.append(OutputFidelity(name, round(cos, 6), err, float(np.max(np.abs(a), initial=0))))
+        out.append(OutputFidelity(name, round(cos, 6), err, float(np.max(np.abs(a), initial=0)),
+                                  nonfinite=nonfinite, nonfinite_mismatch=mismatch))
     return out
 
 

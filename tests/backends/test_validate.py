@@ -81,6 +81,20 @@ def test_fidelity_of_label_maps_compares_their_values_and_skips_other_outputs():
     assert other.compared == "not compared: a list output, not a numeric tensor"
 
 
+def test_fidelity_leaves_nan_and_inf_out_and_counts_where_the_models_disagree_on_them():
+    ref = [{"y": np.array([1.0, np.nan, np.inf, 2.0, -np.inf])}]
+    same = [{"y": np.array([1.0, np.nan, np.inf, 2.5, -np.inf])}]
+    (fid,) = fidelity(ref, same)
+    want = (1.0 + 5.0) / (np.sqrt(5.0) * np.sqrt(7.25))
+    assert fid.cosine == pytest.approx(want, abs=1e-6) and fid.max_abs_error == 0.5
+    assert (fid.float_max_abs, fid.nonfinite, fid.nonfinite_mismatch) == (2.0, 3, 0)
+    # finite where the float model is not, NaN where it is finite, Inf against -Inf
+    other = [{"y": np.array([np.nan, 3.0, np.inf, 2.0, np.inf])}]
+    (fid,) = fidelity(ref, other)
+    assert (fid.nonfinite, fid.nonfinite_mismatch) == (3, 3) and fid.cosine == 1.0
+    assert np.isfinite([fid.cosine, fid.max_abs_error, fid.float_max_abs]).all()
+
+
 def test_fidelity_of_all_zero_outputs():
     zeros = [{"y": np.zeros(3)}]
     assert fidelity(zeros, zeros)[0].cosine == 1.0
