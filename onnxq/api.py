@@ -187,7 +187,7 @@ def quantize(model: ModelLike, calibration: Any = None, *,
         model=source.name if source else "<in-memory model>", backend=profile.name,
         config=cfg.to_dict(), simplify_passes=passes, decisions=annotations.decisions,
         placed=placed, calibration_batches=result.batches_seen, warnings=warnings,
-        notes=list(annotations.notes),
+        notes=list(annotations.notes) + _budget_note(result, cfg),
         bias_corrections=corrections)
     _validate(loaded, reference, result, profile, report)
     return QuantizedModel(loaded, report, source)
@@ -258,7 +258,18 @@ def _place_and_calibrate(model: onnx.ModelProto, graph: ir.Graph, profile: Backe
 
 
 def _merged(first: CalibrationResult, extra: CalibrationResult) -> CalibrationResult:
-    return CalibrationResult({**first.stats, **extra.stats}, first.batches_seen, first.held)
+    return CalibrationResult({**first.stats, **extra.stats}, first.batches_seen, first.held,
+                             first.sample_share)
+
+
+def _budget_note(result: CalibrationResult, cfg: QuantConfig) -> list[str]:
+    """A note when ``histogram_budget`` lowered each sample's share of the histograms."""
+    if not (0 < result.sample_share < cfg.histogram_sample):
+        return []
+    return [f"histograms counted at most {result.sample_share} values per sample (of "
+            f"histogram_sample={cfg.histogram_sample}): histogram_budget="
+            f"{cfg.histogram_budget} values per tensor over the whole calibration; min and "
+            "max saw every value"]
 
 
 def _observed(annotations: Annotations, all_histograms: bool = False) -> dict[str, bool]:

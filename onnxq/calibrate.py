@@ -45,6 +45,7 @@ class CalibrationResult:
     stats: dict[str, TensorStats]
     batches_seen: int
     held: list[Batch] = field(default_factory=list)
+    sample_share: int = 0  # values per sample the histograms took (0: every value)
 
 
 def make_session(model: onnx.ModelProto, optimize: bool = True, workdir: Path | None = None,
@@ -185,7 +186,7 @@ def calibrate(
                 raise CalibrationDataError(
                     "the calibration data yielded no batches; give at least one batch"
                 )
-    return CalibrationResult(stats, seen, held)
+    return CalibrationResult(stats, seen, held, share)
 
 
 def sample_share(histogram_sample: int, budget: int, samples: int | None) -> int:

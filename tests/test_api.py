@@ -54,6 +54,12 @@ def test_fidelity_is_measured_on_held_batches():
     assert not any("agrees with the float model" in w for w in result.report.warnings)
 
 
+def test_the_report_notes_when_the_histogram_budget_lowered_each_samples_share():
+    note = "histograms counted at most 1024 values per sample (of histogram_sample=65536)"
+    assert any(note in n for n in quantize(graphs.conv_relu(), histogram_budget=1).report.notes)
+    assert not any("histograms counted" in n for n in quantize(graphs.conv_relu()).report.notes)
+
+
 def test_an_output_with_nan_in_the_float_model_is_reported_and_saved(tmp_path):
     # Sqrt(conv_out - 0.5) is NaN wherever the conv gives less than 0.5, in both models
     model = graphs.conv_relu()
