@@ -15,7 +15,7 @@ from onnxq import ir
 from onnxq.annotate import Annotations, annotate, grouped_conv_inputs, range_exclusions
 from onnxq.backends.check import check
 from onnxq.backends.profile import BackendProfile, profile_for
-from onnxq.backends.validate import fidelity, run_outputs
+from onnxq.backends.validate import class_axes, fidelity, run_outputs
 from onnxq.bias_correction import BiasCorrection, correct_biases
 from onnxq.calibrate import CalibrationResult, calibrate
 from onnxq.calibrate import load_calibration as load_calibration_file
@@ -388,7 +388,7 @@ def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
     if reference is None:
         report.warnings.append("model too large to keep a float copy: fidelity not measured")
         return
-    report.fidelity = fidelity(reference, quant)
+    report.fidelity = fidelity(reference, quant, class_axes(model))
     for out in report.fidelity:
         if out.nonfinite_mismatch:
             report.warnings.append(
@@ -407,6 +407,12 @@ def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
                 f"output {out.name!r} agrees with the float model at cosine {out.cosine:.3f} "
                 f"only (< {LOW_FIDELITY}; max abs error {out.max_abs_error:.3g}, float range "
                 f"{out.float_max_abs:.3g}): check it on your metric; `onnxq analyze` ranks the "
+                "tensors that lose most, and --exclude keeps their ops float")
+        elif out.top1_agreement is not None and out.top1_agreement < LOW_FIDELITY:
+            report.warnings.append(
+                f"output {out.name!r}: its largest class differs from the float model's in "
+                f"{1 - out.top1_agreement:.1%} of its rows on the held batches (< "
+                f"{LOW_FIDELITY:.0%} agree): check it on your metric; `onnxq analyze` ranks the "
                 "tensors that lose most, and --exclude keeps their ops float")
         elif out.compared == "agreement" and out.cosine < 1.0:
             report.warnings.append(

@@ -114,9 +114,11 @@ class Report:
                          f"{largest.node})")
         for f in self.fidelity:
             if f.compared == "cosine":
+                top1 = ("" if f.top1_agreement is None
+                        else f", top-1 agreement {f.top1_agreement:.2%}")
                 lines.append(f"fidelity {f.name} ({self.fidelity_mode}): cosine {f.cosine:.6f}, "
                              f"max abs error {f.max_abs_error:.4g} "
-                             f"(float range {f.float_max_abs:.4g})")
+                             f"(float range {f.float_max_abs:.4g}){top1}")
             elif f.compared == "agreement":
                 lines.append(f"fidelity {f.name} ({self.fidelity_mode}): equal to the float "
                              f"model's in {f.cosine:.0%} of the held batches")
@@ -152,7 +154,8 @@ class Report:
                                         "mean_abs_shift", "bias_max_abs"])
                if d["bias_corrections"] else "")
             + "<h2>Fidelity</h2>" + table(d["fidelity"]["outputs"],
-                                          ["name", "compared", "cosine", "max_abs_error"])
+                                          ["name", "compared", "cosine", "max_abs_error",
+                                           "top1_agreement"])
         )
 
     def write(self, path: str | os.PathLike[str]) -> None:

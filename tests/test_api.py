@@ -80,6 +80,17 @@ def test_an_output_with_nan_in_the_float_model_is_reported_and_saved(tmp_path):
     assert saved["fidelity"]["outputs"][0]["nonfinite"] == fid.nonfinite
 
 
+def test_a_softmax_output_gets_its_top1_agreement_in_the_report():
+    model = graphs.conv_relu()
+    model.graph.node.append(onnx.helper.make_node("Softmax", ["y"], ["p"], name="sm", axis=1))
+    model.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info(
+        "p", onnx.TensorProto.FLOAT, [1, 16, 8, 8]))
+    result = quantize(model, fidelity_batches=2)
+    (fid,) = result.report.fidelity
+    assert fid.name == "p" and 0.9 <= fid.top1_agreement <= 1.0
+    assert f"top-1 agreement {fid.top1_agreement:.2%}" in result.report.summary()
+
+
 def test_an_output_that_int8_ruins_gets_a_low_fidelity_warning():
     # the conv reads only channels 1-15, which one per-tensor scale set by channel 0 (500x
     # larger) rounds to zero

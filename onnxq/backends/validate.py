@@ -37,6 +37,9 @@ class OutputFidelity:
     # in NaN/Inf
     nonfinite: int = 0
     nonfinite_mismatch: int = 0
+    # for an output a Softmax/LogSoftmax produces: the share of its rows (along the normalised
+    # axis) whose largest entry is the float model's; None for other outputs
+    top1_agreement: float | None = None
 
 
 def validation_session(model: onnx.ModelProto, fused: bool, what: str = "quantized") -> Any:
@@ -91,9 +94,49 @@ def _run_all(session: Any, batches: list[Batch], what: str) -> list[dict[str, np
     return results
 
 
+def class_axes(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph outputs that a Softmax or LogSoftmax produces, with the axis it normalises (from
+    opset 13 on; before, Softmax flattened the axes after it, and only a last axis counts)."""
+    graph = ir.Graph(model)
+    modern = ir.opset_version(model) >= 13
+    out: dict[str, int] = {}
+    for name in graph.graph_outputs:
+        node = graph.producer.get(name)
+        rank = len(graph.shape(name) or ())
+        if node is None or not rank:
+            continue
+        if node.op_type in ("Softmax", "LogSoftmax"):
+            axis = int(ir.node_attrs(node).get("axis", -1 if modern else 1))
+            if modern or axis in (-1, rank - 1):
+                out[name] = axis
+        elif _flattened_softmax(graph, node, rank):
+            out[name] = -1
+    return out
+
+
+def _flattened_softmax(graph: ir.Graph, node: onnx.NodeProto, rank: int) -> bool:
+    """``Reshape(Softmax(Flatten(x, axis=rank-1)), Shape(x))``: a last-axis softmax as onnx's
+    version converter writes an opset-11 Softmax for opset 13."""
+    if node.op_type != "Reshape" or len(node.input) < 2:
+        return False
+    soft = graph.producer.get(node.input[0])
+    if soft is None or soft.op_type not in ("Softmax", "LogSoftmax") \
+            or int(ir.node_attrs(soft).get("axis", -1)) not in (-1, 1):
+        return False
+    flat = graph.producer.get(soft.input[0])
+    shape = graph.producer.get(node.input[1])
+    return (flat is not None and flat.op_type == "Flatten"
+            and int(ir.node_attrs(flat).get("axis", 1)) == rank - 1
+            and shape is not None and shape.op_type == "Shape"
+            and not ir.node_attrs(shape)  # no start/end: the whole shape
+            and shape.input[0] == flat.input[0])
+
+
 def fidelity(reference: list[dict[str, np.ndarray]],
-             quantized: list[dict[str, np.ndarray]]) -> list[OutputFidelity]:
-    """Cosine similarity and max absolute error per output, over all batches."""
+             quantized: list[dict[str, np.ndarray]],
+             class_axes: dict[str, int] | None = None) -> list[OutputFidelity]:
+    """Cosine similarity and max absolute error per output, over all batches; for the outputs
+    in ``class_axes`` (name -> axis) also the top-1 agreement along that axis."""
     out = []
     for name in reference[0] if reference else []:
         ref = [_as_array(r[name]) for r in reference]
@@ -109,6 +152,7 @@ def fidelity(reference: list[dict[str, np.ndarray]],
                              for r, g in zip(ref_arrays, got_arrays, strict=True)])
             out.append(OutputFidelity(name, float(agree), 0.0, 0.0, "agreement"))
             continue
+        top1 = _top1(ref_arrays, got_arrays, (class_axes or {}).get(name))
         a = np.concatenate([r.astype(np.float64).ravel() for r in ref_arrays])
         b = np.concatenate([g.astype(np.float64).ravel() for g in got_arrays])
         nonfinite = mismatch = 0
@@ -126,8 +170,22 @@ def fidelity(reference: list[dict[str, np.ndarray]],
         cos = float(a @ b / denom) if denom > 0 else float(np.array_equal(a, b))
         err = float(np.max(np.abs(a - b))) if a.size else 0.0
         out.append(OutputFidelity(name, round(cos, 6), err, float(np.max(np.abs(a), initial=0)),
-                                  nonfinite=nonfinite, nonfinite_mismatch=mismatch))
+                                  nonfinite=nonfinite, nonfinite_mismatch=mismatch,
+                                  top1_agreement=top1))
     return out
+
+
+def _top1(ref: list[np.ndarray], got: list[np.ndarray], axis: int | None) -> float | None:
+    """The share of rows along ``axis`` whose argmax agrees (None: no axis, or shapes that do
+    not allow it)."""
+    if axis is None:
+        return None
+    same: list[np.ndarray] = []
+    for r, g in zip(ref, got, strict=True):
+        if r.shape != g.shape or not r.ndim or not -r.ndim <= axis < r.ndim or r.size == 0:
+            return None
+        same.append((np.argmax(r, axis=axis) == np.argmax(g, axis=axis)).ravel())
+    return round(float(np.concatenate(same).mean()), 6) if same else None
 
 
 def _as_array(value: Any) -> np.ndarray | None:

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
-from onnxq.backends.validate import OutputFidelity, fidelity, run_outputs, validation_session
+from onnxq import ir
+from onnxq.backends.validate import (
+    OutputFidelity,
+    class_axes,
+    fidelity,
+    run_outputs,
+    validation_session,
+)
 from onnxq.calibrate import make_session
 from onnxq.errors import BackendConstraintError, UnsupportedModelError
 from tests import graphs
@@ -93,6 +101,41 @@ def test_fidelity_leaves_nan_and_inf_out_and_counts_where_the_models_disagree_on
     (fid,) = fidelity(ref, other)
     assert (fid.nonfinite, fid.nonfinite_mismatch) == (3, 3) and fid.cosine == 1.0
     assert np.isfinite([fid.cosine, fid.max_abs_error, fid.float_max_abs]).all()
+
+
+def test_top1_agreement_along_the_class_axis_of_softmax_outputs():
+    ref = [{"p": np.array([[0.1, 0.9], [0.8, 0.2]]), "box": np.array([[1.0, 2.0], [3.0, 4.0]])}]
+    got = [{"p": np.array([[0.6, 0.4], [0.7, 0.3]]), "box": np.array([[2.0, 1.0], [3.0, 4.0]])}]
+    p, box = fidelity(ref, got, {"p": 1})
+    assert p.top1_agreement == 0.5 and box.top1_agreement is None
+    # along the other axis: column 0 peaks in row 1 and column 1 in row 0, in both models
+    assert fidelity(ref, got, {"p": 0})[0].top1_agreement == 1.0
+    assert fidelity(ref, got)[0].top1_agreement is None
+
+
+def test_class_axes_are_the_softmax_outputs_and_their_axis():
+    model = graphs.conv_relu()
+    model.graph.node.append(onnx.helper.make_node("Softmax", ["y"], ["p"], name="sm", axis=1))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT,
+                                                                 [1, 16, 8, 8]))
+    assert class_axes(model) == {"p": 1}  # the Relu output 'y' has no class axis
+
+
+def test_class_axis_of_an_opset_11_softmax_upgraded_to_13():
+    # onnx's version converter writes Softmax-11(axis=2) on a rank-3 tensor as
+    # Reshape(Softmax(Flatten(x, axis=2)), Shape(x)); the class axis is still the last one
+    # (it does so when x's rank is unknown, as in PP-OCRv4's recognizer)
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, None)
+    p = onnx.helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT, ["n", "t", 7])
+    old = onnx.helper.make_model(
+        onnx.helper.make_graph([onnx.helper.make_node("Softmax", ["x"], ["p"], axis=2)], "g",
+                               [x], [p]), opset_imports=[onnx.helper.make_opsetid("", 11)])
+    new = ir.upgrade_opset(old, 13)
+    assert [n.op_type for n in new.graph.node] == ["Shape", "Flatten", "Softmax", "Reshape"]
+    assert class_axes(new) == {"p": -1}
+    # axis 1 of that rank-3 tensor flattened the last two axes together: no class axis
+    old.graph.node[0].attribute[0].i = 1
+    assert class_axes(ir.upgrade_opset(old, 13)) == {}
 
 
 def test_fidelity_of_all_zero_outputs():
