@@ -134,9 +134,9 @@ def _flattened_softmax(graph: ir.Graph, node: onnx.NodeProto, rank: int) -> bool
 
 def fidelity(reference: list[dict[str, np.ndarray]],
              quantized: list[dict[str, np.ndarray]],
-             class_axes: dict[str, int] | None = None) -> list[OutputFidelity]:
+             axes: dict[str, int] | None = None) -> list[OutputFidelity]:
     """Cosine similarity and max absolute error per output, over all batches; for the outputs
-    in ``class_axes`` (name -> axis) also the top-1 agreement along that axis."""
+    in ``axes`` (name -> class axis, :func:`class_axes`) also the top-1 agreement along it."""
     out = []
     for name in reference[0] if reference else []:
         ref = [_as_array(r[name]) for r in reference]
@@ -152,7 +152,7 @@ def fidelity(reference: list[dict[str, np.ndarray]],
                              for r, g in zip(ref_arrays, got_arrays, strict=True)])
             out.append(OutputFidelity(name, float(agree), 0.0, 0.0, "agreement"))
             continue
-        top1 = _top1(ref_arrays, got_arrays, (class_axes or {}).get(name))
+        top1 = _top1(ref_arrays, got_arrays, (axes or {}).get(name))
         a = np.concatenate([r.astype(np.float64).ravel() for r in ref_arrays])
         b = np.concatenate([g.astype(np.float64).ravel() for g in got_arrays])
         nonfinite = mismatch = 0
