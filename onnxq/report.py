@@ -188,6 +188,8 @@ def _placed(p: Placed) -> dict[str, Any]:
 
 
 def _short(value: Any) -> str:
+    if value is None:  # a field that does not apply (per-tensor axis, top-1 of a non-softmax)
+        return "-"
     if isinstance(value, list) and len(value) > 4:
         return f"[{', '.join(f'{v:.4g}' if isinstance(v, float) else str(v) for v in value[:3])}"\
                f", ... {len(value)} values]"

@@ -147,14 +147,18 @@ def test_notes_and_per_channel_values_are_listed():
 
 def test_summary_says_how_each_output_was_compared():
     report = Report("m.onnx", "tensorrt", {}, fidelity_mode="fusion off", fidelity=[
-        OutputFidelity("probs", 0.99, 0.1, 1.0),
+        OutputFidelity("probs", 0.99, 0.1, 1.0, top1_agreement=0.875),
         OutputFidelity("label", 0.75, 0.0, 0.0, "agreement"),
         OutputFidelity("maps", 0.0, 0.0, 0.0, "not compared: a list output, not a numeric tensor"),
     ])
     lines = [ln for ln in report.summary().splitlines() if ln.startswith("fidelity")]
     assert lines == [
-        "fidelity probs (fusion off): cosine 0.990000, max abs error 0.1 (float range 1)",
+        "fidelity probs (fusion off): cosine 0.990000, max abs error 0.1 (float range 1), "
+        "top-1 agreement 87.50%",
         "fidelity label (fusion off): equal to the float model's in 75% of the held batches",
         "fidelity maps: not compared: a list output, not a numeric tensor",
     ]
-    assert "<td>agreement</td>" in report.to_html()
+    html = report.to_html()
+    assert "<td>agreement</td>" in html
+    # top-1 agreement: 0.875 for the softmax output, '-' where it does not apply
+    assert "<td>0.875</td>" in html and "<td>-</td>" in html
