@@ -237,6 +237,11 @@ def _check(args: argparse.Namespace) -> int:
             ops = sorted({op for _, op in fusion.float_between})
             print(f"{len(fusion.float_between)} float op(s) between quantized neighbours (no "
                   f"integer kernel in onnxruntime): {', '.join(ops)}")
+        if fusion.float_inputs:
+            ops = sorted({op for _, op in fusion.float_inputs})
+            print(f"{len(fusion.float_inputs)} float op(s) read a float input beside a "
+                  f"DequantizeLinear (not Q/DQ groups; their output is quantized for a later "
+                  f"reader): {', '.join(ops)}")
     if args.engine:
         from onnxq.backends.tensorrt import build_engine
 

@@ -2,8 +2,9 @@
 
 onnxruntime fuses ``DQ -> op -> Q`` groups into QLinearConv, QLinearMatMul, QLinearAdd, ... when
 the whole group is present with constant qparams.  This module optimizes a model the way a
-session does, reads the optimized graph back and reports, per candidate op (a node reading a
-DequantizeLinear output), whether it survived as a float op (not fused) or was replaced.
+session does, reads the optimized graph back and reports, per candidate op (a node whose
+activation inputs all come out of DequantizeLinear nodes), whether it survived as a float op (not
+fused) or was replaced.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from onnxq import ir
 from onnxq.errors import UnsupportedModelError
 
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,9 @@ class FusionReport:
     unfused: tuple[tuple[str, str], ...]  # (node name, op type)
     integer_ops: dict[str, int]
     float_between: tuple[tuple[str, str], ...] = ()  # DQ -> op -> Q, op has no integer kernel
+    # ops with an integer kernel that read a DequantizeLinear and write a quantized tensor but
+    # also read a float activation (x * Sigmoid(x)): not Q/DQ groups, they run in float
+    float_inputs: tuple[tuple[str, str], ...] = ()
 
     @property
     def fused(self) -> int:
@@ -53,13 +58,22 @@ def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str]) -> FusionR
     q_inputs = {n.input[0] for n in graph.nodes if n.op_type == "QuantizeLinear"}
 
     def is_group(n: onnx.NodeProto) -> bool:
-        # a DQ -> op -> Q group, or an op whose weight comes from a DequantizeLinear
+        # a DQ -> op -> Q group, or a weighted op whose data and weight come out of DQs
+        # (onnxruntime has float-output integer kernels for those: QGemm, MatMulIntegerToFloat)
         fed = any(i in dq_outputs for i in n.input)
-        weighted = len(n.input) > 1 and n.input[1] in dq_outputs and n.input[0] in dq_outputs
+        weighted = (n.op_type in WEIGHTED_OPS and len(n.input) > 1
+                    and n.input[1] in dq_outputs and n.input[0] in dq_outputs)
         return fed and (weighted or any(o in q_inputs for o in n.output))
 
+    def float_input(n: onnx.NodeProto) -> bool:
+        # onnxruntime fuses a group only when every activation input comes out of a DQ
+        return any(i and i not in dq_outputs and not graph.is_const(i) for i in n.input)
+
     grouped = [n for n in graph.nodes if n.op_type not in QDQ_OPS and is_group(n)]
-    candidates = [n for n in grouped if n.op_type in kernel_ops]
+    mixed = tuple((n.name, n.op_type) for n in grouped
+                  if n.op_type in kernel_ops and float_input(n))
+    candidates = [n for n in grouped
+                  if n.op_type in kernel_ops and (n.name, n.op_type) not in mixed]
     float_between = tuple((n.name, n.op_type) for n in grouped if n.op_type not in kernel_ops)
     with tempfile.TemporaryDirectory(prefix="onnxq-fusion-") as tmp:
         out = Path(tmp) / "optimized.onnx"
@@ -85,4 +99,4 @@ def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str]) -> FusionR
                                                             "MatMulInteger", "QAttention"):
             integer[n.op_type] = integer.get(n.op_type, 0) + 1
     return FusionReport(tuple(n.name for n in candidates), unfused, dict(sorted(integer.items())),
-                        float_between)
+                        float_between, mixed)

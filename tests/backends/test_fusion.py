@@ -1,0 +1,63 @@
+"""Which Q/DQ groups onnxruntime fuses into integer kernels (onnxq check, onnxruntime)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+import onnxq
+from onnxq.backends.fusion import fusion_report
+from onnxq.backends.profile import PROFILES
+from tests import graphs
+
+KERNELS = PROFILES["onnxruntime"].integer_kernel_ops
+
+
+def _qdq(name: str, src: str, scale: str = "s", zp: str = "zp") -> list[onnx.NodeProto]:
+    return [helper.make_node("QuantizeLinear", [src, scale, zp], [f"{name}_q"], name=f"{name}_Q"),
+            helper.make_node("DequantizeLinear", [f"{name}_q", scale, zp], [f"{name}_dq"],
+                             name=f"{name}_DQ")]
+
+
+def _swish_model(with_float_input: bool) -> onnx.ModelProto:
+    """x -> Q/DQ -> Mul(dq, Sigmoid(dq) or a second Q/DQ of it) -> Q/DQ -> y."""
+    nodes = _qdq("x", "x")
+    nodes.append(helper.make_node("Sigmoid", ["x_dq"], ["sig"], name="sigmoid"))
+    if with_float_input:
+        other = "sig"
+    else:
+        nodes += _qdq("sig", "sig")
+        other = "sig_dq"
+    nodes.append(helper.make_node("Mul", ["x_dq", other], ["m"], name="mul"))
+    nodes += _qdq("m", "m")
+    nodes.append(helper.make_node("Identity", ["m_dq"], ["y"], name="out"))
+    inits = [numpy_helper.from_array(np.float32(0.05), "s"),
+             numpy_helper.from_array(np.uint8(128), "zp")]
+    return graphs.model(nodes, [graphs.tensor("x", [1, 8, 4, 4])],
+                        [graphs.tensor("y", [1, 8, 4, 4])], inits, name="swish")
+
+
+def test_a_mul_with_every_input_dequantized_is_a_group_and_fuses():
+    report = fusion_report(_swish_model(with_float_input=False), KERNELS)
+    assert report.candidates == ("sigmoid", "mul") and report.unfused == ()
+    assert not report.float_inputs
+    assert report.integer_ops.get("QLinearMul") == 1
+
+
+def test_a_mul_reading_a_float_input_is_not_counted_as_an_unfused_group():
+    # x * Sigmoid(x) with x dequantized and Sigmoid's output float: onnxruntime cannot fuse it,
+    # and it is not a Q/DQ group: listed apart, not as "not fused"
+    report = fusion_report(_swish_model(with_float_input=True), KERNELS)
+    assert report.candidates == () and report.unfused == () and report.ratio == 1.0
+    assert report.float_inputs == (("mul", "Mul"),)
+
+
+def test_an_onnxq_output_fuses_every_conv_group():
+    # the final Add reads two dequantized tensors but writes the float graph output: no group
+    model = graphs.residual_add(channels=32)
+    out = onnxq.quantize(model, graphs.random_batches(model, 3), backend="onnxruntime",
+                         progress=False).model
+    report = fusion_report(out, KERNELS)
+    assert report.candidates == ("conv1", "conv2") and report.ratio == 1.0
+    assert report.integer_ops == {"QLinearConv": 2}
