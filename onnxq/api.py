@@ -17,7 +17,7 @@ from onnxq.backends.check import check
 from onnxq.backends.profile import BackendProfile, profile_for
 from onnxq.backends.validate import class_axes, fidelity, run_outputs
 from onnxq.bias_correction import BiasCorrection, correct_biases
-from onnxq.calibrate import CalibrationResult, calibrate
+from onnxq.calibrate import CalibrationResult, calibrate, runtime_ir_version
 from onnxq.calibrate import load_calibration as load_calibration_file
 from onnxq.calibrate import save_calibration as save_calibration_file
 from onnxq.config import QuantConfig
@@ -143,6 +143,7 @@ def quantize(model: ModelLike, calibration: Any = None, *,
     loaded, source = load(model, profile)
     _refuse_quantized(loaded, source)
     weight_inputs = ir.drop_initializer_inputs(loaded)
+    ir_note = _fit_ir_version(loaded)
     reference_bytes = _float_reference(loaded)
     passes: list[str] = []
     if cfg.simplify:
@@ -187,7 +188,8 @@ def quantize(model: ModelLike, calibration: Any = None, *,
         model=source.name if source else "<in-memory model>", backend=profile.name,
         config=cfg.to_dict(), simplify_passes=passes, decisions=annotations.decisions,
         placed=placed, calibration_batches=result.batches_seen, warnings=warnings,
-        notes=list(annotations.notes) + _budget_note(result, cfg),
+        notes=[*([ir_note] if ir_note else []), *annotations.notes,
+               *_budget_note(result, cfg)],
         bias_corrections=corrections)
     _validate(loaded, reference, result, profile, report)
     return QuantizedModel(loaded, report, source)
@@ -260,6 +262,19 @@ def _place_and_calibrate(model: onnx.ModelProto, graph: ir.Graph, profile: Backe
 def _merged(first: CalibrationResult, extra: CalibrationResult) -> CalibrationResult:
     return CalibrationResult({**first.stats, **extra.stats}, first.batches_seen, first.held,
                              first.sample_share)
+
+
+def _fit_ir_version(model: onnx.ModelProto) -> str | None:
+    """Stamp a model newer than onnxruntime reads with the IR version it reads, when the model
+    uses nothing newer (onnx's own ``make_model`` writes its latest IR); returns a note."""
+    import onnxruntime as ort
+
+    newest, old = runtime_ir_version(), model.ir_version
+    if old <= newest or not ir.lower_ir_version(model, newest):
+        return None  # a model that needs its IR version gets onnxruntime's own refusal
+    return (f"the model's IR version {old} is newer than onnxruntime {ort.__version__} reads "
+            f"({newest}); it uses nothing those versions added, so onnxq calibrated it and "
+            f"wrote the output as IR {newest}")
 
 
 def _budget_note(result: CalibrationResult, cfg: QuantConfig) -> list[str]:

@@ -60,6 +60,22 @@ def test_the_report_notes_when_the_histogram_budget_lowered_each_samples_share()
     assert not any("histograms counted" in n for n in quantize(graphs.conv_relu()).report.notes)
 
 
+def test_a_model_newer_than_onnxruntime_reads_is_stamped_with_the_version_it_reads():
+    from onnxq.calibrate import runtime_ir_version
+
+    newest = runtime_ir_version()
+    if newest >= onnx.IR_VERSION:
+        pytest.skip(f"this onnxruntime reads IR {newest}, as new as onnx {onnx.__version__} "
+                    "writes: no newer model to fit")
+    model = graphs.conv_relu()
+    model.ir_version = onnx.IR_VERSION  # what onnx.helper.make_model writes
+    result = quantize(model)
+    assert result.model.ir_version == newest and model.ir_version == onnx.IR_VERSION
+    assert any(f"IR version {onnx.IR_VERSION} is newer than onnxruntime" in n
+               for n in result.report.notes)
+    assert result.report.fidelity[0].cosine > 0.999  # calibrated and validated in onnxruntime
+
+
 def test_an_output_with_nan_in_the_float_model_is_reported_and_saved(tmp_path):
     # Sqrt(conv_out - 0.5) is NaN wherever the conv gives less than 0.5, in both models
     model = graphs.conv_relu()

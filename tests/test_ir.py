@@ -357,3 +357,30 @@ def test_channel_peaks_are_one_output_for_the_block_and_the_model_stays_as_it_wa
     np.testing.assert_array_equal(joined[:, :16, 0, 0], np.maximum(conv, 0).max(axis=(2, 3)))
     np.testing.assert_array_equal(joined[:, 16:, 0, 0], conv.max(axis=(2, 3)))
     assert model.SerializeToString(deterministic=True) == before
+
+
+# ------------------------------------------------------------------------ IR version fitting
+def test_lower_ir_version_only_when_the_model_uses_nothing_newer():
+    model = graphs.conv_relu()
+    model.ir_version = 14
+    assert not ir.lower_ir_version(model, 14) and model.ir_version == 14  # not lower
+    assert ir.lower_ir_version(model, 10) and model.ir_version == 10
+    # a float8 weight (IR 9) or a cast to int4 (IR 10) keeps the model's own version
+    for extra in (numpy_helper.from_array(np.zeros(2, np.float32), "f8"),
+                  helper.make_node("Cast", ["x"], ["x4"], to=TensorProto.INT4, name="c")):
+        newer = graphs.conv_relu()
+        newer.ir_version = 14
+        if isinstance(extra, onnx.TensorProto):
+            extra.data_type = TensorProto.FLOAT8E4M3FN
+            extra.raw_data = b"\x00\x00"
+            newer.graph.initializer.append(extra)
+        else:
+            newer.graph.node.append(extra)
+        assert not ir.lower_ir_version(newer, 8) and newer.ir_version == 14
+    # local functions: their overloads came with IR 10
+    with_function = graphs.conv_relu()
+    with_function.ir_version = 14
+    with_function.functions.append(helper.make_function("local", "f", ["a"], ["b"], [
+        helper.make_node("Identity", ["a"], ["b"])], [helper.make_opsetid("", 13)]))
+    assert not ir.lower_ir_version(with_function, 9)
+    assert ir.lower_ir_version(with_function, 10)

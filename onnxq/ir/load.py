@@ -243,6 +243,47 @@ def drop_initializer_inputs(model: onnx.ModelProto) -> list[str]:
     return dropped
 
 
+# element types every IR version from 4 on knows (newer IR versions add 8-, 4- and 2-bit types)
+_CLASSIC_TYPES = frozenset({
+    TensorProto.FLOAT, TensorProto.UINT8, TensorProto.INT8, TensorProto.UINT16,
+    TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.STRING,
+    TensorProto.BOOL, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.UINT32,
+    TensorProto.UINT64, TensorProto.COMPLEX64, TensorProto.COMPLEX128, TensorProto.BFLOAT16,
+})
+
+
+def lower_ir_version(model: onnx.ModelProto, version: int) -> bool:
+    """Stamp ``model`` with IR ``version`` (lower than its own) when that loses nothing: every
+    element type it uses existed then, and it has no local functions (their overloads came
+    with IR 10).  Returns whether it did."""
+    if model.ir_version <= version or version < 4 or (model.functions and version < 10):
+        return False
+    if not _element_types(model.graph) <= _CLASSIC_TYPES:
+        return False
+    model.ir_version = version
+    return True
+
+
+def _element_types(graph: onnx.GraphProto) -> set[int]:
+    """Every tensor element type a graph (and its subgraphs) declares, stores or casts to."""
+    found: set[int] = set()
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        if vi.type.HasField("tensor_type"):
+            found.add(vi.type.tensor_type.elem_type or TensorProto.FLOAT)
+        elif vi.type.WhichOneof("value") is not None:
+            found.add(-1)  # sequences, maps, optionals: leave such a model as it is
+    found.update(t.data_type for t in graph.initializer)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                found.add(attr.t.data_type)
+            elif attr.name == "to" and attr.type == onnx.AttributeProto.INT:
+                found.add(int(attr.i))
+            for sub in _attr_graphs(attr):
+                found |= _element_types(sub)
+    return found
+
+
 def opset_version(model: onnx.ModelProto) -> int:
     """The default-domain opset of a model."""
     for imp in model.opset_import:
