@@ -17,7 +17,7 @@ from onnxq.backends.check import check
 from onnxq.backends.profile import BackendProfile, profile_for
 from onnxq.backends.validate import class_axes, fidelity, run_outputs
 from onnxq.bias_correction import BiasCorrection, correct_biases
-from onnxq.calibrate import CalibrationResult, calibrate, runtime_ir_version
+from onnxq.calibrate import CalibrationResult, calibrate
 from onnxq.calibrate import load_calibration as load_calibration_file
 from onnxq.calibrate import save_calibration as save_calibration_file
 from onnxq.config import QuantConfig
@@ -269,7 +269,7 @@ def _fit_ir_version(model: onnx.ModelProto) -> str | None:
     uses nothing newer (onnx's own ``make_model`` writes its latest IR); returns a note."""
     import onnxruntime as ort
 
-    newest, old = runtime_ir_version(), model.ir_version
+    newest, old = ir.runtime_ir_version(), model.ir_version
     if old <= newest or not ir.lower_ir_version(model, newest):
         return None  # a model that needs its IR version gets onnxruntime's own refusal
     return (f"the model's IR version {old} is newer than onnxruntime {ort.__version__} reads "

@@ -13,11 +13,9 @@ are observed in groups, one pass over the data per group (the data must then be 
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import math
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -78,30 +76,6 @@ def make_session(model: onnx.ModelProto, optimize: bool = True, workdir: Path | 
                 f"onnxruntime cannot load the model: {_one_line(exc)}; onnxq calibrates with "
                 "onnxruntime, so the model must run there"
             ) from None
-
-
-@functools.lru_cache(maxsize=1)
-def runtime_ir_version() -> int:
-    """The newest ONNX IR version the installed onnxruntime reads: onnx's own when it reads
-    that, else the one its refusal of a probe model names."""
-    import onnxruntime as ort
-
-    probe = onnx.helper.make_model(
-        onnx.helper.make_graph(
-            [onnx.helper.make_node("Identity", ["x"], ["y"])], "probe",
-            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
-            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]),
-        opset_imports=[onnx.helper.make_opsetid("", 13)])
-    probe.ir_version = onnx.IR_VERSION
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4
-    try:
-        ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        found = re.search(r"max supported IR version: (\d+)", str(exc))
-        if found:
-            return int(found.group(1))
-    return onnx.IR_VERSION
 
 
 @contextlib.contextmanager

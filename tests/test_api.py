@@ -61,9 +61,7 @@ def test_the_report_notes_when_the_histogram_budget_lowered_each_samples_share()
 
 
 def test_a_model_newer_than_onnxruntime_reads_is_stamped_with_the_version_it_reads():
-    from onnxq.calibrate import runtime_ir_version
-
-    newest = runtime_ir_version()
+    newest = ir.runtime_ir_version()
     if newest >= onnx.IR_VERSION:
         pytest.skip(f"this onnxruntime reads IR {newest}, as new as onnx {onnx.__version__} "
                     "writes: no newer model to fit")

@@ -15,7 +15,6 @@ from onnxq.calibrate import (
     calibrate,
     exposing,
     make_session,
-    runtime_ir_version,
     sample_share,
 )
 from onnxq.data import model_inputs
@@ -342,14 +341,3 @@ def test_stale_declared_shapes_do_not_mix_up_channels():
     with pytest.raises(UnsupportedModelError, match="onnxruntime gives 16 channels in all"):
         calibrate(model, {"y": False}, iter(batches), inputs, progress=False)
 
-
-def test_runtime_ir_version_is_one_onnxruntime_loads():
-    newest = runtime_ir_version()
-    assert 4 <= newest <= onnx.IR_VERSION
-    model = graphs.conv_relu()
-    model.ir_version = newest
-    make_session(model)  # loads
-    if newest < onnx.IR_VERSION:
-        model.ir_version = newest + 1
-        with pytest.raises(UnsupportedModelError, match="IR version"):
-            make_session(model)

@@ -384,3 +384,22 @@ def test_lower_ir_version_only_when_the_model_uses_nothing_newer():
         helper.make_node("Identity", ["a"], ["b"])], [helper.make_opsetid("", 13)]))
     assert not ir.lower_ir_version(with_function, 9)
     assert ir.lower_ir_version(with_function, 10)
+
+
+def test_sessions_load_a_model_newer_than_onnxruntime_reads_without_changing_it():
+    newest = ir.runtime_ir_version()
+    assert 4 <= newest <= onnx.IR_VERSION
+    model = graphs.conv_relu()
+    model.ir_version = onnx.IR_VERSION
+    payload = ir.session_bytes_or_path(model, Path("/nonexistent"))  # small: bytes
+    assert onnx.load_from_string(payload).ir_version == newest
+    assert model.ir_version == onnx.IR_VERSION
+    import onnxruntime as ort
+
+    ort.InferenceSession(payload, providers=["CPUExecutionProvider"])  # loads
+    # a model that needs its newer version goes as it is (onnxruntime then refuses it itself)
+    newer = graphs.conv_relu()
+    newer.ir_version = onnx.IR_VERSION
+    newer.graph.node.append(helper.make_node("Cast", ["y"], ["y4"], to=TensorProto.INT4))
+    assert onnx.load_from_string(ir.session_bytes_or_path(newer, Path("/nonexistent"))) \
+        .ir_version == onnx.IR_VERSION

@@ -87,12 +87,12 @@ def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str]) -> FusionR
         except Exception as exc:
             raise UnsupportedModelError(f"onnxruntime cannot load the model: {exc}") from None
         optimized = onnx.load(str(out))
-    # a candidate is unfused when, after optimization, it still reads a DequantizeLinear output
-    # (ops onnxruntime runs on int8 directly, like MaxPool, keep their name but lose the DQ)
+    # a candidate is unfused when, after optimization, a node of its name still reads a
+    # DequantizeLinear output, whatever its op type became (Conv + Relu -> FusedConv is still
+    # float); ops onnxruntime runs on int8 directly, like MaxPool, keep their name but lose the DQ
     opt_dq = {n.output[0] for n in optimized.graph.node if n.op_type == "DequantizeLinear"}
-    still_float = {(n.name, n.op_type) for n in optimized.graph.node
-                   if any(i in opt_dq for i in n.input)}
-    unfused = tuple((n.name, n.op_type) for n in candidates if (n.name, n.op_type) in still_float)
+    still_float = {n.name for n in optimized.graph.node if any(i in opt_dq for i in n.input)}
+    unfused = tuple((n.name, n.op_type) for n in candidates if n.name in still_float)
     integer: dict[str, int] = {}
     for n in optimized.graph.node:
         if n.op_type.startswith("QLinear") or n.op_type in ("QGemm", "ConvInteger",

@@ -34,6 +34,7 @@ from onnxq.ir.save import (
     atomic_write_bytes,
     inline_nbytes,
     model_nbytes,
+    runtime_ir_version,
     save_model,
     serialize,
     session_bytes_or_path,
@@ -45,6 +46,7 @@ __all__ = [
     "external",
     "has_subgraph", "infer_shapes", "inline_nbytes", "load_model", "lower_ir_version",
     "model_nbytes", "name_nodes", "node_attrs", "opset_version",
-    "save_model", "serialize", "session_bytes_or_path", "set_opset", "shapes_for_inputs",
+    "runtime_ir_version", "save_model", "serialize", "session_bytes_or_path", "set_opset",
+    "shapes_for_inputs",
     "upgrade_opset", "with_channel_peaks", "with_outputs",
 ]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,7 @@ from onnx import TensorProto, numpy_helper
 from onnxq.errors import OutputError
 from onnxq.ir import external
 from onnxq.ir.constants import PROTO_LIMIT
-from onnxq.ir.load import _nbytes, copy_without_initializers
+from onnxq.ir.load import _nbytes, copy_without_initializers, lower_ir_version
 
 
 # ------------------------------------------------------------------------------- saving
@@ -195,6 +197,30 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}") from None
 
 
+@functools.lru_cache(maxsize=1)
+def runtime_ir_version() -> int:
+    """The newest ONNX IR version the installed onnxruntime reads: onnx's own when it reads
+    that, else the one its refusal of a probe model names."""
+    import onnxruntime as ort  # onnxq's only runtime; imported late to keep ir light
+
+    probe = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Identity", ["x"], ["y"])], "probe",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]),
+        opset_imports=[onnx.helper.make_opsetid("", 13)])
+    probe.ir_version = onnx.IR_VERSION
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    try:
+        ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        found = re.search(r"max supported IR version: (\d+)", str(exc))
+        if found:
+            return int(found.group(1))
+    return onnx.IR_VERSION
+
+
 def session_bytes_or_path(model: onnx.ModelProto, workdir: Path) -> bytes | str:
     """What onnxruntime's InferenceSession should load: the serialized model, or a file in
     ``workdir`` for large models.
@@ -202,10 +228,18 @@ def session_bytes_or_path(model: onnx.ModelProto, workdir: Path) -> bytes | str:
     A file (from :data:`external.LAZY_BYTES` of weights, or when weights were left on disk)
     saves the serialized copy: onnxruntime maps the external data itself.  Weights left on
     disk stay in their file, hard-linked into ``workdir`` (onnxruntime reads external data only
-    from the model's own folder), or copied when the filesystem refuses the link.
+    from the model's own folder), or copied when the filesystem refuses the link.  A model
+    stamped with an IR version newer than onnxruntime reads goes with the version it reads
+    when it uses nothing newer (:func:`lower_ir_version`); ``model`` itself keeps its own.
     """
-    if not external.has_lazy(model) and model_nbytes(model) < external.LAZY_BYTES:
-        return serialize(model)
-    path = workdir / "model.onnx"
-    _save_external(model, path, link_lazy=True)
-    return str(path)
+    own = model.ir_version
+    lowered = lower_ir_version(model, runtime_ir_version())
+    try:
+        if not external.has_lazy(model) and model_nbytes(model) < external.LAZY_BYTES:
+            return serialize(model)
+        path = workdir / "model.onnx"
+        _save_external(model, path, link_lazy=True)
+        return str(path)
+    finally:
+        if lowered:
+            model.ir_version = own

@@ -61,3 +61,13 @@ def test_an_onnxq_output_fuses_every_conv_group():
     report = fusion_report(out, KERNELS)
     assert report.candidates == ("conv1", "conv2") and report.ratio == 1.0
     assert report.integer_ops == {"QLinearConv": 2}
+
+
+def test_a_conv_that_became_a_float_fusedconv_counts_as_unfused():
+    # tensorrt's placement (Q/DQ on the conv's input and weight only): onnxruntime fuses Conv +
+    # Relu into a float FusedConv that still reads the DequantizeLinear
+    model = graphs.conv_relu(channels=32, out_channels=32, size=16)
+    out = onnxq.quantize(model, graphs.random_batches(model, 3), backend="tensorrt",
+                         progress=False).model
+    report = fusion_report(out, KERNELS)
+    assert report.candidates == ("conv",) and report.unfused == (("conv", "Conv"),)
