@@ -267,14 +267,14 @@ def _merged(first: CalibrationResult, extra: CalibrationResult) -> CalibrationRe
 def _fit_ir_version(model: onnx.ModelProto) -> str | None:
     """Stamp a model newer than onnxruntime reads with the IR version it reads, when the model
     uses nothing newer (onnx's own ``make_model`` writes its latest IR); returns a note."""
-    import onnxruntime as ort
+    from importlib.metadata import version
 
     newest, old = ir.runtime_ir_version(), model.ir_version
     if old <= newest or not ir.lower_ir_version(model, newest):
         return None  # a model that needs its IR version gets onnxruntime's own refusal
-    return (f"the model's IR version {old} is newer than onnxruntime {ort.__version__} reads "
-            f"({newest}); it uses nothing those versions added, so onnxq calibrated it and "
-            f"wrote the output as IR {newest}")
+    return (f"the model's IR version {old} is newer than onnxruntime {version('onnxruntime')} "
+            f"reads ({newest}); it uses nothing those versions added, so onnxq calibrated it "
+            f"and wrote the output as IR {newest}")
 
 
 def _budget_note(result: CalibrationResult, cfg: QuantConfig) -> list[str]:
