@@ -261,7 +261,7 @@ def _place_and_calibrate(model: onnx.ModelProto, graph: ir.Graph, profile: Backe
 
 def _merged(first: CalibrationResult, extra: CalibrationResult) -> CalibrationResult:
     return CalibrationResult({**first.stats, **extra.stats}, first.batches_seen, first.held,
-                             first.sample_share)
+                             first.sample_share, first.budget_sampled + extra.budget_sampled)
 
 
 def _fit_ir_version(model: onnx.ModelProto) -> str | None:
@@ -278,11 +278,11 @@ def _fit_ir_version(model: onnx.ModelProto) -> str | None:
 
 
 def _budget_note(result: CalibrationResult, cfg: QuantConfig) -> list[str]:
-    """A note when ``histogram_budget`` lowered each sample's share of the histograms."""
-    if not (0 < result.sample_share < cfg.histogram_sample):
+    """A note when ``histogram_budget`` made some histograms sample more sparsely."""
+    if not result.budget_sampled:
         return []
-    return [f"histograms counted at most {result.sample_share} values per sample (of "
-            f"histogram_sample={cfg.histogram_sample}): histogram_budget="
+    return [f"{result.budget_sampled} histogram(s) counted at most {result.sample_share} values "
+            f"per sample (of histogram_sample={cfg.histogram_sample}): histogram_budget="
             f"{cfg.histogram_budget} values per tensor over the whole calibration; min and "
             "max saw every value"]
 

@@ -46,6 +46,7 @@ class CalibrationResult:
     batches_seen: int
     held: list[Batch] = field(default_factory=list)
     sample_share: int = 0  # values per sample the histograms took (0: every value)
+    budget_sampled: int = 0  # histograms that the budget made sample more sparsely
 
 
 def make_session(model: onnx.ModelProto, optimize: bool = True, workdir: Path | None = None,
@@ -143,6 +144,9 @@ def calibrate(
                          _samples_total(first, _total(source, max_batches)))
     strides = {name: _tensor_stride(concrete.get(name) or graph.shape(name), share)
                for name in names if tensors[name]}
+    budget_sampled = sum(
+        strides[name] != _tensor_stride(concrete.get(name) or graph.shape(name), histogram_sample)
+        for name in strides) if share != histogram_sample else 0
     groups = _groups(names, sizes, memory_budget)
     if len(groups) > 1 and iter(source) is source:  # type: ignore[comparison-overlap]
         raise CalibrationDataError(
@@ -186,7 +190,7 @@ def calibrate(
                 raise CalibrationDataError(
                     "the calibration data yielded no batches; give at least one batch"
                 )
-    return CalibrationResult(stats, seen, held, share)
+    return CalibrationResult(stats, seen, held, share, budget_sampled)
 
 
 def sample_share(histogram_sample: int, budget: int, samples: int | None) -> int:

@@ -54,10 +54,14 @@ def test_fidelity_is_measured_on_held_batches():
     assert not any("agrees with the float model" in w for w in result.report.warnings)
 
 
-def test_the_report_notes_when_the_histogram_budget_lowered_each_samples_share():
-    note = "histograms counted at most 1024 values per sample (of histogram_sample=65536)"
-    assert any(note in n for n in quantize(graphs.conv_relu(), histogram_budget=1).report.notes)
-    assert not any("histograms counted" in n for n in quantize(graphs.conv_relu()).report.notes)
+def test_the_report_notes_when_the_histogram_budget_sampled_a_histogram_more_sparsely():
+    # conv_relu's tensors hold 1024 values per sample: a share of 1024 changes nothing
+    assert not any("histogram(s) counted" in n
+                   for n in quantize(graphs.conv_relu(), histogram_budget=1).report.notes)
+    big = graphs.residual_add(channels=32)  # x and skip: 2048 values per sample, every 3rd
+    note = "2 histogram(s) counted at most 1024 values per sample (of histogram_sample=65536)"
+    assert any(note in n for n in quantize(big, histogram_budget=1).report.notes)
+    assert not any("histogram(s) counted" in n for n in quantize(big).report.notes)
 
 
 def test_a_model_newer_than_onnxruntime_reads_is_stamped_with_the_version_it_reads():
