@@ -367,7 +367,9 @@ def test_lower_ir_version_only_when_the_model_uses_nothing_newer():
     assert ir.lower_ir_version(model, 10) and model.ir_version == 10
     # a float8 weight (IR 9) or a cast to int4 (IR 10) keeps the model's own version
     for extra in (numpy_helper.from_array(np.zeros(2, np.float32), "f8"),
-                  helper.make_node("Cast", ["x"], ["x4"], to=TensorProto.INT4, name="c")):
+                  helper.make_node("Cast", ["x"], ["x4"], to=TensorProto.INT4, name="c"),
+                  helper.make_node("RandomNormalLike", ["x"], ["r"], name="r",
+                                   dtype=TensorProto.FLOAT8E5M2)):
         newer = graphs.conv_relu()
         newer.ir_version = 14
         if isinstance(extra, onnx.TensorProto):

@@ -264,6 +264,9 @@ def lower_ir_version(model: onnx.ModelProto, version: int) -> bool:
     return True
 
 
+_TYPE_ATTRS = frozenset({"to", "dtype", "output_dtype"})  # Cast, Random*/EyeLike, Q/DQ-21
+
+
 def _element_types(graph: onnx.GraphProto) -> set[int]:
     """Every tensor element type a graph (and its subgraphs) declares, stores or casts to."""
     found: set[int] = set()
@@ -277,7 +280,7 @@ def _element_types(graph: onnx.GraphProto) -> set[int]:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.TENSOR:
                 found.add(attr.t.data_type)
-            elif attr.name == "to" and attr.type == onnx.AttributeProto.INT:
+            elif attr.name in _TYPE_ATTRS and attr.type == onnx.AttributeProto.INT:
                 found.add(int(attr.i))
             for sub in _attr_graphs(attr):
                 found |= _element_types(sub)
