@@ -224,7 +224,7 @@ def _check(args: argparse.Namespace) -> int:
     if qdq == 0:
         print("note: the model has no Q/DQ nodes, so there was nothing to check; quantize it "
               "first (onnxq quantize)")
-    if profile.fused_validation:  # the backend runs fused integer kernels: say which fused
+    if profile.fused_validation and qdq:  # the backend runs fused integer kernels: which fused
         from onnxq.backends.fusion import fusion_report
 
         fusion = fusion_report(model, profile.integer_kernel_ops)

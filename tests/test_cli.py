@@ -194,12 +194,14 @@ def test_check_clean_model_exits_0(tmp_path, conv_files, capsys):
     assert capsys.readouterr().out.strip() == f"{out}: 0 tensorrt violation(s), 3 Q/DQ nodes"
 
 
-def test_check_of_a_float_model_says_there_was_nothing_to_check(conv_files, capsys):
+@pytest.mark.parametrize("backend", ["tensorrt", "onnxruntime"])
+def test_check_of_a_float_model_says_there_was_nothing_to_check(conv_files, capsys, backend):
     model, _ = conv_files
-    assert main(["check", str(model)]) == 0
+    assert main(["check", str(model), "--backend", backend]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0] == f"{model}: 0 tensorrt violation(s), 0 Q/DQ nodes"
+    assert lines[0] == f"{model}: 0 {backend} violation(s), 0 Q/DQ nodes"
     assert lines[1].startswith("note: the model has no Q/DQ nodes, so there was nothing to check")
+    assert len(lines) == 2  # no "fused 0 of 0 groups" line for onnxruntime
 
 
 def test_check_bad_model_exits_1_and_lists_violations(tmp_path, model_file, calib_dir, capsys):
