@@ -61,8 +61,9 @@ class NpzFolder:
         self.files = npz or npy
         if not self.files:
             raise CalibrationDataError(
-                f"{folder}: no .npz or .npy files; give a folder of batches (NNNN.npz with one "
-                "array per model input) or a single .npz file"
+                f"{folder}: no .npz, .npy or image files; give a folder of batches (NNNN.npz "
+                "with one array per model input), a single .npz file, or a folder of jpg/png "
+                "images with --preprocess"
             )
         if npy and len(inputs) != 1:
             raise CalibrationDataError(

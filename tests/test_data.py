@@ -128,7 +128,8 @@ def test_missing_folder(tmp_path):
 
 
 def test_empty_folder(tmp_path):
-    with pytest.raises(CalibrationDataError, match=r"no \.npz or \.npy files"):
+    with pytest.raises(CalibrationDataError, match=r"no \.npz, \.npy or image files; .* "
+                       r"images with --preprocess"):
         open_source(tmp_path, [X])
 
 
@@ -211,7 +212,7 @@ def test_batch_must_be_a_mapping():
     ("make", "match"),
     [
         (lambda d: d / "missing", "calibration data not found"),
-        (lambda d: d, "no .npz or .npy files"),
+        (lambda d: d, "no .npz, .npy or image files"),
     ],
 )
 def test_quantize_reports_folder_errors(tmp_path, model_file, make, match):
