@@ -414,7 +414,7 @@ CASES = [
     Case("ext-truncated-data-file", _ext_truncated_data, r"past the end"),
     # calibration data
     Case("calib-missing", _calib_missing, r"not found", subprocess=True),
-    Case("calib-empty-folder", _calib_empty, r"no \.npz or \.npy"),
+    Case("calib-empty-folder", _calib_empty, r"no \.npz, \.npy or image files"),
     Case("calib-other-model-keys", _calib_other_model, r"input_ids"),
     Case("calib-shape-mismatch", _calib_shape, r"shape \[1, 3, 8, 8\]"),
     Case("calib-int-for-float", _calib_int_for_float, r"dtype int64", subprocess=True),
