@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 import onnx
 
 from onnxq import ir
-from onnxq.backends.profile import BackendProfile
+from onnxq.backends.profile import WEIGHT_AXES, BackendProfile
 from onnxq.config import QuantConfig, TensorSettings
 from onnxq.errors import ConfigError
 from onnxq.observers import TensorStats
@@ -285,11 +285,10 @@ _HEAD_PATH_OPS = frozenset({
 # head-path ops whose inputs after the first are shapes, indices, sizes or bounds
 _DATA_FIRST_OPS = frozenset({"Reshape", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze",
                              "Clip"})
-_WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 
 def _weighted(node: onnx.NodeProto) -> bool:
-    return node.domain in ir.DEFAULT_DOMAINS and node.op_type in _WEIGHTED_OPS
+    return node.domain in ir.DEFAULT_DOMAINS and node.op_type in WEIGHT_AXES
 
 
 # ops that carry a value's magnitude into a logarithm without squashing it: linear maps,

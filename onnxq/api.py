@@ -382,7 +382,9 @@ def _float_outputs(reference_bytes: bytes | None, result: CalibrationResult,
     return run_outputs(reference, result.held, profile.fused_validation, "float")
 
 
-LOW_FIDELITY = 0.95  # output cosine below which the report warns
+LOW_FIDELITY = 0.95  # output cosine (or top-1 agreement) below which the report warns
+_LOW_FIDELITY_HINT = ("check it on your metric; `onnxq analyze` ranks the tensors that lose "
+                      "most, and --exclude keeps their ops float")
 
 
 def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
@@ -421,14 +423,12 @@ def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
             report.warnings.append(
                 f"output {out.name!r} agrees with the float model at cosine {out.cosine:.3f} "
                 f"only (< {LOW_FIDELITY}; max abs error {out.max_abs_error:.3g}, float range "
-                f"{out.float_max_abs:.3g}): check it on your metric; `onnxq analyze` ranks the "
-                "tensors that lose most, and --exclude keeps their ops float")
+                f"{out.float_max_abs:.3g}): {_LOW_FIDELITY_HINT}")
         elif out.top1_agreement is not None and out.top1_agreement < LOW_FIDELITY:
             report.warnings.append(
                 f"output {out.name!r}: its largest class differs from the float model's in "
                 f"{1 - out.top1_agreement:.1%} of its rows on the held batches (< "
-                f"{LOW_FIDELITY:.0%} agree): check it on your metric; `onnxq analyze` ranks the "
-                "tensors that lose most, and --exclude keeps their ops float")
+                f"{LOW_FIDELITY:.0%} agree): {_LOW_FIDELITY_HINT}")
         elif out.compared == "agreement" and out.cosine < 1.0:
             report.warnings.append(
                 f"output {out.name!r} differs from the float model on "

@@ -136,17 +136,16 @@ def calibrate(
     names = sorted(tensors)
     first = _first_batch(source, inputs)
     concrete = _concrete_shapes(model, graph, names, first)
+    shapes = {name: concrete.get(name) or graph.shape(name) for name in names}
     peaks = {name: plan for name in names
              if not tensors[name] and (plan := _peaks_plan(graph, name, concrete.get(name)))}
-    sizes = {name: 4 * peaks[name].channels if name in peaks
-             else 4 * _numel(concrete.get(name) or graph.shape(name)) for name in names}
+    sizes = {name: 4 * peaks[name].channels if name in peaks else 4 * _numel(shapes[name])
+             for name in names}
     share = sample_share(histogram_sample, histogram_budget,
                          _samples_total(first, _total(source, max_batches)))
-    strides = {name: _tensor_stride(concrete.get(name) or graph.shape(name), share)
-               for name in names if tensors[name]}
-    budget_sampled = sum(
-        strides[name] != _tensor_stride(concrete.get(name) or graph.shape(name), histogram_sample)
-        for name in strides) if share != histogram_sample else 0
+    strides = {name: _tensor_stride(shapes[name], share) for name in names if tensors[name]}
+    budget_sampled = sum(stride != _tensor_stride(shapes[name], histogram_sample)
+                         for name, stride in strides.items()) if share != histogram_sample else 0
     groups = _groups(names, sizes, memory_budget)
     if len(groups) > 1 and iter(source) is source:  # type: ignore[comparison-overlap]
         raise CalibrationDataError(

@@ -16,10 +16,10 @@ from pathlib import Path
 import onnx
 
 from onnxq import ir
+from onnxq.backends.profile import WEIGHT_AXES
 from onnxq.errors import UnsupportedModelError
 
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
-WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str]) -> FusionR
         # a DQ -> op -> Q group, or a weighted op whose data and weight come out of DQs
         # (onnxruntime has float-output integer kernels for those: QGemm, MatMulIntegerToFloat)
         fed = any(i in dq_outputs for i in n.input)
-        weighted = (n.op_type in WEIGHTED_OPS and len(n.input) > 1
+        weighted = (n.op_type in WEIGHT_AXES and len(n.input) > 1
                     and n.input[1] in dq_outputs and n.input[0] in dq_outputs)
         return fed and (weighted or any(o in q_inputs for o in n.output))
 
