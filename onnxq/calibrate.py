@@ -18,7 +18,8 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,8 +157,10 @@ def calibrate(
     held: list[Batch] = []
     seen = 0
     # statistics of batch i are taken on a worker thread while onnxruntime runs batch i+1
-    # (both release the GIL); at most two batches of activations are alive at once.
-    # min/max alone is cheaper than a thread hand-off: only histograms go to the worker
+    # (both release the GIL); once that run is done the main thread takes the tensors of batch
+    # i that the worker has not started (:class:`_BatchWork`), so no core waits idle.  At most
+    # two batches of activations are alive at once.  min/max alone is cheaper than a thread
+    # hand-off: only histograms go to the worker
     workers = 1 if any(s.histogram for s in stats.values()) else 0
     with _executor(workers) as pool:
         for gi, group in enumerate(groups):
@@ -167,9 +170,10 @@ def calibrate(
                 if group else None
             outputs = exposed + ([ir.PEAKS_OUTPUT] if plans else [])
             starts = np.cumsum([0] + [plan.channels for plan in plans])  # in the joined output
+            order = sorted(range(len(exposed)), key=lambda k: -sizes[exposed[k]])  # big first
             label = "calibrating" if len(groups) == 1 else f"calibrating {gi + 1}/{len(groups)}"
             seen = 0
-            pending: Future[None] | None = None
+            pending: _BatchWork | None = None
             for index, raw in enumerate(_progress(_limit(source, max_batches), label, progress,
                                                   _total(source, max_batches))):
                 batch = check_batch(raw, inputs, index)
@@ -178,12 +182,13 @@ def calibrate(
                 if session is not None:
                     outs = dict(zip(outputs, _run(session, outputs, batch, index), strict=True))
                     if pending is not None:
-                        pending.result()  # re-raises a NaN/Inf error of the previous batch
-                    pending = pool.submit(_observe, stats, exposed, plans, starts, outs, strides,
-                                          index)
+                        pending.finish()  # re-raises a NaN/Inf error of the previous batch
+                    pending = _BatchWork(_observe_tasks(stats, exposed, plans, starts, outs,
+                                                        strides, index), order)
+                    pending.start(pool)
                 seen += 1
             if pending is not None:
-                pending.result()
+                pending.finish()
             session = None  # free this group's weights before the next session loads its own
             if seen == 0:
                 raise CalibrationDataError(
@@ -287,20 +292,31 @@ def _run(session: Any, names: list[str], batch: Batch, index: int) -> list[np.nd
         ) from None
 
 
-def _observe(stats: dict[str, TensorStats], exposed: list[str], plans: list[_PeaksPlan],
-             starts: np.ndarray, outs: dict[str, np.ndarray], strides: dict[str, int],
-             index: int) -> None:
-    """Fold one batch in: ``exposed`` tensors whole, ``plans`` from the joined per-channel
-    maxima, where plan k holds channels ``starts[k]:starts[k + 1]``."""
+def _observe_tasks(stats: dict[str, TensorStats], exposed: list[str], plans: list[_PeaksPlan],
+                   starts: np.ndarray, outs: dict[str, np.ndarray], strides: dict[str, int],
+                   index: int) -> list[Callable[[], None]]:
+    """One batch's observation as independent jobs: one per ``exposed`` tensor (whole), in
+    ``exposed`` order, then one for every ``plans`` tensor at once (from the joined per-channel
+    maxima, where plan k holds channels ``starts[k]:starts[k + 1]``).  Each job touches only
+    its own tensors' statistics."""
     where = f" in calibration batch {index}"
-    for name in exposed:
-        value = outs[name]
-        if np.issubdtype(value.dtype, np.floating):
-            stats[name].update(value, where=where, stride=strides.get(name, 1))
-    if not plans:
-        return
-    joined = outs[ir.PEAKS_OUTPUT]  # per-channel maxima of every plan, joined along axis 1
-    joined = joined.reshape(joined.shape[0], -1)
+
+    def whole(name: str) -> Callable[[], None]:
+        def job() -> None:
+            value = outs[name]
+            if np.issubdtype(value.dtype, np.floating):
+                stats[name].update(value, where=where, stride=strides.get(name, 1))
+        return job
+
+    tasks = [whole(name) for name in exposed]
+    if plans:
+        tasks.append(lambda: _observe_peaks(stats, plans, starts, outs[ir.PEAKS_OUTPUT], index))
+    return tasks
+
+
+def _observe_peaks(stats: dict[str, TensorStats], plans: list[_PeaksPlan], starts: np.ndarray,
+                   joined: np.ndarray, index: int) -> None:
+    joined = joined.reshape(joined.shape[0], -1)  # per-channel maxima of every plan, joined
     if joined.shape[1] != starts[-1]:
         raise UnsupportedModelError(
             f"calibration batch {index}: onnxruntime gives {joined.shape[1]} channels in all "
@@ -312,7 +328,47 @@ def _observe(stats: dict[str, TensorStats], exposed: list[str], plans: list[_Pea
     for k, plan in enumerate(plans):
         channel_max = joined[:, starts[k] : starts[k + 1]]
         stats[plan.tensor].update_peaks(row_max[:, k], joined.shape[0] * plan.per_sample,
-                                        where, channel_max)
+                                        f" in calibration batch {index}", channel_max)
+
+
+class _BatchWork:
+    """One batch's observation jobs, taken one at a time by whichever thread is free: the
+    statistics worker (:meth:`start`) and, in :meth:`finish`, the caller's thread.  Each job
+    runs exactly once, so a tensor's statistics see the batches in order.  Errors are kept by
+    job position and the first one re-raised, so the message does not depend on which thread
+    met it."""
+
+    def __init__(self, tasks: list[Callable[[], None]], order: list[int]) -> None:
+        self._tasks = tasks
+        # the larger jobs first (``order``, over the leading jobs), the rest after, in turn
+        self._order = list(order) + [k for k in range(len(tasks)) if k >= len(order)]
+        self._next = 0
+        self._lock = threading.Lock()
+        self._errors: dict[int, BaseException] = {}
+        self._future: Future[None] | None = None
+
+    def start(self, pool: Any) -> None:
+        self._future = pool.submit(self._drain)
+
+    def finish(self) -> None:
+        self._drain()
+        if self._future is not None:
+            self._future.result()
+        if self._errors:
+            raise self._errors[min(self._errors)]
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                at = self._next
+                self._next += 1
+            if at >= len(self._order):
+                return
+            k = self._order[at]
+            try:
+                self._tasks[k]()
+            except BaseException as exc:  # re-raised by finish()
+                self._errors[k] = exc
 
 
 @dataclass(frozen=True)

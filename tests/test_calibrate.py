@@ -341,3 +341,31 @@ def test_stale_declared_shapes_do_not_mix_up_channels():
     with pytest.raises(UnsupportedModelError, match="onnxruntime gives 16 channels in all"):
         calibrate(model, {"y": False}, iter(batches), inputs, progress=False)
 
+
+
+def test_batch_work_runs_every_job_once_and_raises_the_first_failure_by_position():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from onnxq.calibrate import _BatchWork
+
+    ran: list[int] = []
+
+    def job(k: int):
+        def run() -> None:
+            ran.append(k)
+            if k in (1, 3):
+                raise CalibrationDataError(f"job {k} failed")
+        return run
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for _ in range(20):  # whichever thread meets a failure first, job 1's is raised
+            ran.clear()
+            work = _BatchWork([job(k) for k in range(6)], order=[3, 5, 1, 0, 2, 4])
+            work.start(pool)
+            with pytest.raises(CalibrationDataError, match="job 1 failed"):
+                work.finish()
+            assert sorted(ran) == list(range(6))
+        work = _BatchWork([job(k) for k in (0, 2, 4)], order=[])
+        work.start(pool)
+        work.finish()
+        assert sorted(ran[-3:]) == [0, 2, 4]

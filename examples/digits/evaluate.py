@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         float_logits = run_logits(make_session(args.float_model, optimize=True), x)
         fused_logits = run_logits(make_session(args.quant, optimize=True), x)
         unfused_logits = run_logits(make_session(args.quant, optimize=False), x)
-    except Exception as exc:  # noqa: BLE001 - report any load/run failure on one line
+    except Exception as exc:  # report any load/run failure on one line
         msg = " ".join(str(exc).split())
         print(f"error: {type(exc).__name__}: {msg}", file=sys.stderr)
         return 2
