@@ -164,6 +164,7 @@ def quantize(model: ModelLike, calibration: Any = None, *,
     qparams, warnings = _qparams(annotations, result, profile, cfg)
     if profile_note:
         warnings.insert(0, profile_note)
+    warnings.extend(_few_samples_warning(result))
     half = _half_precision_note(graph, profile)
     if half:
         warnings.append(half)
@@ -277,6 +278,16 @@ def _fit_ir_version(model: onnx.ModelProto) -> str | None:
             f"and wrote the output as IR {newest}")
 
 
+def _few_samples_warning(result: CalibrationResult) -> list[str]:
+    """A warning when the ranges come from fewer than :data:`MIN_SAMPLES` samples."""
+    samples = max((s.samples for s in result.stats.values() if s.count), default=0)
+    if not samples or samples >= MIN_SAMPLES:
+        return []
+    return [f"the ranges come from {samples} calibration sample(s): so few rarely cover the "
+            f"inputs the model will meet; give at least {MIN_SAMPLES}, better 64-512, "
+            "representative samples (several crops or scales of each image help)"]
+
+
 def _budget_note(result: CalibrationResult, cfg: QuantConfig) -> list[str]:
     """A note when ``histogram_budget`` made some histograms sample more sparsely."""
     if not result.budget_sampled:
@@ -382,6 +393,7 @@ def _float_outputs(reference_bytes: bytes | None, result: CalibrationResult,
     return run_outputs(reference, result.held, profile.fused_validation, "float")
 
 
+MIN_SAMPLES = 32  # calibration samples below which the report warns that ranges may not cover
 LOW_FIDELITY = 0.95  # output cosine (or top-1 agreement) below which the report warns
 _LOW_FIDELITY_HINT = ("check it on your metric; `onnxq analyze` ranks the tensors that lose "
                       "most, and --exclude keeps their ops float")

@@ -350,3 +350,12 @@ def test_a_model_with_per_element_sigmoid_scores_is_calibrated_with_minmax_and_n
     (note,) = result.report.notes
     assert "per-element sigmoid scores" in note and f"note: {note}" in result.report.summary()
     assert json.loads(result.report.to_json())["notes"] == [note]
+
+
+def test_a_calibration_of_few_samples_gets_a_warning():
+    model = graphs.conv_relu()
+    few = quantize(model).report.warnings  # 4 batches
+    samples = 4 * graphs.random_batches(model, 1)[0]["x"].shape[0]
+    assert any(f"the ranges come from {samples} calibration sample(s)" in w for w in few)
+    enough = onnxq.quantize(model, graphs.random_batches(model, 32), progress=False)
+    assert not any("calibration sample(s)" in w for w in enough.report.warnings)
