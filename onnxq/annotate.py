@@ -142,6 +142,9 @@ def _precheck(node, ctx: Context) -> str | None:
     excluded = ctx.config.node_excluded(node.name, node.op_type)
     if excluded:
         return f"excluded by {excluded}"
+    if ir.is_integer_op(node.op_type) or node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+        return (f"{node.op_type} is already a quantized op (the model was quantized before): "
+                "onnxq leaves it as it is")
     if ir.has_subgraph(node):
         return (f"{node.op_type} holds subgraphs; onnxq quantizes the top-level graph and "
                 "leaves control-flow bodies float")

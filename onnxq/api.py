@@ -355,21 +355,24 @@ def _half_precision_note(graph: ir.Graph, profile: BackendProfile) -> str | None
             "and INT8 enabled)")
 
 
-QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
-                           "ConvInteger", "MatMulInteger", "MatMulIntegerToFloat"})
-
-
 def _refuse_quantized(model: onnx.ModelProto, source: Path | None) -> None:
     """A model that already holds Q/DQ or integer ops is not onnxq's input: its quantization
     would clash with the backend's (uint8 zero points under TensorRT, double rounding)."""
-    found = sorted({n.op_type for n in model.graph.node
-                    if n.op_type in QUANTIZED_OPS or n.op_type.startswith("QLinear")})
-    if found:
-        where = source.name if source else "the model"
+    qdq = sorted({n.op_type for n in model.graph.node
+                  if n.op_type in ("QuantizeLinear", "DequantizeLinear")})
+    integer = sorted({n.op_type for n in model.graph.node if ir.is_integer_op(n.op_type)})
+    if not (qdq or integer):
+        return
+    where = source.name if source else "the model"
+    if integer:
         raise UnsupportedModelError(
-            f"{where} is already quantized (it holds {', '.join(found)}); onnxq quantizes float "
-            "models: give it the float original, or run `onnxq check MODEL --backend B` to "
-            "check this one")
+            f"{where} is already quantized in onnxruntime's operator format (it holds "
+            f"{', '.join(integer + qdq)}); TensorRT reads only Q/DQ models and onnxq quantizes "
+            "float models: give it the float original")
+    raise UnsupportedModelError(
+        f"{where} is already quantized (it holds {', '.join(qdq)}); onnxq quantizes float "
+        "models: give it the float original, or run `onnxq check MODEL --backend B` to "
+        "check this one")
 
 
 def _float_reference(model: onnx.ModelProto) -> bytes | None:

@@ -210,6 +210,8 @@ def _with_method_overrides(config: str | None, items: list[str]) -> Any:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from collections import Counter
+
     from onnxq import ir
     from onnxq.backends.check import check
     from onnxq.backends.profile import PROFILES
@@ -221,7 +223,13 @@ def _check(args: argparse.Namespace) -> int:
         print(v)
     qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
     print(f"{args.model}: {len(violations)} {profile.name} violation(s), {qdq} Q/DQ nodes")
-    if qdq == 0:
+    integer = Counter(n.op_type for n in model.graph.node if ir.is_integer_op(n.op_type))
+    if qdq == 0 and integer:
+        ops = ", ".join(f"{op} x{k}" for op, k in sorted(integer.items()))
+        print(f"note: the model is quantized in onnxruntime's operator format ({ops}), not with "
+              "Q/DQ nodes: onnxq checks Q/DQ models, and TensorRT reads only those; quantize the "
+              "float original with onnxq quantize")
+    elif qdq == 0:
         print("note: the model has no Q/DQ nodes, so there was nothing to check; quantize it "
               "first (onnxq quantize)")
     if profile.fused_validation and qdq:  # the backend runs fused integer kernels: which fused

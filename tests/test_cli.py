@@ -204,6 +204,41 @@ def test_check_of_a_float_model_says_there_was_nothing_to_check(conv_files, caps
     assert len(lines) == 2  # no "fused 0 of 0 groups" line for onnxruntime
 
 
+@pytest.fixture
+def dynamic_quantized(model_file, tmp_path) -> Path:
+    """A model quantized by onnxruntime's quantize_dynamic: operator format, no Q/DQ."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    src = model_file(graphs.matmul_const(k=64, n=64))
+    out = tmp_path / "dynamic.onnx"
+    quantize_dynamic(str(src), str(out))
+    return out
+
+
+@pytest.mark.parametrize("backend, rc", [("tensorrt", 1), ("onnxruntime", 0)])
+def test_check_of_an_operator_format_model_says_what_it_is(dynamic_quantized, capsys, backend,
+                                                           rc):
+    assert main(["check", str(dynamic_quantized), "--backend", backend]) == rc
+    out = capsys.readouterr().out
+    assert "note: the model is quantized in onnxruntime's operator format (" in out
+    assert "MatMulInteger x1" in out and "nothing to check" not in out
+    if backend == "tensorrt":  # TensorRT's parser reads none of those ops
+        assert "expected Q/DQ format (no MatMulInteger)" in out
+        assert "expected Q/DQ format (no DynamicQuantizeLinear)" in out
+
+
+def test_quantize_and_explain_of_an_operator_format_model(dynamic_quantized, calib_dir, capsys):
+    calib = calib_dir(graphs.matmul_const(k=64, n=64), n=2)
+    out = dynamic_quantized.parent / "again.onnx"
+    assert main(["quantize", str(dynamic_quantized), "-o", str(out), "--calib", str(calib)]) == 2
+    err = capsys.readouterr().err
+    assert "already quantized in onnxruntime's operator format" in err and "Traceback" not in err
+    assert "onnxq check" not in err  # check has nothing to say about such a model
+    assert not out.exists()
+    assert main(["explain", str(dynamic_quantized)]) == 0
+    assert "MatMulInteger is already a quantized op" in capsys.readouterr().out
+
+
 def test_check_bad_model_exits_1_and_lists_violations(tmp_path, model_file, calib_dir, capsys):
     tailed = graphs.with_tail(graphs.conv_relu())  # so onnxruntime quantizes the conv
     model, calib = model_file(tailed), calib_dir(tailed, n=3)

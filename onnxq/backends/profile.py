@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from onnxq.ir.constants import INTEGER_OPS
+
 
 @dataclass(frozen=True)
 class WeightAxis:
@@ -157,10 +159,10 @@ TENSORRT = BackendProfile(
     rule_set="tensorrt",
     quantize_outputs=False,
     bias="float",
-    forbidden_ops=frozenset(
-        {"QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QLinearAdd",
-         "QLinearMul", "QLinearConcat", "QLinearGlobalAveragePool", "QLinearSigmoid",
-         "QLinearLeakyRelu", "DynamicQuantizeLinear"}
+    forbidden_ops=INTEGER_OPS | frozenset(
+        {"QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearConcat",
+         "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearSigmoid", "QLinearLeakyRelu",
+         "QLinearSoftmax", "QLinearReduceMean", "QLinearWhere", "QLinearConvTranspose"}
     ),
     allowed_qdq_dtypes=frozenset({"int8"}),
     fused_validation=False,

@@ -10,7 +10,7 @@ external data, weights stay on disk until read (``onnxq.ir.external``).
 
 from onnxq.ir import external
 from onnxq.ir.augment import PEAKS_OUTPUT, with_channel_peaks, with_outputs
-from onnxq.ir.constants import DEFAULT_DOMAINS, PROTO_LIMIT
+from onnxq.ir.constants import DEFAULT_DOMAINS, INTEGER_OPS, PROTO_LIMIT, is_integer_op
 from onnxq.ir.graph import (
     Graph,
     constant_node_value,
@@ -41,10 +41,11 @@ from onnxq.ir.save import (
 )
 
 __all__ = [
-    "DEFAULT_DOMAINS", "PEAKS_OUTPUT", "PROTO_LIMIT", "Graph", "atomic_write_bytes",
+    "DEFAULT_DOMAINS", "INTEGER_OPS", "PEAKS_OUTPUT", "PROTO_LIMIT", "Graph", "atomic_write_bytes",
     "check_model", "constant_node_value", "copy_without_initializers", "drop_initializer_inputs",
     "external",
-    "has_subgraph", "infer_shapes", "inline_nbytes", "load_model", "lower_ir_version",
+    "has_subgraph", "infer_shapes", "inline_nbytes", "is_integer_op", "load_model",
+    "lower_ir_version",
     "model_nbytes", "name_nodes", "node_attrs", "opset_version",
     "runtime_ir_version", "save_model", "serialize", "session_bytes_or_path", "set_opset",
     "shapes_for_inputs",

@@ -7,3 +7,18 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 
+
+# onnxruntime's operator-format (and dynamic) quantization: integer ops instead of Q/DQ pairs.
+# TensorRT reads only Q/DQ; onnxq neither re-quantizes these nor checks them as Q/DQ groups.
+INTEGER_OPS = frozenset({
+    "ConvInteger", "MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeLinear",
+    "DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "QGemm", "QAttention",
+    "QEmbedLayerNormalization", "QOrderedMatMul", "QOrderedAttention", "QOrderedLayerNormalization",
+    "QOrderedGelu", "QOrderedLongformerAttention",
+})
+
+
+def is_integer_op(op_type: str) -> bool:
+    """Whether ``op_type`` is an integer op of operator-format quantization (QLinearConv,
+    ConvInteger, DynamicQuantizeLSTM, ...), not a Q/DQ node."""
+    return op_type in INTEGER_OPS or op_type.startswith("QLinear")
