@@ -209,3 +209,11 @@ def test_the_walk_up_from_a_logarithm_stops_at_an_activation():
     r = reasons(annotated(model))
     assert "logarithm" in r["conv2"] and "logarithm" in r["abs"]
     assert r["conv"] == "" and "logarithm" not in r["relu"]
+
+
+def test_a_residual_add_of_a_dynamic_width_model_is_quantized():
+    model = graphs.residual_add()
+    for vi in (model.graph.input[0], model.graph.output[0]):
+        vi.type.tensor_type.shape.dim[3].dim_param = "W"  # the inferred widths get fresh names
+    add = next(d for d in annotated(model).decisions if d.node == "add")
+    assert add.quantized and add.rule == "residual_add", add.reason

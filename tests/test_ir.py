@@ -405,3 +405,33 @@ def test_sessions_load_a_model_newer_than_onnxruntime_reads_without_changing_it(
     newer.graph.node.append(helper.make_node("Cast", ["y"], ["y4"], to=TensorProto.INT4))
     assert onnx.load_from_string(ir.session_bytes_or_path(newer, Path("/nonexistent"))) \
         .ir_version == onnx.IR_VERSION
+
+
+def _dynamic_width(model: onnx.ModelProto) -> onnx.ModelProto:
+    for vi in (model.graph.input[0], model.graph.output[0]):
+        vi.type.tensor_type.shape.dim[3].dim_param = "W"
+    return ir.infer_shapes(model)
+
+
+def test_same_shape_sees_through_fresh_symbols_of_a_dynamic_width():
+    from tests import graphs
+
+    g = ir.Graph(_dynamic_width(graphs.residual_add()))
+    a, b = g.shape("conv2_out"), g.shape("skip")
+    assert a != b and a[:3] == b[:3] == (1, 16, 8)  # shape inference names each width afresh
+    assert g.same_shape("conv2_out", "skip") is True
+    assert g.same_shape("x", "x") is True
+
+
+def test_same_shape_is_false_for_a_broadcast_and_none_when_unknown():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "H", "W"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[3], keepdims=1),
+             helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Add", ["r", "m"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    g = ir.Graph(ir.infer_shapes(model))
+    assert g.same_shape("r", "m") is False  # [1, 4, H, W] against [1, 4, H, 1]
+    assert g.same_shape("r", "nowhere") is None

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxq.errors import UnsupportedModelError
 from onnxq.ir import external
 from onnxq.ir.constants import DEFAULT_DOMAINS
-from onnxq.ir.load import _attr_graphs
+from onnxq.ir.load import _attr_graphs, shapes_for_inputs
 
 # ------------------------------------------------------------------------------- the index
 _CACHE_LIMIT = 16 * 2**20
@@ -35,6 +35,7 @@ class Graph:
         self.model = model
         self.proto = model.graph
         self._const_cache: dict[str, np.ndarray] = {}
+        self._probes: list[dict[str, tuple[int | str, ...]]] | None = None
         self.reindex()
 
     # -- index ---------------------------------------------------------------------------
@@ -135,6 +136,62 @@ class Graph:
             else:
                 dims.append(None)
         return tuple(dims)
+
+    def same_shape(self, a: str, b: str) -> bool | None:
+        """Whether tensors ``a`` and ``b`` always have the same shape: True when their inferred
+        shapes are identical, or equal and concrete under two probe sizes of every dynamic
+        input dimension (shape inference names each symbolic Conv output afresh, so equal
+        shapes of a dynamic-width model often read ``[1, 24, 32, unk__0]`` and ``[..., unk__2]``);
+        False when they certainly differ; None when nothing shows either."""
+        sa, sb = self.shape(a), self.shape(b)
+        if sa is None or sb is None:
+            return None
+        if sa == sb:  # identical, symbols and unknown dimensions included
+            return True
+        if len(sa) != len(sb) or any(isinstance(x, int) and isinstance(y, int) and x != y
+                                     for x, y in zip(sa, sb, strict=True)):
+            return False
+        probes = self._shape_probes()
+        if not probes:
+            return None
+        seen = [(p.get(a), p.get(b)) for p in probes]
+        if all(x is not None and x == y and all(isinstance(d, int) and d > 0 for d in x)
+               for x, y in seen):
+            return True
+        if any(x is not None and y is not None and len(x) == len(y)
+               and all(isinstance(d, int) for d in (*x, *y)) and x != y for x, y in seen):
+            return False
+        return None
+
+    def _shape_probes(self) -> list[dict[str, tuple[int | str, ...]]]:
+        """Every tensor's inferred shape with the dynamic input dimensions set to two different
+        sizes (multiples of 32; one size per symbol, so dimensions that share a name stay
+        equal); [] when the inputs' ranks are unknown or no dimension is dynamic."""
+        if self._probes is not None:
+            return self._probes
+        symbols: dict[str, int] = {}
+        shapes: dict[str, list[int | str | None]] = {}
+        for name in self.graph_inputs:
+            shape = self.shape(name)
+            if shape is None:
+                self._probes = []
+                return self._probes
+            dims: list[int | str | None] = []
+            for k, d in enumerate(shape):
+                key = d if isinstance(d, str) else f"{name}:{k}"
+                if not isinstance(d, int):
+                    symbols.setdefault(key, len(symbols))
+                dims.append(d if isinstance(d, int) else key)
+            shapes[name] = dims
+        if not symbols:
+            self._probes = []
+            return self._probes
+        self._probes = []
+        for base, spread in ((256, 32), (384, 64)):
+            concrete = {name: tuple(d if isinstance(d, int) else base + spread * symbols[str(d)]
+                                    for d in dims) for name, dims in shapes.items()}
+            self._probes.append(shapes_for_inputs(self.model, concrete))
+        return self._probes
 
     def walk_up(self, start: Iterable[str],
                 step: Callable[[str, onnx.NodeProto | None], Iterable[str]]) -> None:

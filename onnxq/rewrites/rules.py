@@ -230,18 +230,6 @@ def matmul(m: Match, ctx: Context) -> list[Spec] | Decline:
     return weighted_op(m, ctx, b.shape[-2], b.shape[-1], b.shape[-2])
 
 
-def _shapes_differ(a: tuple[int | str | None, ...] | None,
-                   b: tuple[int | str | None, ...] | None) -> bool:
-    """True when two shapes certainly differ: another rank or two different sizes in one place
-    (differently named symbolic dimensions may be equal at run time, or not)."""
-    if a is None or b is None:
-        return False
-    if len(a) != len(b):
-        return True
-    return any(isinstance(x, int) and isinstance(y, int) and x != y
-               for x, y in zip(a, b, strict=True))
-
-
 def _shape_text(shape: tuple[int | str | None, ...] | None) -> str:
     if shape is None:
         return "(unknown)"
@@ -257,8 +245,9 @@ def residual_add(m: Match, ctx: Context) -> list[Spec] | Decline:
         problem = activation_problem(m, ctx, t)
         if problem:
             return Decline(problem)
-    if g.shape(a) is not None and g.shape(a) != g.shape(b):
-        differ = "have different shapes" if _shapes_differ(g.shape(a), g.shape(b)) else \
+    same = g.same_shape(a, b)
+    if g.shape(a) is not None and not same:
+        differ = "have different shapes" if same is False else \
             "have shapes that cannot be shown equal"
         return Decline(f"inputs {differ}, {_shape_text(g.shape(a))} and "
                        f"{_shape_text(g.shape(b))} (a broadcast Add is not a residual)")
