@@ -35,13 +35,13 @@ class Graph:
         self.model = model
         self.proto = model.graph
         self._const_cache: dict[str, np.ndarray] = {}
-        self._probes: list[dict[str, tuple[int | str, ...]]] | None = None
         self.reindex()
 
     # -- index ---------------------------------------------------------------------------
     def reindex(self) -> None:
         """Rebuild the maps after edits."""
         g = self.proto
+        self._probes: list[dict[str, tuple[int | str, ...]]] | None = None  # see same_shape
         self.initializers: dict[str, TensorProto] = {t.name: t for t in g.initializer}
         self.producer: dict[str, onnx.NodeProto] = {}
         self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
