@@ -142,7 +142,7 @@ def _precheck(node, ctx: Context) -> str | None:
     excluded = ctx.config.node_excluded(node.name, node.op_type)
     if excluded:
         return f"excluded by {excluded}"
-    if ir.is_integer_op(node.op_type) or node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+    if ir.is_integer_op(node.op_type) or node.op_type in ir.QDQ_OPS:
         return (f"{node.op_type} is already a quantized op (the model was quantized before): "
                 "onnxq leaves it as it is")
     if ir.has_subgraph(node):

@@ -358,8 +358,7 @@ def _half_precision_note(graph: ir.Graph, profile: BackendProfile) -> str | None
 def _refuse_quantized(model: onnx.ModelProto, source: Path | None) -> None:
     """A model that already holds Q/DQ or integer ops is not onnxq's input: its quantization
     would clash with the backend's (uint8 zero points under TensorRT, double rounding)."""
-    qdq = sorted({n.op_type for n in model.graph.node
-                  if n.op_type in ("QuantizeLinear", "DequantizeLinear")})
+    qdq = sorted({n.op_type for n in model.graph.node if n.op_type in ir.QDQ_OPS})
     integer = sorted({n.op_type for n in model.graph.node if ir.is_integer_op(n.op_type)})
     if not (qdq or integer):
         return

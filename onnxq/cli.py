@@ -221,7 +221,7 @@ def _check(args: argparse.Namespace) -> int:
     violations = check(model, profile)
     for v in violations:
         print(v)
-    qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+    qdq = sum(n.op_type in ir.QDQ_OPS for n in model.graph.node)
     print(f"{args.model}: {len(violations)} {profile.name} violation(s), {qdq} Q/DQ nodes")
     integer = Counter(n.op_type for n in model.graph.node if ir.is_integer_op(n.op_type))
     if qdq == 0 and integer:

@@ -18,8 +18,6 @@ from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.errors import Violation
 
-QDQ = ("QuantizeLinear", "DequantizeLinear")
-
 
 def check(model: onnx.ModelProto, profile: BackendProfile) -> list[Violation]:
     """Every way ``model`` breaks ``profile``'s constraints (empty list: it conforms)."""
@@ -35,7 +33,7 @@ def check(model: onnx.ModelProto, profile: BackendProfile) -> list[Violation]:
             if node.op_type in profile.forbidden_ops:
                 out.append(Violation(name, "op_type", f"Q/DQ format (no {node.op_type})",
                                      node.op_type))
-            if node.op_type in QDQ and node.domain in ir.DEFAULT_DOMAINS:
+            if node.op_type in ir.QDQ_OPS and node.domain in ir.DEFAULT_DOMAINS:
                 out.extend(_check_qdq(node, name, index, profile, opset))
     return out
 

@@ -19,8 +19,6 @@ from onnxq import ir
 from onnxq.backends.profile import WEIGHT_AXES
 from onnxq.errors import UnsupportedModelError
 
-QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
-
 
 @dataclass(frozen=True)
 class FusionReport:
@@ -69,7 +67,7 @@ def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str]) -> FusionR
         # onnxruntime fuses a group only when every activation input comes out of a DQ
         return any(i and i not in dq_outputs and not graph.is_const(i) for i in n.input)
 
-    grouped = [n for n in graph.nodes if n.op_type not in QDQ_OPS and is_group(n)]
+    grouped = [n for n in graph.nodes if n.op_type not in ir.QDQ_OPS and is_group(n)]
     mixed = tuple((n.name, n.op_type) for n in grouped
                   if n.op_type in kernel_ops and float_input(n))
     candidates = [n for n in grouped

@@ -10,7 +10,7 @@ external data, weights stay on disk until read (``onnxq.ir.external``).
 
 from onnxq.ir import external
 from onnxq.ir.augment import PEAKS_OUTPUT, with_channel_peaks, with_outputs
-from onnxq.ir.constants import DEFAULT_DOMAINS, INTEGER_OPS, PROTO_LIMIT, is_integer_op
+from onnxq.ir.constants import DEFAULT_DOMAINS, INTEGER_OPS, PROTO_LIMIT, QDQ_OPS, is_integer_op
 from onnxq.ir.graph import (
     Graph,
     constant_node_value,
@@ -41,7 +41,8 @@ from onnxq.ir.save import (
 )
 
 __all__ = [
-    "DEFAULT_DOMAINS", "INTEGER_OPS", "PEAKS_OUTPUT", "PROTO_LIMIT", "Graph", "atomic_write_bytes",
+    "DEFAULT_DOMAINS", "INTEGER_OPS", "PEAKS_OUTPUT", "PROTO_LIMIT", "QDQ_OPS", "Graph",
+    "atomic_write_bytes",
     "check_model", "constant_node_value", "copy_without_initializers", "drop_initializer_inputs",
     "external",
     "has_subgraph", "infer_shapes", "inline_nbytes", "is_integer_op", "load_model",

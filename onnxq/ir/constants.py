@@ -8,6 +8,8 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
 # onnxruntime's operator-format (and dynamic) quantization: integer ops instead of Q/DQ pairs.
 # TensorRT reads only Q/DQ; onnxq neither re-quantizes these nor checks them as Q/DQ groups.
 INTEGER_OPS = frozenset({
