@@ -15,7 +15,7 @@ from onnxq import ir
 from onnxq.annotate import Annotations, annotate, grouped_conv_inputs, range_exclusions
 from onnxq.backends.check import check
 from onnxq.backends.profile import BackendProfile, profile_for
-from onnxq.backends.validate import class_axes, fidelity, run_outputs
+from onnxq.backends.validate import DOMINATED, class_axes, fidelity, run_outputs
 from onnxq.bias_correction import BiasCorrection, correct_biases
 from onnxq.calibrate import CalibrationResult, calibrate
 from onnxq.calibrate import load_calibration as load_calibration_file
@@ -438,6 +438,15 @@ def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
                 f"output {out.name!r} agrees with the float model at cosine {out.cosine:.3f} "
                 f"only (< {LOW_FIDELITY}; max abs error {out.max_abs_error:.3g}, float range "
                 f"{out.float_max_abs:.3g}): {_LOW_FIDELITY_HINT}")
+        elif (out.worst_slice_cosine is not None and out.worst_slice_cosine < LOW_FIDELITY
+              and (out.slice_peak_ratio or 1.0) >= DOMINATED):
+            report.warnings.append(
+                f"output {out.name!r} agrees with the float model at cosine {out.cosine:.3f} "
+                f"as a whole, but its slice {out.worst_slice} along axis {out.slice_axis} only "
+                f"at {out.worst_slice_cosine:.3f} (< {LOW_FIDELITY}), and its slices' float "
+                f"peaks differ by {out.slice_peak_ratio:.3g}x: one cosine over an output is "
+                "dominated by its largest values, and a part of it (a detector's scores "
+                f"beside its boxes) can be lost unseen; {_LOW_FIDELITY_HINT}")
         elif out.top1_agreement is not None and out.top1_agreement < LOW_FIDELITY:
             report.warnings.append(
                 f"output {out.name!r}: its largest class differs from the float model's in "

@@ -116,9 +116,12 @@ class Report:
             if f.compared == "cosine":
                 top1 = ("" if f.top1_agreement is None
                         else f", top-1 agreement {f.top1_agreement:.2%}")
+                worst = ("" if f.worst_slice_cosine is None
+                         else f", worst of {f.slices} slices along axis {f.slice_axis}: cosine "
+                              f"{f.worst_slice_cosine:.6f} (index {f.worst_slice})")
                 lines.append(f"fidelity {f.name} ({self.fidelity_mode}): cosine {f.cosine:.6f}, "
                              f"max abs error {f.max_abs_error:.4g} "
-                             f"(float range {f.float_max_abs:.4g}){top1}")
+                             f"(float range {f.float_max_abs:.4g}){top1}{worst}")
             elif f.compared == "agreement":
                 lines.append(f"fidelity {f.name} ({self.fidelity_mode}): equal to the float "
                              f"model's in {f.cosine:.0%} of the held batches")
@@ -155,7 +158,7 @@ class Report:
                if d["bias_corrections"] else "")
             + "<h2>Fidelity</h2>" + table(d["fidelity"]["outputs"],
                                           ["name", "compared", "cosine", "max_abs_error",
-                                           "top1_agreement"])
+                                           "top1_agreement", "worst_slice_cosine"])
         )
 
     def write(self, path: str | os.PathLike[str]) -> None:

@@ -132,6 +132,34 @@ def test_an_output_that_int8_ruins_gets_a_low_fidelity_warning():
     assert "onnxq analyze" in warning
 
 
+def test_a_lost_part_of_an_output_gets_a_warning_though_the_whole_agrees():
+    # output channels 0-14 read input channel 0 (500x larger), channel 15 reads channels 1-15,
+    # which one per-tensor scale set by channel 0 rounds to zero: channel 15 is lost, while
+    # the whole output's cosine (carried by the large channels) stays high
+    model = graphs.conv_relu(size=32)  # (1, 16, 32, 32): the channels are the smallest axis
+    w = np.zeros((16, 16, 3, 3), dtype=np.float32)
+    w[:15, 0, 1, 1] = 1.0
+    w[15, 1:, 1, 1] = 1.0
+    for init in model.graph.initializer:
+        value = w if init.name == "conv.weight" else np.zeros(16, dtype=np.float32)
+        init.CopyFrom(onnx.numpy_helper.from_array(value, init.name))
+    r = graphs.rng(4)
+    batches = [{"x": (r.standard_normal((1, 16, 32, 32))
+                      * np.array([500] + [1] * 15)[:, None, None]).astype(np.float32)}
+               for _ in range(4)]
+    result = onnxq.quantize(model, batches, method="minmax", progress=False)
+    (fid,) = result.report.fidelity
+    assert fid.cosine > 0.99 and (fid.slice_axis, fid.slices, fid.worst_slice) == (1, 16, 15)
+    assert fid.worst_slice_cosine < 0.5
+    assert (f"worst of 16 slices along axis 1: cosine {fid.worst_slice_cosine:.6f} (index 15)"
+            in result.report.summary())
+    (warning,) = [w for w in result.report.warnings if "slice 15 along axis 1" in w]
+    assert warning.startswith(f"output 'y' agrees with the float model at cosine {fid.cosine:.3f}"
+                              " as a whole")
+    saved = result.report.to_dict()["fidelity"]["outputs"][0]
+    assert saved["worst_slice"] == 15 and saved["slice_axis"] == 1
+
+
 @pytest.mark.parametrize(
     "builder",
     [graphs.conv_bn_relu, graphs.conv_transpose_bn, lambda: graphs.gemm_bn(False)],

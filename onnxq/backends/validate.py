@@ -9,7 +9,7 @@ itself says.  For the onnxruntime backend the fused kernels are what the user ru
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,6 +40,19 @@ class OutputFidelity:
     # for an output a Softmax/LogSoftmax produces: the share of its rows (along the normalised
     # axis) whose largest entry is the float model's; None for other outputs
     top1_agreement: float | None = None
+    # an output of rank >= 3 is also compared slice by slice along its smallest axis after the
+    # first (2-128 slices, each repeated over at least 8 values per sample: a detector's
+    # [N, anchors, 4 + 1 + classes] columns, a segmentation map's channels): the worst slice's
+    # cosine and index.  One cosine over the whole output is dominated by its largest values
+    # (box coordinates), so it can stay high while a small-valued column (scores) is lost.
+    # Not for a Softmax output (its top-1 agreement measures it).
+    slice_axis: int | None = None
+    slices: int = 0
+    worst_slice: int | None = None
+    worst_slice_cosine: float | None = None
+    # the largest slice's peak |x| over the smallest non-zero one's, in the float model: from
+    # 2 on, the larger slices dominate the whole cosine (:data:`DOMINATED`)
+    slice_peak_ratio: float | None = None
 
 
 def validation_session(model: onnx.ModelProto, fused: bool, what: str = "quantized") -> Any:
@@ -166,13 +179,79 @@ def fidelity(reference: list[dict[str, np.ndarray]],
             nonfinite = int((~np.isfinite(a)).sum())
             mismatch = int((~finite & ~same).sum())
             a, b = a[finite], b[finite]
-        denom = float(np.linalg.norm(a) * np.linalg.norm(b))
-        cos = float(a @ b / denom) if denom > 0 else float(np.array_equal(a, b))
+        cos = _cosine(a, b)
         err = float(np.max(np.abs(a - b))) if a.size else 0.0
-        out.append(OutputFidelity(name, round(cos, 6), err, float(np.max(np.abs(a), initial=0)),
-                                  nonfinite=nonfinite, nonfinite_mismatch=mismatch,
-                                  top1_agreement=top1))
+        result = OutputFidelity(name, round(cos, 6), err, float(np.max(np.abs(a), initial=0)),
+                                nonfinite=nonfinite, nonfinite_mismatch=mismatch,
+                                top1_agreement=top1)
+        sliced = None if nonfinite or mismatch or top1 is not None \
+            else _slice_cosines(ref_arrays, got_arrays)
+        if sliced is not None:
+            axis, cosines, peaks = sliced
+            k = int(np.argmin(cosines))
+            nonzero = peaks[peaks > 0]
+            ratio = float(nonzero.max() / nonzero.min()) if nonzero.size else 1.0
+            result = replace(result, slice_axis=axis, slices=len(cosines), worst_slice=k,
+                             worst_slice_cosine=round(float(cosines[k]), 6),
+                             slice_peak_ratio=round(ratio, 3))
+        out.append(result)
     return out
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    denom = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b / denom) if denom > 0 else float(np.array_equal(a, b))
+
+
+MAX_SLICES = 128  # a slice axis has 2..MAX_SLICES entries ...
+MIN_SLICE_REPEAT = 8  # ... each repeated over at least this many values per sample
+DOMINATED = 2.0  # slice peak ratio from which a low slice cosine is worth a warning
+
+
+def slice_axis_of(shape: tuple[int, ...]) -> int | None:
+    """The axis an output of this (per-batch) shape is compared along slice by slice: of the
+    axes after the first (the batch), the smallest with 2..:data:`MAX_SLICES` entries whose
+    slices hold at least :data:`MIN_SLICE_REPEAT` values per sample (the first on a tie);
+    None for rank < 3 or no such axis."""
+    if len(shape) < 3:
+        return None
+    per_sample = int(np.prod(shape[1:]))
+    best = None
+    for axis in range(1, len(shape)):
+        k = shape[axis]
+        if 2 <= k <= MAX_SLICES and per_sample >= MIN_SLICE_REPEAT * k \
+                and (best is None or k < shape[best]):
+            best = axis
+    return best
+
+
+def _slice_cosines(ref: list[np.ndarray], got: list[np.ndarray]
+                   ) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """(axis, cosine of every slice along it over all batches, each slice's peak |x| in the
+    float model), or None when the outputs have no slice axis or their shapes disagree between
+    batches or models."""
+    axis = slice_axis_of(ref[0].shape)
+    if axis is None:
+        return None
+    k = ref[0].shape[axis]
+    dot, na, nb, peaks = np.zeros(k), np.zeros(k), np.zeros(k), np.zeros(k)
+    for r, g in zip(ref, got, strict=True):
+        if r.shape != g.shape or r.ndim != ref[0].ndim or r.shape[axis] != k:
+            return None
+        rm = np.moveaxis(r, axis, 0).reshape(k, -1).astype(np.float64)
+        gm = np.moveaxis(g, axis, 0).reshape(k, -1).astype(np.float64)
+        if rm.size:
+            peaks = np.maximum(peaks, np.abs(rm).max(axis=1))
+        dot += np.einsum("ij,ij->i", rm, gm)
+        na += np.einsum("ij,ij->i", rm, rm)
+        nb += np.einsum("ij,ij->i", gm, gm)
+    cosines = np.ones(k)
+    denom = np.sqrt(na * nb)
+    positive = denom > 0
+    cosines[positive] = dot[positive] / denom[positive]
+    # an all-zero slice: 1 when both models give zeros there, else 0
+    cosines[~positive] = ((na == 0) & (nb == 0))[~positive].astype(np.float64)
+    return axis, cosines, peaks
 
 
 def _top1(ref: list[np.ndarray], got: list[np.ndarray], axis: int | None) -> float | None:

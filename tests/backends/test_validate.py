@@ -12,6 +12,7 @@ from onnxq.backends.validate import (
     class_axes,
     fidelity,
     run_outputs,
+    slice_axis_of,
     validation_session,
 )
 from onnxq.calibrate import make_session
@@ -111,6 +112,46 @@ def test_top1_agreement_along_the_class_axis_of_softmax_outputs():
     # along the other axis: column 0 peaks in row 1 and column 1 in row 0, in both models
     assert fidelity(ref, got, {"p": 0})[0].top1_agreement == 1.0
     assert fidelity(ref, got)[0].top1_agreement is None
+
+
+@pytest.mark.parametrize("shape, axis", [
+    ((1, 3549, 6), 2),  # YOLOX: anchors x (4 box + objectness + classes)
+    ((1, 22, 2100), 1),  # YOLOv8: (4 box + classes) x anchors
+    ((2, 16, 32, 32), 1),  # a segmentation map's channels
+    ((1, 16, 16, 16), 1),  # a tie: the first
+    ((1, 2, 1, 1), None),  # too few values per slice
+    ((1, 1, 736, 736), None),  # one channel, large spatial axes
+    ((8, 10), None),  # rank 2: a classifier
+    ((1, 300, 200), None),  # no axis of 2..128
+])
+def test_the_slice_axis_is_the_smallest_small_axis_after_the_batch(shape, axis):
+    assert slice_axis_of(shape) == axis
+
+
+def test_a_lost_column_shows_in_the_worst_slice_while_the_whole_cosine_stays_high():
+    r = graphs.rng(5)
+    ref, got = [], []
+    for _ in range(3):
+        boxes = r.uniform(0, 300, (1, 200, 4))
+        scores = r.uniform(0, 1, (1, 200, 2))
+        zero = np.zeros((1, 200, 1))
+        ref.append({"det": np.concatenate([boxes, scores, zero], axis=2).astype(np.float32)})
+        lost = r.uniform(0, 1, (1, 200, 2))  # the scores replaced by noise
+        got.append({"det": np.concatenate([boxes + 1, lost, zero], axis=2).astype(np.float32)})
+    (fid,) = fidelity(ref, got)
+    assert fid.cosine > 0.99  # the boxes carry the whole
+    assert (fid.slice_axis, fid.slices) == (2, 7) and fid.worst_slice in (4, 5)
+    assert fid.worst_slice_cosine < 0.9
+    assert 250 < fid.slice_peak_ratio < 350  # box peaks (~300) over score peaks (~1)
+    # a Softmax output is measured by its top-1 agreement instead
+    (soft,) = fidelity(ref, got, {"det": -1})
+    assert soft.top1_agreement is not None and soft.slice_axis is None
+    # an all-zero slice in both models counts as equal, not as 0/0
+    (same,) = fidelity(ref, ref)
+    assert same.worst_slice_cosine == pytest.approx(1.0) and same.cosine == pytest.approx(1.0)
+    # rank 2: no slices
+    (flat,) = fidelity([{"p": np.ones((4, 3))}], [{"p": np.ones((4, 3))}])
+    assert flat.slice_axis is None and flat.worst_slice_cosine is None
 
 
 def test_class_axes_are_the_softmax_outputs_and_their_axis():
