@@ -14,14 +14,15 @@ import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 
 from onnxq import ir
 from onnxq.calibrate import augmented_session
-from onnxq.data import Batch, check_batch, model_inputs
-from onnxq.errors import CalibrationDataError
+from onnxq.data import Batch, InputSpec, check_batch, model_inputs
+from onnxq.errors import CalibrationDataError, UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,17 @@ def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
     the Q/DQ graph's own arithmetic)."""
     float_model, quant_model = (ir.infer_shapes(_copy(m)) for m in (float_model, quant_model))
     fg, qg = ir.Graph(float_model), ir.Graph(quant_model)
+    _same_inputs(model_inputs(fg), model_inputs(qg))
     shared = [n.output[0] for n in fg.nodes
               if n.output and n.output[0] in qg.producer
               and fg.elem_type(n.output[0]) in (None, onnx.TensorProto.FLOAT)
               and n.op_type != "Constant" and n.output[0] not in fg.subgraph_reads]
     if not shared:
+        if any(fg.elem_type(n.output[0]) in (None, onnx.TensorProto.FLOAT)
+               for n in fg.nodes if n.output and n.op_type != "Constant"):
+            raise UnsupportedModelError(
+                "no float tensor of the float model has a namesake in the quantized model, so "
+                "nothing can be compared: give the float model the quantized one was made from")
         return []
     sessions = (augmented_session(float_model, fg, shared),
                 augmented_session(quant_model, qg, shared, optimize=fused))
@@ -72,9 +79,17 @@ def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
         if index >= max_batches:
             break
         batch = check_batch(raw, inputs, index)
-        ref, got = (s.run(shared, batch) for s in sessions)
+        ref, got = (_run(s, shared, batch, index, what)
+                    for s, what in zip(sessions, ("float", "quantized"), strict=True))
         for name, a, b in zip(shared, ref, got, strict=True):
-            if a.shape == b.shape and a.dtype.kind == "f":
+            if a.shape != b.shape:
+                # quantization never changes a tensor's shape: these are different models
+                raise UnsupportedModelError(
+                    f"tensor {name!r} has shape {list(a.shape)} in the float model but "
+                    f"{list(b.shape)} in the quantized one (batch {index}): the quantized "
+                    "model is not a quantization of this float model; give the float model "
+                    "it was made from")
+            if a.dtype.kind == "f" and b.dtype.kind == "f":
                 acc[name].add(a, b)
         seen += 1
     if seen == 0:
@@ -87,6 +102,30 @@ def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
         node = fg.producer[name]
         out.append(LayerError(name, node.name, node.op_type, round(cos, 6), round(rel, 6)))
     return out
+
+
+def _same_inputs(want: list[InputSpec], have: list[InputSpec]) -> None:
+    """The quantized model must read the float model's inputs (names and element types)."""
+    mine = {spec.name: spec.dtype for spec in want}
+    theirs = {spec.name: spec.dtype for spec in have}
+    if mine != theirs:
+        def show(specs: dict[str, np.dtype]) -> str:  # type: ignore[type-arg]
+            return ", ".join(f"{n} ({d})" for n, d in sorted(specs.items())) or "none"
+
+        raise UnsupportedModelError(
+            f"the quantized model's inputs [{show(theirs)}] are not the float model's "
+            f"[{show(mine)}]: it is not a quantization of this float model; give the float "
+            "model it was made from")
+
+
+def _run(session: Any, names: list[str], batch: Batch, index: int,
+         what: str) -> list[np.ndarray]:
+    try:
+        return list(session.run(names, batch))
+    except Exception as exc:
+        raise CalibrationDataError(
+            f"batch {index}: the {what} model fails on it in onnxruntime: "
+            f"{' '.join(str(exc).split())[:300]}") from None
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

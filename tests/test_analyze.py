@@ -11,7 +11,7 @@ import pytest
 import onnxq
 from onnxq.analyze import analyze, write_analysis
 from onnxq.cli import main
-from onnxq.errors import CalibrationDataError
+from onnxq.errors import CalibrationDataError, UnsupportedModelError
 from tests import graphs
 
 
@@ -52,6 +52,45 @@ def test_no_batches_is_a_user_error():
     model = graphs.conv_relu()
     with pytest.raises(CalibrationDataError):
         analyze(model, model, [])
+
+
+def test_a_model_with_other_shapes_under_the_same_names_is_refused():
+    # same input, same tensor names, 16 against 32 channels: before, every tensor whose
+    # shapes differed was skipped and showed as cosine 1.0
+    model, other = graphs.conv_relu(out_channels=16), graphs.conv_relu(out_channels=32)
+    with pytest.raises(UnsupportedModelError, match=r"tensor 'conv_out' has shape "
+                       r"\[1, 16, 8, 8\] in the float model but \[1, 32, 8, 8\] in the "
+                       r"quantized one \(batch 0\): the quantized model is not a quantization"):
+        analyze(model, other, graphs.random_batches(model, 2))
+
+
+def test_a_model_with_other_inputs_or_no_shared_tensor_is_refused():
+    model = graphs.conv_relu()
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(model)
+    renamed.graph.input[0].name = "image"
+    renamed.graph.node[0].input[0] = "image"
+    with pytest.raises(UnsupportedModelError, match=r"inputs \[image \(float32\)\] are not the "
+                       r"float model's \[x \(float32\)\]"):
+        analyze(model, renamed, graphs.random_batches(model, 1))
+    for node in renamed.graph.node:  # same inputs, every tensor named otherwise
+        node.input[0] = "x" if node.input[0] == "image" else "other_" + node.input[0]
+        node.output[0] = "other_" + node.output[0]
+    renamed.graph.input[0].name = "x"
+    renamed.graph.output[0].name = "other_y"
+    with pytest.raises(UnsupportedModelError, match="no float tensor of the float model has a "
+                       "namesake in the quantized model"):
+        analyze(model, renamed, graphs.random_batches(model, 1))
+
+
+def test_cli_says_when_the_models_do_not_belong_together(tmp_path, calib_dir, capsys):
+    f, q = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(graphs.conv_relu(out_channels=16), f)
+    onnx.save(graphs.conv_relu(out_channels=32), q)
+    calib = calib_dir(graphs.conv_relu())
+    assert main(["analyze", str(f), str(q), "--calib", str(calib)]) == 2
+    err = capsys.readouterr().err
+    assert "not a quantization of this float model" in err and "Traceback" not in err
 
 
 def test_cli_writes_report_and_lists_worst_tensors(tmp_path, calib_dir, capsys):
