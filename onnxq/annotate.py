@@ -18,7 +18,7 @@ from onnxq.config import QuantConfig, TensorSettings
 from onnxq.errors import ConfigError
 from onnxq.observers import TensorStats
 from onnxq.rewrites.pattern import Context, Decline, Match, Spec
-from onnxq.rewrites.rules import RULE_SETS
+from onnxq.rewrites.rules import RULE_SETS, SHAPE_ONLY_DATA
 
 
 @dataclass
@@ -158,6 +158,8 @@ def _precheck(node, ctx: Context) -> str | None:
                 "makes onnxruntime's optimizer abort, so it stays float")
     if node.op_type in ctx.profile.shape_ops or all(
             t in ctx.shape_path for t in node.output if t):
+        if any(ctx.graph.elem_type(t) in FLOAT_TYPES for t in node.output if t):
+            return SHAPE_ONLY_DATA + ": never quantized"
         return "shape/index computation: never quantized"
     return None
 
@@ -200,6 +202,10 @@ def _merge(tensors: dict[str, TensorAnnotation], spec: Spec, rule_name: str,
             f"an override makes tensor {spec.tensor!r} asymmetric, but the {profile_name} "
             "backend requires symmetric quantization (zero point 0); drop 'symmetric: false' "
             "or use --backend onnxruntime")
+
+
+FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
+                         onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE})
 
 
 def shape_path(graph: ir.Graph, profile: BackendProfile) -> set[str]:
@@ -284,10 +290,12 @@ def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
 _HEAD_PATH_OPS = frozenset({
     "Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Concat", "Split",
     "Slice", "Gather", "Sigmoid", "HardSigmoid", "Tanh", "Relu", "LeakyRelu", "Clip",
-    "Softmax", "LogSoftmax", "Add", "Sub", "Mul", "Div"})
+    "Softmax", "LogSoftmax", "Add", "Sub", "Mul", "Div",
+    # interpolates neighbours of one channel: a score map upsampled to the input's size
+    "Resize"})
 # head-path ops whose inputs after the first are shapes, indices, sizes or bounds
 _DATA_FIRST_OPS = frozenset({"Reshape", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze",
-                             "Clip"})
+                             "Clip", "Resize"})
 
 
 def _weighted(node: onnx.NodeProto) -> bool:

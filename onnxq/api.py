@@ -280,7 +280,8 @@ def _fit_ir_version(model: onnx.ModelProto) -> str | None:
 
 def _few_samples_warning(result: CalibrationResult) -> list[str]:
     """A warning when the ranges come from fewer than :data:`MIN_SAMPLES` samples."""
-    samples = max((s.samples for s in result.stats.values() if s.count), default=0)
+    samples = result.samples or max((s.samples for s in result.stats.values() if s.count),
+                                    default=0)
     if not samples or samples >= MIN_SAMPLES:
         return []
     return [f"the ranges come from {samples} calibration sample(s): so few rarely cover the "

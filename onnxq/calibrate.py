@@ -48,6 +48,9 @@ class CalibrationResult:
     held: list[Batch] = field(default_factory=list)
     sample_share: int = 0  # values per sample the histograms took (0: every value)
     budget_sampled: int = 0  # histograms that the budget made sample more sparsely
+    # samples in the data: each batch's first input of rank >= 2 along its first axis (a batch
+    # without one: 1 sample); 0 when not counted (statistics from a cache)
+    samples: int = 0
 
 
 def make_session(model: onnx.ModelProto, optimize: bool = True, workdir: Path | None = None,
@@ -144,8 +147,12 @@ def calibrate(
              for name in names}
     share = sample_share(histogram_sample, histogram_budget,
                          _samples_total(first, _total(source, max_batches)))
-    strides = {name: _tensor_stride(shapes[name], share) for name in names if tensors[name]}
-    budget_sampled = sum(stride != _tensor_stride(shapes[name], histogram_sample)
+    symbols = batch_symbols(graph)
+    axes = {name: axis for name in names if (axis := batch_axis(graph.shape(name), symbols))}
+    strides = {name: _tensor_stride(shapes[name], share, axes.get(name, 0))
+               for name in names if tensors[name]}
+    budget_sampled = sum(stride != _tensor_stride(shapes[name], histogram_sample,
+                                                  axes.get(name, 0))
                          for name, stride in strides.items()) if share != histogram_sample else 0
     groups = _groups(names, sizes, memory_budget)
     if len(groups) > 1 and iter(source) is source:  # type: ignore[comparison-overlap]
@@ -155,7 +162,7 @@ def calibrate(
             "or raise the memory budget"
         )
     held: list[Batch] = []
-    seen = 0
+    seen = samples = 0
     # statistics of batch i are taken on a worker thread while onnxruntime runs batch i+1
     # (both release the GIL); once that run is done the main thread takes the tensors of batch
     # i that the worker has not started (:class:`_BatchWork`), so no core waits idle.  At most
@@ -179,12 +186,14 @@ def calibrate(
                 batch = check_batch(raw, inputs, index)
                 if gi == 0 and len(held) < hold:
                     held.append(batch)
+                if gi == 0:
+                    samples += _batch_samples(batch)
                 if session is not None:
                     outs = dict(zip(outputs, _run(session, outputs, batch, index), strict=True))
                     if pending is not None:
                         pending.finish()  # re-raises a NaN/Inf error of the previous batch
                     pending = _BatchWork(_observe_tasks(stats, exposed, plans, starts, outs,
-                                                        strides, index), order)
+                                                        strides, axes, index), order)
                     pending.start(pool)
                 seen += 1
             if pending is not None:
@@ -194,7 +203,34 @@ def calibrate(
                 raise CalibrationDataError(
                     "the calibration data yielded no batches; give at least one batch"
                 )
-    return CalibrationResult(stats, seen, held, share, budget_sampled)
+    return CalibrationResult(stats, seen, held, share, budget_sampled, samples)
+
+
+def batch_symbols(graph: ir.Graph) -> frozenset[str]:
+    """The symbolic first dimensions of the model's inputs: their batch axes' names."""
+    out = set()
+    for name in graph.graph_inputs:
+        shape = graph.shape(name)
+        if shape and len(shape) >= 2 and isinstance(shape[0], str):
+            out.add(shape[0])
+    return frozenset(out)
+
+
+def batch_axis(shape: tuple[int | str | None, ...] | None, symbols: frozenset[str]) -> int:
+    """The axis of a tensor that holds the samples: the first, unless it is not an input's batch
+    symbol and exactly one other axis is (a time-major [T, N, C] tensor inside an RNN)."""
+    if not shape or not symbols or shape[0] in symbols:
+        return 0
+    found = [k for k, d in enumerate(shape) if isinstance(d, str) and d in symbols]
+    return found[0] if len(found) == 1 else 0
+
+
+def _batch_samples(batch: Batch) -> int:
+    """Samples in one batch: its first input of rank >= 2 along its first axis, else 1."""
+    for value in batch.values():
+        if getattr(value, "ndim", 0) >= 2:
+            return int(value.shape[0])
+    return 1
 
 
 def sample_share(histogram_sample: int, budget: int, samples: int | None) -> int:
@@ -221,13 +257,14 @@ def _samples_total(first: Batch | None, batches: int | None) -> int | None:
     return batches * max(per_batch, 1)
 
 
-def _tensor_stride(shape: tuple[int | str | None, ...] | None, target: int) -> int:
+def _tensor_stride(shape: tuple[int | str | None, ...] | None, target: int,
+                   axis: int = 0) -> int:
     """The histogram stride of a tensor: 1 unless its concrete shape is known and a sample
-    (everything after the first axis; all of it for rank <= 1) has more than ``target``."""
+    (everything but the batch ``axis``; all of it for rank <= 1) has more than ``target``."""
     if target <= 0 or shape is None or not all(isinstance(d, int) and d > 0 for d in shape):
         return 1
     dims = [int(d) for d in shape]  # type: ignore[arg-type]
-    per_sample = _numel(shape[1:] if len(shape) >= 2 else shape)
+    per_sample = _numel(shape[:axis] + shape[axis + 1:] if len(shape) >= 2 else shape)
     return _stride(per_sample, dims, target)
 
 
@@ -294,7 +331,7 @@ def _run(session: Any, names: list[str], batch: Batch, index: int) -> list[np.nd
 
 def _observe_tasks(stats: dict[str, TensorStats], exposed: list[str], plans: list[_PeaksPlan],
                    starts: np.ndarray, outs: dict[str, np.ndarray], strides: dict[str, int],
-                   index: int) -> list[Callable[[], None]]:
+                   axes: dict[str, int], index: int) -> list[Callable[[], None]]:
     """One batch's observation as independent jobs: one per ``exposed`` tensor (whole), in
     ``exposed`` order, then one for every ``plans`` tensor at once (from the joined per-channel
     maxima, where plan k holds channels ``starts[k]:starts[k + 1]``).  Each job touches only
@@ -305,7 +342,8 @@ def _observe_tasks(stats: dict[str, TensorStats], exposed: list[str], plans: lis
         def job() -> None:
             value = outs[name]
             if np.issubdtype(value.dtype, np.floating):
-                stats[name].update(value, where=where, stride=strides.get(name, 1))
+                stats[name].update(value, where=where, stride=strides.get(name, 1),
+                                   batch_axis=axes.get(name, 0))
         return job
 
     tasks = [whole(name) for name in exposed]

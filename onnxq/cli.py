@@ -235,7 +235,7 @@ def _check(args: argparse.Namespace) -> int:
     if profile.fused_validation and qdq:  # the backend runs fused integer kernels: which fused
         from onnxq.backends.fusion import fusion_report
 
-        fusion = fusion_report(model, profile.integer_kernel_ops)
+        fusion = fusion_report(model, profile.integer_kernel_ops, profile.folded_activations)
         kernels = ", ".join(f"{k} x{v}" for k, v in fusion.integer_ops.items()) or "none"
         print(f"onnxruntime fused {fusion.fused} of {len(fusion.candidates)} Q/DQ groups "
               f"({fusion.ratio:.0%}) into integer kernels: {kernels}")

@@ -63,18 +63,22 @@ class TensorStats:
     # is recorded as 0.  Every range includes 0, so no scale depends on a minimum above 0.
     nonnegative: bool = False
 
-    def update(self, x: np.ndarray, where: str = "", stride: int = 1) -> None:
+    def update(self, x: np.ndarray, where: str = "", stride: int = 1,
+               batch_axis: int = 0) -> None:
         """Add one batch of values of this tensor.
 
         Min and max see every value; the histogram gets every ``stride``-th value of each
-        sample (each item along the leading axis; rank <= 1: the whole batch is one sample),
-        so the same samples give the same histogram however they are batched.
+        sample (each item along ``batch_axis``, the leading axis unless the tensor is
+        time-major; rank <= 1: the whole batch is one sample), so the same samples give the
+        same histogram however they are batched.
         """
         if x.size == 0:
             return
         x = np.asarray(x)
         if x.dtype != np.float32:
             x = x.astype(np.float32)
+        if batch_axis and x.ndim > batch_axis:
+            x = np.ascontiguousarray(np.moveaxis(x, batch_axis, 0))
         rows = x.reshape(x.shape[0], -1) if x.ndim >= 2 else x.reshape(1, -1)
         row_max, row_min, peak = self._extremes(x, rows)
         lo, _ = self._record(row_min, row_max, peak, int(x.size), where)

@@ -117,6 +117,28 @@ def test_shape_path_follows_shape_ops_and_stops_at_data():
     assert path == {"x_shape", "batch", "new_shape"}
 
 
+def test_float_data_from_the_shape_alone_is_not_called_a_shape_computation():
+    # an RNN's zero initial state: ConstantOfShape(Shape(x)) -> MatMul (recurrent weight)
+    # -> Add with the data path
+    r = graphs.rng(3)
+    nodes = [helper.make_node("Shape", ["x"], ["xs"], name="shape"),
+             helper.make_node("ConstantOfShape", ["xs"], ["h0"], name="zeros",
+                              value=onnx.numpy_helper.from_array(np.zeros(1, np.float32))),
+             helper.make_node("MatMul", ["h0", "wr"], ["rec"], name="recurrent"),
+             helper.make_node("MatMul", ["x", "wi"], ["inp"], name="input_proj"),
+             helper.make_node("Add", ["inp", "rec"], ["y"], name="add")]
+    model = graphs.model(nodes, [graphs.tensor("x", [4, 32])], [graphs.tensor("y", [4, 32])],
+                         [graphs.init("wr", graphs.weight(r, 32, 32)),
+                          graphs.init("wi", graphs.weight(r, 32, 32))])
+    why = reasons(annotated(model))
+    assert why["shape"] == "shape/index computation: never quantized"
+    for node in ("zeros", "recurrent"):
+        assert why[node] == ("computed from constants and the input's shape alone, not from its "
+                             "values (e.g. a zero initial state, or a position embedding resized "
+                             "to the input): never quantized")
+    assert "shape/index" not in why.get("add", "")
+
+
 def test_fused_relu_is_reported_as_folded_into_its_producer():
     ann = annotated(graphs.residual_add(), "onnxruntime")
     relu = next(d for d in ann.decisions if d.node == "relu1")
@@ -181,6 +203,27 @@ def test_auto_means_minmax_everywhere_for_per_element_sigmoid_scores():
     assert {t.method for t in ann.of_kind("activation")} == {"minmax"}
     assert ann.notes and ann.notes[0].startswith("output 'y' holds per-element sigmoid scores")
     assert {t.method for t in annotated(model, method="mse").of_kind("activation")} == {"mse"}
+
+
+def test_a_score_map_upsampled_before_its_sigmoid_is_a_score_map():
+    # a saliency/segmentation head: Conv -> Resize (to the input's size) -> Sigmoid
+    from onnxq.annotate import head_nodes, score_maps
+
+    r = graphs.rng(2)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["f"], name="body", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["f"], ["fr"], name="relu"),
+             helper.make_node("Conv", ["fr", "w2"], ["logit"], name="head"),
+             helper.make_node("Resize", ["logit", "", "scales"], ["up"], name="up",
+                              mode="linear"),
+             helper.make_node("Sigmoid", ["up"], ["y"], name="sigmoid")]
+    inits = [graphs.init("w1", graphs.weight(r, 16, 16, 3, 3)),
+             graphs.init("w2", graphs.weight(r, 16, 16, 1, 1)),
+             graphs.init("scales", np.array([1, 1, 2, 2], dtype=np.float32))]
+    model = graphs.model(nodes, [graphs.tensor("x", [1, 16, 8, 8])],
+                         [graphs.tensor("y", [1, 16, 16, 16])], inits)
+    graph = ir.Graph(ir.infer_shapes(model))
+    assert head_nodes(graph) == frozenset({"head"}) and score_maps(graph) == ["y"]
+    assert {t.method for t in annotated(model).of_kind("activation")} == {"minmax"}
 
 
 def test_the_path_into_a_logarithm_stays_float_and_the_layers_after_it_do_not():

@@ -211,6 +211,40 @@ def test_sampling_is_per_sample_so_batching_does_not_change_the_histogram():
     assert ones.sample_max_sum == pytest.approx(grouped.sample_max_sum, rel=1e-6)
 
 
+def _time_major() -> onnx.ModelProto:
+    """x [batch, 12, 32] -> Transpose -> t [12, batch, 32] (time-major, as an RNN reads it)
+    -> MatMul -> y."""
+    r = graphs.rng(6)
+    nodes = [onnx.helper.make_node("Transpose", ["x"], ["t"], name="tm", perm=[1, 0, 2]),
+             onnx.helper.make_node("MatMul", ["t", "w"], ["y"], name="mm")]
+    return graphs.model(nodes, [graphs.tensor("x", ["batch", 12, 32])],
+                        [graphs.tensor("y", [12, "batch", 32])],
+                        [graphs.init("w", graphs.weight(r, 32, 32))])
+
+
+def test_a_time_major_tensor_is_observed_per_sample_along_its_batch_axis():
+    from onnxq.calibrate import batch_axis, batch_symbols
+
+    model, inputs = prepared(_time_major())
+    graph = ir.Graph(model)
+    assert batch_symbols(graph) == {"batch"} and graph.shape("t") == (12, "batch", 32)
+    assert batch_axis(graph.shape("t"), batch_symbols(graph)) == 1
+    assert batch_axis(graph.shape("x"), batch_symbols(graph)) == 0
+    r = graphs.rng(7)
+    # per-sample scales that differ, so per-time-step rows would give other moving averages
+    samples = [{"x": (r.standard_normal((1, 12, 32)) * (1 + i)).astype(np.float32)}
+               for i in range(8)]
+    fours = [{"x": np.concatenate([s["x"] for s in samples[i:i + 4]])} for i in (0, 4)]
+    one, four = (calibrate(model, {"t": True}, data, inputs, histogram_sample=100,
+                           progress=False) for data in (samples, fours))
+    a, b = one.stats["t"], four.stats["t"]
+    assert a.samples == b.samples == 8 and one.samples == four.samples == 8
+    np.testing.assert_array_equal(a.counts, b.counts)
+    assert a.sample_max_sum == pytest.approx(b.sample_max_sum, rel=1e-6)
+    assert a.sample_max_sum == pytest.approx(sum(float(s["x"].max()) for s in samples),
+                                             rel=1e-6)
+
+
 def test_sample_share_follows_the_budget_in_powers_of_two():
     assert sample_share(65536, 2**24, None) == 65536  # unknown sample count: no budget
     assert sample_share(65536, 2**24, 256) == 65536  # 2^24 / 256 = 65536: not lowered

@@ -43,17 +43,24 @@ class FusionReport:
         return self.fused / len(self.candidates) if self.candidates else 1.0
 
 
-def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str]) -> FusionReport:
+def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str],
+                  folded: frozenset[str] = frozenset({"Relu", "Clip"})) -> FusionReport:
     """Optimize ``model`` with onnxruntime (extended level) and compare the graphs.
 
     Candidates are DQ -> op -> Q groups (or weighted ops) whose op is in ``kernel_ops``; other
     ops wrapped the same way are listed apart: they run in float between quantized neighbours.
+    An op whose only reader is a ``folded`` activation (Relu, Clip) that feeds a Q counts as
+    quantized at its output: onnxruntime folds the activation into the Q's range.
     """
     import onnxruntime as ort
 
     graph = ir.Graph(model)
     dq_outputs = {n.output[0] for n in graph.nodes if n.op_type == "DequantizeLinear"}
     q_inputs = {n.input[0] for n in graph.nodes if n.op_type == "QuantizeLinear"}
+    # an activation onnxruntime folds into the Q after it: its input is quantized in effect
+    q_inputs |= {n.input[0] for n in graph.nodes
+                 if n.op_type in folded and n.input and n.output[0] in q_inputs
+                 and len(graph.consumers.get(n.input[0], [])) == 1}
 
     def is_group(n: onnx.NodeProto) -> bool:
         # a DQ -> op -> Q group, or a weighted op whose data and weight come out of DQs

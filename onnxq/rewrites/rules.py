@@ -18,6 +18,9 @@ from onnxq.rewrites.cost import chain_decline, cost_decline
 from onnxq.rewrites.pattern import Context, Decline, Match, Rule, Spec, rule
 
 CONV_LIKE = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+# why a float tensor on the shape path (``annotate.shape_path``) is not quantized
+SHAPE_ONLY_DATA = ("computed from constants and the input's shape alone, not from its values "
+                   "(e.g. a zero initial state, or a position embedding resized to the input)")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -32,6 +35,8 @@ def activation_problem(m: Match, ctx: Context, tensor: str) -> str | None:
     if elem is not None and elem != TensorProto.FLOAT:
         return f"tensor {tensor!r} is {TensorProto.DataType.Name(elem).lower()}, not float32"
     if tensor in ctx.shape_path:
+        if elem == TensorProto.FLOAT:
+            return f"tensor {tensor!r} is {SHAPE_ONLY_DATA}"
         return f"tensor {tensor!r} is part of a shape/index computation"
     excluded = ctx.config.tensor_excluded(tensor)
     if excluded:
@@ -152,6 +157,11 @@ def weighted_op(m: Match, ctx: Context, k: int, n: int,
 
     ``macs_per_output`` (products summed per output element) feeds the profile's cost rules
     (``onnxq.rewrites.cost``); ``None`` (ConvTranspose, not measured) skips them."""
+    kernels = ctx.profile.integer_kernel_ops
+    if kernels and m.node.op_type not in kernels:
+        return Decline(
+            f"{ctx.profile.name} has no integer {m.node.op_type} kernel: Q/DQ around it would "
+            "only add work and rounding error")
     problem = activation_problem(m, ctx, m.input(0))
     if problem:
         return Decline(problem)

@@ -71,3 +71,23 @@ def test_a_conv_that_became_a_float_fusedconv_counts_as_unfused():
                          progress=False).model
     report = fusion_report(out, KERNELS)
     assert report.candidates == ("conv",) and report.unfused == (("conv", "Conv"),)
+
+
+def test_an_add_whose_relu_folds_into_the_q_after_it_is_a_group():
+    # Add -> Relu -> Q: onnxruntime folds the Relu into the Q and runs QLinearAdd; the group
+    # must be counted (and so checked), as the kernel list shows it
+    nodes = _qdq("a", "a") + _qdq("b", "b")
+    nodes.append(helper.make_node("Add", ["a_dq", "b_dq"], ["sum"], name="add"))
+    nodes.append(helper.make_node("Relu", ["sum"], ["r"], name="relu"))
+    nodes += _qdq("r", "r", zp="zp0")  # zero point 0: the Relu adds nothing to the Q
+    nodes.append(helper.make_node("Identity", ["r_dq"], ["y"], name="out"))
+    inits = [numpy_helper.from_array(np.float32(0.05), "s"),
+             numpy_helper.from_array(np.uint8(128), "zp"),
+             numpy_helper.from_array(np.uint8(0), "zp0")]
+    model = graphs.model(nodes, [graphs.tensor(n, [1, 8, 4, 4]) for n in ("a", "b")],
+                         [graphs.tensor("y", [1, 8, 4, 4])], inits, name="add_relu")
+    report = fusion_report(model, KERNELS)
+    assert report.candidates == ("add",) and report.unfused == ()
+    assert report.integer_ops == {"QLinearAdd": 1}
+    # without folding, the Add writes a float tensor: not a group
+    assert fusion_report(model, KERNELS, frozenset()).candidates == ()
