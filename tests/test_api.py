@@ -109,6 +109,14 @@ def test_a_softmax_output_gets_its_top1_agreement_in_the_report():
     assert f"top-1 agreement {fid.top1_agreement:.2%}" in result.report.summary()
 
 
+def _one_loud_channel(size: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """4 batches of x (1, 16, size, size) whose channel 0 is 500x larger than the others."""
+    r = graphs.rng(seed)
+    return [{"x": (r.standard_normal((1, 16, size, size))
+                   * np.array([500] + [1] * 15)[:, None, None]).astype(np.float32)}
+            for _ in range(4)]
+
+
 def test_an_output_that_int8_ruins_gets_a_low_fidelity_warning():
     # the conv reads only channels 1-15, which one per-tensor scale set by channel 0 (500x
     # larger) rounds to zero
@@ -120,11 +128,8 @@ def test_an_output_that_int8_ruins_gets_a_low_fidelity_warning():
         else:
             value[:] = 0
         init.CopyFrom(onnx.numpy_helper.from_array(value, init.name))
-    r = graphs.rng(3)
-    batches = [{"x": (r.standard_normal((1, 16, 8, 8))
-                      * np.array([500] + [1] * 15)[:, None, None]).astype(np.float32)}
-               for _ in range(4)]
-    result = onnxq.quantize(model, batches, method="minmax", progress=False)
+    result = onnxq.quantize(model, _one_loud_channel(8, seed=3), method="minmax",
+                            progress=False)
     (fid,) = result.report.fidelity
     assert fid.cosine < 0.95
     (warning,) = [w for w in result.report.warnings if "agrees with the float model" in w]
@@ -143,11 +148,8 @@ def test_a_lost_part_of_an_output_gets_a_warning_though_the_whole_agrees():
     for init in model.graph.initializer:
         value = w if init.name == "conv.weight" else np.zeros(16, dtype=np.float32)
         init.CopyFrom(onnx.numpy_helper.from_array(value, init.name))
-    r = graphs.rng(4)
-    batches = [{"x": (r.standard_normal((1, 16, 32, 32))
-                      * np.array([500] + [1] * 15)[:, None, None]).astype(np.float32)}
-               for _ in range(4)]
-    result = onnxq.quantize(model, batches, method="minmax", progress=False)
+    result = onnxq.quantize(model, _one_loud_channel(32, seed=4), method="minmax",
+                            progress=False)
     (fid,) = result.report.fidelity
     assert fid.cosine > 0.99 and (fid.slice_axis, fid.slices, fid.worst_slice) == (1, 16, 15)
     assert fid.worst_slice_cosine < 0.5

@@ -44,13 +44,14 @@ class FusionReport:
 
 
 def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str],
-                  folded: frozenset[str] = frozenset({"Relu", "Clip"})) -> FusionReport:
+                  folded: frozenset[str] = frozenset()) -> FusionReport:
     """Optimize ``model`` with onnxruntime (extended level) and compare the graphs.
 
     Candidates are DQ -> op -> Q groups (or weighted ops) whose op is in ``kernel_ops``; other
     ops wrapped the same way are listed apart: they run in float between quantized neighbours.
-    An op whose only reader is a ``folded`` activation (Relu, Clip) that feeds a Q counts as
-    quantized at its output: onnxruntime folds the activation into the Q's range.
+    An op whose only reader is a ``folded`` activation (the profile's
+    ``folded_activations``: Relu, Clip) that feeds a Q counts as quantized at its output:
+    onnxruntime folds the activation into the Q's range.
     """
     import onnxruntime as ort
 

@@ -86,8 +86,8 @@ def test_an_add_whose_relu_folds_into_the_q_after_it_is_a_group():
              numpy_helper.from_array(np.uint8(0), "zp0")]
     model = graphs.model(nodes, [graphs.tensor(n, [1, 8, 4, 4]) for n in ("a", "b")],
                          [graphs.tensor("y", [1, 8, 4, 4])], inits, name="add_relu")
-    report = fusion_report(model, KERNELS)
+    report = fusion_report(model, KERNELS, PROFILES["onnxruntime"].folded_activations)
     assert report.candidates == ("add",) and report.unfused == ()
     assert report.integer_ops == {"QLinearAdd": 1}
     # without folding, the Add writes a float tensor: not a group
-    assert fusion_report(model, KERNELS, frozenset()).candidates == ()
+    assert fusion_report(model, KERNELS).candidates == ()
