@@ -14,13 +14,12 @@ import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 
 from onnxq import ir
-from onnxq.calibrate import augmented_session
+from onnxq.calibrate import augmented_session, run_batch
 from onnxq.data import Batch, InputSpec, check_batch, model_inputs
 from onnxq.errors import CalibrationDataError, UnsupportedModelError
 
@@ -79,7 +78,7 @@ def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
         if index >= max_batches:
             break
         batch = check_batch(raw, inputs, index)
-        ref, got = (_run(s, shared, batch, index, what)
+        ref, got = (run_batch(s, shared, batch, index, what)
                     for s, what in zip(sessions, ("float", "quantized"), strict=True))
         for name, a, b in zip(shared, ref, got, strict=True):
             if a.shape != b.shape:
@@ -116,16 +115,6 @@ def _same_inputs(want: list[InputSpec], have: list[InputSpec]) -> None:
             f"the quantized model's inputs [{show(theirs)}] are not the float model's "
             f"[{show(mine)}]: it is not a quantization of this float model; give the float "
             "model it was made from")
-
-
-def _run(session: Any, names: list[str], batch: Batch, index: int,
-         what: str) -> list[np.ndarray]:
-    try:
-        return list(session.run(names, batch))
-    except Exception as exc:
-        raise CalibrationDataError(
-            f"batch {index}: the {what} model fails on it in onnxruntime: "
-            f"{' '.join(str(exc).split())[:300]}") from None
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -189,7 +189,8 @@ def calibrate(
                 if gi == 0:
                     samples += _batch_samples(batch)
                 if session is not None:
-                    outs = dict(zip(outputs, _run(session, outputs, batch, index), strict=True))
+                    values = run_batch(session, outputs, batch, index)
+                    outs = dict(zip(outputs, values, strict=True))
                     if pending is not None:
                         pending.finish()  # re-raises a NaN/Inf error of the previous batch
                     pending = _BatchWork(_observe_tasks(stats, exposed, plans, starts, outs,
@@ -320,12 +321,16 @@ def _executor(workers: int) -> Any:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="onnxq-stats")
 
 
-def _run(session: Any, names: list[str], batch: Batch, index: int) -> list[np.ndarray]:
+def run_batch(session: Any, names: list[str], batch: Batch, index: int,
+              what: str = "") -> list[np.ndarray]:
+    """``session.run``, with onnxruntime's failure as a :class:`CalibrationDataError` that
+    names the batch (and ``what`` model, when given)."""
     try:
         return list(session.run(names, batch))
     except Exception as exc:
+        model = f" (the {what} model)" if what else ""
         raise CalibrationDataError(
-            f"calibration batch {index}: onnxruntime failed on it: {_one_line(exc)}"
+            f"calibration batch {index}{model}: onnxruntime failed on it: {_one_line(exc)}"
         ) from None
 
 
