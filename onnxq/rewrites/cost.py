@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import math
 
+import onnx
+from onnx import helper
+
 from onnxq.rewrites.pattern import Context, Decline, Match
 
 
@@ -65,12 +68,13 @@ def _continues_chain(ctx: Context, tensor: str) -> bool:
 
 def _reaches_nhwc_only_op(ctx: Context, tensor: str, depth: int = 6) -> bool:
     """True if ``tensor`` flows, through at most ``depth`` ops without weights, into one of the
-    profile's ``nhwc_only_ops``.
+    profile's ``nhwc_only_ops`` whose output may be quantized (:func:`_may_be_quantized`).
 
     onnxruntime moves a QuantizeLinear backward through MaxPool, so a float op -> MaxPool -> Q
     runs the pool on uint8; outside the NHWC layout of its integer convs that kernel is 10x
     slower than the float pool (MTCNN R-Net: 74 us against 6 us).  Keeping the conv before it
-    in int8 keeps the pool in that layout.
+    in int8 keeps the pool in that layout.  When no op after the pool takes int8 on its own
+    (MTCNN P-Net's 10-channel conv), no Q follows the pool and the conv stays float.
     """
     g = ctx.graph
     frontier, seen = [(tensor, 0)], set()
@@ -81,9 +85,36 @@ def _reaches_nhwc_only_op(ctx: Context, tensor: str, depth: int = 6) -> bool:
         seen.add(t)
         for node, _ in g.consumers.get(t, []):
             if node.op_type in ctx.profile.nhwc_only_ops:
-                return True
-            if node.op_type not in ctx.profile.weight_axes:
+                if _may_be_quantized(ctx, node):
+                    return True
+            elif node.op_type not in ctx.profile.weight_axes:
                 frontier.extend((o, steps + 1) for o in node.output if o)
+    return False
+
+
+def _may_be_quantized(ctx: Context, pool: onnx.NodeProto, depth: int = 3) -> bool:
+    """False only when ``pool``'s output certainly stays float: no other reader of its input
+    takes int8 by itself (:func:`_pays_alone`; the input would be quantized anyway), and every
+    reader of its output, through at most ``depth`` passthrough ops, is an op without an integer
+    kernel or a weighted op that does not take int8 by itself."""
+    g, p = ctx.graph, ctx.profile
+    if any(r is not pool and _pays_alone(ctx, r) for r, _ in g.consumers.get(pool.input[0], [])):
+        return True
+    frontier = [(pool.output[0], 0)]
+    while frontier:
+        t, steps = frontier.pop()
+        if t in g.graph_outputs:
+            continue
+        for node, _ in g.consumers.get(t, []):
+            if kernel_terms(ctx, node) is not None:
+                if _pays_alone(ctx, node):
+                    return True
+            elif node.op_type in p.passthrough_ops:
+                if steps + 1 >= depth:
+                    return True  # too far to tell
+                frontier.extend((o, steps + 1) for o in node.output[:1] if o)
+            elif node.op_type in p.integer_kernel_ops:
+                return True  # a Concat, Add, ... that may take int8
     return False
 
 
@@ -106,25 +137,69 @@ def chain_decline(m: Match, ctx: Context, inputs: list[str]) -> Decline | None:
     return None
 
 
+# onnxruntime's int8 conv is fast when the products it sums per output come in groups of 4
+# input channels; a spatial conv over 3, 5, 6, 9 or 10 channels per group pays only from about
+# 3x as many products as an aligned one (docs/benchmarks.md, Latency, session 9)
+CHANNEL_ALIGNMENT = 4
+
+
+def _cost_reason(ctx: Context, output: str, macs_per_output: int, grouped: bool,
+                 unaligned: bool) -> str | None:
+    """Why the profile's cost thresholds say int8 loses for this op by itself, or None."""
+    p = ctx.profile
+    if grouped and p.float_grouped_convs:
+        return f"a grouped conv: {p.name}'s int8 grouped/depthwise kernel is slower than float"
+    if p.min_macs_per_output and macs_per_output < p.min_macs_per_output:
+        return (f"{macs_per_output} multiply-adds per output element (< min_macs_per_output="
+                f"{p.min_macs_per_output}): {p.name}'s int8 kernel is slower than float here")
+    if unaligned and macs_per_output < p.min_macs_per_output_unaligned:
+        return (f"{macs_per_output} multiply-adds per output element over input channels that "
+                f"are not a multiple of {CHANNEL_ALIGNMENT} (< min_macs_per_output_unaligned="
+                f"{p.min_macs_per_output_unaligned}): {p.name}'s int8 kernel is slower than "
+                "float here")
+    if p.min_macs and (macs := macs_per_sample(ctx, output, macs_per_output)) is not None \
+            and macs < p.min_macs:
+        return (f"{macs} multiply-adds per sample (< min_macs={p.min_macs}): too small to pay "
+                "for the Q/DQ around it")
+    return None
+
+
+def kernel_terms(ctx: Context, node: onnx.NodeProto) -> tuple[int, bool, bool] | None:
+    """(products summed per output element, grouped, unaligned) of a Conv/Gemm/MatMul with a
+    constant weight; None for anything else.  ``unaligned``: a conv with a kernel larger than
+    1x1 whose input channels per group are not a multiple of :data:`CHANNEL_ALIGNMENT`."""
+    w = ctx.graph.const_value(node.input[1]) if len(node.input) > 1 else None
+    if w is None or w.ndim < 2:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "Conv" and w.ndim >= 3:
+        area = math.prod(w.shape[2:])
+        return (int(w.shape[1] * area), int(attrs.get("group", 1)) > 1,
+                area > 1 and w.shape[1] % CHANNEL_ALIGNMENT != 0)
+    if node.op_type == "Gemm" and w.ndim == 2:
+        return int(w.shape[1] if attrs.get("transB", 0) else w.shape[0]), False, False
+    if node.op_type == "MatMul":
+        return int(w.shape[-2]), False, False
+    return None
+
+
+def _pays_alone(ctx: Context, node: onnx.NodeProto) -> bool:
+    """True if ``node`` is a Conv/Gemm/MatMul that the cost thresholds give int8 by itself."""
+    terms = kernel_terms(ctx, node)
+    return terms is not None and _cost_reason(ctx, node.output[0], *terms) is None
+
+
 def cost_decline(m: Match, ctx: Context, macs_per_output: int, grouped: bool = False,
-                 ) -> Decline | None:
+                 unaligned: bool = False) -> Decline | None:
     """For Conv/Gemm/MatMul: decline when the profile's cost rules say int8 loses here.
 
     ``macs_per_output`` is the number of products summed into each output element; ``grouped``
-    says the op is a grouped (depthwise) conv.  Such an op gets int8 only when its input comes
-    quantized out of an integer kernel.
+    says the op is a grouped (depthwise) conv, ``unaligned`` a spatial conv over input channels
+    that are not a multiple of :data:`CHANNEL_ALIGNMENT`.  Such an op gets int8 only when its
+    input comes quantized out of an integer kernel.
     """
-    p = ctx.profile
-    if grouped and p.float_grouped_convs:
-        why = f"a grouped conv: {p.name}'s int8 grouped/depthwise kernel is slower than float"
-    elif p.min_macs_per_output and macs_per_output < p.min_macs_per_output:
-        why = (f"{macs_per_output} multiply-adds per output element (< min_macs_per_output="
-               f"{p.min_macs_per_output}): {p.name}'s int8 kernel is slower than float here")
-    elif p.min_macs and (macs := macs_per_sample(ctx, m.node.output[0], macs_per_output)) \
-            is not None and macs < p.min_macs:
-        why = (f"{macs} multiply-adds per sample (< min_macs={p.min_macs}): too small to pay "
-               "for the Q/DQ around it")
-    else:
+    why = _cost_reason(ctx, m.node.output[0], macs_per_output, grouped, unaligned)
+    if why is None:
         return None
     if _reaches_nhwc_only_op(ctx, m.node.output[0]):
         return None

@@ -8,13 +8,12 @@ channel thresholds) comes from the profile, never from a branch on the backend's
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import onnx
 from onnx import TensorProto
 
-from onnxq.rewrites.cost import chain_decline, cost_decline
+from onnxq.rewrites.cost import chain_decline, cost_decline, kernel_terms
 from onnxq.rewrites.pattern import Context, Decline, Match, Rule, Spec, rule
 
 CONV_LIKE = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -152,11 +151,12 @@ def small_decline(op: str, k: int, n: int, ctx: Context) -> Decline | None:
 
 def weighted_op(m: Match, ctx: Context, k: int, n: int,
                 macs_per_output: int | None = None, grouped: bool = False,
-                ) -> list[Spec] | Decline:
+                unaligned: bool = False) -> list[Spec] | Decline:
     """Activation input 0 + weight input 1 (+ int32 bias, output Q/DQ where the profile asks).
 
-    ``macs_per_output`` (products summed per output element) feeds the profile's cost rules
-    (``onnxq.rewrites.cost``); ``None`` (ConvTranspose, not measured) skips them."""
+    ``macs_per_output`` (products summed per output element), ``grouped`` and ``unaligned``
+    feed the profile's cost rules (:func:`onnxq.rewrites.cost.kernel_terms`); ``None``
+    (ConvTranspose, not measured) skips them."""
     kernels = ctx.profile.integer_kernel_ops
     if kernels and m.node.op_type not in kernels:
         return Decline(
@@ -168,7 +168,8 @@ def weighted_op(m: Match, ctx: Context, k: int, n: int,
     small = small_decline(m.node.op_type, k, n, ctx)
     if small:
         return small
-    costly = cost_decline(m, ctx, macs_per_output, grouped) if macs_per_output else None
+    costly = cost_decline(m, ctx, macs_per_output, grouped, unaligned) if macs_per_output \
+        else None
     if costly:
         return costly
     w = weight_spec(m, ctx, 1)
@@ -199,10 +200,10 @@ def conv(m: Match, ctx: Context) -> list[Spec] | Decline:
     if w is None or w.ndim < 3:
         return Decline(f"weight {m.input(1)!r} is not a constant of rank >= 3")
     group = int(m.attrs().get("group", 1))  # type: ignore[call-overload]
-    per_output = None
+    per_output, unaligned = None, False
     if m.node.op_type == "Conv":
         out_c, in_c = w.shape[0], w.shape[1] * group
-        per_output = w.shape[1] * math.prod(w.shape[2:])
+        per_output, _, unaligned = kernel_terms(ctx, m.node) or (None, False, False)
     else:
         in_c, out_c = w.shape[0], w.shape[1] * group
     if group > 1 and ctx.min_channels:
@@ -213,7 +214,7 @@ def conv(m: Match, ctx: Context) -> list[Spec] | Decline:
                 "INT8 pays only when out_channels % 8 == 0 and kernel >= 3"
             )
         return weighted_op(m, ctx, max(in_c, ctx.min_channels), out_c, per_output, True)
-    return weighted_op(m, ctx, in_c, out_c, per_output, group > 1)
+    return weighted_op(m, ctx, in_c, out_c, per_output, group > 1, unaligned)
 
 
 @rule("gemm", "Gemm")

@@ -112,10 +112,43 @@ def test_conv_with_few_products_keeps_int8_when_a_maxpool_follows():
     assert decision(ann, "l0").quantized
 
 
+def test_a_maxpool_keeps_the_conv_before_it_int8_only_for_a_conv_after_it_that_pays():
+    # MTCNN P-Net: 3 -> 10 channels, MaxPool, a 3x3 conv over the 10 (90 unaligned products):
+    # no Q follows the pool, so int8 for the first conv would only cost (3.5x its float time)
+    ann = annotated(net([("conv", 10, 3, 1), ("op", "Tanh"), ("op", "MaxPool"),
+                         ("conv", 16, 3, 1), ("op", "Tanh"), ("conv", 32, 3, 1)],
+                        shape=(1, 3, 64, 64)))
+    assert quantized(ann) == ["l5"]
+    d = decision(ann, "l3")
+    assert not d.quantized
+    assert ("90 multiply-adds per output element over input channels that are not a multiple "
+            "of 4 (< min_macs_per_output_unaligned=96)") in d.reason
+    # 12 channels after the pool (108 aligned products): the pool's output is quantized for it
+    ann = annotated(net([("conv", 12, 3, 1), ("op", "Tanh"), ("op", "MaxPool"),
+                         ("conv", 16, 3, 1), ("op", "Tanh"), ("conv", 32, 3, 1)],
+                        shape=(1, 3, 64, 64)))
+    assert quantized(ann) == ["l0", "l3", "l5"]
+
+
+@pytest.mark.parametrize("channels, kernel, expected", [
+    (10, 3, False),  # 90 products over 10 channels: 0.9-1.2x float
+    (11, 3, True),   # 99: from min_macs_per_output_unaligned on
+    (8, 3, True),    # 72 products over 8 channels (aligned): 1.2-2.2x
+    (3, 7, True),    # a 7x7 stem over RGB: 147 products
+    (3, 5, False),   # 75: 0.7x
+    (30, 1, False),  # a 1x1 conv is not unaligned, but 30 < min_macs_per_output
+    (33, 1, True),
+])
+def test_the_unaligned_threshold_applies_to_spatial_convs(channels, kernel, expected):
+    ann = annotated(net([("conv", 32, kernel, 1), ("op", "Tanh")], shape=(1, channels, 32, 32)))
+    assert decision(ann, "l0").quantized is expected
+
+
 def test_the_threshold_is_profile_data():
     model = net([("conv", 32, 3, 1), ("op", "Tanh"), ("conv", 32, 3, 1)], shape=(1, 3, 16, 16))
     graph = ir.Graph(ir.infer_shapes(model))
-    profile = PROFILES["onnxruntime"].replace(min_macs_per_output=0)
+    profile = PROFILES["onnxruntime"].replace(min_macs_per_output=0,
+                                              min_macs_per_output_unaligned=0)
     ann = annotate(graph, profile, QuantConfig(backend="onnxruntime"))
     assert decision(ann, "l0").quantized
 
@@ -127,6 +160,16 @@ def test_small_gemm_stays_float_and_a_large_one_is_quantized():
     assert not d.quantized and "1024 multiply-adds per sample (< min_macs=65536)" in d.reason
     large = annotated(net([("gemm", 256), ("op", "Tanh")], shape=(1, 512)))
     assert decision(large, "l0").quantized
+
+
+def test_the_size_of_a_matmul_behind_an_onnx_ml_scaler_is_known():
+    # onnx's shape inference stops at the ai.onnx.ml Scaler; onnxq carries its shape on, so the
+    # small MatMuls of a scikit-learn pipeline are sized and stay float
+    ann = annotated(graphs.tabular(k=64, n=32))
+    d = decision(ann, "pca")
+    assert not d.quantized and "2048 multiply-adds per sample (< min_macs=65536)" in d.reason
+    assert quantized(ann) == []
+    assert "pca" in quantized(annotated(graphs.tabular(k=512, n=256)))
 
 
 # ------------------------------------------------------------------------------- chain ops
