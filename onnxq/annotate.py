@@ -74,7 +74,7 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
     """
     ctx = Context(profile, config, graph, shape_path=shape_path(graph, profile),
                   float_tensors=dict(float_tensors or {}),
-                  float_nodes={**log_paths(graph), **(float_nodes or {})})
+                  float_nodes={**precision_paths(graph), **(float_nodes or {})})
     heads = head_nodes(graph) if profile.head_method else frozenset()
     scores = score_maps(graph) if profile.head_method else []
     rules = RULE_SETS[profile.rule_set]
@@ -302,8 +302,9 @@ def _weighted(node: onnx.NodeProto) -> bool:
     return node.domain in ir.DEFAULT_DOMAINS and node.op_type in WEIGHT_AXES
 
 
-# ops that carry a value's magnitude into a logarithm without squashing it: linear maps,
-# products, powers and sums, reductions, floors (Clip/Max with an epsilon), data movement
+# ops that carry a value's magnitude into a logarithm (or a tree's thresholds) without
+# squashing it: linear maps, products, powers and sums, reductions, floors (Clip/Max with an
+# epsilon), data movement
 _LOG_PATH_OPS = frozenset({
     "Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "BatchNormalization", "Add", "Sub",
     "Mul", "Div", "Neg", "Abs", "Pow", "Sqrt", "Max", "Min", "Clip", "Sum", "Mean",
@@ -317,27 +318,41 @@ _LOG_DATA_FIRST_OPS = _DATA_FIRST_OPS | {"Pad", "Expand", "Tile", "ReduceSum", "
                                          "BatchNormalization", "Pow"}
 
 
-def log_paths(graph: ir.Graph) -> dict[str, str]:
-    """Nodes whose output reaches a ``Log`` through :data:`_LOG_PATH_OPS` alone -> why they
-    stay float.
+# ONNX-ML ops that compare their input features with learned split thresholds
+_TREE_OPS = frozenset({"TreeEnsembleClassifier", "TreeEnsembleRegressor", "TreeEnsemble"})
+
+
+def precision_paths(graph: ir.Graph) -> dict[str, str]:
+    """Nodes whose output reaches a ``Log`` or a tree ensemble through :data:`_LOG_PATH_OPS`
+    alone -> why they stay float.
 
     A logarithm spreads out small values: a power spectrum's quiet bins, 1e-6 next to 1e2,
     are as far apart after it as its loud ones.  int8's uniform steps (1/127 of the peak)
     erase them, so the spectrogram front ends of audio models (STFT/CQT convs, squares and
-    sums, a mel MatMul, then Log) lose everything they carry.  The walk up from each Log stops
-    at any op not listed (an activation such as Relu or Softmax ends a learned layer's
-    output), at graph inputs and at constants."""
+    sums, a mel MatMul, then Log) lose everything they carry.  A tree ensemble (scikit-learn's
+    random forests and boosted trees, ``ai.onnx.ml``) compares each feature with hundreds of
+    split thresholds: a feature moved by one int8 step crosses some of them and changes a
+    leaf, so the scaling, PCA or other linear ops in front of the trees stay float too.  The
+    walk up from each such op stops at any op not listed (an activation such as Relu or
+    Softmax ends a learned layer's output), at graph inputs and at constants."""
     found: dict[str, str] = {}
-    for log in graph.nodes:
-        if log.op_type != "Log" or log.domain not in ir.DEFAULT_DOMAINS or not log.input:
+    for sink in graph.nodes:
+        if not sink.input or not sink.input[0]:
+            continue
+        if sink.op_type == "Log" and sink.domain in ir.DEFAULT_DOMAINS:
+            why = (f"its output reaches the logarithm {sink.name!r} through linear, power and "
+                   "data-movement ops only: int8's uniform steps would erase the small values "
+                   "the logarithm spreads out, so it stays float")
+        elif sink.op_type in _TREE_OPS and sink.domain == "ai.onnx.ml":
+            why = (f"its output reaches the split thresholds of the tree ensemble {sink.name!r} "
+                   "through linear and data-movement ops only: a feature moved by one int8 "
+                   "step crosses thresholds and changes the trees' decisions, so it stays float")
+        else:
             continue
         path: list[str] = []
-        graph.walk_up([log.input[0]], functools.partial(_log_path_step, graph, path))
+        graph.walk_up([sink.input[0]], functools.partial(_log_path_step, graph, path))
         for name in path:
-            found.setdefault(name, (
-                f"its output reaches the logarithm {log.name!r} through linear, power and "
-                "data-movement ops only: int8's uniform steps would erase the small values "
-                "the logarithm spreads out, so it stays float"))
+            found.setdefault(name, why)
     return found
 
 

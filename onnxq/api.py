@@ -91,18 +91,20 @@ def resolve_config(config: QuantConfig | str | os.PathLike[str] | dict[str, Any]
     return base.replace(**given) if given else base
 
 
-def load(model: ModelLike, profile: BackendProfile) -> tuple[onnx.ModelProto, Path | None]:
-    """Load from a path, or take a copy of an in-memory model (the caller's stays untouched)."""
+def load(model: ModelLike, profile: BackendProfile, notes: list[str] | None = None,
+         ) -> tuple[onnx.ModelProto, Path | None]:
+    """Load from a path, or take a copy of an in-memory model (the caller's stays untouched);
+    an opset upgrade is noted in ``notes``."""
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         ir.check_model(copy, where="model")
-        copy = ir.upgrade_opset(copy, profile.min_opset)
+        copy = ir.upgrade_opset(copy, profile.min_opset, notes=notes)
         ir.name_nodes(copy.graph)
         return ir.infer_shapes(copy), None
     if not isinstance(model, (str, os.PathLike)):
         raise ConfigError(f"model must be a path or an onnx.ModelProto, got {type(model).__name__}")
-    return ir.load_model(model, profile.min_opset), Path(model)
+    return ir.load_model(model, profile.min_opset, notes=notes), Path(model)
 
 
 def quantize(model: ModelLike, calibration: Any = None, *,
@@ -140,8 +142,9 @@ def quantize(model: ModelLike, calibration: Any = None, *,
                                    ".npz batches, a .npz of samples, or .npy files) or "
                                    "--load-calibration FILE")
     profile, profile_note = profile_for(cfg.backend, cfg.reduce_range)
-    loaded, source = load(model, profile)
-    _refuse_quantized(loaded, source)
+    load_notes: list[str] = []
+    loaded, source = load(model, profile, load_notes)
+    refuse_quantized(loaded, source, profile)
     weight_inputs = ir.drop_initializer_inputs(loaded)
     ir_note = _fit_ir_version(loaded)
     reference_bytes = _float_reference(loaded)
@@ -189,7 +192,7 @@ def quantize(model: ModelLike, calibration: Any = None, *,
         model=source.name if source else "<in-memory model>", backend=profile.name,
         config=cfg.to_dict(), simplify_passes=passes, decisions=annotations.decisions,
         placed=placed, calibration_batches=result.batches_seen, warnings=warnings,
-        notes=[*([ir_note] if ir_note else []), *annotations.notes,
+        notes=[*load_notes, *([ir_note] if ir_note else []), *annotations.notes,
                *_budget_note(result, cfg)],
         bias_corrections=corrections)
     _validate(loaded, reference, result, profile, report)
@@ -356,19 +359,22 @@ def _half_precision_note(graph: ir.Graph, profile: BackendProfile) -> str | None
             "and INT8 enabled)")
 
 
-def _refuse_quantized(model: onnx.ModelProto, source: Path | None) -> None:
-    """A model that already holds Q/DQ or integer ops is not onnxq's input: its quantization
-    would clash with the backend's (uint8 zero points under TensorRT, double rounding)."""
+def refuse_quantized(model: onnx.ModelProto, source: Path | None,
+                     profile: BackendProfile) -> None:
+    """Raise :class:`UnsupportedModelError` if ``model`` already holds Q/DQ or integer ops: it
+    is not onnxq's input, its quantization would clash with the backend's (uint8 zero points
+    under TensorRT, double rounding)."""
     qdq = sorted({n.op_type for n in model.graph.node if n.op_type in ir.QDQ_OPS})
     integer = sorted({n.op_type for n in model.graph.node if ir.is_integer_op(n.op_type)})
     if not (qdq or integer):
         return
     where = source.name if source else "the model"
     if integer:
+        trt = "TensorRT reads only Q/DQ models and " if profile.name == "tensorrt" else ""
         raise UnsupportedModelError(
             f"{where} is already quantized in onnxruntime's operator format (it holds "
-            f"{', '.join(integer + qdq)}); TensorRT reads only Q/DQ models and onnxq quantizes "
-            "float models: give it the float original")
+            f"{', '.join(integer + qdq)}); {trt}onnxq quantizes float models: give it the "
+            "float original")
     raise UnsupportedModelError(
         f"{where} is already quantized (it holds {', '.join(qdq)}); onnxq quantizes float "
         "models: give it the float original, or run `onnxq check MODEL --backend B` to "
@@ -455,5 +461,5 @@ def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
                 f"{LOW_FIDELITY:.0%} agree): {_LOW_FIDELITY_HINT}")
         elif out.compared == "agreement" and out.cosine < 1.0:
             report.warnings.append(
-                f"output {out.name!r} differs from the float model on "
-                f"{1 - out.cosine:.0%} of the held batches (integer output)")
+                f"output {out.name!r} differs from the float model in "
+                f"{1 - out.cosine:.1%} of its values on the held batches (integer output)")

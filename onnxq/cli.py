@@ -318,14 +318,20 @@ def _inspect(args: argparse.Namespace) -> int:
 def _explain(args: argparse.Namespace) -> int:
     from onnxq import ir
     from onnxq.annotate import annotate
-    from onnxq.api import resolve_config
+    from onnxq.api import refuse_quantized, resolve_config
     from onnxq.backends.profile import PROFILES
+    from onnxq.errors import UnsupportedModelError
     from onnxq.rewrites.simplify import simplify
 
     cfg = resolve_config(args.config, backend=args.backend,
                          exclude=tuple(args.exclude) if args.exclude else None)
     profile = PROFILES[cfg.backend]
-    model, _ = simplify(ir.load_model(args.model, profile.min_opset))
+    loaded = ir.load_model(args.model, profile.min_opset)
+    try:
+        refuse_quantized(loaded, Path(args.model), profile)
+    except UnsupportedModelError as exc:  # explain what is there, but say quantize refuses
+        print(f"onnxq: warning: `onnxq quantize` refuses this model: {exc}", file=sys.stderr)
+    model, _ = simplify(loaded)
     ann = annotate(ir.Graph(model), profile, cfg)
     width = max((len(d.node) for d in ann.decisions), default=10)
     for d in ann.decisions:

@@ -124,7 +124,7 @@ class Report:
                              f"(float range {f.float_max_abs:.4g}){top1}{worst}")
             elif f.compared == "agreement":
                 lines.append(f"fidelity {f.name} ({self.fidelity_mode}): equal to the float "
-                             f"model's in {f.cosine:.0%} of the held batches")
+                             f"model's in {f.cosine:.1%} of its values on the held batches")
             else:
                 lines.append(f"fidelity {f.name}: {f.compared}")
         lines.extend(f"note: {n}" for n in self.notes)

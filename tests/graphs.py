@@ -710,6 +710,8 @@ BUILDERS = {
     "if_model": if_model,
     "two_branch_concat": two_branch_concat,
     "spectrogram": spectrogram,
+    "tabular_mlp": lambda: tabular(),
+    "tabular_trees": lambda: tabular(trees=True),
 }
 
 
@@ -726,3 +728,41 @@ def with_tail(m: onnx.ModelProto, op_type: str = "Sigmoid") -> onnx.ModelProto:
     new.name = tail_name
     out.graph.output[0].CopyFrom(new)
     return out
+
+
+def tabular(trees: bool = False, k: int = 64, n: int = 32) -> onnx.ModelProto:
+    """A scikit-learn-style pipeline: x[N, K] -> ai.onnx.ml Scaler -> MatMul W[K, N] (a PCA) ->
+    Relu -> MatMul -> y[N, 4] (an MLP), or (``trees``) -> an ai.onnx.ml TreeEnsembleRegressor
+    with one split per tree on the projected features.  onnx's shape inference does not read
+    the Scaler, so every shape after it is unknown."""
+    r = rng(3)
+    nodes = [
+        helper.make_node("Scaler", ["x"], ["scaled"], name="scaler", domain="ai.onnx.ml",
+                         offset=[0.5] * k, scale=[2.0] * k),
+        helper.make_node("MatMul", ["scaled", "pca.weight"], ["projected"], name="pca"),
+    ]
+    inits = [init("pca.weight", weight(r, k, n))]
+    if trees:
+        count = 4  # tree t splits feature t at 0: leaf 1 (<=) or leaf 2 (>)
+        nodes.append(helper.make_node(
+            "TreeEnsembleRegressor", ["projected"], ["y"], name="forest", domain="ai.onnx.ml",
+            n_targets=1, nodes_treeids=[t for t in range(count) for _ in range(3)],
+            nodes_nodeids=[0, 1, 2] * count,
+            nodes_featureids=[f for t in range(count) for f in (t, 0, 0)],
+            nodes_values=[0.0] * (3 * count), nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"] * count,
+            nodes_truenodeids=[1, 0, 0] * count, nodes_falsenodeids=[2, 0, 0] * count,
+            target_treeids=[t for t in range(count) for _ in range(2)],
+            target_nodeids=[1, 2] * count, target_ids=[0, 0] * count,
+            target_weights=[float(w) for t in range(count) for w in (-1 - t, 1 + t)]))
+        out = tensor("y", [None, 1])
+    else:
+        nodes += [helper.make_node("Relu", ["projected"], ["hidden"], name="relu"),
+                  helper.make_node("MatMul", ["hidden", "out.weight"], ["y"], name="out")]
+        inits.append(init("out.weight", weight(r, n, 4)))
+        out = tensor("y", [None, 4])
+    graph = helper.make_graph(nodes, "tabular", [tensor("x", [None, k])], [out], inits)
+    m = helper.make_model(graph, producer_name="onnxq-tests", opset_imports=[
+        helper.make_opsetid("", OPSET), helper.make_opsetid("ai.onnx.ml", 3)])
+    m.ir_version = IR_VERSION
+    onnx.checker.check_model(m)
+    return m

@@ -254,6 +254,18 @@ def test_the_walk_up_from_a_logarithm_stops_at_an_activation():
     assert r["conv"] == "" and "logarithm" not in r["relu"]
 
 
+def test_the_linear_ops_in_front_of_a_tree_ensemble_stay_float():
+    # a tree compares each feature with split thresholds: one int8 step flips decisions
+    for backend in ("tensorrt", "onnxruntime"):
+        r = reasons(annotated(graphs.tabular(trees=True), backend))
+        assert "split thresholds of the tree ensemble 'forest'" in r["pca"], backend
+        assert "ONNX-ML op" in r["forest"]
+    # the same projection in front of an MLP is quantized (TensorRT; the onnxruntime profile
+    # finds it too small to pay)
+    decided = {d.node: d for d in annotated(graphs.tabular(), "tensorrt").decisions}
+    assert decided["pca"].quantized and decided["out"].quantized is False  # 4 outputs < 16
+
+
 def test_a_residual_add_of_a_dynamic_width_model_is_quantized():
     model = graphs.residual_add()
     for vi in (model.graph.input[0], model.graph.output[0]):

@@ -294,6 +294,9 @@ def test_old_ir_model_with_weights_as_inputs_gives_a_valid_model(backend):
     assert check(result.model, PROFILES[backend]) == []
     assert any("initializers were also graph inputs" in w for w in result.report.warnings)
     assert result.report.fidelity[0].cosine > 0.999
+    # the report says the opset changed (the output is an opset-13 model)
+    assert [o.version for o in result.model.opset_import if o.domain in ("", "ai.onnx")] == [13]
+    assert "the model's opset 9 was converted to 13" in " ".join(result.report.notes)
 
 
 @pytest.mark.parametrize("first", ["onnxruntime", "tensorrt"])

@@ -227,16 +227,25 @@ def test_check_of_an_operator_format_model_says_what_it_is(dynamic_quantized, ca
         assert "expected Q/DQ format (no DynamicQuantizeLinear)" in out
 
 
-def test_quantize_and_explain_of_an_operator_format_model(dynamic_quantized, calib_dir, capsys):
+@pytest.mark.parametrize("backend", ["tensorrt", "onnxruntime"])
+def test_quantize_and_explain_of_an_operator_format_model(dynamic_quantized, calib_dir, capsys,
+                                                          backend):
     calib = calib_dir(graphs.matmul_const(k=64, n=64), n=2)
     out = dynamic_quantized.parent / "again.onnx"
-    assert main(["quantize", str(dynamic_quantized), "-o", str(out), "--calib", str(calib)]) == 2
+    assert main(["quantize", str(dynamic_quantized), "-o", str(out), "--calib", str(calib),
+                 "--backend", backend]) == 2
     err = capsys.readouterr().err
     assert "already quantized in onnxruntime's operator format" in err and "Traceback" not in err
     assert "onnxq check" not in err  # check has nothing to say about such a model
+    # the TensorRT remark only where TensorRT is the target
+    assert ("TensorRT reads only Q/DQ models" in err) == (backend == "tensorrt")
     assert not out.exists()
-    assert main(["explain", str(dynamic_quantized)]) == 0
-    assert "MatMulInteger is already a quantized op" in capsys.readouterr().out
+    assert main(["explain", str(dynamic_quantized), "--backend", backend]) == 0
+    captured = capsys.readouterr()
+    assert "MatMulInteger is already a quantized op" in captured.out
+    # explain says up front that quantize will refuse the model
+    assert "`onnxq quantize` refuses this model: " in captured.err
+    assert "already quantized in onnxruntime's operator format" in captured.err
 
 
 def test_check_bad_model_exits_1_and_lists_violations(tmp_path, model_file, calib_dir, capsys):

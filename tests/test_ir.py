@@ -214,6 +214,13 @@ def test_symbolic_shapes():
     assert g.shape("nowhere") is None
 
 
+def test_shape_inference_continues_past_shape_preserving_onnx_ml_ops():
+    # onnx infers nothing after an ai.onnx.ml Scaler: a scikit-learn pipeline lost every shape
+    g = ir.Graph(ir.infer_shapes(graphs.tabular()))
+    assert g.shape("scaled")[1:] == (64,) and g.shape("projected")[1:] == (32,)
+    assert g.shape("y")[1:] == (4,)
+
+
 def test_unique_name_avoids_every_existing_name():
     g = ir.Graph(graphs.conv_relu())
     assert g.unique_name("x") == "x_1"

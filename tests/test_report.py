@@ -155,7 +155,8 @@ def test_summary_says_how_each_output_was_compared():
     assert lines == [
         "fidelity probs (fusion off): cosine 0.990000, max abs error 0.1 (float range 1), "
         "top-1 agreement 87.50%",
-        "fidelity label (fusion off): equal to the float model's in 75% of the held batches",
+        "fidelity label (fusion off): equal to the float model's in 75.0% of its values on the "
+        "held batches",
         "fidelity maps: not compared: a list output, not a numeric tensor",
     ]
     html = report.to_html()

@@ -26,7 +26,7 @@ class OutputFidelity:
     """Agreement of one model output with the float model over the held batches."""
 
     name: str
-    cosine: float  # for ``compared == "agreement"``: the share of held batches equal
+    cosine: float  # for ``compared == "agreement"``: the share of values equal
     max_abs_error: float
     float_max_abs: float
     # "cosine" (float outputs, also sequences of {label: probability} maps), "agreement"
@@ -161,9 +161,8 @@ def fidelity(reference: list[dict[str, np.ndarray]],
             continue
         ref_arrays, got_arrays = cast(list[np.ndarray], ref), cast(list[np.ndarray], got)
         if not all(np.issubdtype(r.dtype, np.floating) for r in ref_arrays):
-            agree = np.mean([np.array_equal(r, g)
-                             for r, g in zip(ref_arrays, got_arrays, strict=True)])
-            out.append(OutputFidelity(name, float(agree), 0.0, 0.0, "agreement"))
+            out.append(OutputFidelity(name, _agreement(ref_arrays, got_arrays), 0.0, 0.0,
+                                      "agreement"))
             continue
         top1 = _top1(ref_arrays, got_arrays, (axes or {}).get(name))
         a = np.concatenate([r.astype(np.float64).ravel() for r in ref_arrays])
@@ -196,6 +195,19 @@ def fidelity(reference: list[dict[str, np.ndarray]],
                              slice_peak_ratio=round(ratio, 3))
         out.append(result)
     return out
+
+
+def _agreement(ref: list[np.ndarray], got: list[np.ndarray]) -> float:
+    """The share of values equal in both models (a batch whose shapes differ: none), so that
+    one changed label in a batch of 32 counts 1/32, not the whole batch."""
+    equal = total = 0
+    for r, g in zip(ref, got, strict=True):
+        if r.shape == g.shape:
+            equal += int(np.count_nonzero(r == g))
+            total += r.size
+        else:
+            total += max(r.size, g.size)
+    return equal / total if total else 1.0
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:

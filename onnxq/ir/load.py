@@ -18,8 +18,10 @@ from onnxq.ir.constants import DEFAULT_DOMAINS
 
 
 # ------------------------------------------------------------------------------- loading
-def load_model(path: str | os.PathLike[str], min_opset: int = 13) -> onnx.ModelProto:
-    """Read, check, upgrade (to ``min_opset``) and shape-infer a model file.
+def load_model(path: str | os.PathLike[str], min_opset: int = 13,
+               notes: list[str] | None = None) -> onnx.ModelProto:
+    """Read, check, upgrade (to ``min_opset``) and shape-infer a model file.  An upgrade
+    appends a sentence saying so to ``notes``, when given (for the report).
 
     External data must lie inside the model's folder; anything else (``..``, absolute paths,
     symlinks that leave the folder) is refused before a byte of it is read.  From
@@ -45,7 +47,7 @@ def load_model(path: str | os.PathLike[str], min_opset: int = 13) -> onnx.ModelP
     _check_opset(model, str(p))
     _check_payloads(model, str(p))
     check_model(model, where=str(p))
-    model = upgrade_opset(model, min_opset, where=str(p))
+    model = upgrade_opset(model, min_opset, where=str(p), notes=notes)
     name_nodes(model.graph)
     return infer_shapes(model)
 
@@ -200,8 +202,10 @@ def _check_external_location(tensor: TensorProto, base: Path,
     return resolved, offset, (length if info.get("length") else None)
 
 
-def upgrade_opset(model: onnx.ModelProto, min_opset: int, where: str = "model") -> onnx.ModelProto:
-    """Convert the default-domain opset up to ``min_opset`` (per-axis Q/DQ needs 13)."""
+def upgrade_opset(model: onnx.ModelProto, min_opset: int, where: str = "model",
+                  notes: list[str] | None = None) -> onnx.ModelProto:
+    """Convert the default-domain opset up to ``min_opset`` (per-axis Q/DQ needs 13); say so
+    in ``notes``, when given."""
     current = opset_version(model)
     if current >= min_opset:
         return model
@@ -217,6 +221,9 @@ def upgrade_opset(model: onnx.ModelProto, min_opset: int, where: str = "model") 
             f"the upgrade failed ({_first_line(exc)}); re-export the model with opset >= "
             f"{min_opset}"
         ) from None
+    if notes is not None:
+        notes.append(f"the model's opset {current} was converted to {min_opset} (per-channel "
+                     f"Q/DQ needs it): the output is an opset-{min_opset} model")
     return restored
 
 
@@ -295,11 +302,25 @@ def opset_version(model: onnx.ModelProto) -> int:
     return 1
 
 
+# ai.onnx.ml ops whose output has their input's shape (element type: None = the input's),
+# for which onnx has no shape inference: a scikit-learn pipeline's shapes stop at its Scaler
+_ML_SAME_SHAPE = {"Scaler": onnx.TensorProto.FLOAT, "Normalizer": onnx.TensorProto.FLOAT,
+                  "Binarizer": None, "Imputer": None}
+
+
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape inference that never serialises large weights (works past 2 GB)."""
+    """Shape inference that never serialises large weights (works past 2 GB), continued past
+    the shape-preserving ``ai.onnx.ml`` ops onnx cannot read (:data:`_ML_SAME_SHAPE`)."""
     with _weights_stripped(model) as light:
         try:
             inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+            for _ in range(len(model.graph.node)):
+                extra = _ml_same_shapes(inferred.graph)
+                if not extra:
+                    break
+                inferred.graph.value_info.extend(extra)
+                inferred = onnx.shape_inference.infer_shapes(inferred, strict_mode=False,
+                                                             data_prop=True)
         except Exception:  # inference is a help, not a requirement
             return model
     del model.graph.value_info[:]
@@ -307,6 +328,24 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     for dst, src in zip(model.graph.output, inferred.graph.output, strict=True):
         dst.CopyFrom(src)
     return model
+
+
+def _ml_same_shapes(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    """Value infos for the outputs of :data:`_ML_SAME_SHAPE` ops whose input shape is known and
+    whose own is not."""
+    known = {vi.name: vi for vi in (*graph.input, *graph.value_info, *graph.output)
+             if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
+    extra = []
+    for node in graph.node:
+        if (node.domain != "ai.onnx.ml" or node.op_type not in _ML_SAME_SHAPE or not node.input
+                or node.input[0] not in known or not node.output or node.output[0] in known):
+            continue
+        source = known[node.input[0]].type.tensor_type
+        elem = _ML_SAME_SHAPE[node.op_type] or source.elem_type
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                for d in source.shape.dim]
+        extra.append(onnx.helper.make_tensor_value_info(node.output[0], elem, dims))
+    return extra
 
 
 def shapes_for_inputs(model: onnx.ModelProto,

@@ -72,10 +72,14 @@ def test_fidelity_measures_cosine_and_max_error_over_all_batches():
     assert fid.cosine == 0.0 and fid.max_abs_error == 2.0 and fid.float_max_abs == 1.0
 
 
-def test_fidelity_of_integer_outputs_is_the_agreement_rate():
-    ref = [{"ids": np.array([1, 2])}, {"ids": np.array([3, 4])}]
-    got = [{"ids": np.array([1, 2])}, {"ids": np.array([3, 5])}]
-    assert fidelity(ref, got) == [OutputFidelity("ids", 0.5, 0.0, 0.0, "agreement")]
+def test_fidelity_of_integer_outputs_is_the_share_of_equal_values():
+    # one label of 8 changed: 7/8 agree (per batch it would read as half the batches differing)
+    ref = [{"ids": np.array([1, 2, 3, 4])}, {"ids": np.array([3, 4, 5, 6])}]
+    got = [{"ids": np.array([1, 2, 3, 4])}, {"ids": np.array([3, 5, 5, 6])}]
+    assert fidelity(ref, got) == [OutputFidelity("ids", 0.875, 0.0, 0.0, "agreement")]
+    # a batch whose shapes differ counts as differing in every value
+    got[1] = {"ids": np.array([3, 4, 5])}
+    assert fidelity(ref, got)[0].cosine == 0.5
 
 
 def test_fidelity_of_label_maps_compares_their_values_and_skips_other_outputs():
