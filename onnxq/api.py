@@ -3,8 +3,9 @@ validate, report."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from onnxq.errors import (
     BackendConstraintError,
     CalibrationDataError,
     ConfigError,
+    OnnxqError,
     OutputError,
     UnsupportedModelError,
 )
@@ -144,59 +146,75 @@ def quantize(model: ModelLike, calibration: Any = None, *,
     profile, profile_note = profile_for(cfg.backend, cfg.reduce_range)
     load_notes: list[str] = []
     loaded, source = load(model, profile, load_notes)
-    refuse_quantized(loaded, source, profile)
-    weight_inputs = ir.drop_initializer_inputs(loaded)
-    ir_note = _fit_ir_version(loaded)
-    reference_bytes = _float_reference(loaded)
-    passes: list[str] = []
-    if cfg.simplify:
-        loaded, passes = simplify(loaded)
-    graph = ir.Graph(loaded)
-    inputs = model_inputs(graph)
-    data = (open_source(calibration, inputs, batch_size, cfg.preprocess)
-            if calibration is not None else None)
-    if load_calibration is not None:
-        annotations, result = _place_from_cache(loaded, graph, profile, cfg, data, inputs,
-                                                load_calibration)
-    else:
-        assert data is not None
-        annotations, result = _place_and_calibrate(loaded, graph, profile, cfg, data, inputs,
-                                                   all_histograms=save_calibration is not None)
-        if save_calibration is not None:
-            save_calibration_file(save_calibration, result.stats, graph)
-    qparams, warnings = _qparams(annotations, result, profile, cfg)
-    if profile_note:
-        warnings.insert(0, profile_note)
-    warnings.extend(_few_samples_warning(result))
-    half = _half_precision_note(graph, profile)
-    if half:
-        warnings.append(half)
-    if weight_inputs:
-        shown = ", ".join(repr(n) for n in weight_inputs[:3])
-        more = f" and {len(weight_inputs) - 3} more" if len(weight_inputs) > 3 else ""
-        warnings.append(
-            f"{len(weight_inputs)} initializers were also graph inputs ({shown}{more}; an old "
-            "exporter's habit): they are plain weights in the output, no longer inputs")
-    corrections = _correct_biases(loaded, annotations, profile, cfg, data, inputs, warnings)
-    # the float outputs first: its session is gone before the quantized model is built
-    reference = _float_outputs(reference_bytes, result, profile)
-    del reference_bytes
-    placed = materialize(loaded, annotations, qparams, profile, cfg)
-    if not placed:
-        warnings.append(
-            f"no op of this model is quantized for {profile.name} (the reasons are under 'left "
-            "float'): the output computes exactly what the input model does")
-    if ir.external.lazy_nbytes(loaded) < ir.external.LAZY_BYTES:
-        ir.external.load_all(loaded)  # float weights that stayed float (biases): now in memory
-    report = Report(
-        model=source.name if source else "<in-memory model>", backend=profile.name,
-        config=cfg.to_dict(), simplify_passes=passes, decisions=annotations.decisions,
-        placed=placed, calibration_batches=result.batches_seen, warnings=warnings,
-        notes=[*load_notes, *([ir_note] if ir_note else []), *annotations.notes,
-               *_budget_note(result, cfg)],
-        bias_corrections=corrections)
-    _validate(loaded, reference, result, profile, report)
-    return QuantizedModel(loaded, report, source)
+    with _upgrade_hint(load_notes):
+        refuse_quantized(loaded, source, profile)
+        weight_inputs = ir.drop_initializer_inputs(loaded)
+        ir_note = _fit_ir_version(loaded)
+        reference_bytes = _float_reference(loaded)
+        passes: list[str] = []
+        if cfg.simplify:
+            loaded, passes = simplify(loaded)
+        graph = ir.Graph(loaded)
+        inputs = model_inputs(graph)
+        data = (open_source(calibration, inputs, batch_size, cfg.preprocess)
+                if calibration is not None else None)
+        if load_calibration is not None:
+            annotations, result = _place_from_cache(loaded, graph, profile, cfg, data, inputs,
+                                                    load_calibration)
+        else:
+            assert data is not None
+            annotations, result = _place_and_calibrate(loaded, graph, profile, cfg, data, inputs,
+                                                       all_histograms=save_calibration is not None)
+            if save_calibration is not None:
+                save_calibration_file(save_calibration, result.stats, graph)
+        qparams, warnings = _qparams(annotations, result, profile, cfg)
+        if profile_note:
+            warnings.insert(0, profile_note)
+        warnings.extend(_few_samples_warning(result))
+        half = _half_precision_note(graph, profile)
+        if half:
+            warnings.append(half)
+        if weight_inputs:
+            shown = ", ".join(repr(n) for n in weight_inputs[:3])
+            more = f" and {len(weight_inputs) - 3} more" if len(weight_inputs) > 3 else ""
+            warnings.append(
+                f"{len(weight_inputs)} initializers were also graph inputs ({shown}{more}; an old "
+                "exporter's habit): they are plain weights in the output, no longer inputs")
+        corrections = _correct_biases(loaded, annotations, profile, cfg, data, inputs, warnings)
+        # the float outputs first: its session is gone before the quantized model is built
+        reference = _float_outputs(reference_bytes, result, profile)
+        del reference_bytes
+        placed = materialize(loaded, annotations, qparams, profile, cfg)
+        if not placed:
+            warnings.append(
+                f"no op of this model is quantized for {profile.name} (the reasons are under 'left "
+                "float'): the output computes exactly what the input model does")
+        if ir.external.lazy_nbytes(loaded) < ir.external.LAZY_BYTES:
+            ir.external.load_all(loaded)  # float weights that stayed float (biases): now in memory
+        report = Report(
+            model=source.name if source else "<in-memory model>", backend=profile.name,
+            config=cfg.to_dict(), simplify_passes=passes, decisions=annotations.decisions,
+            placed=placed, calibration_batches=result.batches_seen, warnings=warnings,
+            notes=[*load_notes, *([ir_note] if ir_note else []), *annotations.notes,
+                   *_budget_note(result, cfg)],
+            bias_corrections=corrections)
+        _validate(loaded, reference, result, profile, report)
+        return QuantizedModel(loaded, report, source)
+
+
+@contextlib.contextmanager
+def _upgrade_hint(load_notes: list[str]) -> Iterator[None]:
+    """Add to an onnxruntime failure that the model ran only after onnxq converted its opset
+    (``load_notes`` non-empty): onnx's version converter may be what broke it."""
+    try:
+        yield
+    except OnnxqError as exc:
+        if load_notes and exc.args and "onnxruntime" in str(exc.args[0]):
+            converted = load_notes[0].split(" (")[0]  # "the model's opset N was converted to M"
+            exc.args = (f"{exc.args[0]}; {converted} before onnxruntime ran it: if the original "
+                        "runs, the conversion is at fault; re-export the model with opset >= 13",
+                        *exc.args[1:])
+        raise
 
 
 def _place_from_cache(model: onnx.ModelProto, graph: ir.Graph, profile: BackendProfile,

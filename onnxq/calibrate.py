@@ -63,7 +63,7 @@ def make_session(model: onnx.ModelProto, optimize: bool = True, workdir: Path | 
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # failures reach the user as onnxq errors, not as log lines
     if not spinning:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.graph_optimization_level = (

@@ -145,8 +145,8 @@ def _load_arrays(path: Path) -> dict[str, np.ndarray]:
         if "allow_pickle" in str(exc):
             raise CalibrationDataError(
                 f"{path}: holds an object array (strings or Python objects), which numpy can "
-                "only load by unpickling, and onnxq refuses pickled data; give numeric arrays "
-                "(a string input cannot be calibrated)"
+                "only load by unpickling, and onnxq refuses pickled data; give numeric arrays, "
+                "or numpy text arrays (np.array(['...'])) for a string input"
             ) from None
         raise CalibrationDataError(
             f"{path}: cannot read as .npz/.npy ({type(exc).__name__}: {exc}); the file is "
@@ -233,6 +233,8 @@ def check_batch(batch: Any, inputs: list[InputSpec], index: int) -> Batch:
 def _cast(arr: np.ndarray, spec: InputSpec, where: str) -> np.ndarray:
     """Cast within a kind (float64 -> float32, int32 -> int64); refuse kind changes."""
     want = spec.dtype
+    if want.kind == "O" and arr.dtype.kind in "US":  # numpy text for a string input: .npz
+        return arr.astype(object)                    # files hold text only this way
     if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iu" and want.kind in "iu"):
         hint = " (raw pixels or token ids? apply the model's preprocessing)" \
             if want.kind == "f" else ""

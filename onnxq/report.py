@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -87,8 +88,9 @@ class Report:
         }
 
     def to_json(self) -> str:
-        """Deterministic JSON text."""
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+        """Deterministic JSON text; a NaN or infinite number (a range or an error the data made
+        non-finite) is written as null, which JSON can hold."""
+        return json.dumps(_finite(self.to_dict()), indent=2, allow_nan=False) + "\n"
 
     def summary(self) -> str:
         """A few readable lines for the terminal."""
@@ -199,3 +201,14 @@ def _short(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     return str(value)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN/Inf float (in nested dicts and lists) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

@@ -19,8 +19,10 @@ import argparse
 import collections
 import itertools
 import json
+import os
 import statistics
 import sys
+import tempfile
 
 import numpy as np
 import onnxruntime as ort
@@ -66,6 +68,7 @@ def conv_kernel_us(model: bytes, cin: int, hw: int, runs: int) -> tuple[float, s
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     opts.enable_profiling = True
+    opts.profile_file_prefix = os.path.join(tempfile.gettempdir(), "onnxq_conv_kernels")
     opts.log_severity_level = 3
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
@@ -73,8 +76,10 @@ def conv_kernel_us(model: bytes, cin: int, hw: int, runs: int) -> tuple[float, s
     warmup = 5
     for _ in range(warmup + runs):
         sess.run(None, feed)
-    with open(sess.end_profiling()) as f:
+    profile = sess.end_profiling()
+    with open(profile) as f:
         events = json.load(f)
+    os.remove(profile)
     times: dict[str, list[float]] = collections.defaultdict(list)
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):

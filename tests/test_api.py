@@ -13,7 +13,13 @@ from onnxq import ir
 from onnxq.api import resolve_config
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
-from onnxq.errors import CalibrationDataError, ConfigError, OutputError, UnsupportedModelError
+from onnxq.errors import (
+    CalibrationDataError,
+    ConfigError,
+    OnnxqError,
+    OutputError,
+    UnsupportedModelError,
+)
 from tests import graphs
 
 
@@ -297,6 +303,27 @@ def test_old_ir_model_with_weights_as_inputs_gives_a_valid_model(backend):
     # the report says the opset changed (the output is an opset-13 model)
     assert [o.version for o in result.model.opset_import if o.domain in ("", "ai.onnx")] == [13]
     assert "the model's opset 9 was converted to 13" in " ".join(result.report.notes)
+
+
+def test_an_onnxruntime_failure_after_an_opset_upgrade_says_so():
+    # a Reshape to a fixed size the data does not have: onnxruntime fails on the converted model
+    nodes = [onnx.helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")]
+    model = graphs.model(nodes, [graphs.tensor("x", ["N", 6])], [graphs.tensor("y", [4, 4])],
+                         [graphs.init("shape", np.array([4, 4], np.int64))], opset=11)
+    batches = [{"x": np.ones((1, 6), np.float32)}] * 2
+    with pytest.raises(OnnxqError) as caught:
+        onnxq.quantize(model, batches, progress=False)
+    message = str(caught.value)
+    assert "fails in onnxruntime" in message
+    assert ("; the model's opset 11 was converted to 13 before onnxruntime ran it: if the "
+            "original runs, the conversion is at fault; re-export the model with opset >= 13"
+            ) in message
+    # the same failure at opset 13 has nothing to blame on a conversion
+    model.opset_import[0].version = 13
+    with pytest.raises(OnnxqError) as caught:
+        onnxq.quantize(model, batches, progress=False)
+    assert "fails in onnxruntime" in str(caught.value)
+    assert "converted" not in str(caught.value)
 
 
 @pytest.mark.parametrize("first", ["onnxruntime", "tensorrt"])

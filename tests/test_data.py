@@ -194,6 +194,14 @@ def test_same_kind_dtypes_are_cast_to_the_model_dtype():
     assert out["x"].dtype == np.float32
 
 
+def test_numpy_text_feeds_a_string_input():
+    # a .npz holds text as a numpy unicode array (object arrays need pickles, refused);
+    # onnxruntime takes strings as object arrays
+    text = InputSpec("text", np.dtype(object), (None,))
+    out = check_batch({"text": np.array(["monday", "tuesday"])}, [text], 0)
+    assert out["text"].dtype == object and list(out["text"]) == ["monday", "tuesday"]
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_nan_or_inf_in_an_input_names_the_input(bad):
     data = batch()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -136,6 +137,26 @@ def test_old_opset_is_upgraded_to_13(model_file):
         ir.Graph(loaded).const_value("conv.weight"),
         numpy_helper.to_array(graphs.conv_relu().graph.initializer[0]),
     )
+
+
+@pytest.mark.parametrize("as_input", [False, True])
+def test_an_opset_6_prelu_keeps_one_slope_per_channel(as_input):
+    # before opset 7 a 1-D slope of C values is per channel; onnx's converter leaves it 1-D,
+    # which from opset 7 on broadcasts against the last axis: here also 3 wide, so nothing
+    # fails and every value would silently take the wrong slope
+    slope = np.array([0.1, 0.5, 0.9], np.float32)
+    inputs = [graphs.tensor("x", [2, 3, 4, 3])]
+    if as_input:  # IR 3 lists every initializer among the inputs
+        inputs.append(graphs.tensor("slope", [3]))
+    model = graphs.model([helper.make_node("PRelu", ["x", "slope"], ["y"], name="prelu")],
+                         inputs, [graphs.tensor("y", [2, 3, 4, 3])],
+                         [numpy_helper.from_array(slope, "slope")], opset=6)
+    loaded = ir.upgrade_opset(model, 13)
+    onnx.checker.check_model(loaded)
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 3)).astype(np.float32)
+    session = ort.InferenceSession(loaded.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {"x": x})
+    np.testing.assert_allclose(got, np.where(x >= 0, x, x * slope.reshape(1, 3, 1, 1)))
 
 
 def test_upgrade_failure_is_an_unsupported_model_error():

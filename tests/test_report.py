@@ -69,6 +69,14 @@ def test_json_is_deterministic_and_strict(residual_report):
     assert "NaN" not in text and "Infinity" not in text
 
 
+def test_json_writes_a_non_finite_number_as_null():
+    report = Report(model="m.onnx", backend="tensorrt", config={}, simplify_passes=[],
+                    decisions=[], placed=[], calibration_batches=1, warnings=[], notes=[])
+    report.fidelity = [OutputFidelity("y", float("nan"), float("inf"), 1.0)]
+    out = json.loads(report.to_json())["fidelity"]["outputs"][0]
+    assert out["cosine"] is None and out["max_abs_error"] is None and out["float_max_abs"] == 1.0
+
+
 def test_summary_lines(residual_report):
     lines = residual_report.summary().splitlines()
     assert lines[0] == (

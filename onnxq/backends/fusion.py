@@ -84,7 +84,7 @@ def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str],
     with tempfile.TemporaryDirectory(prefix="onnxq-fusion-") as tmp:
         out = Path(tmp) / "optimized.onnx"
         opts = ort.SessionOptions()
-        opts.log_severity_level = 3
+        opts.log_severity_level = 4  # failures reach the user as onnxq errors
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         opts.optimized_model_filepath = str(out)
         try:

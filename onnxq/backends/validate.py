@@ -65,7 +65,7 @@ def validation_session(model: onnx.ModelProto, fused: bool, what: str = "quantiz
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # failures reach the user as onnxq errors, not as log lines
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if fused
@@ -211,6 +211,11 @@ def _agreement(ref: list[np.ndarray], got: list[np.ndarray]) -> float:
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine of two finite float64 vectors; both are divided by their common peak first, so
+    that values past 1e154 (whose squares overflow) give a number, not NaN."""
+    peak = max(float(np.abs(a).max(initial=0.0)), float(np.abs(b).max(initial=0.0)))
+    if peak > 0:
+        a, b = a / peak, b / peak
     denom = float(np.linalg.norm(a) * np.linalg.norm(b))
     return float(a @ b / denom) if denom > 0 else float(np.array_equal(a, b))
 
@@ -246,14 +251,19 @@ def _slice_cosines(ref: list[np.ndarray], got: list[np.ndarray]
     if axis is None:
         return None
     k = ref[0].shape[axis]
+    if any(r.shape != g.shape or r.ndim != ref[0].ndim or r.shape[axis] != k
+           for r, g in zip(ref, got, strict=True)):
+        return None
+    # one scale for every batch (as in _cosine: squares of values past 1e154 overflow)
+    scale = max((float(np.abs(x).max(initial=0.0)) for x in (*ref, *got)),
+                default=0.0) or 1.0
     dot, na, nb, peaks = np.zeros(k), np.zeros(k), np.zeros(k), np.zeros(k)
     for r, g in zip(ref, got, strict=True):
-        if r.shape != g.shape or r.ndim != ref[0].ndim or r.shape[axis] != k:
-            return None
         rm = np.moveaxis(r, axis, 0).reshape(k, -1).astype(np.float64)
         gm = np.moveaxis(g, axis, 0).reshape(k, -1).astype(np.float64)
         if rm.size:
             peaks = np.maximum(peaks, np.abs(rm).max(axis=1))
+        rm, gm = rm / scale, gm / scale
         dot += np.einsum("ij,ij->i", rm, gm)
         na += np.einsum("ij,ij->i", rm, rm)
         nb += np.einsum("ij,ij->i", gm, gm)

@@ -211,6 +211,8 @@ def upgrade_opset(model: onnx.ModelProto, min_opset: int, where: str = "model",
         return model
     from onnx import version_converter
 
+    if current < 7:
+        _per_channel_prelu_slopes(model)
     try:
         with _weights_stripped(model) as light:
             converted = version_converter.convert_version(light, min_opset)
@@ -225,6 +227,40 @@ def upgrade_opset(model: onnx.ModelProto, min_opset: int, where: str = "model",
         notes.append(f"the model's opset {current} was converted to {min_opset} (per-channel "
                      f"Q/DQ needs it): the output is an opset-{min_opset} model")
     return restored
+
+
+def _per_channel_prelu_slopes(model: onnx.ModelProto) -> None:
+    """Before opset 7, a PRelu's 1-D slope of C values is one slope per channel (axis 1); from
+    opset 7 on it broadcasts against the last axis, and onnx's version converter leaves it as it
+    is.  Give such a constant slope the shape [C, 1, ..., 1] of the input's rank, so that the
+    converted model computes what the original does."""
+    prelus = [n for n in model.graph.node if n.op_type == "PRelu" and n.domain in ("", "ai.onnx")
+              and len(n.input) == 2]
+    if not prelus:
+        return
+    with _weights_stripped(model) as light:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False)
+        except Exception:
+            return
+    ranks = {vi.name: len(vi.type.tensor_type.shape.dim)
+             for vi in (*inferred.graph.input, *inferred.graph.value_info)
+             if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
+    constants = {t.name: t for t in model.graph.initializer}
+    constants.update({n.output[0]: n.attribute[0].t for n in model.graph.node
+                      if n.op_type == "Constant" and n.attribute
+                      and n.attribute[0].name == "value"})
+    declared = {vi.name: vi for vi in model.graph.input}  # IR < 4 lists weights as inputs
+    for node in prelus:
+        slope, rank = constants.get(node.input[1]), ranks.get(node.input[0], 0)
+        if slope is None or len(slope.dims) != 1 or slope.dims[0] < 2 or rank < 3:
+            continue
+        slope.dims[:] = [slope.dims[0], *[1] * (rank - 2)]
+        if node.input[1] in declared and declared[node.input[1]].type.HasField("tensor_type"):
+            shape = declared[node.input[1]].type.tensor_type.shape
+            del shape.dim[:]
+            for d in slope.dims:
+                shape.dim.add().dim_value = d
 
 
 def drop_initializer_inputs(model: onnx.ModelProto) -> list[str]:

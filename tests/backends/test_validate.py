@@ -72,6 +72,17 @@ def test_fidelity_measures_cosine_and_max_error_over_all_batches():
     assert fid.cosine == 0.0 and fid.max_abs_error == 2.0 and fid.float_max_abs == 1.0
 
 
+def test_fidelity_of_values_whose_squares_overflow_is_a_number():
+    # float64 outputs near 1e200 (the onnx package's own broadcast-Add test data): the squares
+    # overflow to inf and the cosine was NaN
+    big = np.array([[[1e200, -2e200], [3e200, 4e200]] * 8], np.float64)  # [1, 16, 2]
+    (fid,) = fidelity([{"y": big}], [{"y": big}])
+    assert fid.cosine == 1.0 and fid.max_abs_error == 0.0
+    assert fid.worst_slice_cosine == 1.0
+    (fid,) = fidelity([{"y": big}], [{"y": -big}])
+    assert fid.cosine == -1.0
+
+
 def test_fidelity_of_integer_outputs_is_the_share_of_equal_values():
     # one label of 8 changed: 7/8 agree (per batch it would read as half the batches differing)
     ref = [{"ids": np.array([1, 2, 3, 4])}, {"ids": np.array([3, 4, 5, 6])}]
