@@ -350,15 +350,18 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     with _weights_stripped(model) as light:
         try:
             inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
-            for _ in range(len(model.graph.node)):
-                extra = _ml_same_shapes(inferred.graph)
-                if not extra:
-                    break
-                inferred.graph.value_info.extend(extra)
-                inferred = onnx.shape_inference.infer_shapes(inferred, strict_mode=False,
-                                                             data_prop=True)
         except Exception:  # inference is a help, not a requirement
             return model
+        for _ in range(len(model.graph.node)):
+            extra = _ml_same_shapes(inferred.graph)
+            if not extra:
+                break
+            inferred.graph.value_info.extend(extra)
+            try:
+                inferred = onnx.shape_inference.infer_shapes(inferred, strict_mode=False,
+                                                             data_prop=True)
+            except Exception:  # keep what the first pass and the ML shapes gave
+                break
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
     for dst, src in zip(model.graph.output, inferred.graph.output, strict=True):
