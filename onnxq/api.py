@@ -4,6 +4,7 @@ validate, report."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -18,9 +19,8 @@ from onnxq.backends.check import check
 from onnxq.backends.profile import BackendProfile, profile_for
 from onnxq.backends.validate import DOMINATED, class_axes, fidelity, run_outputs
 from onnxq.bias_correction import BiasCorrection, correct_biases
-from onnxq.calibrate import CalibrationResult, calibrate
+from onnxq.calibrate import CalibrationResult, calibrate, calibration_cache
 from onnxq.calibrate import load_calibration as load_calibration_file
-from onnxq.calibrate import save_calibration as save_calibration_file
 from onnxq.config import QuantConfig
 from onnxq.data import model_inputs, open_source
 from onnxq.errors import (
@@ -56,11 +56,8 @@ class QuantizedModel:
              external_data: bool | None = None) -> list[Path]:
         """Write the model (atomically; never over the input file) and optionally the report."""
         out = Path(path)
-        if self.source is not None and out.resolve() == self.source.resolve():
-            raise OutputError(
-                f"output path {out} is the input model; choose another path (the input is never "
-                "overwritten)"
-            )
+        check_paths({"output": out, "report": report},
+                    {"input model": self.source} if self.source is not None else {})
         if report is not None and not Path(report).parent.is_dir():
             raise OutputError(f"report folder does not exist: {Path(report).parent}")
         written = ir.save_model(self.model, out, external_data=external_data)
@@ -73,6 +70,27 @@ class QuantizedModel:
                 raise
             written.append(Path(report))
         return written
+
+
+def check_paths(outputs: dict[str, str | os.PathLike[str] | None],
+                inputs: dict[str, str | os.PathLike[str] | None]) -> None:
+    """Raise :class:`OutputError` when two of ``outputs`` name the same file, or one of them
+    names one of ``inputs`` (name -> path; None: not given): one file would overwrite another,
+    and an input is never overwritten."""
+    seen: dict[Path, str] = {}
+    for what, path in inputs.items():
+        if path is not None:
+            seen.setdefault(Path(path).resolve(), what)
+    for what, path in outputs.items():
+        if path is None:
+            continue
+        key = Path(path).resolve()
+        if key in seen:
+            other = seen[key]
+            kind = "the " + other if other in inputs else "also the " + other
+            raise OutputError(f"{what} {path} is {kind}; choose another path"
+                              + (" (an input is never overwritten)" if other in inputs else ""))
+        seen[key] = what
 
 
 def resolve_config(config: QuantConfig | str | os.PathLike[str] | dict[str, Any] | None,
@@ -90,6 +108,11 @@ def resolve_config(config: QuantConfig | str | os.PathLike[str] | dict[str, Any]
         raise ConfigError(f"config must be a QuantConfig, a dict or a YAML path, got "
                           f"{type(config).__name__}")
     given = {k: v for k, v in options.items() if v is not None}
+    known = {f.name for f in dataclasses.fields(QuantConfig)}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise ConfigError(f"unknown option {unknown[0]!r}; valid options: "
+                          f"{', '.join(sorted(known))}")
     return base.replace(**given) if given else base
 
 
@@ -137,8 +160,13 @@ def quantize(model: ModelLike, calibration: Any = None, *,
     Returns:
         A :class:`QuantizedModel` with ``.model``, ``.report`` and ``.save(path)``.
     """
+    if isinstance(exclude, (str, os.PathLike)):
+        exclude = [str(exclude)]  # one pattern, not its characters
     cfg = resolve_config(config, backend=backend, method=method,
                          exclude=tuple(exclude) if exclude is not None else None, **options)
+    check_paths({"calibration cache to save": save_calibration},
+                {"input model": model if isinstance(model, (str, os.PathLike)) else None,
+                 "calibration cache to load": load_calibration})
     if calibration is None and load_calibration is None:
         raise CalibrationDataError("no calibration data given; pass --calib DATA (a folder of "
                                    ".npz batches, a .npz of samples, or .npy files) or "
@@ -158,6 +186,7 @@ def quantize(model: ModelLike, calibration: Any = None, *,
         inputs = model_inputs(graph)
         data = (open_source(calibration, inputs, batch_size, cfg.preprocess)
                 if calibration is not None else None)
+        cache: bytes | None = None
         if load_calibration is not None:
             annotations, result = _place_from_cache(loaded, graph, profile, cfg, data, inputs,
                                                     load_calibration)
@@ -165,9 +194,11 @@ def quantize(model: ModelLike, calibration: Any = None, *,
             assert data is not None
             annotations, result = _place_and_calibrate(loaded, graph, profile, cfg, data, inputs,
                                                        all_histograms=save_calibration is not None)
-            if save_calibration is not None:
-                save_calibration_file(save_calibration, result.stats, graph)
+            # written last: a run that fails or is interrupted leaves no file behind
+            cache = (calibration_cache(result.stats, graph) if save_calibration is not None
+                     else None)
         qparams, warnings = _qparams(annotations, result, profile, cfg)
+        warnings.extend(_unmatched_patterns(graph, cfg))
         if profile_note:
             warnings.insert(0, profile_note)
         warnings.extend(_few_samples_warning(result))
@@ -199,6 +230,8 @@ def quantize(model: ModelLike, calibration: Any = None, *,
                    *_budget_note(result, cfg)],
             bias_corrections=corrections)
         _validate(loaded, reference, result, profile, report)
+        if save_calibration is not None and cache is not None:
+            ir.atomic_write_bytes(save_calibration, cache)
         return QuantizedModel(loaded, report, source)
 
 
@@ -236,7 +269,8 @@ def _place_from_cache(model: onnx.ModelProto, graph: ir.Graph, profile: BackendP
         float_tensors.update(more_t)
         float_nodes.update(more_n)
     samples = max((s.samples for s in stats.values()), default=0)
-    return annotations, CalibrationResult(stats, samples, held)
+    # no batch was calibrated here: the statistics come from the cache
+    return annotations, CalibrationResult(stats, 0, held, samples=samples)
 
 
 def _place_and_calibrate(model: onnx.ModelProto, graph: ir.Graph, profile: BackendProfile,
@@ -297,6 +331,15 @@ def _fit_ir_version(model: onnx.ModelProto) -> str | None:
     return (f"the model's IR version {old} is newer than onnxruntime {version('onnxruntime')} "
             f"reads ({newest}); it uses nothing those versions added, so onnxq calibrated it "
             f"and wrote the output as IR {newest}")
+
+
+def _unmatched_patterns(graph: ir.Graph, cfg: QuantConfig) -> list[str]:
+    """A warning for each exclude pattern or override that matches nothing in the model."""
+    nodes = [(n.name, n.op_type) for n in graph.nodes]
+    tensors = {t for n in graph.nodes for t in (*n.input, *n.output) if t}
+    return [f"{what} matches no node or tensor of the model (after simplification; "
+            "`onnxq explain MODEL` lists the node names): it changes nothing"
+            for what in cfg.unmatched(nodes, tensors)]
 
 
 def _few_samples_warning(result: CalibrationResult) -> list[str]:
@@ -439,6 +482,9 @@ def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
                             profile.fused_validation else
                             "onnxruntime, fusion off: the Q/DQ graph's own arithmetic")
     if not result.held:
+        report.notes.append("fidelity not measured: no batches were held for it (statistics "
+                            "from a calibration cache without --calib data, or "
+                            "fidelity_batches: 0)")
         return
     quant = run_outputs(model, result.held, profile.fused_validation, "quantized")
     if reference is None:

@@ -49,7 +49,7 @@ class CalibrationResult:
     sample_share: int = 0  # values per sample the histograms took (0: every value)
     budget_sampled: int = 0  # histograms that the budget made sample more sparsely
     # samples in the data: each batch's first input of rank >= 2 along its first axis (a batch
-    # without one: 1 sample); 0 when not counted (statistics from a cache)
+    # without one: 1 sample); from a cache: the samples its statistics saw
     samples: int = 0
 
 
@@ -204,6 +204,10 @@ def calibrate(
                 raise CalibrationDataError(
                     "the calibration data yielded no batches; give at least one batch"
                 )
+    if samples == 0:
+        raise CalibrationDataError(
+            f"the {seen} calibration batch(es) hold no samples (their inputs are empty along "
+            "the first axis); give batches with at least one sample")
     return CalibrationResult(stats, seen, held, share, budget_sampled, samples)
 
 
@@ -519,9 +523,9 @@ CACHE_FORMAT = "onnxq-calibration"
 CACHE_VERSION = 1
 
 
-def save_calibration(path: str | os.PathLike[str], stats: dict[str, TensorStats],
-                     graph: ir.Graph) -> None:
-    """Write observed statistics as JSON (atomically), with each tensor's inferred shape."""
+def calibration_cache(stats: dict[str, TensorStats], graph: ir.Graph) -> bytes:
+    """Observed statistics as the JSON text of a calibration cache, with each tensor's inferred
+    shape (``graph`` before Q/DQ are placed)."""
     import json
 
     doc = {
@@ -532,7 +536,13 @@ def save_calibration(path: str | os.PathLike[str], stats: dict[str, TensorStats]
             for name in sorted(stats)
         },
     }
-    ir.atomic_write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode("utf-8"))
+    return (json.dumps(doc, indent=1) + "\n").encode("utf-8")
+
+
+def save_calibration(path: str | os.PathLike[str], stats: dict[str, TensorStats],
+                     graph: ir.Graph) -> None:
+    """Write :func:`calibration_cache` to ``path`` (atomically)."""
+    ir.atomic_write_bytes(path, calibration_cache(stats, graph))
 
 
 def load_calibration(path: str | os.PathLike[str], graph: ir.Graph,

@@ -7,6 +7,7 @@ traceback, nothing written).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -118,10 +119,11 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--calib", required=True, metavar="DATA")
     a.add_argument("--preprocess", metavar="SPEC", help="for an image folder (see quantize)")
     a.add_argument("--report", metavar="FILE", help="write the table as .json or .html")
-    a.add_argument("--max-batches", type=int, default=16)
+    a.add_argument("--max-batches", type=_positive, default=16)
     a.add_argument("--fused", action="store_true",
                    help="run the quantized model with onnxruntime's int8 fusion (default: off)")
-    a.add_argument("--top", type=int, default=15, help="print the N worst tensors (default 15)")
+    a.add_argument("--top", type=_positive, default=15,
+                   help="print the N worst tensors (default 15)")
 
     e = sub.add_parser("explain", help="per op: quantized (which rule) or why not",
                        description="Show where onnxq would place Q/DQ and why each op stays "
@@ -158,23 +160,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from onnxq.api import quantize
+    from onnxq.api import check_paths, quantize
     from onnxq.errors import OutputError
 
     if not args.output or args.output.endswith(("/", "\\")) or Path(args.output).is_dir():
         raise OutputError(f"output {args.output!r} is not a file path; "
                           "give e.g. -o model.int8.onnx")
     out = Path(args.output)
-    if Path(args.model).exists() and out.exists() and out.resolve() == Path(args.model).resolve():
-        raise OutputError(f"output {out} is the input model; choose another path")
+    check_paths({"output": out, "report": args.report,
+                 "calibration cache to save": args.save_calibration},
+                {"input model": args.model, "config": args.config,
+                 "calibration cache to load": args.load_calibration,
+                 "calibration data": args.calib})
     for target in (out, Path(args.report) if args.report else None):
         if target is not None and not target.parent.is_dir():
             raise OutputError(f"output folder does not exist: {target.parent}")
+    new_cache = args.save_calibration is not None and not Path(args.save_calibration).exists()
     result = quantize(
         args.model, args.calib, backend=args.backend, method=args.method, exclude=args.exclude,
         config=_with_method_overrides(args.config, args.method_for),
@@ -184,8 +201,15 @@ def _quantize(args: argparse.Namespace) -> int:
         histogram_sample=args.histogram_sample, histogram_budget=args.histogram_budget,
         preprocess=args.preprocess,
         save_calibration=args.save_calibration, load_calibration=args.load_calibration)
-    written = result.save(out, report=args.report,
-                          external_data=True if args.external_data else None)
+    try:
+        written = result.save(out, report=args.report,
+                              external_data=True if args.external_data else None)
+    except BaseException:  # an error or Ctrl-C: leave no file of this run behind
+        if new_cache:
+            Path(args.save_calibration).unlink(missing_ok=True)
+        raise
+    if args.save_calibration is not None:
+        written.append(Path(args.save_calibration))
     if not args.quiet:
         print(result.report.summary())
         print("wrote " + ", ".join(str(w) for w in written))
@@ -205,7 +229,12 @@ def _with_method_overrides(config: str | None, items: list[str]) -> Any:
         pattern, sep, method = item.rpartition("=")
         if not sep or not pattern or not method:
             raise ConfigError(f"--method-for {item!r}: expected GLOB=METHOD")
-        extra += [Override(node=pattern, method=method), Override(tensor=pattern, method=method)]
+        try:
+            extra += [Override(node=pattern, method=method),
+                      Override(tensor=pattern, method=method)]
+        except ConfigError as exc:
+            raise ConfigError(f"--method-for {item!r}: "
+                              f"{str(exc).removeprefix('overrides[].method: ')}") from None
     return base.replace(overrides=(*base.overrides, *extra))
 
 
@@ -217,6 +246,7 @@ def _check(args: argparse.Namespace) -> int:
     from onnxq.backends.profile import PROFILES
 
     profile = PROFILES[args.backend]
+    shapes = _shapes(args.shape)  # checked even without --engine: a typo is not ignored
     model = ir.load_model(args.model, min_opset=1)
     violations = check(model, profile)
     for v in violations:
@@ -253,7 +283,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.engine:
         from onnxq.backends.tensorrt import build_engine
 
-        print(build_engine(args.model, _shapes(args.shape)).summary())
+        print(build_engine(args.model, shapes).summary())
     return 1 if violations else 0
 
 
@@ -275,10 +305,19 @@ def _shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
 def _analyze(args: argparse.Namespace) -> int:
     from onnxq import ir
     from onnxq.analyze import analyze, write_analysis
+    from onnxq.api import check_paths
     from onnxq.data import model_inputs, open_source
 
+    check_paths({"report": args.report}, {"float model": args.float_model,
+                                          "quantized model": args.quant_model,
+                                          "calibration data": args.calib})
     float_model = ir.load_model(args.float_model)
     quant_model = ir.load_model(args.quant_model)
+    if not any(n.op_type in ir.QDQ_OPS for n in quant_model.graph.node):
+        swapped = any(n.op_type in ir.QDQ_OPS for n in float_model.graph.node)
+        print(f"onnxq: warning: {args.quant_model} holds no Q/DQ nodes"
+              + (", and the first model does: are the two swapped? (onnxq analyze FLOAT QUANT)"
+                 if swapped else ": it computes what a float model does"), file=sys.stderr)
     data = open_source(args.calib, model_inputs(ir.Graph(float_model)), 1, args.preprocess)
     layers = analyze(float_model, quant_model, data, args.max_batches, args.fused)
     if args.report:
@@ -306,7 +345,7 @@ def _inspect(args: argparse.Namespace) -> int:
     records = read_metadata(model)
     if records is None:
         raise ModelLoadError(f"{path}: no onnxq quantization metadata (not made by onnxq?)")
-    width = max((len(t) for t in records), default=6)
+    width = max([len("tensor"), *(len(t) for t in records)])
     print(f"{'tensor':<{width}}  kind        bits  method              axis  symmetric")
     for name, r in records.items():
         print(f"{name:<{width}}  {r.get('kind', ''):<10}  {r.get('bits', ''):>4}  "
@@ -349,10 +388,18 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 def main_exit() -> None:
-    """Console-script wrapper: exit with :func:`main`'s code."""
-    sys.exit(main())
+    """Console-script wrapper: exit with :func:`main`'s code; output piped into a reader that
+    stops early (``onnxq explain M | head``) ends quietly, as other command-line tools do."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
+        code = 141  # 128 + SIGPIPE, what a shell reports for such a writer
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main_exit()

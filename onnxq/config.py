@@ -154,9 +154,8 @@ class QuantConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            if f.name != "overrides":
-                _coerce(f.name, getattr(self, f.name), "config")
+        for f in dataclasses.fields(self):  # dict overrides and preprocess specs from Python too
+            object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name), "config"))
         if self.backend not in BACKENDS:
             raise ConfigError(
                 f"backend: unknown backend {self.backend!r}; valid: {', '.join(BACKENDS)}"
@@ -204,6 +203,27 @@ class QuantConfig:
             if ov.exclude and ov.matches_node(node_name, op_type):
                 return f"override {_describe(ov)} exclude"
         return None
+
+    def unmatched(self, nodes: list[tuple[str, str]], tensors: set[str]) -> list[str]:
+        """The exclude patterns and overrides that match none of ``nodes`` ((name, op_type)
+        pairs) and ``tensors``: a typo that would silently change nothing."""
+        out = [f"--exclude {p!r}" for p in self.exclude
+               if not any(fnmatch.fnmatchcase(name, p) for name, _ in nodes)]
+
+        def key(ov: Override) -> tuple[object, ...]:
+            # `--method-for GLOB=M` is two overrides, node=GLOB and tensor=GLOB: one suffices
+            return ({ov.node, ov.op_type, ov.tensor} - {None}, ov.method, ov.exclude, ov.bits,
+                    ov.per_channel, ov.symmetric)
+
+        hit = [((ov.node is not None or ov.op_type is not None)
+                and any(ov.matches_node(name, op) for name, op in nodes))
+               or any(ov.matches_tensor(t) for t in tensors) for ov in self.overrides]
+        matched = [key(ov) for ov, h in zip(self.overrides, hit, strict=True) if h]
+        for ov, h in zip(self.overrides, hit, strict=True):
+            if not h and key(ov) not in matched:
+                matched.append(key(ov))  # said once
+                out.append(f"override {_describe(ov)}")
+        return out
 
     def tensor_excluded(self, tensor_name: str) -> str | None:
         """The override that keeps this tensor float, or ``None``."""
@@ -262,7 +282,12 @@ class QuantConfig:
                     f"{where}: unknown key {key!r}; valid keys: {', '.join(sorted(known))}"
                 )
             kwargs[key] = _coerce(key, value, where)
-        return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except ConfigError as exc:  # a value check: name the file too
+            text = str(exc)
+            raise ConfigError(text if text.startswith(f"{where}:") else f"{where}: {text}"
+                              ) from None
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> QuantConfig:
@@ -360,7 +385,11 @@ def _override(index: int, value: Any, where: str) -> Override:
     bits = value.get("bits")
     if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int)):
         raise ConfigError(f"{where}: overrides[{index}].bits: expected an integer 2..8")
-    return Override(**value)
+    try:
+        return Override(**value)
+    except ConfigError as exc:
+        text = str(exc).replace("overrides[].", f"overrides[{index}].")
+        raise ConfigError(f"{where}: {text}") from None
 
 
 def _names(types: tuple[type, ...]) -> str:

@@ -136,6 +136,12 @@ def _load_arrays(path: Path) -> dict[str, np.ndarray]:
     """
     try:
         with open(path, "rb") as fh:
+            head = fh.read(6)  # neither .npy nor zip (.npz): numpy would try to unpickle it
+            if not (head == b"\x93NUMPY" or head[:4] in (b"PK\x03\x04", b"PK\x05\x06")):
+                raise CalibrationDataError(
+                    f"{path}: not a numpy file (.npy or .npz); the file is corrupt or holds "
+                    "something else")
+            fh.seek(0)
             loaded = np.load(fh, allow_pickle=False)
             if isinstance(loaded, np.ndarray):
                 return {"": loaded}
@@ -174,7 +180,14 @@ def open_source(source: Any, inputs: list[InputSpec], batch_size: int = 1,
         if not path.exists():
             raise CalibrationDataError(f"calibration data not found: {path}")
         if path.is_dir():
-            if preprocess is not None or _holds_images(path):
+            images = _holds_images(path)
+            if preprocess is not None and not images and (
+                    any(path.glob("*.npz")) or any(path.glob("*.npy"))):
+                raise CalibrationDataError(
+                    f"{path} holds .npz/.npy batches, which are fed as they are, but a "
+                    f"preprocess spec ({preprocess}) was given: it applies to image folders "
+                    "only; drop --preprocess (or the config's preprocess) for array data")
+            if preprocess is not None or images:
                 return _image_folder(path, inputs, batch_size, preprocess)
             return NpzFolder(path, inputs)
         if path.suffix == ".npz":

@@ -97,7 +97,8 @@ class Report:
         lines = [
             f"backend {self.backend}: {len(self.quantized_ops)} of {len(self.decisions)} ops "
             f"quantized, {len(self.placed)} tensors with Q/DQ, "
-            f"{self.calibration_batches} calibration batches",
+            + (f"{self.calibration_batches} calibration batches" if self.calibration_batches
+               else "statistics from a calibration cache"),
         ]
         reasons: dict[str, int] = {}
         for d in self.float_ops:

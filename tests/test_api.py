@@ -419,3 +419,22 @@ def test_a_calibration_of_few_samples_gets_a_warning():
     assert any(f"the ranges come from {samples} calibration sample(s)" in w for w in few)
     enough = onnxq.quantize(model, graphs.random_batches(model, 32), progress=False)
     assert not any("calibration sample(s)" in w for w in enough.report.warnings)
+
+
+def test_the_python_api_keeps_the_error_contract():
+    model = graphs.conv_relu()
+    batches = graphs.random_batches(model, 2)
+    with pytest.raises(ConfigError, match="unknown option 'methd'"):
+        onnxq.quantize(model, batches, methd="minmax")
+    # one pattern given as a string is one pattern, not its characters
+    result = onnxq.quantize(model, batches, exclude="conv", progress=False)
+    assert result.report.config["exclude"] == ["conv"]
+
+
+def test_batches_without_samples_are_refused():
+    model = graphs.conv_relu()
+    for vi in (model.graph.input[0], model.graph.output[0]):
+        vi.type.tensor_type.shape.dim[0].dim_param = "N"
+    empty = [{k: v[:0] for k, v in b.items()} for b in graphs.random_batches(model, 2)]
+    with pytest.raises(CalibrationDataError, match="hold no samples"):
+        onnxq.quantize(model, empty, progress=False)

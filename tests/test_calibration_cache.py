@@ -24,6 +24,25 @@ def test_cached_statistics_give_the_same_model_as_the_data(tmp_path):
     cached = onnxq.quantize(model, None, method="percentile", progress=False,
                             load_calibration=cache)
     assert ir.serialize(cached.model) == ir.serialize(direct.model)
+    # the report says where the statistics came from, and that no fidelity was measured
+    assert cached.report.calibration_batches == 0
+    assert "statistics from a calibration cache" in cached.report.summary().splitlines()[0]
+    assert any(n.startswith("fidelity not measured") for n in cached.report.notes)
+
+
+def test_a_failed_run_leaves_no_cache(tmp_path, monkeypatch):
+    import onnxq.api
+
+    def fail(*_args, **_kwargs):
+        raise onnxq.errors.AccuracyError("validation failed")
+
+    monkeypatch.setattr(onnxq.api, "_validate", fail)
+    model = graphs.residual_add()
+    cache = tmp_path / "calib.json"
+    with pytest.raises(onnxq.errors.AccuracyError):
+        onnxq.quantize(model, graphs.random_batches(model, 2), progress=False,
+                       save_calibration=cache)
+    assert not cache.exists()
 
 
 def test_a_cache_serves_any_method_because_it_keeps_histograms(tmp_path):

@@ -398,3 +398,94 @@ def test_explain_notes_a_model_with_per_element_sigmoid_scores(model_file, capsy
     assert main(["explain", str(path)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("note: output ") and "per-element sigmoid scores" in lines[-1]
+
+
+# ------------------------------------------------------------------------------- output paths
+@pytest.mark.parametrize("extra, what", [
+    (["--report", "{model}"], "report"),
+    (["--save-calibration", "{model}"], "calibration cache to save"),
+    (["--report", "{out}"], "report"),
+    (["--save-calibration", "{out}"], "calibration cache to save"),
+])
+def test_no_output_names_an_input_or_another_output(tmp_path, conv_files, capsys, extra, what):
+    model, calib = conv_files
+    before = model.read_bytes()
+    out = tmp_path / "out.onnx"
+    args = [a.format(model=model, out=out) for a in extra]
+    code = main(["quantize", str(model), "-o", str(out), "--calib", str(calib), "-q", *args])
+    err = capsys.readouterr().err
+    assert_user_error(code, err)
+    assert f"onnxq: error: {what} " in err and "choose another path" in err
+    assert model.read_bytes() == before and not out.exists()
+
+
+def test_analyze_report_never_replaces_a_model(tmp_path, conv_files, capsys):
+    model, calib = conv_files
+    before = model.read_bytes()
+    code = main(["analyze", str(model), str(model), "--calib", str(calib),
+                 "--report", str(model)])
+    assert_user_error(code, capsys.readouterr().err)
+    assert model.read_bytes() == before
+
+
+def test_written_files_get_the_usual_mode(tmp_path, conv_files):
+    import os
+
+    model, calib = conv_files
+    out, report, cache = tmp_path / "o.onnx", tmp_path / "o.json", tmp_path / "c.json"
+    old = os.umask(0o022)
+    try:
+        assert main(["quantize", str(model), "-o", str(out), "--calib", str(calib), "-q",
+                     "--report", str(report), "--save-calibration", str(cache)]) == 0
+    finally:
+        os.umask(old)
+    for path in (out, report, cache):
+        assert path.stat().st_mode & 0o777 == 0o644, path
+
+
+def test_a_preprocess_spec_with_array_batches_is_a_user_error(tmp_path, conv_files, capsys):
+    model, calib = conv_files
+    code = main(["quantize", str(model), "-o", str(tmp_path / "o.onnx"), "--calib", str(calib),
+                 "--preprocess", "imagenet"])
+    err = capsys.readouterr().err
+    assert_user_error(code, err)
+    assert "holds .npz/.npy batches" in err and "image folders only" in err
+
+
+def test_an_exclude_pattern_that_matches_nothing_is_warned_about(tmp_path, conv_files, capsys):
+    model, calib = conv_files
+    report = tmp_path / "o.json"
+    assert main(["quantize", str(model), "-o", str(tmp_path / "o.onnx"), "--calib", str(calib),
+                 "-q", "--exclude", "nomatch", "--exclude", "conv*", "--method-for",
+                 "relu*=minmax", "--report", str(report)]) == 0
+    warnings = json.loads(report.read_text())["warnings"]
+    unmatched = [w for w in warnings if "matches no node or tensor" in w]
+    assert len(unmatched) == 1 and unmatched[0].startswith("--exclude 'nomatch'")
+
+
+def test_check_rejects_a_malformed_shape_even_without_engine(conv_files, capsys):
+    model, _ = conv_files
+    code = main(["check", str(model), "--shape", "bad"])
+    assert_user_error(code, capsys.readouterr().err)
+
+
+def test_analyze_warns_when_the_models_look_swapped(tmp_path, conv_files, capsys):
+    model, calib = conv_files
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(model), "-o", str(out), "--calib", str(calib), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["analyze", str(out), str(model), "--calib", str(calib), "--top", "1"]) == 0
+    assert "are the two swapped?" in capsys.readouterr().err
+
+
+def test_output_closed_early_ends_quietly(tmp_path, model_file):
+    # 3000 ops: explain writes more than a pipe holds after `head` has gone
+    from onnx import helper
+
+    nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"relu_{i:04d}")
+             for i in range(3000)]
+    model = graphs.model(nodes, [graphs.tensor("t0", [1, 4])], [graphs.tensor("t3000", [1, 4])])
+    path = model_file(model)
+    done = subprocess.run(f"{sys.executable} -m onnxq.cli explain {path} | head -c 1",
+                          shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.stderr == "" and len(done.stdout) == 1

@@ -187,3 +187,28 @@ def test_settings_for_last_matching_override_wins():
 def test_every_method_name_is_accepted():
     for name in METHODS:
         assert QuantConfig(method=name).method == name
+
+
+def test_python_overrides_and_preprocess_given_as_dicts_are_normalised():
+    cfg = QuantConfig(overrides=[{"op_type": "Gemm", "exclude": True}],
+                      preprocess={"scale": "1/255"})
+    assert cfg.overrides == (Override(op_type="Gemm", exclude=True),)
+    assert isinstance(cfg.preprocess, str)
+
+
+def test_a_value_error_in_a_config_file_names_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("percentile: 0\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: percentile: must be in \(0, 100\]"):
+        QuantConfig.from_yaml(bad)
+    bad.write_text("overrides:\n  - {node: a}\n  - {node: b, bits: 9}\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: overrides\[1\]\.bits: must be"):
+        QuantConfig.from_yaml(bad)
+
+
+def test_unmatched_lists_patterns_and_overrides_that_match_nothing():
+    cfg = QuantConfig(exclude=("conv*", "nomatch"), overrides=(
+        Override(node="x*", method="mse"), Override(tensor="x*", method="mse"),  # --method-for
+        Override(op_type="Gemm", exclude=True)))
+    nodes, tensors = [("conv1", "Conv"), ("x1", "Relu")], {"t", "u"}
+    assert cfg.unmatched(nodes, tensors) == ["--exclude 'nomatch'", "override (op_type=Gemm)"]

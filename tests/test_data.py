@@ -141,9 +141,9 @@ def test_unsupported_file_type(tmp_path):
 
 
 def test_corrupt_npz_file(tmp_path):
+    # neither a zip nor .npy: numpy would try to unpickle it, which is not what is wrong
     (tmp_path / "0000.npz").write_bytes(b"not a zip file")
-    with pytest.raises(CalibrationDataError, match=r"0000\.npz: holds an object array .* "
-                       "onnxq refuses pickled data"):
+    with pytest.raises(CalibrationDataError, match=r"0000\.npz: not a numpy file"):
         list(open_source(tmp_path, [X]))
 
 

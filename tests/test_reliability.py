@@ -397,7 +397,7 @@ CASES = [
     Case("custom-domain-op", _custom_domain, r"com\.example"),
     Case("opset-999", _opset_999, r"(?i)opset.*999", subprocess=True),
     Case("short-weight-payload", _short_weight_payload, r"conv\.weight"),
-    Case("model-is-a-folder", _model_is_a_folder, r"not found|not a file"),
+    Case("model-is-a-folder", _model_is_a_folder, r"is a folder, not a model file"),
     # external data
     Case("ext-missing-file", _ext_missing, r"w\.data.*not found", subprocess=True),
     Case("ext-dotdot-etc-passwd", _ext_dotdot_passwd, r"refused", refused=True,

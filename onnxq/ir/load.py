@@ -29,6 +29,8 @@ def load_model(path: str | os.PathLike[str], min_opset: int = 13,
     :mod:`onnxq.ir.external`): the model then holds only the graph.
     """
     p = Path(path)
+    if p.is_dir():
+        raise ModelLoadError(f"{p} is a folder, not a model file; give the .onnx file")
     if not p.is_file():
         raise ModelLoadError(f"model file not found: {p}")
     try:

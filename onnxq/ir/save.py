@@ -168,11 +168,26 @@ def _mark_external(tensor: TensorProto, location: str, offset: int, length: int)
     tensor.external_data.add(key="length", value=str(length))
 
 
+def _file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` gives a new file: 0o666 less the umask (mkstemp's
+    0o600 would make models and reports unreadable to the other users of a deployment)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_FILE_MODE = _file_mode()
+
+
 @contextlib.contextmanager
 def _temp_beside(target: Path) -> Iterator[Path]:
-    """A temporary path in ``target``'s folder, removed unless renamed away."""
+    """A temporary path in ``target``'s folder (with a new file's usual mode), removed unless
+    renamed away."""
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
+    try:
+        os.fchmod(fd, _FILE_MODE)
+    finally:
+        os.close(fd)
     tmp = Path(name)
     try:
         yield tmp

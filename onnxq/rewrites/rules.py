@@ -143,7 +143,8 @@ def small_decline(op: str, k: int, n: int, ctx: Context) -> Decline | None:
     limit = ctx.min_channels
     if limit and (k < limit or n < limit):
         return Decline(
-            f"{op} with {k} input / {n} output channels (< min_channels={limit}): INT8 does not "
+            f"{op} with {k} input / {n} output channels (min_channels={limit}: fewer than "
+            f"{limit} on either side): INT8 does not "
             "pay for it, it stays float"
         )
     return None
