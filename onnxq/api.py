@@ -123,6 +123,7 @@ def load(model: ModelLike, profile: BackendProfile, notes: list[str] | None = No
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
+        ir.sort_nodes(copy, notes)
         ir.check_model(copy, where="model")
         copy = ir.upgrade_opset(copy, profile.min_opset, notes=notes)
         ir.name_nodes(copy.graph)
@@ -516,8 +517,8 @@ def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
                 f"as a whole, but its slice {out.worst_slice} along axis {out.slice_axis} only "
                 f"at {out.worst_slice_cosine:.3f} (< {LOW_FIDELITY}), and its slices' float "
                 f"peaks differ by {out.slice_peak_ratio:.3g}x: one cosine over an output is "
-                "dominated by its largest values, and a part of it (a detector's scores "
-                f"beside its boxes) can be lost unseen; {_LOW_FIDELITY_HINT}")
+                "dominated by its largest values, so a small-valued part of it (such as a "
+                f"detector's scores beside its boxes) can be lost unseen; {_LOW_FIDELITY_HINT}")
         elif out.top1_agreement is not None and out.top1_agreement < LOW_FIDELITY:
             report.warnings.append(
                 f"output {out.name!r}: its largest class differs from the float model's in "

@@ -159,6 +159,24 @@ def test_an_opset_6_prelu_keeps_one_slope_per_channel(as_input):
     np.testing.assert_allclose(got, np.where(x >= 0, x, x * slope.reshape(1, 3, 1, 1)))
 
 
+def test_nodes_out_of_topological_order_are_sorted_on_load(model_file):
+    # some exporters (an fp16 converter of a background-removal model) write nodes out of
+    # order; onnxruntime runs them, onnx's checker refuses them
+    model = graphs.conv_relu()
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(reversed(nodes))
+    path = model_file(model)
+    notes: list[str] = []
+    loaded = ir.load_model(path, notes=notes)
+    assert [n.name for n in loaded.graph.node] == [n.name for n in nodes]
+    assert notes == ["the model's nodes were not in topological order (ONNX requires it; "
+                     "onnxruntime sorts them itself): onnxq sorted them"]
+    notes.clear()
+    ir.load_model(model_file(graphs.conv_relu(), "sorted.onnx"), notes=notes)
+    assert notes == []
+
+
 def test_upgrade_failure_is_an_unsupported_model_error():
     model = graphs.conv_relu()
     model.opset_import[0].version = 1  # Conv/Relu of opset 1 with opset-17 attributes

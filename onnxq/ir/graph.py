@@ -332,45 +332,11 @@ class Graph:
         self._taken = None
 
     def _toposort(self) -> None:
-        nodes = list(self.proto.node)
-        available = set(self.initializers) | set(self.graph_inputs) | {""}
-        # outer-scope names read by subgraphs must be produced before their node
-        pending = list(range(len(nodes)))
-        needs = [_node_reads(n) for n in nodes]
-        produced_by = {}
-        for i, n in enumerate(nodes):
-            for out in n.output:
-                produced_by[out] = i
-        order: list[int] = []
-        done = set(available)
-        # Kahn with a stable priority: the lowest original index that is ready goes first.
-        import heapq
-
-        waiting: dict[int, set[str]] = {}
-        readers: dict[str, list[int]] = {}
-        ready: list[int] = []
-        for i in pending:
-            missing = {x for x in needs[i] if x not in done and x in produced_by}
-            waiting[i] = missing
-            for x in missing:
-                readers.setdefault(x, []).append(i)
-            if not missing:
-                heapq.heappush(ready, i)
-        while ready:
-            i = heapq.heappop(ready)
-            order.append(i)
-            for out in nodes[i].output:
-                for j in readers.pop(out, []):
-                    waiting[j].discard(out)
-                    if not waiting[j]:
-                        heapq.heappush(ready, j)
-        if len(order) != len(nodes):
+        available = set(self.initializers) | set(self.graph_inputs)
+        if topological_order(self.proto, available) is None:
             raise UnsupportedModelError(
                 "the graph has a cycle (or reads a tensor no node produces); onnxq needs a DAG"
             )
-        sorted_nodes = [nodes[i] for i in order]
-        del self.proto.node[:]
-        self.proto.node.extend(sorted_nodes)
 
     def _drop_dead(self) -> None:
         live = set(o.name for o in self.proto.output)
@@ -459,3 +425,41 @@ def set_opset(model: onnx.ModelProto, version: int) -> None:
     model.opset_import.add(domain="", version=version)
 
 
+def topological_order(graph: onnx.GraphProto, available: set[str]) -> bool | None:
+    """Put ``graph``'s nodes in topological order, keeping the original order where it allows
+    (Kahn's algorithm, lowest original index first).  ``available``: the names that need no
+    producer (graph inputs, initializers).  Returns whether the order changed, or None (the
+    graph left as it was) when some node can never run: a cycle."""
+    import heapq
+
+    nodes = list(graph.node)
+    needs = [_node_reads(n) for n in nodes]  # with the outer-scope names subgraphs read
+    produced_by = {out: i for i, n in enumerate(nodes) for out in n.output}
+    done = set(available) | {""}
+    waiting: dict[int, set[str]] = {}
+    readers: dict[str, list[int]] = {}
+    ready: list[int] = []
+    for i in range(len(nodes)):
+        missing = {x for x in needs[i] if x not in done and x in produced_by}
+        waiting[i] = missing
+        for x in missing:
+            readers.setdefault(x, []).append(i)
+        if not missing:
+            heapq.heappush(ready, i)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for out in nodes[i].output:
+            for j in readers.pop(out, []):
+                waiting[j].discard(out)
+                if not waiting[j]:
+                    heapq.heappush(ready, j)
+    if len(order) != len(nodes):
+        return None
+    if order == list(range(len(nodes))):
+        return False
+    sorted_nodes = [nodes[i] for i in order]
+    del graph.node[:]
+    graph.node.extend(sorted_nodes)
+    return True

@@ -48,6 +48,7 @@ def load_model(path: str | os.PathLike[str], min_opset: int = 13,
     _load_external_data(model, base, p)
     _check_opset(model, str(p))
     _check_payloads(model, str(p))
+    sort_nodes(model, notes)
     check_model(model, where=str(p))
     model = upgrade_opset(model, min_opset, where=str(p), notes=notes)
     name_nodes(model.graph)
@@ -202,6 +203,18 @@ def _check_external_location(tensor: TensorProto, base: Path,
             f"({size} bytes); the data file is truncated or belongs to another model"
         )
     return resolved, offset, (length if info.get("length") else None)
+
+
+def sort_nodes(model: onnx.ModelProto, notes: list[str] | None = None) -> None:
+    """Put the top-level nodes in topological order, as ONNX requires and some exporters do
+    not (onnxruntime sorts on its own and runs such a model); say so in ``notes``.  A graph
+    that cannot be sorted is left for the checker to name."""
+    from onnxq.ir.graph import topological_order  # graph.py reads this module
+
+    available = {vi.name for vi in model.graph.input} | {t.name for t in model.graph.initializer}
+    if topological_order(model.graph, available) and notes is not None:
+        notes.append("the model's nodes were not in topological order (ONNX requires it; "
+                     "onnxruntime sorts them itself): onnxq sorted them")
 
 
 def upgrade_opset(model: onnx.ModelProto, min_opset: int, where: str = "model",
