@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import onnx
 from onnx import TensorProto
 
@@ -193,6 +194,35 @@ def weighted_op(m: Match, ctx: Context, k: int, n: int,
     return specs
 
 
+# a kernel peaking below this share of the largest kernel under one weight scale gets fewer
+# than 8 of int8's 127 levels (the same bound as a weak activation channel)
+WEAK_KERNEL = 1 / 16
+
+
+def _shared_weight_scale(w: np.ndarray, group: int) -> str | None:
+    """Why a grouped ConvTranspose's weight cannot be quantized, or None.
+
+    Its weight is [C_in, K/g, kh, kw] and the per-channel axis is 1 (what TensorRT requires),
+    so one scale covers output channel j of every group: a depthwise ConvTranspose (K/g = 1)
+    gets one scale for all its kernels.  With BatchNormalization folded in, their peaks can
+    differ by 100x or more (a speech-enhancement decoder: 244x and 357x), and the small kernels
+    round to zero."""
+    if group <= 1 or w.shape[0] % group:
+        return None
+    peaks = np.abs(w.reshape(group, w.shape[0] // group, w.shape[1], -1)).max(axis=(1, 3))
+    worst = 0.0
+    for column in peaks.T:  # the g kernels under one scale
+        nonzero = column[column > 0]
+        if nonzero.size >= 2:
+            worst = max(worst, float(nonzero.max() / nonzero.min()))
+    if worst * WEAK_KERNEL <= 1.0:
+        return None
+    return (f"grouped ConvTranspose (group={group}): its per-channel weight axis (1, "
+            f"{w.shape[1]} scales) shares each scale across the {group} groups, whose kernels' "
+            f"peaks differ up to {worst:.0f}x (> {round(1 / WEAK_KERNEL)}x): int8 would leave the "
+            "small ones under 8 levels, so it stays float")
+
+
 # --------------------------------------------------------------------------- rules
 @rule("conv", "Conv", "ConvTranspose")
 def conv(m: Match, ctx: Context) -> list[Spec] | Decline:
@@ -207,6 +237,9 @@ def conv(m: Match, ctx: Context) -> list[Spec] | Decline:
         per_output, _, unaligned = kernel_terms(ctx, m.node) or (None, False, False)
     else:
         in_c, out_c = w.shape[0], w.shape[1] * group
+        shared = _shared_weight_scale(w, group)
+        if shared is not None:
+            return Decline(shared)
     if group > 1 and ctx.min_channels:
         kernel = min(w.shape[2:])
         if out_c % 8 or kernel < 3:

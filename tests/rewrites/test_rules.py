@@ -129,6 +129,22 @@ def test_conv_transpose_match_weight_axis_1():
     assert decision(ann, "convt").rule == "conv"
 
 
+@pytest.mark.parametrize("spread, quantized", [(4.0, True), (100.0, False)])
+def test_a_depthwise_conv_transpose_whose_kernels_share_one_scale(spread, quantized):
+    # [C_in, K/g, kh, kw] with K/g = 1: TensorRT's weight axis 1 holds one scale for all 16
+    # kernels; kernels 100x apart (a folded BatchNormalization) would round the small ones to 0
+    model = graphs.conv_transpose(channels=16, out_channels=16, group=16)
+    w = next(t for t in model.graph.initializer if t.name == "convt.weight")
+    values = onnx.numpy_helper.to_array(w).copy()
+    values[::2] /= spread
+    w.CopyFrom(onnx.numpy_helper.from_array(values, "convt.weight"))
+    d = decision(annotated(model), "convt")
+    assert d.quantized is quantized, d.reason
+    if not quantized:
+        assert "shares each scale across the 16 groups" in d.reason
+        assert "(> 16x)" in d.reason
+
+
 def test_conv_decline_small_channels():
     ann = annotated(graphs.conv_small())
     d = decision(ann, "conv")
