@@ -239,12 +239,14 @@ def quantize(model: ModelLike, calibration: Any = None, *,
 @contextlib.contextmanager
 def _upgrade_hint(load_notes: list[str]) -> Iterator[None]:
     """Add to an onnxruntime failure that the model ran only after onnxq converted its opset
-    (``load_notes`` non-empty): onnx's version converter may be what broke it."""
+    (a note of :func:`onnxq.ir.upgrade_opset` in ``load_notes``): onnx's version converter may
+    be what broke it."""
     try:
         yield
     except OnnxqError as exc:
-        if load_notes and exc.args and "onnxruntime" in str(exc.args[0]):
-            converted = load_notes[0].split(" (")[0]  # "the model's opset N was converted to M"
+        upgrades = [n for n in load_notes if n.startswith("the model's opset ")]
+        if upgrades and exc.args and "onnxruntime" in str(exc.args[0]):
+            converted = upgrades[0].split(" (")[0]  # "the model's opset N was converted to M"
             exc.args = (f"{exc.args[0]}; {converted} before onnxruntime ran it: if the original "
                         "runs, the conversion is at fault; re-export the model with opset >= 13",
                         *exc.args[1:])

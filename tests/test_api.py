@@ -324,6 +324,13 @@ def test_an_onnxruntime_failure_after_an_opset_upgrade_says_so():
         onnxq.quantize(model, batches, progress=False)
     assert "fails in onnxruntime" in str(caught.value)
     assert "converted" not in str(caught.value)
+    # nor has a model whose nodes onnxq only sorted
+    model.graph.node.insert(0, onnx.helper.make_node("Relu", ["y"], ["z"], name="relu"))
+    model.graph.output[0].name = "z"
+    with pytest.raises(OnnxqError) as caught:
+        onnxq.quantize(model, batches, progress=False)
+    assert "fails in onnxruntime" in str(caught.value)
+    assert "converted" not in str(caught.value)
 
 
 @pytest.mark.parametrize("first", ["onnxruntime", "tensorrt"])
