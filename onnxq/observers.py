@@ -303,6 +303,31 @@ def _percentile(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tup
     return max(lo, stats.min), min(hi, stats.max)
 
 
+# max |x| over the percentile's |x| from which a few outliers, not the bulk, set a range
+OUTLIER_RATIO = 2.5
+
+
+def _robust_minmax(stats: TensorStats, symmetric: bool,
+                   opts: MethodOptions) -> tuple[float, float]:
+    """``minmax``, unless a few outliers dominate the range: when max |x| passes
+    :data:`OUTLIER_RATIO` times the ``percentile`` of |x|, the ``percentile`` range.
+
+    For raw op outputs that the next op reads whole (onnxruntime's requantized conv outputs):
+    ``minmax`` keeps the moderate tails such outputs carry (PP-OCR's, mobilenet's: at most
+    2.0x), while one conv output of magika over [-174, 172] or ISNet's (up to 27x) would
+    otherwise set a step that erases the rest."""
+    method = _percentile if robust_choice(stats, opts) == "percentile" else _minmax
+    return method(stats, symmetric, opts)
+
+
+def robust_choice(stats: TensorStats, opts: MethodOptions) -> str:
+    """What ``robust_minmax`` takes for these statistics: ``minmax`` or ``percentile``."""
+    hist, width = stats.abs_histogram()
+    amax = max(abs(stats.min), abs(stats.max))
+    bulk = min(_quantile_edge(hist, width, 0.0, opts.percentile / 100.0), amax)
+    return "percentile" if bulk > 0 and amax > OUTLIER_RATIO * bulk else "minmax"
+
+
 def _quantile_edge(hist: np.ndarray, width: float, start: float, q: float,
                    upper: bool = True) -> float:
     total = hist.sum()
@@ -495,9 +520,11 @@ METHODS: dict[str, RangeFn] = {
     "ema": _ema,
     "aciq": _aciq,
     "auto": _auto,
+    "robust_minmax": _robust_minmax,
 }
 AUTO_CANDIDATES = ("minmax", "percentile", "entropy", "mse", "aciq", "ema")
-HISTOGRAM_METHODS = frozenset({"percentile", "entropy", "mse", "aciq", "auto"})
+HISTOGRAM_METHODS = frozenset({"percentile", "entropy", "mse", "aciq", "auto",
+                               "robust_minmax"})
 
 
 def get_method(name: str) -> RangeFn:
@@ -532,6 +559,8 @@ def activation_qparams(stats: TensorStats, method: str, dtype: str, symmetric: b
         chosen, (lo, hi) = auto_choice(stats, symmetric, opts)
         return range_to_qparams(lo, hi, dtype, symmetric, f"auto:{chosen}", bits)
     lo, hi = get_method(method)(stats, symmetric, opts)
+    if method == "robust_minmax":
+        method = f"robust_minmax:{robust_choice(stats, opts)}"
     return range_to_qparams(lo, hi, dtype, symmetric, method, bits)
 
 

@@ -291,6 +291,21 @@ def test_percentile_100_keeps_the_whole_range():
     assert lo == pytest.approx(-1.0) and hi == pytest.approx(3.0)
 
 
+def test_robust_minmax_is_minmax_unless_a_few_outliers_set_the_range():
+    rng = np.random.default_rng(0)
+    bulk = rng.standard_normal(200_000).astype(np.float32)
+    # a moderate tail (max |x| about 1.3x the 99.99th percentile): the whole range, as minmax
+    tail = observe("t", [bulk])
+    qp = activation_qparams(tail, "robust_minmax", "uint8", symmetric=False)
+    assert qp.method == "robust_minmax:minmax"
+    assert (qp.low, qp.high) == pytest.approx((tail.min, tail.max), rel=1e-6)
+    # a few values 40x beyond the bulk (a conv output over [-174, 172]): the percentile range
+    spiky = observe("t", [np.concatenate([bulk, np.float32([170.0, -160.0])])])
+    qp = activation_qparams(spiky, "robust_minmax", "uint8", symmetric=False)
+    assert qp.method == "robust_minmax:percentile"
+    assert qp.high < 10 and qp.low > -10
+
+
 def test_asymmetric_uint8_qparams_cover_the_range():
     qp = range_to_qparams(0.0, 6.0, "uint8", symmetric=False)
     assert qp.zero_point.dtype == np.uint8 and int(qp.zero_point) == 0

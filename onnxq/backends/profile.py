@@ -75,7 +75,9 @@ class BackendProfile:
         output_method: the range method that ``auto`` means for Q/DQ on an op's raw output (the
             requantization of an integer kernel, not a folded ReLU/Clip): clipping there
             saturates the outliers the next op (hardswish, sigmoid, add) still needs, so
-            onnxruntime's raw outputs use ``minmax``.
+            onnxruntime's raw outputs use ``robust_minmax``: ``minmax``, unless a few
+            outliers dominate the range (max |x| > 2.5x the 99.99th percentile; ISNet's and
+            magika's conv outputs, none of the zoo's).
         head_method: the range method that ``auto`` means for the activation inputs of a
             model's heads (:func:`onnxq.annotate.head_nodes`: the weighted ops an output is read
             from through data movement, a constant bias and Sigmoid/Softmax only).  Their
@@ -183,7 +185,7 @@ ONNXRUNTIME = BackendProfile(
     bias="int32",
     reduced_weight_qmax=63,
     float_output_kernel_ops=frozenset({"Gemm"}),
-    output_method="minmax",
+    output_method="robust_minmax",
     folded_activations=frozenset({"Relu", "Clip"}),
     float_readers=frozenset({"Softmax"}),
     integer_kernel_ops=frozenset(

@@ -248,7 +248,8 @@ def rec_metrics(ref: list[np.ndarray], got: list[np.ndarray], texts: list[str],
 # PP-OCRv4 rec (SVTR neck) is the most quantization-sensitive of the three; the bounds allow
 # a few characters in a hundred.  onnxq's onnxruntime backend used to miss them (drop 0.140)
 # when "auto" clipped the Conv outputs it requantizes; the profile now calibrates op outputs
-# with minmax (BackendProfile.output_method), which meets them.
+# with robust_minmax (BackendProfile.output_method: minmax unless a few outliers dominate the
+# range, which none of these outputs have), which meets them.
 REC_BOUNDS = {"cosine": 0.92, "nonblank_step_agreement": 0.66}
 REC_MAX_CHAR_ACCURACY_DROP = 0.08
 
