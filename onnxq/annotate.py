@@ -18,7 +18,7 @@ from onnxq.config import QuantConfig, TensorSettings
 from onnxq.errors import ConfigError
 from onnxq.observers import TensorStats
 from onnxq.rewrites.pattern import Context, Decline, Match, Spec
-from onnxq.rewrites.rules import RULE_SETS, SHAPE_ONLY_DATA
+from onnxq.rewrites.rules import RULE_SETS, SHAPE_ONLY_DATA, WEAK_SHARE
 
 
 @dataclass
@@ -222,7 +222,6 @@ def shape_path(graph: ir.Graph, profile: BackendProfile) -> set[str]:
     return path
 
 
-WEAK_CHANNEL = 1 / 16  # a channel peaking below this share of the tensor's peak: < 8 levels
 
 
 def grouped_conv_inputs(graph: ir.Graph) -> dict[str, str]:
@@ -243,7 +242,7 @@ def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
     * a node whose activation inputs share one output scale (Concat) while their ranges differ
       by more than ``config.concat_range_ratio`` (box coordinates next to class scores);
     * a grouped (depthwise) Conv of ``grouped`` (node -> input) whose input has more than
-      ``config.weak_channel_fraction`` of its channels peaking below ``WEAK_CHANNEL`` of the
+      ``config.weak_channel_fraction`` of its channels peaking below ``WEAK_SHARE`` of the
       tensor's peak: each such channel alone feeds its outputs, with fewer than 8 of int8's 127
       levels.
     """
@@ -275,11 +274,11 @@ def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
         tensor = grouped.get(d.node)
         if not d.quantized or tensor is None or tensor not in stats:
             continue
-        weak = stats[tensor].weak_channels(WEAK_CHANNEL)
+        weak = stats[tensor].weak_channels(WEAK_SHARE)
         if weak is not None and weak[0] > weak_fraction * weak[1]:
             float_nodes[d.node] = (
                 f"{weak[0]} of its input's {weak[1]} channels peak below 1/"
-                f"{round(1 / WEAK_CHANNEL)} of the tensor's peak (> weak_channel_fraction="
+                f"{round(1 / WEAK_SHARE)} of the tensor's peak (> weak_channel_fraction="
                 f"{weak_fraction:g}): one per-tensor int8 scale leaves them under 8 levels, and "
                 "each feeds its own outputs alone; the grouped conv stays float")
     return float_tensors, float_nodes

@@ -434,7 +434,8 @@ def refuse_quantized(model: onnx.ModelProto, source: Path | None,
         return
     where = source.name if source else "the model"
     if integer:
-        trt = "TensorRT reads only Q/DQ models and " if profile.name == "tensorrt" else ""
+        trt = ("TensorRT reads only Q/DQ models and "
+               if set(integer) & profile.forbidden_ops else "")
         raise UnsupportedModelError(
             f"{where} is already quantized in onnxruntime's operator format (it holds "
             f"{', '.join(integer + qdq)}); {trt}onnxq quantizes float models: give it the "

@@ -539,15 +539,9 @@ def calibration_cache(stats: dict[str, TensorStats], graph: ir.Graph) -> bytes:
     return (json.dumps(doc, indent=1) + "\n").encode("utf-8")
 
 
-def save_calibration(path: str | os.PathLike[str], stats: dict[str, TensorStats],
-                     graph: ir.Graph) -> None:
-    """Write :func:`calibration_cache` to ``path`` (atomically)."""
-    ir.atomic_write_bytes(path, calibration_cache(stats, graph))
-
-
 def load_calibration(path: str | os.PathLike[str], graph: ir.Graph,
                      wanted: dict[str, bool]) -> dict[str, TensorStats]:
-    """Statistics for ``wanted`` tensors from a cache written by :func:`save_calibration`."""
+    """Statistics for ``wanted`` tensors from a cache of :func:`calibration_cache`."""
     import json
 
     p = Path(path)

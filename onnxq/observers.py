@@ -281,6 +281,9 @@ class MethodOptions:
 
     percentile: float = 99.99
     num_quant_levels: int = 128  # magnitudes representable on one side (int8: 128)
+    # robust_minmax: max |x| over the percentile's |x| from which a few outliers, not the bulk,
+    # set the range
+    outlier_ratio: float = 2.5
 
 
 RangeFn = Callable[[TensorStats, bool, MethodOptions], tuple[float, float]]
@@ -303,14 +306,10 @@ def _percentile(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tup
     return max(lo, stats.min), min(hi, stats.max)
 
 
-# max |x| over the percentile's |x| from which a few outliers, not the bulk, set a range
-OUTLIER_RATIO = 2.5
-
-
 def _robust_minmax(stats: TensorStats, symmetric: bool,
                    opts: MethodOptions) -> tuple[float, float]:
     """``minmax``, unless a few outliers dominate the range: when max |x| passes
-    :data:`OUTLIER_RATIO` times the ``percentile`` of |x|, the ``percentile`` range.
+    ``opts.outlier_ratio`` times the ``percentile`` of |x|, the ``percentile`` range.
 
     For raw op outputs that the next op reads whole (onnxruntime's requantized conv outputs):
     ``minmax`` keeps the moderate tails such outputs carry (PP-OCR's, mobilenet's: at most
@@ -325,7 +324,7 @@ def robust_choice(stats: TensorStats, opts: MethodOptions) -> str:
     hist, width = stats.abs_histogram()
     amax = max(abs(stats.min), abs(stats.max))
     bulk = min(_quantile_edge(hist, width, 0.0, opts.percentile / 100.0), amax)
-    return "percentile" if bulk > 0 and amax > OUTLIER_RATIO * bulk else "minmax"
+    return "percentile" if bulk > 0 and amax > opts.outlier_ratio * bulk else "minmax"
 
 
 def _quantile_edge(hist: np.ndarray, width: float, start: float, q: float,

@@ -109,10 +109,12 @@ class BackendProfile:
             (input channels per group x kernel area; K) gets int8 only inside a chain of integer
             kernels (``onnxq.rewrites.cost``): onnxruntime's x86 depthwise and few-channel int8
             convs run slower than float.  0: off.
+        channel_alignment: the input channels per group the integer conv kernel takes in one
+            step; a conv over a count that is not a multiple of it is "unaligned".  0: none.
         min_macs_per_output_unaligned: the same threshold for a conv with a kernel larger than
-            1x1 over input channels (per group) that are not a multiple of 4: onnxruntime's
-            int8 kernel runs a 3x3 conv over 10 channels at 0.9-1.2x float, over 12 at 1.7-2.7x
-            (``onnxq.rewrites.cost.CHANNEL_ALIGNMENT``).  0: off.
+            1x1 over unaligned input channels: onnxruntime's int8 kernel runs a 3x3 conv over
+            10 channels at 0.9-1.2x float, over 12 at 1.7-2.7x (docs/benchmarks.md, Latency,
+            session 9).  0: off.
         min_macs: the same for an op with fewer multiply-adds per sample (static shapes only):
             its Q/DQ nodes would cost more than it saves.  0: off.
         chain_ops: ops quantized only when every activation input comes quantized out of an
@@ -145,6 +147,7 @@ class BackendProfile:
     float_output_kernel_ops: frozenset[str] = frozenset()
     float_grouped_convs: bool = False
     min_macs_per_output: int = 0
+    channel_alignment: int = 0
     min_macs_per_output_unaligned: int = 0
     min_macs: int = 0
     chain_ops: frozenset[str] = frozenset()
@@ -200,6 +203,7 @@ ONNXRUNTIME = BackendProfile(
     fused_validation=True,
     float_grouped_convs=True,
     min_macs_per_output=32,
+    channel_alignment=4,
     min_macs_per_output_unaligned=96,
     min_macs=65536,
     chain_ops=frozenset({"Add", "Mul", "Concat", "GlobalAveragePool", "AveragePool", "Sigmoid",

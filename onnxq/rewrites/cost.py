@@ -137,12 +137,6 @@ def chain_decline(m: Match, ctx: Context, inputs: list[str]) -> Decline | None:
     return None
 
 
-# onnxruntime's int8 conv is fast when the products it sums per output come in groups of 4
-# input channels; a spatial conv over 3, 5, 6, 9 or 10 channels per group pays only from about
-# 3x as many products as an aligned one (docs/benchmarks.md, Latency, session 9)
-CHANNEL_ALIGNMENT = 4
-
-
 def _cost_reason(ctx: Context, output: str, macs_per_output: int, grouped: bool,
                  unaligned: bool) -> str | None:
     """Why the profile's cost thresholds say int8 loses for this op by itself, or None."""
@@ -154,7 +148,7 @@ def _cost_reason(ctx: Context, output: str, macs_per_output: int, grouped: bool,
                 f"{p.min_macs_per_output}): {p.name}'s int8 kernel is slower than float here")
     if unaligned and macs_per_output < p.min_macs_per_output_unaligned:
         return (f"{macs_per_output} multiply-adds per output element over input channels that "
-                f"are not a multiple of {CHANNEL_ALIGNMENT} (< min_macs_per_output_unaligned="
+                f"are not a multiple of {p.channel_alignment} (< min_macs_per_output_unaligned="
                 f"{p.min_macs_per_output_unaligned}): {p.name}'s int8 kernel is slower than "
                 "float here")
     if p.min_macs and (macs := macs_per_sample(ctx, output, macs_per_output)) is not None \
@@ -167,15 +161,16 @@ def _cost_reason(ctx: Context, output: str, macs_per_output: int, grouped: bool,
 def kernel_terms(ctx: Context, node: onnx.NodeProto) -> tuple[int, bool, bool] | None:
     """(products summed per output element, grouped, unaligned) of a Conv/Gemm/MatMul with a
     constant weight; None for anything else.  ``unaligned``: a conv with a kernel larger than
-    1x1 whose input channels per group are not a multiple of :data:`CHANNEL_ALIGNMENT`."""
+    1x1 whose input channels per group are not a multiple of the profile's
+    ``channel_alignment``."""
     w = ctx.graph.const_value(node.input[1]) if len(node.input) > 1 else None
     if w is None or w.ndim < 2:
         return None
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if node.op_type == "Conv" and w.ndim >= 3:
-        area = math.prod(w.shape[2:])
+        area, align = math.prod(w.shape[2:]), ctx.profile.channel_alignment
         return (int(w.shape[1] * area), int(attrs.get("group", 1)) > 1,
-                area > 1 and w.shape[1] % CHANNEL_ALIGNMENT != 0)
+                area > 1 and align > 0 and w.shape[1] % align != 0)
     if node.op_type == "Gemm" and w.ndim == 2:
         return int(w.shape[1] if attrs.get("transB", 0) else w.shape[0]), False, False
     if node.op_type == "MatMul":
@@ -195,7 +190,8 @@ def cost_decline(m: Match, ctx: Context, macs_per_output: int, grouped: bool = F
 
     ``macs_per_output`` is the number of products summed into each output element; ``grouped``
     says the op is a grouped (depthwise) conv, ``unaligned`` a spatial conv over input channels
-    that are not a multiple of :data:`CHANNEL_ALIGNMENT`.  Such an op gets int8 only when its
+    that are not a multiple of the profile's ``channel_alignment``.  Such
+    an op gets int8 only when its
     input comes quantized out of an integer kernel.
     """
     why = _cost_reason(ctx, m.node.output[0], macs_per_output, grouped, unaligned)

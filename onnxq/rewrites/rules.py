@@ -194,9 +194,9 @@ def weighted_op(m: Match, ctx: Context, k: int, n: int,
     return specs
 
 
-# a kernel peaking below this share of the largest kernel under one weight scale gets fewer
-# than 8 of int8's 127 levels (the same bound as a weak activation channel)
-WEAK_KERNEL = 1 / 16
+# a channel (or kernel) peaking below this share of the largest one under the same int8 scale
+# gets fewer than 8 of its 127 levels
+WEAK_SHARE = 1 / 16
 
 
 def _shared_weight_scale(w: np.ndarray, group: int) -> str | None:
@@ -215,11 +215,11 @@ def _shared_weight_scale(w: np.ndarray, group: int) -> str | None:
         nonzero = column[column > 0]
         if nonzero.size >= 2:
             worst = max(worst, float(nonzero.max() / nonzero.min()))
-    if worst * WEAK_KERNEL <= 1.0:
+    if worst * WEAK_SHARE <= 1.0:
         return None
     return (f"grouped ConvTranspose (group={group}): its per-channel weight axis (1, "
             f"{w.shape[1]} scales) shares each scale across the {group} groups, whose kernels' "
-            f"peaks differ up to {worst:.0f}x (> {round(1 / WEAK_KERNEL)}x): int8 would leave the "
+            f"peaks differ up to {worst:.0f}x (> {round(1 / WEAK_SHARE)}x): int8 would leave the "
             "small ones under 8 levels, so it stays float")
 
 
