@@ -8,7 +8,8 @@ another, timed with ``time.perf_counter`` and measured with ``os.wait4`` (``ru_m
 * ``onnxq total``: ``python -m onnxq.cli quantize MODEL -o OUT --calib DIR --method M -q``
   (loading, simplify, calibration, materialize and the fidelity validation);
 * ``onnxq calib``: a small driver that prepares the model exactly as ``onnxq.api.quantize`` does
-  (load, simplify, annotate, the observed tensors) and times only ``onnxq.calibrate.calibrate``;
+  (load, simplify, annotate, the observed tensors) and times only ``onnxq.calibrate.calibrate``
+  (onnxruntime is imported before the clock starts, as in the floor);
 * ``ort``: ``onnxruntime.quantization.quantize_static`` with the same method where it has one
   (MinMax, Percentile, Entropy; QDQ, per-channel, int8 symmetric activations and weights), fed
   by a CalibrationDataReader that loads the same npz files one at a time;
@@ -270,6 +271,8 @@ def _prepare(model: str, calib: str, method: str) -> tuple[Any, ...]:
 
 def child_calib(model: str, calib: str, method: str, profile_out: str | None = None) -> None:
     """Time only onnxq.calibrate.calibrate(), after the same preparation as the API."""
+    import onnxruntime  # noqa: F401  # imported before the clock, as child_floor does
+
     from onnxq.calibrate import calibrate
 
     t0 = time.perf_counter()
