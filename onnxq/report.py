@@ -154,7 +154,13 @@ class Report:
             "<h2>Quantized tensors</h2>"
             + table(d["quantized_tensors"], ["tensor", "kind", "method", "scale", "zero_point",
                                              "axis", "range"])
-            + "<h2>Float ops</h2>" + table(d["float_ops"], ["node", "op_type", "reason"])
+            + "<h2>Quantized ops</h2>" + table(d["quantized_ops"],
+                                                ["node", "op_type", "rule", "tensors", "note"])
+            + "<h2>Float ops</h2>" + table(d["float_ops"],
+                                           ["node", "op_type", "reason", "closest_rule"])
+            + ("<h2>Violations</h2>" + table(d["violations"],
+                                             ["node", "field", "expected", "got"])
+               if d["violations"] else "")
             + ("<h2>Bias corrections</h2>" + table(
                 d["bias_corrections"], ["node", "bias", "channels", "corrected", "max_shift",
                                         "mean_abs_shift", "bias_max_abs"])
@@ -196,6 +202,8 @@ def _placed(p: Placed) -> dict[str, Any]:
 def _short(value: Any) -> str:
     if value is None:  # a field that does not apply (per-tensor axis, top-1 of a non-softmax)
         return "-"
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return ", ".join(value)  # tensor names: every one, they are what a reader looks for
     if isinstance(value, list) and len(value) > 4:
         return f"[{', '.join(f'{v:.4g}' if isinstance(v, float) else str(v) for v in value[:3])}"\
                f", ... {len(value)} values]"

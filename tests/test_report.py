@@ -10,6 +10,7 @@ import pytest
 import onnxq
 from onnxq.annotate import Decision
 from onnxq.backends.validate import OutputFidelity
+from onnxq.errors import Violation
 from onnxq.materialize import Placed
 from onnxq.observers import QParams
 from onnxq.report import Report
@@ -117,6 +118,7 @@ def test_html_is_escaped_and_self_contained(tmp_path):
     assert "&lt;b&gt;model&lt;/b&gt;.onnx" in html and "<b>model" not in html
     assert "&lt;x&gt;" in html and "n&amp;1" in html and "a &lt;reason&gt;" in html
     assert "http" not in html  # nothing fetched from elsewhere
+    assert "<h2>Violations</h2>" not in html  # only when there are some
     path = tmp_path / "r.html"
     report.write(path)
     assert path.read_text(encoding="utf-8") == html
@@ -171,3 +173,15 @@ def test_summary_says_how_each_output_was_compared():
     assert "<td>agreement</td>" in html
     # top-1 agreement: 0.875 for the softmax output, '-' where it does not apply
     assert "<td>0.875</td>" in html and "<td>-</td>" in html
+
+
+def test_html_lists_quantized_ops_rules_and_violations():
+    decisions = [Decision("conv", "Conv", True, "weighted_op", "", ("x", "w")),
+                 Decision("ln", "LayerNormalization", False, "weighted_op", "kept float")]
+    report = Report("m.onnx", "tensorrt", {}, decisions=decisions,
+                    violations=[Violation("conv", "zero_point", "0", "3")])
+    html = report.to_html()
+    assert "<h2>Quantized ops</h2>" in html
+    assert "<td>conv</td><td>Conv</td><td>weighted_op</td><td>x, w</td>" in html
+    assert "<td>ln</td><td>LayerNormalization</td><td>kept float</td><td>weighted_op</td>" in html
+    assert "<h2>Violations</h2>" in html and "<td>zero_point</td><td>0</td><td>3</td>" in html
