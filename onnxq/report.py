@@ -168,6 +168,10 @@ class Report:
             + "<h2>Fidelity</h2>" + table(d["fidelity"]["outputs"],
                                           ["name", "compared", "cosine", "max_abs_error",
                                            "top1_agreement", "worst_slice_cosine"])
+            + "<h2>Config</h2><pre>"
+            + esc(json.dumps(_finite(d["config"]), indent=1, sort_keys=True, default=str),
+                  quote=False)
+            + "</pre>"
         )
 
     def write(self, path: str | os.PathLike[str]) -> None:

@@ -178,10 +178,11 @@ def test_summary_says_how_each_output_was_compared():
 def test_html_lists_quantized_ops_rules_and_violations():
     decisions = [Decision("conv", "Conv", True, "weighted_op", "", ("x", "w")),
                  Decision("ln", "LayerNormalization", False, "weighted_op", "kept float")]
-    report = Report("m.onnx", "tensorrt", {}, decisions=decisions,
+    report = Report("m.onnx", "tensorrt", {"method": "auto <x>"}, decisions=decisions,
                     violations=[Violation("conv", "zero_point", "0", "3")])
     html = report.to_html()
     assert "<h2>Quantized ops</h2>" in html
     assert "<td>conv</td><td>Conv</td><td>weighted_op</td><td>x, w</td>" in html
     assert "<td>ln</td><td>LayerNormalization</td><td>kept float</td><td>weighted_op</td>" in html
     assert "<h2>Violations</h2>" in html and "<td>zero_point</td><td>0</td><td>3</td>" in html
+    assert '"method": "auto &lt;x&gt;"' in html
