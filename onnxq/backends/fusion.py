@@ -19,6 +19,10 @@ from onnxq import ir
 from onnxq.backends.profile import WEIGHT_AXES
 from onnxq.errors import UnsupportedModelError
 
+# onnxruntime's integer kernels besides the QLinear* family
+INTEGER_KERNELS = frozenset({"QGemm", "ConvInteger", "MatMulInteger", "MatMulIntegerToFloat",
+                             "DynamicQuantizeMatMul", "QAttention"})
+
 
 @dataclass(frozen=True)
 class FusionReport:
@@ -101,8 +105,7 @@ def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str],
     unfused = tuple((n.name, n.op_type) for n in candidates if n.name in still_float)
     integer: dict[str, int] = {}
     for n in optimized.graph.node:
-        if n.op_type.startswith("QLinear") or n.op_type in ("QGemm", "ConvInteger",
-                                                            "MatMulInteger", "QAttention"):
+        if n.op_type.startswith("QLinear") or n.op_type in INTEGER_KERNELS:
             integer[n.op_type] = integer.get(n.op_type, 0) + 1
     return FusionReport(tuple(n.name for n in candidates), unfused, dict(sorted(integer.items())),
                         float_between, mixed)

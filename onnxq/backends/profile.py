@@ -96,7 +96,8 @@ class BackendProfile:
         integer_kernel_ops: ops the backend runs as integer kernels when wrapped in DQ -> op -> Q
             (what ``onnxq check`` counts as fusable groups).
         float_output_kernel_ops: weighted ops that still fuse when their output stays float
-            (onnxruntime: Gemm -> QGemm); with ``quantize_outputs``, other weighted ops whose
+            (onnxruntime: Gemm -> QGemm, MatMul -> MatMulIntegerToFloat); with
+            ``quantize_outputs``, other weighted ops whose
             output cannot be quantized (a graph output) stay float.
         reduced_weight_qmax: weight magnitude limit used instead of ``weight_qmax`` when the
             config asks for reduced range, or (``reduce_range`` unset) the CPU lacks int8 dot
@@ -187,7 +188,9 @@ ONNXRUNTIME = BackendProfile(
     quantize_outputs=True,
     bias="int32",
     reduced_weight_qmax=63,
-    float_output_kernel_ops=frozenset({"Gemm"}),
+    # Gemm -> QGemm; MatMul with a constant right-hand side -> MatMulIntegerToFloat (an LM
+    # head of [768, 50257]: 4-6x faster than float here, docs/benchmarks.md)
+    float_output_kernel_ops=frozenset({"Gemm", "MatMul"}),
     output_method="robust_minmax",
     folded_activations=frozenset({"Relu", "Clip"}),
     float_readers=frozenset({"Softmax"}),

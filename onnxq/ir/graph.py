@@ -303,6 +303,14 @@ class Graph:
         """Point input ``index`` of ``node`` at tensor ``name``."""
         node.input[index] = name
 
+    def set_attr(self, node: onnx.NodeProto, name: str, value: Any) -> None:
+        """Set (or replace) attribute ``name`` of ``node``."""
+        for i, attr in enumerate(node.attribute):
+            if attr.name == name:
+                del node.attribute[i]
+                break
+        node.attribute.append(helper.make_attribute(name, value))
+
     def replace_uses(self, old: str, new: str) -> None:
         """Make every reader of ``old`` (nodes and graph outputs) read ``new``."""
         for node in self.proto.node:

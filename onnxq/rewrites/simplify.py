@@ -17,6 +17,7 @@ from onnxq import ir
 from onnxq.errors import OnnxqError, UnsupportedModelError
 from onnxq.rewrites.bias_add import fold_bias_add, fold_channel_mul, scaled_weight
 from onnxq.rewrites.hardswish import fuse_hardswish
+from onnxq.rewrites.pad import fold_pad
 from onnxq.rewrites.prelu import decompose_prelu
 
 Pass = Callable[[ir.Graph], bool]
@@ -174,6 +175,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     remove_identities,
     sum_to_add,
     fold_constants,
+    fold_pad,
     fold_batchnorm,
     fold_channel_mul,
     fold_bias_add,
