@@ -33,6 +33,9 @@ class LayerError:
     op_type: str
     cosine: float
     relative_error: float
+    # values that are NaN/Inf in one model and not the same in the other (the cosine and the
+    # error cover the values finite in both; equal non-finite values, a Log(0) in both, agree)
+    nonfinite_mismatches: int = 0
 
 
 @dataclass
@@ -41,9 +44,16 @@ class _Acc:
     ref: float = 0.0
     got: float = 0.0
     diff: float = 0.0
+    mismatches: int = 0
 
     def add(self, a: np.ndarray, b: np.ndarray) -> None:
         a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+        finite = np.isfinite(a64) & np.isfinite(b64)
+        if not finite.all():
+            odd = ~finite
+            same = (a64[odd] == b64[odd]) | (np.isnan(a64[odd]) & np.isnan(b64[odd]))
+            self.mismatches += int((~same).sum())
+            a64, b64 = a64[finite], b64[finite]
         self.dot += float(a64 @ b64)
         self.ref += float(a64 @ a64)
         self.got += float(b64 @ b64)
@@ -99,7 +109,8 @@ def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
         cos = a.dot / math.sqrt(a.ref * a.got) if a.ref > 0 and a.got > 0 else float(a.diff == 0)
         rel = math.sqrt(a.diff / a.ref) if a.ref > 0 else math.sqrt(a.diff)
         node = fg.producer[name]
-        out.append(LayerError(name, node.name, node.op_type, round(cos, 6), round(rel, 6)))
+        out.append(LayerError(name, node.name, node.op_type, round(cos, 6), round(rel, 6),
+                              a.mismatches))
     return out
 
 
@@ -129,10 +140,12 @@ def write_analysis(path: str | Path, layers: list[LayerError]) -> None:
     if p.suffix.lower() in (".html", ".htm"):
         rows = "".join(
             f"<tr><td>{html.escape(x.tensor)}</td><td>{html.escape(x.op_type)}</td>"
-            f"<td>{x.cosine:.6f}</td><td>{x.relative_error:.4g}</td></tr>" for x in layers)
+            f"<td>{x.cosine:.6f}</td><td>{x.relative_error:.4g}</td>"
+            f"<td>{x.nonfinite_mismatches}</td></tr>" for x in layers)
         text = ("<!doctype html><meta charset='utf-8'><title>onnxq analyze</title>"
                 "<table border=1><tr><th>tensor</th><th>op</th><th>cosine</th>"
-                f"<th>relative error</th></tr>{rows}</table>")
+                "<th>relative error</th><th>NaN/Inf mismatches</th></tr>"
+                f"{rows}</table>")
     else:
         text = json.dumps({"layers": [asdict(x) for x in layers]}, indent=1) + "\n"
     ir.atomic_write_bytes(p, text.encode("utf-8"))

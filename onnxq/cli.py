@@ -325,7 +325,10 @@ def _analyze(args: argparse.Namespace) -> int:
     worst = sorted(layers, key=lambda x: (x.cosine, x.tensor))[: args.top]
     print(f"{len(layers)} tensors compared; the {len(worst)} least faithful:")
     for x in worst:
-        print(f"  cos {x.cosine:.6f}  rel {x.relative_error:8.4g}  {x.op_type:<18} {x.tensor}")
+        odd = (f"  ({x.nonfinite_mismatches} values NaN/Inf in one model only)"
+               if x.nonfinite_mismatches else "")
+        print(f"  cos {x.cosine:.6f}  rel {x.relative_error:8.4g}  {x.op_type:<18} {x.tensor}"
+              f"{odd}")
     return 0
 
 

@@ -108,3 +108,36 @@ def test_cli_writes_report_and_lists_worst_tensors(tmp_path, calib_dir, capsys):
     html_path = tmp_path / "a.html"
     write_analysis(html_path, analyze(model, model, graphs.random_batches(model, 1)))
     assert html_path.read_text().startswith("<!doctype html>")
+
+
+def _log_model(first_op: str) -> onnx.ModelProto:
+    """x -> first_op -> Log (-inf at 0, NaN below) -> Add 1 -> y."""
+    from onnx import helper
+
+    attrs = {"alpha": 0.5} if first_op == "LeakyRelu" else {}
+    nodes = [helper.make_node(first_op, ["x"], ["r"], name="act", **attrs),
+             helper.make_node("Log", ["r"], ["l"], name="log"),
+             helper.make_node("Add", ["l", "one"], ["y"], name="add")]
+    return graphs.model(nodes, [graphs.tensor("x", [2, 8])], [graphs.tensor("y", [2, 8])],
+                        [graphs.init("one", np.ones(1, np.float32))])
+
+
+def test_non_finite_values_equal_in_both_models_agree_and_the_report_is_json(tmp_path):
+    model = _log_model("Relu")
+    batches = graphs.random_batches(model, 2)
+    layers = analyze(model, model, batches)
+    assert all(x.cosine == pytest.approx(1.0) and x.nonfinite_mismatches == 0 for x in layers)
+    path = tmp_path / "a.json"
+    write_analysis(path, layers)
+    json.loads(path.read_text(encoding="utf-8"), parse_constant=pytest.fail)
+
+
+def test_non_finite_values_in_one_model_only_are_counted_not_folded_into_nan():
+    # the "quantized" model gives NaN (Log of a negative) where the float one gives -inf
+    batches = graphs.random_batches(_log_model("Relu"), 2)
+    layers = {x.tensor: x for x in analyze(_log_model("Relu"), _log_model("LeakyRelu"),
+                                           batches)}
+    negatives = sum(int((b["x"] < 0).sum()) for b in batches)
+    assert negatives and layers["l"].nonfinite_mismatches == negatives
+    assert all(np.isfinite(x.cosine) and np.isfinite(x.relative_error)
+               for x in layers.values())

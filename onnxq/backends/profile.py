@@ -189,7 +189,7 @@ ONNXRUNTIME = BackendProfile(
     bias="int32",
     reduced_weight_qmax=63,
     # Gemm -> QGemm; MatMul with a constant right-hand side -> MatMulIntegerToFloat (an LM
-    # head of [768, 50257]: 4-6x faster than float here, docs/benchmarks.md)
+    # head of [768, 50257]: 3.9-6.0x faster than float here, docs/benchmarks.md)
     float_output_kernel_ops=frozenset({"Gemm", "MatMul"}),
     output_method="robust_minmax",
     folded_activations=frozenset({"Relu", "Clip"}),
