@@ -196,13 +196,14 @@ def quantize(model: ModelLike, calibration: Any = None, *,
             annotations, result = _place_and_calibrate(loaded, graph, profile, cfg, data, inputs,
                                                        all_histograms=save_calibration is not None)
             # written last: a run that fails or is interrupted leaves no file behind
-            cache = (calibration_cache(result.stats, graph) if save_calibration is not None
+            cache = (calibration_cache(result.stats, graph, profile.name)
+                     if save_calibration is not None
                      else None)
         qparams, warnings = _qparams(annotations, result, profile, cfg)
         warnings.extend(_unmatched_patterns(graph, cfg))
         if profile_note:
             warnings.insert(0, profile_note)
-        warnings.extend(_few_samples_warning(result))
+        warnings.extend(_few_samples_warning(result, inputs))
         half = _half_precision_note(graph, profile)
         if half:
             warnings.append(half)
@@ -265,7 +266,7 @@ def _place_from_cache(model: onnx.ModelProto, graph: ir.Graph, profile: BackendP
                          hold=cfg.fidelity_batches, progress=False).held
     for _ in range(4):
         annotations = annotate(graph, profile, cfg, float_tensors, float_nodes)
-        stats = load_calibration_file(cache, graph, _observed(annotations))
+        stats = load_calibration_file(cache, graph, _observed(annotations), profile.name)
         more_t, more_n = range_exclusions(annotations, stats, cfg, grouped_conv_inputs(graph))
         if more_t.keys() <= float_tensors.keys() and more_n.keys() <= float_nodes.keys():
             break
@@ -345,15 +346,19 @@ def _unmatched_patterns(graph: ir.Graph, cfg: QuantConfig) -> list[str]:
             for what in cfg.unmatched(nodes, tensors)]
 
 
-def _few_samples_warning(result: CalibrationResult) -> list[str]:
+def _few_samples_warning(result: CalibrationResult, inputs: list[Any]) -> list[str]:
     """A warning when the ranges come from fewer than :data:`MIN_SAMPLES` samples."""
     samples = result.samples or max((s.samples for s in result.stats.values() if s.count),
                                     default=0)
     if not samples or samples >= MIN_SAMPLES:
         return []
+    # an image input: a float tensor of rank 4 (NCHW or NHWC)
+    images = any(spec.dtype.kind == "f" and spec.shape is not None and len(spec.shape) == 4
+                 for spec in inputs)
+    hint = " (several crops or scales of each image help)" if images else ""
     return [f"the ranges come from {samples} calibration sample(s): so few rarely cover the "
             f"inputs the model will meet; give at least {MIN_SAMPLES}, better 64-512, "
-            "representative samples (several crops or scales of each image help)"]
+            f"representative samples{hint}"]
 
 
 def _budget_note(result: CalibrationResult, cfg: QuantConfig) -> list[str]:

@@ -523,14 +523,17 @@ CACHE_FORMAT = "onnxq-calibration"
 CACHE_VERSION = 1
 
 
-def calibration_cache(stats: dict[str, TensorStats], graph: ir.Graph) -> bytes:
+def calibration_cache(stats: dict[str, TensorStats], graph: ir.Graph,
+                      backend: str | None = None) -> bytes:
     """Observed statistics as the JSON text of a calibration cache, with each tensor's inferred
-    shape (``graph`` before Q/DQ are placed)."""
+    shape (``graph`` before Q/DQ are placed) and the ``backend`` whose placement chose the
+    tensors (each backend observes different ones)."""
     import json
 
-    doc = {
+    doc: dict[str, object] = {
         "format": CACHE_FORMAT,
         "version": CACHE_VERSION,
+        **({"backend": backend} if backend else {}),
         "tensors": {
             name: {"shape": _shape_json(graph, name), "stats": stats[name].to_json()}
             for name in sorted(stats)
@@ -540,7 +543,8 @@ def calibration_cache(stats: dict[str, TensorStats], graph: ir.Graph) -> bytes:
 
 
 def load_calibration(path: str | os.PathLike[str], graph: ir.Graph,
-                     wanted: dict[str, bool]) -> dict[str, TensorStats]:
+                     wanted: dict[str, bool], backend: str | None = None
+                     ) -> dict[str, TensorStats]:
     """Statistics for ``wanted`` tensors from a cache of :func:`calibration_cache`."""
     import json
 
@@ -560,6 +564,13 @@ def load_calibration(path: str | os.PathLike[str], graph: ir.Graph,
     tensors = doc.get("tensors", {})
     missing = sorted(t for t in wanted if t not in tensors)
     if missing:
+        made = doc.get("backend")
+        if backend and made and made != backend:
+            raise CalibrationDataError(
+                f"{p}: the cache was saved with --backend {made}, and --backend {backend} "
+                f"quantizes other tensors ({len(missing)} without statistics, e.g. "
+                f"{', '.join(missing[:3])}); load it with --backend {made}, or calibrate "
+                f"again with data and --save-calibration under --backend {backend}")
         raise CalibrationDataError(
             f"{p}: no statistics for {len(missing)} tensor(s) this model quantizes, e.g. "
             f"{', '.join(missing[:5])}; the cache belongs to another model or other settings: "

@@ -74,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--batch-size", type=int, default=1,
                    help="batch size when --calib is one .npz of samples (default 1)")
     q.add_argument("--save-calibration", metavar="FILE.json",
-                   help="write the observed statistics (reusable with any --method)")
+                   help="write the observed statistics (reusable with any --method, with "
+                   "the same --backend)")
     q.add_argument("--load-calibration", metavar="FILE.json",
                    help="quantize from saved statistics instead of data (--calib then only "
                    "feeds the fidelity check and may be omitted)")
@@ -91,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
     q.add_argument("--external-data", action="store_true",
                    help="store weights in OUT.data beside the model (automatic above 2 GB)")
-    q.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
+    q.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar, no summary (warnings still go to stderr)")
 
     c = sub.add_parser("check", help="list backend constraint violations of a Q/DQ model",
                        description="Check a Q/DQ model against a backend's constraints: zero "
@@ -213,6 +215,9 @@ def _quantize(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(result.report.summary())
         print("wrote " + ", ".join(str(w) for w in written))
+    else:  # the summary ends with them; without it they must still reach the user
+        for warning in result.report.warnings:
+            print(f"onnxq: warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -424,6 +424,11 @@ def test_a_calibration_of_few_samples_gets_a_warning():
     few = quantize(model).report.warnings  # 4 batches
     samples = 4 * graphs.random_batches(model, 1)[0]["x"].shape[0]
     assert any(f"the ranges come from {samples} calibration sample(s)" in w for w in few)
+    assert any("crops or scales of each image" in w for w in few)  # an NCHW input
+    sequence = graphs.matmul_const()  # x[1, 4, K]: no image, no advice about crops
+    warned = onnxq.quantize(sequence, graphs.random_batches(sequence, 4), progress=False)
+    assert any("calibration sample(s)" in w and "image" not in w
+               for w in warned.report.warnings)
     enough = onnxq.quantize(model, graphs.random_batches(model, 32), progress=False)
     assert not any("calibration sample(s)" in w for w in enough.report.warnings)
 

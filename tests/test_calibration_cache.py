@@ -66,6 +66,18 @@ def test_a_cache_of_another_model_names_the_missing_tensors(tmp_path):
         onnxq.quantize(graphs.residual_add(), None, progress=False, load_calibration=cache)
 
 
+def test_a_cache_of_another_backend_says_which_backend(tmp_path):
+    model = graphs.residual_add()
+    cache = tmp_path / "calib.json"
+    onnxq.quantize(model, graphs.random_batches(model, 2), progress=False,
+                   save_calibration=cache)
+    assert json.loads(cache.read_text())["backend"] == "tensorrt"
+    with pytest.raises(CalibrationDataError, match="saved with --backend tensorrt") as err:
+        onnxq.quantize(model, None, backend="onnxruntime", progress=False,
+                       load_calibration=cache)
+    assert "--backend onnxruntime quantizes other tensors" in str(err.value)
+
+
 def test_a_changed_shape_is_refused(tmp_path):
     cache = tmp_path / "calib.json"
     small = graphs.conv_relu(size=8)

@@ -461,6 +461,9 @@ def test_an_exclude_pattern_that_matches_nothing_is_warned_about(tmp_path, conv_
     warnings = json.loads(report.read_text())["warnings"]
     unmatched = [w for w in warnings if "matches no node or tensor" in w]
     assert len(unmatched) == 1 and unmatched[0].startswith("--exclude 'nomatch'")
+    # -q drops the summary, not the warnings: one stderr line each, nothing on stdout
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [f"onnxq: warning: {w}" for w in warnings]
 
 
 def test_check_rejects_a_malformed_shape_even_without_engine(conv_files, capsys):
