@@ -527,6 +527,12 @@ def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
                 f"peaks differ by {out.slice_peak_ratio:.3g}x: one cosine over an output is "
                 "dominated by its largest values, so a small-valued part of it (such as a "
                 f"detector's scores beside its boxes) can be lost unseen; {_LOW_FIDELITY_HINT}")
+        elif out.compared == "cosine" and 0 < out.float_max_abs < out.max_abs_error:
+            report.warnings.append(
+                f"output {out.name!r} agrees with the float model at cosine {out.cosine:.3f} "
+                f"as a whole, but some value is off by {out.max_abs_error:.3g}, more than the "
+                f"largest float value ({out.float_max_abs:.3g}): a few positions (a token, a "
+                f"row, a frame) are lost while the rest hide them; {_LOW_FIDELITY_HINT}")
         elif out.top1_agreement is not None and out.top1_agreement < LOW_FIDELITY:
             report.warnings.append(
                 f"output {out.name!r}: its largest class differs from the float model's in "

@@ -450,3 +450,19 @@ def test_batches_without_samples_are_refused():
     empty = [{k: v[:0] for k, v in b.items()} for b in graphs.random_batches(model, 2)]
     with pytest.raises(CalibrationDataError, match="hold no samples"):
         onnxq.quantize(model, empty, progress=False)
+
+
+def test_an_error_larger_than_the_float_range_is_warned_about_despite_a_high_cosine(
+        monkeypatch):
+    from onnxq import api
+    from onnxq.backends.validate import OutputFidelity
+
+    model = graphs.conv_relu()
+    monkeypatch.setattr(api, "fidelity", lambda *_a: [OutputFidelity("y", 0.993, 149.6, 90.5)])
+    warnings = onnxq.quantize(model, graphs.random_batches(model, 32),
+                              progress=False).report.warnings
+    assert any("off by 150, more than the largest float value (90.5)" in w for w in warnings)
+    monkeypatch.setattr(api, "fidelity", lambda *_a: [OutputFidelity("y", 0.993, 9.6, 90.5)])
+    warnings = onnxq.quantize(model, graphs.random_batches(model, 32),
+                              progress=False).report.warnings
+    assert not any("more than the largest float value" in w for w in warnings)
