@@ -82,6 +82,26 @@ def test_load_model_invalid_graph(model_file):
         ir.load_model(model_file(model))
 
 
+@pytest.mark.parametrize(("op", "opset", "hint"), [
+    ("LayerNormalization", 13, "or export it at opset 17 or later"),
+    ("SimplifiedLayerNormalization", 17, "ONNX does not define SimplifiedLayerNormalization"),
+])
+def test_an_onnxruntime_optimized_model_is_refused_with_what_to_do(tmp_path, op, opset, hint):
+    from onnx import helper
+
+    nodes = [helper.make_node(op, ["x", "g"], ["y"], name="ln", axis=-1)]
+    graph = helper.make_graph(nodes, "g", [graphs.tensor("x", [2, 8])],
+                              [graphs.tensor("y", [2, 8])],
+                              [graphs.init("g", np.ones(8, np.float32))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              ir_version=8)  # as onnxruntime's optimizer writes it: unchecked
+    path = tmp_path / "optimized.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(ModelLoadError, match="before that optimization") as err:
+        ir.load_model(path)
+    assert "invalid ONNX graph" in str(err.value) and hint in str(err.value)
+
+
 def test_external_data_inside_the_folder_loads(tmp_path):
     path = with_external_weight(tmp_path, "weights.bin")
     loaded = ir.load_model(path)

@@ -131,7 +131,28 @@ def check_model(model: onnx.ModelProto, where: str = "model") -> None:
     try:
         onnx.checker.check_model(_weightless_copy(model))
     except onnx.checker.ValidationError as exc:
-        raise ModelLoadError(f"{where}: invalid ONNX graph: {_first_line(exc)}") from None
+        raise ModelLoadError(f"{where}: invalid ONNX graph: {_first_line(exc)}"
+                             f"{_runtime_extension_hint(model, str(exc))}") from None
+
+
+# onnxruntime's own ops that its transformer optimizer writes into the ONNX domain (where ONNX
+# defines them later or never), found in models from onnxruntime.transformers.optimizer
+_RUNTIME_EXTENSIONS = {"LayerNormalization": 17, "SimplifiedLayerNormalization": None,
+                       "SkipSimplifiedLayerNormalization": None}
+
+
+def _runtime_extension_hint(model: onnx.ModelProto, message: str) -> str:
+    """Why a checker failure may come from an onnxruntime-optimized model, and what to do."""
+    for op, since in _RUNTIME_EXTENSIONS.items():
+        if f"No Op registered for {op} " not in message:
+            continue
+        defined = (f"ONNX defines {op} from opset {since}" if since
+                   else f"ONNX does not define {op}")
+        return (f" ({defined}: this looks like a model optimized for onnxruntime, e.g. by "
+                "onnxruntime.transformers.optimizer, which only onnxruntime runs; quantize the "
+                "model as exported, before that optimization"
+                + (f", or export it at opset {since} or later)" if since else ")"))
+    return ""
 
 
 def _external_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
