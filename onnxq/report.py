@@ -9,6 +9,7 @@ import html
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,9 +101,14 @@ class Report:
             + (f"{self.calibration_batches} calibration batches" if self.calibration_batches
                else "statistics from a calibration cache"),
         ]
-        reasons: dict[str, int] = {}
+        # one line per op type and reason, with the quoted tensor/node names left out (they
+        # would give every op its own line); a reason that only one op has keeps its names
+        groups: dict[str, list[str]] = {}
         for d in self.float_ops:
-            reasons[f"{d.op_type}: {d.reason}"] = reasons.get(f"{d.op_type}: {d.reason}", 0) + 1
+            generic = _QUOTED.sub("'…'", d.reason)
+            groups.setdefault(f"{d.op_type}: {generic}", []).append(f"{d.op_type}: {d.reason}")
+        reasons = {(texts[0] if len(set(texts)) == 1 else key): len(texts)
+                   for key, texts in groups.items()}
         if reasons:
             lines.append("left float:")
             for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:12]:
@@ -201,6 +207,9 @@ def _placed(p: Placed) -> dict[str, Any]:
     if qp.note:
         out["note"] = qp.note
     return out
+
+
+_QUOTED = re.compile(r"'[^']*'")
 
 
 def _short(value: Any) -> str:

@@ -98,6 +98,15 @@ def test_summary_groups_reasons_and_truncates():
     assert lines[-1] == "warning: careful"
 
 
+def test_summary_groups_reasons_that_differ_only_in_names():
+    decisions = [Decision(f"add{i}", "Add", False, "", f"input 'bias{i}' is a constant")
+                 for i in range(3)]
+    decisions.append(Decision("mm", "MatMul", False, "", "its output 'out0' is a graph output"))
+    lines = Report("m.onnx", "tensorrt", {}, decisions=decisions).summary().splitlines()
+    assert "     3 x Add: input '…' is a constant" in lines
+    assert "     1 x MatMul: its output 'out0' is a graph output" in lines  # alone: names kept
+
+
 def test_html_is_escaped_and_self_contained(tmp_path):
     placed = [
         Placed(
