@@ -231,8 +231,50 @@ def grouped_conv_inputs(graph: ir.Graph) -> dict[str, str]:
             and int(ir.node_attrs(n).get("group", 1)) > 1}
 
 
+# ops a per-position normalisation is reached through (a feature encoder's convs and GELUs,
+# the Transpose to channels-last): they keep a quiet position quiet
+_POSITION_PATH_OPS = frozenset({
+    "Conv", "Add", "Sub", "Mul", "Div", "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "Gelu",
+    "Pow", "Clip", "Neg", "Elu", "Selu", "Softplus", "HardSigmoid", "HardSwish", "Mish",
+    "Identity", "Transpose", "Reshape", "Squeeze", "Unsqueeze"})
+_PATH_LIMIT = 256  # nodes one walk may visit
+
+
+def position_norm_convs(graph: ir.Graph) -> dict[str, str]:
+    """1-D Conv node name -> its activation input, for the convs whose output reaches a
+    ``LayerNormalization`` through :data:`_POSITION_PATH_OPS` only: that normalisation rescales
+    every position (a frame) to the same size, so a position that int8 leaves few levels (a
+    quiet frame far below the loud ones) comes out as large as the rest, noise included."""
+    found = {}
+    for node in graph.nodes:
+        if node.op_type != "Conv" or node.domain not in ir.DEFAULT_DOMAINS or not node.input:
+            continue
+        weight = graph.shape(node.input[1]) if len(node.input) > 1 else None
+        if weight is None or len(weight) != 3:
+            continue
+        if _reaches_layer_norm(graph, node.output[0]):
+            found[node.name] = node.input[0]
+    return found
+
+
+def _reaches_layer_norm(graph: ir.Graph, start: str) -> bool:
+    seen, todo = {start}, [start]
+    while todo and len(seen) < _PATH_LIMIT:
+        for reader, _ in graph.consumers.get(todo.pop(), []):
+            if reader.op_type == "LayerNormalization":
+                return True
+            if reader.op_type not in _POSITION_PATH_OPS or reader.domain not in ir.DEFAULT_DOMAINS:
+                continue
+            for out in reader.output:
+                if out and out not in seen:
+                    seen.add(out)
+                    todo.append(out)
+    return False
+
+
 def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
                      config: QuantConfig, grouped: dict[str, str],
+                     positions: dict[str, str] | None = None,
                      ) -> tuple[dict[str, str], dict[str, str]]:
     """Tensors and nodes to keep float because of what the calibration data showed.
 
@@ -244,7 +286,11 @@ def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
     * a grouped (depthwise) Conv of ``grouped`` (node -> input) whose input has more than
       ``config.weak_channel_fraction`` of its channels peaking below ``WEAK_SHARE`` of the
       tensor's peak: each such channel alone feeds its outputs, with fewer than 8 of int8's 127
-      levels.
+      levels;
+    * a 1-D Conv of ``positions`` (:func:`position_norm_convs`) whose input has more than
+      ``config.weak_position_fraction`` of its positions (frames) peaking below ``WEAK_SHARE``
+      of the tensor's peak: the LayerNormalization after it blows their rounding noise up to
+      full size (wav2vec2's GroupNorm feature encoder on speech with pauses).
     """
     max_abs, concat_ratio = config.mask_threshold, config.concat_range_ratio
     weak_fraction = config.weak_channel_fraction
@@ -281,6 +327,18 @@ def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
                 f"{round(1 / WEAK_SHARE)} of the tensor's peak (> weak_channel_fraction="
                 f"{weak_fraction:g}): one per-tensor int8 scale leaves them under 8 levels, and "
                 "each feeds its own outputs alone; the grouped conv stays float")
+    for d in annotations.decisions:
+        tensor = (positions or {}).get(d.node)
+        if not d.quantized or tensor is None or tensor not in stats:
+            continue
+        weak = stats[tensor].weak_positions(WEAK_SHARE)
+        if weak is not None and weak[0] > config.weak_position_fraction * weak[1]:
+            float_nodes[d.node] = (
+                f"{weak[0]} of its input's {weak[1]} positions (frames) peak below 1/"
+                f"{round(1 / WEAK_SHARE)} of the tensor's peak (> weak_position_fraction="
+                f"{config.weak_position_fraction:g}): one int8 scale leaves them under 8 "
+                "levels, and the LayerNormalization after it scales each position to the same "
+                "size, noise included; the conv stays float")
     return float_tensors, float_nodes
 
 

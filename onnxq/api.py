@@ -14,7 +14,13 @@ from typing import Any
 import onnx
 
 from onnxq import ir
-from onnxq.annotate import Annotations, annotate, grouped_conv_inputs, range_exclusions
+from onnxq.annotate import (
+    Annotations,
+    annotate,
+    grouped_conv_inputs,
+    position_norm_convs,
+    range_exclusions,
+)
 from onnxq.backends.check import check
 from onnxq.backends.profile import BackendProfile, profile_for
 from onnxq.backends.validate import DOMINATED, class_axes, fidelity, run_outputs
@@ -267,7 +273,8 @@ def _place_from_cache(model: onnx.ModelProto, graph: ir.Graph, profile: BackendP
     for _ in range(4):
         annotations = annotate(graph, profile, cfg, float_tensors, float_nodes)
         stats = load_calibration_file(cache, graph, _observed(annotations), profile.name)
-        more_t, more_n = range_exclusions(annotations, stats, cfg, grouped_conv_inputs(graph))
+        more_t, more_n = range_exclusions(annotations, stats, cfg, grouped_conv_inputs(graph),
+                                          position_norm_convs(graph))
         if more_t.keys() <= float_tensors.keys() and more_n.keys() <= float_nodes.keys():
             break
         float_tensors.update(more_t)
@@ -292,6 +299,7 @@ def _place_and_calibrate(model: onnx.ModelProto, graph: ir.Graph, profile: Backe
     result: CalibrationResult | None = None
     reiterable = iter(data) is not data
     grouped = grouped_conv_inputs(graph)
+    positions = position_norm_convs(graph)
     for _ in range(4):
         annotations = annotate(graph, profile, cfg, float_tensors, float_nodes)
         wanted = _observed(annotations, all_histograms)
@@ -303,14 +311,15 @@ def _place_and_calibrate(model: onnx.ModelProto, graph: ir.Graph, profile: Backe
                               histogram_sample=cfg.histogram_sample,
                               histogram_budget=cfg.histogram_budget,
                               progress=cfg.progress,
-                              channels=frozenset(grouped.values()))
+                              channels=frozenset(grouped.values()),
+                              positions=frozenset(positions.values()))
             result = fresh if result is None else _merged(result, fresh)
         elif missing:
             for t in missing:
                 float_tensors[t] = (f"tensor {t!r} was not observed (the calibration source "
                                     "can be read only once)")
             continue
-        more_t, more_n = range_exclusions(annotations, result.stats, cfg, grouped)
+        more_t, more_n = range_exclusions(annotations, result.stats, cfg, grouped, positions)
         if more_t.keys() <= float_tensors.keys() and more_n.keys() <= float_nodes.keys():
             return annotations, result
         float_tensors.update(more_t)

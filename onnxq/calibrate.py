@@ -115,6 +115,7 @@ def calibrate(
     histogram_budget: int = DEFAULT_HISTOGRAM_BUDGET,
     progress: bool = True,
     channels: frozenset[str] = frozenset(),
+    positions: frozenset[str] = frozenset(),
 ) -> CalibrationResult:
     """Observe ``tensors`` (name -> needs a histogram) over the batches of ``source``.
 
@@ -127,7 +128,9 @@ def calibrate(
     the source says how many batches it holds, a sample's share is at most the budget divided
     by the number of samples (:func:`sample_share`), so many batches cost less each; the share
     depends on the number of samples, not on how they are batched.
-    Tensors in ``channels`` also get each channel's peak magnitude (axis 1).  A tensor the
+    Tensors in ``channels`` also get each channel's peak magnitude (axis 1); rank-3 tensors
+    in ``positions`` get their positions (sample, t) counted by peak magnitude over axis 1
+    (:meth:`TensorStats.weak_positions`).  A tensor the
     graph keeps >= 0 (:meth:`ir.Graph.nonnegative`) is read for its maxima only and its
     minimum is recorded as 0: every range includes 0, so no scale changes.  When such a tensor
     needs no histogram and has a static (N, C, H, W) shape, its maxima are taken inside the
@@ -135,6 +138,7 @@ def calibrate(
     """
     graph = ir.Graph(model)
     stats = {name: TensorStats(name, histogram=hist, channels=name in channels,
+                               positions=name in positions,
                                nonnegative=graph.nonnegative(name))
              for name, hist in tensors.items()}
     names = sorted(tensors)
@@ -142,7 +146,8 @@ def calibrate(
     concrete = _concrete_shapes(model, graph, names, first)
     shapes = {name: concrete.get(name) or graph.shape(name) for name in names}
     peaks = {name: plan for name in names
-             if not tensors[name] and (plan := _peaks_plan(graph, name, concrete.get(name)))}
+             if not tensors[name] and name not in positions
+             and (plan := _peaks_plan(graph, name, concrete.get(name)))}
     sizes = {name: 4 * peaks[name].channels if name in peaks else 4 * _numel(shapes[name])
              for name in names}
     share = sample_share(histogram_sample, histogram_budget,

@@ -114,6 +114,10 @@ class QuantConfig:
             fraction of its input's channels peak below 1/16 of the tensor's peak on the
             calibration data (one per-tensor int8 scale leaves them under 8 levels; each
             channel feeds its own outputs alone); 1 turns the rule off.
+        weak_position_fraction: a 1-D Conv whose output reaches a LayerNormalization stays
+            float when more than this fraction of its input's positions (frames) peak below
+            1/16 of the tensor's peak (the normalisation scales their rounding noise up to full
+            size); 1 turns the rule off.
         reduce_range: 7-bit weights for the onnxruntime backend (its u8s8 CPU kernels saturate
             int16 sums on x86 CPUs without VNNI); ``None`` decides from the CPU.
         memory_budget_mb: activations of one batch that calibration may hold at once; when
@@ -145,6 +149,7 @@ class QuantConfig:
     mask_threshold: float = 1e4
     concat_range_ratio: float = 8.0
     weak_channel_fraction: float = 0.25
+    weak_position_fraction: float = 0.25
     reduce_range: bool | None = None
     memory_budget_mb: int = 4096
     histogram_sample: int = 65536
@@ -181,6 +186,9 @@ class QuantConfig:
         if not 0.0 < self.weak_channel_fraction <= 1.0:
             raise ConfigError(
                 f"weak_channel_fraction: must be in (0, 1], got {self.weak_channel_fraction}")
+        if not 0.0 < self.weak_position_fraction <= 1.0:
+            raise ConfigError(
+                f"weak_position_fraction: must be in (0, 1], got {self.weak_position_fraction}")
         if self.memory_budget_mb < 1:
             raise ConfigError(f"memory_budget_mb: must be >= 1, got {self.memory_budget_mb}")
         if self.histogram_sample < 0:
@@ -331,6 +339,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "mask_threshold": (int, float),
     "concat_range_ratio": (int, float),
     "weak_channel_fraction": (int, float),
+    "weak_position_fraction": (int, float),
     "reduce_range": (bool, type(None)),
     "memory_budget_mb": (int,),
     "histogram_sample": (int,),

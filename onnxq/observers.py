@@ -27,6 +27,8 @@ from onnxq.errors import CalibrationDataError, ConfigError
 
 BINS = 4096  # signed bins over [-R, R]; 2048 per side, as TensorRT's entropy calibrator uses
 _MIN_RANGE = 2.0**-24
+POSITION_STEPS = 8  # position-peak bins per octave
+POSITION_BINS = 2048  # 2^-128 .. 2^128; a silent position lands in bin 0
 _TINY = 1e-12
 
 
@@ -59,6 +61,10 @@ class TensorStats:
     sample_max_sum: float = 0.0
     channels: bool = False  # also track each channel's peak |x| (axis 1)
     channel_amax: np.ndarray | None = None
+    # also count the positions (sample, t) of a rank-3 [N, C, T] tensor by their peak |x| over
+    # the channels, in POSITION_BINS log-spaced bins (:meth:`weak_positions`)
+    positions: bool = False
+    position_counts: np.ndarray | None = None
     # the graph guarantees x >= 0 (a Relu's output, ...): only maxima are read and the minimum
     # is recorded as 0.  Every range includes 0, so no scale depends on a minimum above 0.
     nonnegative: bool = False
@@ -82,6 +88,8 @@ class TensorStats:
         rows = x.reshape(x.shape[0], -1) if x.ndim >= 2 else x.reshape(1, -1)
         row_max, row_min, peak = self._extremes(x, rows)
         lo, _ = self._record(row_min, row_max, peak, int(x.size), where)
+        if self.positions:
+            self._count_positions(x)
         if self.histogram:
             self._add_values(rows[:, ::stride] if stride > 1 else rows, lo >= 0.0)
 
@@ -154,6 +162,31 @@ class TensorStats:
         else:  # a channel count that changes between batches: no per-channel view
             self.channels, self.channel_amax = False, None
 
+    def _count_positions(self, x: np.ndarray) -> None:
+        if x.ndim != 3:  # not an [N, C, T] tensor after all: no per-position view
+            self.positions, self.position_counts = False, None
+            return
+        peak = x.max(axis=1) if self.nonnegative else np.maximum(x.max(axis=1), -x.min(axis=1))
+        with np.errstate(divide="ignore"):  # a silent position: log2(0) = -inf, bin 0
+            scaled = np.floor(np.log2(peak.astype(np.float64)) * POSITION_STEPS)
+        index = np.clip(scaled + POSITION_BINS // 2, 0, POSITION_BINS - 1).astype(np.intp)
+        counts = np.bincount(index.reshape(-1), minlength=POSITION_BINS)
+        self.position_counts = counts if self.position_counts is None \
+            else self.position_counts + counts
+
+    def weak_positions(self, below: float = 1 / 16) -> tuple[int, int] | None:
+        """(positions whose peak |x| over the channels is under ``below`` x the tensor's peak,
+        positions), if they were counted.  A position in the bin that straddles the bound
+        counts as not weak (the bins are 1/8 octave wide)."""
+        if self.position_counts is None:
+            return None
+        total = int(self.position_counts.sum())
+        top = max(abs(self.min), abs(self.max))
+        if total == 0 or not top > 0:
+            return None
+        bound = math.floor(math.log2(top * below) * POSITION_STEPS) + POSITION_BINS // 2
+        return int(self.position_counts[:max(0, min(bound, POSITION_BINS))].sum()), total
+
     def weak_channels(self, below: float = 1 / 16) -> tuple[int, int] | None:
         """(channels whose peak |x| is under ``below`` x the tensor's peak, channels), if the
         per-channel peaks were tracked."""
@@ -218,6 +251,12 @@ class TensorStats:
             self._merge_channels(other.channel_amax.copy())
         elif self.count:  # one shard without channel peaks: no per-channel view of the whole
             self.channels, self.channel_amax = False, None
+        if self.position_counts is not None and other.position_counts is not None:
+            self.position_counts = self.position_counts + other.position_counts
+        elif other.position_counts is not None and not self.count:
+            self.positions, self.position_counts = True, other.position_counts.copy()
+        elif self.count or other.count:  # one shard without them: no per-position view
+            self.positions, self.position_counts = False, None
         self.nonnegative = self.nonnegative and other.nonnegative
         self.samples += other.samples
         self.sample_min_sum += other.sample_min_sum
@@ -255,6 +294,10 @@ class TensorStats:
             "bins": [int(i) for i in nz], "counts": [int(self.counts[i]) for i in nz],
             "channel_amax": (None if self.channel_amax is None
                              else [float(v) for v in self.channel_amax]),
+            **({} if self.position_counts is None else {
+                "position_bins": [int(i) for i in np.nonzero(self.position_counts)[0]],
+                "position_counts": [int(c) for c in self.position_counts
+                                    if c]}),
         }
 
     @classmethod
@@ -271,6 +314,11 @@ class TensorStats:
         if data.get("channel_amax") is not None:
             stats.channels = True
             stats.channel_amax = np.asarray(data["channel_amax"], dtype=np.float64)
+        if data.get("position_bins") is not None:
+            stats.positions = True
+            stats.position_counts = np.zeros(POSITION_BINS, dtype=np.int64)
+            stats.position_counts[np.asarray(data["position_bins"], dtype=np.int64)] = \
+                np.asarray(data["position_counts"], dtype=np.int64)
         return stats
 
 

@@ -766,3 +766,33 @@ def tabular(trees: bool = False, k: int = 64, n: int = 32) -> onnx.ModelProto:
     m.ir_version = IR_VERSION
     onnx.checker.check_model(m)
     return m
+
+
+def feature_encoder(norm_after_first: bool = False, seed: int = 0) -> onnx.ModelProto:
+    """A speech feature encoder: x[N, 1, T] -> Conv1d(1 -> 16, k3) 'conv0' -> Relu
+    [-> InstanceNormalization] -> Conv1d(16 -> 16, k3) 'conv1' -> Relu -> Conv1d(16 -> 16, k3)
+    'conv2' -> Transpose to [N, T, C] -> LayerNormalization -> MatMul(16 -> 16) 'proj' -> y."""
+    r = rng(seed)
+    inits = [init("w0", weight(r, 16, 1, 3, scale=0.5)), init("w1", weight(r, 16, 16, 3)),
+             init("w2", weight(r, 16, 16, 3)), init("ln.g", np.ones(16, np.float32)),
+             init("ln.b", np.zeros(16, np.float32)), init("proj.w", weight(r, 16, 16))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", kernel_shape=[3]),
+             helper.make_node("Relu", ["c0"], ["r0"], name="relu0")]
+    first = "r0"
+    if norm_after_first:
+        inits += [init("in.g", np.ones(16, np.float32)),
+                  init("in.b", np.zeros(16, np.float32))]
+        nodes.append(helper.make_node("InstanceNormalization", ["r0", "in.g", "in.b"], ["n0"],
+                                      name="norm0"))
+        first = "n0"
+    nodes += [
+        helper.make_node("Conv", [first, "w1"], ["c1"], name="conv1", kernel_shape=[3]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", kernel_shape=[3]),
+        helper.make_node("Transpose", ["c2"], ["t"], name="to_nlc", perm=[0, 2, 1]),
+        helper.make_node("LayerNormalization", ["t", "ln.g", "ln.b"], ["ln"], name="ln",
+                         axis=-1),
+        helper.make_node("MatMul", ["ln", "proj.w"], ["y"], name="proj"),
+    ]
+    return model(nodes, [tensor("x", ["n", 1, "t"])], [tensor("y", ["n", "t2", 16])], inits,
+                 name="feature_encoder")

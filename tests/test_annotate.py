@@ -272,3 +272,16 @@ def test_a_residual_add_of_a_dynamic_width_model_is_quantized():
         vi.type.tensor_type.shape.dim[3].dim_param = "W"  # the inferred widths get fresh names
     add = next(d for d in annotated(model).decisions if d.node == "add")
     assert add.quantized and add.rule == "residual_add", add.reason
+
+
+def test_position_norm_convs_are_the_1d_convs_a_layer_norm_reads_through_pointwise_ops():
+    from onnxq.annotate import position_norm_convs
+
+    def found(model):
+        return position_norm_convs(ir.Graph(ir.infer_shapes(model)))
+
+    assert found(graphs.feature_encoder()) == {"conv0": "x", "conv1": "r0", "conv2": "r1"}
+    # a normalisation on the way resets the question: the first conv is not found
+    assert found(graphs.feature_encoder(norm_after_first=True)) == {"conv1": "n0",
+                                                                     "conv2": "r1"}
+    assert found(graphs.grouped_conv()) == {}  # 2-D convs, no LayerNormalization

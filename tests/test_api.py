@@ -466,3 +466,27 @@ def test_an_error_larger_than_the_float_range_is_warned_about_despite_a_high_cos
     warnings = onnxq.quantize(model, graphs.random_batches(model, 32),
                               progress=False).report.warnings
     assert not any("more than the largest float value" in w for w in warnings)
+
+
+def _speech_batches(pauses: bool) -> list[dict[str, np.ndarray]]:
+    # [1, 1, 96] clips; with a pause, the last 72 steps are near-silent (1e-3 of the speech)
+    r = np.random.default_rng(11)
+    gain = np.where(np.arange(96) < 24, 1.0, 1e-3) if pauses else np.ones(96)
+    return [{"x": (r.standard_normal((1, 1, 96)) * gain).astype(np.float32)}
+            for _ in range(8)]
+
+
+@pytest.mark.parametrize(("pauses", "fraction", "float_convs"),
+                         [(True, 0.25, {"conv1", "conv2"}), (False, 0.25, set()),
+                          (True, 1.0, set())])
+def test_convs_before_a_layer_norm_stay_float_when_many_frames_are_quiet(pauses, fraction,
+                                                                         float_convs):
+    model = graphs.feature_encoder()
+    result = onnxq.quantize(model, _speech_batches(pauses), progress=False,
+                            weak_position_fraction=fraction)
+    kept = {d.node for d in result.report.decisions
+            if d.op_type == "Conv" and not d.quantized and "positions (frames)" in d.reason}
+    assert kept == float_convs
+    # conv0 reads one channel: float by min_channels whatever the data
+    assert all(d.quantized for d in result.report.decisions
+               if d.op_type == "Conv" and d.node not in float_convs | {"conv0"})

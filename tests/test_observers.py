@@ -460,3 +460,33 @@ def test_update_peaks_equals_update_on_the_whole_tensor():
     np.testing.assert_array_equal(peaks.channel_amax, whole.channel_amax)
     assert (peaks.min, peaks.max, peaks.count, peaks.samples, peaks.sample_max_sum) == (
         whole.min, whole.max, whole.count, whole.samples, whole.sample_max_sum)
+
+
+def test_positions_are_counted_by_their_peak_merge_across_shards_and_survive_json():
+    # [N, C, T]: 3 of every 4 frames at 1% of the loud ones, one silent frame per sample
+    r = np.random.default_rng(9)
+    gain = np.where(np.arange(16) % 4 == 0, 1.0, 0.01)
+    x = (r.standard_normal((6, 8, 16)) * gain[None, None, :]).astype(np.float32)
+    x[:, :, 5] = 0.0
+    whole = TensorStats("t", positions=True)
+    whole.update(x)
+    peaks = np.abs(x).max(axis=1)
+    weak, total = whole.weak_positions(1 / 16)
+    assert total == 6 * 16
+    # the bins are 1/8 octave wide: the count is exact but for peaks within 9% of the bound
+    bound = np.abs(x).max() / 16
+    assert (peaks < bound * 0.91).sum() <= weak <= (peaks < bound).sum()
+    assert weak >= 6 * 12  # the quiet and the silent frames
+    left, right = TensorStats("t", positions=True), TensorStats("t", positions=True)
+    left.update(x[:2])
+    right.update(x[2:])
+    np.testing.assert_array_equal(left.merge(right).position_counts, whole.position_counts)
+    again = TensorStats.from_json("t", whole.to_json())
+    np.testing.assert_array_equal(again.position_counts, whole.position_counts)
+    assert TensorStats("t").weak_positions() is None
+    plain = TensorStats("t")
+    plain.update(x)
+    assert left.merge(plain).position_counts is None  # one shard without them: no view
+    flat = TensorStats("t", positions=True)
+    flat.update(x.reshape(6, -1))  # not [N, C, T]: no per-position view
+    assert flat.weak_positions() is None

@@ -265,6 +265,7 @@ def test_default_passes_order():
         "remove_identities",
         "sum_to_add",
         "fold_constants",
+        "fold_pad",
         "fold_batchnorm",
         "fold_channel_mul",
         "fold_bias_add",
