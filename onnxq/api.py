@@ -23,7 +23,13 @@ from onnxq.annotate import (
 )
 from onnxq.backends.check import check
 from onnxq.backends.profile import BackendProfile, profile_for
-from onnxq.backends.validate import DOMINATED, class_axes, fidelity, run_outputs
+from onnxq.backends.validate import (
+    DOMINATED,
+    class_axes,
+    fidelity,
+    padding_masks,
+    run_outputs,
+)
 from onnxq.bias_correction import BiasCorrection, correct_biases
 from onnxq.calibrate import CalibrationResult, calibrate, calibration_cache
 from onnxq.calibrate import load_calibration as load_calibration_file
@@ -508,7 +514,7 @@ def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
     if reference is None:
         report.warnings.append("model too large to keep a float copy: fidelity not measured")
         return
-    report.fidelity = fidelity(reference, quant, class_axes(model))
+    report.fidelity = fidelity(reference, quant, class_axes(model), padding_masks(result.held))
     for out in report.fidelity:
         if out.nonfinite_mismatch:
             report.warnings.append(

@@ -128,9 +128,11 @@ class Report:
                 worst = ("" if f.worst_slice_cosine is None
                          else f", worst of {f.slices} slices along axis {f.slice_axis}: cosine "
                               f"{f.worst_slice_cosine:.6f} (index {f.worst_slice})")
+                padded = ("" if not f.padding_left_out else
+                          f", {f.padding_left_out} padded positions (mask 0) left out")
                 lines.append(f"fidelity {f.name} ({self.fidelity_mode}): cosine {f.cosine:.6f}, "
                              f"max abs error {f.max_abs_error:.4g} "
-                             f"(float range {f.float_max_abs:.4g}){top1}{worst}")
+                             f"(float range {f.float_max_abs:.4g}){top1}{worst}{padded}")
             elif f.compared == "agreement":
                 lines.append(f"fidelity {f.name} ({self.fidelity_mode}): equal to the float "
                              f"model's in {f.cosine:.1%} of its values on the held batches")

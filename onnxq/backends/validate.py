@@ -53,6 +53,39 @@ class OutputFidelity:
     # the largest slice's peak |x| over the smallest non-zero one's, in the float model: from
     # 2 on, the larger slices dominate the whole cosine (:data:`DOMINATED`)
     slice_peak_ratio: float | None = None
+    # rows left out because the model's padding mask marks them as padding (a transformer's
+    # padded tokens: whatever the float model computes there is read by nothing)
+    padding_left_out: int = 0
+
+
+def padding_masks(batches: list[dict[str, Any]]) -> list[np.ndarray | None]:
+    """Per batch, its padding mask: an integer or bool input of rank 2 named like
+    ``attention_mask`` ([batch, sequence], 0 = padding), else None."""
+    masks: list[np.ndarray | None] = []
+    for batch in batches:
+        found = None
+        for name in sorted(batch):
+            value = batch[name]
+            if ("mask" in name.lower() and isinstance(value, np.ndarray) and value.ndim == 2
+                    and value.dtype.kind in "iub"):
+                found = value != 0
+                break
+        masks.append(found)
+    return masks
+
+
+def _unpadded(arrays: list[np.ndarray], masks: list[np.ndarray | None] | None
+              ) -> tuple[list[np.ndarray], int]:
+    """``arrays`` without their padded rows, when every batch has a mask that matches the
+    output's two leading axes (and some row is padding); else unchanged."""
+    if not masks or len(masks) != len(arrays) or any(
+            m is None or a.ndim < 3 or a.shape[:2] != m.shape
+            for a, m in zip(arrays, masks, strict=True)):
+        return arrays, 0
+    dropped = sum(int((~m).sum()) for m in masks if m is not None)
+    if dropped == 0:
+        return arrays, 0
+    return [a[m] for a, m in zip(arrays, masks, strict=True)], dropped
 
 
 def validation_session(model: onnx.ModelProto, fused: bool, what: str = "quantized") -> Any:
@@ -147,9 +180,12 @@ def _flattened_softmax(graph: ir.Graph, node: onnx.NodeProto, rank: int) -> bool
 
 def fidelity(reference: list[dict[str, np.ndarray]],
              quantized: list[dict[str, np.ndarray]],
-             axes: dict[str, int] | None = None) -> list[OutputFidelity]:
+             axes: dict[str, int] | None = None,
+             masks: list[np.ndarray | None] | None = None) -> list[OutputFidelity]:
     """Cosine similarity and max absolute error per output, over all batches; for the outputs
-    in ``axes`` (name -> class axis, :func:`class_axes`) also the top-1 agreement along it."""
+    in ``axes`` (name -> class axis, :func:`class_axes`) also the top-1 agreement along it.
+    ``masks`` (:func:`padding_masks`, one per batch): an output of rank >= 3 whose leading
+    axes are the mask's is compared on its unpadded rows only."""
     out = []
     for name in reference[0] if reference else []:
         ref = [_as_array(r[name]) for r in reference]
@@ -164,7 +200,13 @@ def fidelity(reference: list[dict[str, np.ndarray]],
             out.append(OutputFidelity(name, _agreement(ref_arrays, got_arrays), 0.0, 0.0,
                                       "agreement"))
             continue
-        top1 = _top1(ref_arrays, got_arrays, (axes or {}).get(name))
+        class_axis = (axes or {}).get(name)
+        ref_arrays, padded = _unpadded(ref_arrays, masks)
+        if padded:  # [batch, sequence, ...] became [rows, ...]
+            got_arrays, _ = _unpadded(got_arrays, masks)
+            if class_axis is not None and class_axis >= 0:
+                class_axis = class_axis - 1 if class_axis >= 2 else None
+        top1 = _top1(ref_arrays, got_arrays, class_axis)
         a = np.concatenate([r.astype(np.float64).ravel() for r in ref_arrays])
         b = np.concatenate([g.astype(np.float64).ravel() for g in got_arrays])
         nonfinite = mismatch = 0
@@ -182,7 +224,7 @@ def fidelity(reference: list[dict[str, np.ndarray]],
         err = float(np.max(np.abs(a - b))) if a.size else 0.0
         result = OutputFidelity(name, round(cos, 6), err, float(np.max(np.abs(a), initial=0)),
                                 nonfinite=nonfinite, nonfinite_mismatch=mismatch,
-                                top1_agreement=top1)
+                                top1_agreement=top1, padding_left_out=padded)
         sliced = None if nonfinite or mismatch or top1 is not None \
             else _slice_cosines(ref_arrays, got_arrays)
         if sliced is not None:

@@ -11,6 +11,7 @@ from onnxq.backends.validate import (
     OutputFidelity,
     class_axes,
     fidelity,
+    padding_masks,
     run_outputs,
     slice_axis_of,
     validation_session,
@@ -199,3 +200,24 @@ def test_fidelity_of_all_zero_outputs():
     assert fidelity(zeros, zeros)[0].cosine == 1.0
     assert fidelity(zeros, [{"y": np.ones(3)}])[0].cosine == 0.0
     assert fidelity([], []) == []
+
+
+def test_padded_positions_are_left_out_of_the_cosine():
+    r = np.random.default_rng(4)
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=np.int64)
+    ref = r.standard_normal((2, 5, 8)).astype(np.float32)
+    got = ref.copy()
+    got[0, 3:] = -ref[0, 3:] * 50  # garbage where the mask says padding
+    masks = padding_masks([{"input_ids": np.ones((2, 5), np.int64), "attention_mask": mask}])
+    assert masks[0] is not None and masks[0].sum() == 8
+    (out,) = fidelity([{"h": ref}], [{"h": got}], None, masks)
+    assert out.cosine == pytest.approx(1.0) and out.padding_left_out == 2
+    (whole,) = fidelity([{"h": ref}], [{"h": got}])  # no mask: the garbage counts
+    assert whole.cosine < 0.5 and whole.padding_left_out == 0
+    # an output whose leading axes are not the mask's ([batch, hidden]) is compared whole
+    (pooled,) = fidelity([{"p": ref[:, 0]}], [{"p": got[:, 0]}], None, masks)
+    assert pooled.padding_left_out == 0
+    # a class axis after the sequence axis still gives a top-1 agreement, on real tokens only
+    (logits,) = fidelity([{"l": ref}], [{"l": got}], {"l": 2}, masks)
+    assert logits.top1_agreement == pytest.approx(1.0)
+    assert padding_masks([{"x": np.ones((2, 5), np.float32)}]) == [None]
