@@ -170,6 +170,58 @@ def fold_batchnorm(graph: ir.Graph) -> bool:
     return bool(doomed)
 
 
+def fold_matmul_batchnorm(graph: ir.Graph) -> bool:
+    """BatchNormalization over the columns of a MatMul with a constant [K, C] weight, directly
+    (a 2-D product) or through a Flatten that keeps the last axis (LeViT's linear + BatchNorm1d
+    on [batch * tokens, C]): the scale goes into the weight's columns, the shift becomes an
+    Add of a constant where the BatchNormalization was."""
+    doomed = []
+    for bn in graph.nodes:
+        if (bn.op_type != "BatchNormalization" or bn.domain not in ir.DEFAULT_DOMAINS
+                or len([o for o in bn.output if o]) != 1):
+            continue
+        src = bn.input[0]
+        between = graph.producer.get(src)
+        if between is not None and between.op_type == "Flatten":
+            rank = len(graph.shape(between.input[0]) or ())
+            axis = int(ir.node_attrs(between).get("axis", 1))
+            if rank < 2 or (axis + rank if axis < 0 else axis) != rank - 1:
+                continue
+            matmul = graph.producer.get(between.input[0])
+            chain = [between.input[0], src]
+        else:
+            matmul, chain = between, [src]
+            if len(graph.shape(src) or ()) != 2:  # BatchNorm's channel axis 1 is then C
+                continue
+        if matmul is None or matmul.op_type != "MatMul" or matmul.domain not in ir.DEFAULT_DOMAINS:
+            continue
+        # the product changes (scaled columns): only the next op and Shape ops may read it
+        if any(t in graph.graph_outputs or t in graph.subgraph_reads
+               or sum(r.op_type != "Shape" for r, _ in graph.consumers.get(t, [])) != 1
+               for t in chain):
+            continue
+        weight = graph.const_value(matmul.input[1])
+        params = [graph.const_value(t) for t in bn.input[1:5]]
+        if weight is None or weight.ndim != 2 or any(p is None for p in params):
+            continue
+        gamma, beta, mean, var = (np.asarray(p, dtype=np.float64) for p in params)  # type: ignore[arg-type]
+        if gamma.shape != (weight.shape[1],) or any(p.shape != gamma.shape
+                                                    for p in (beta, mean, var)):
+            continue
+        eps = float(ir.node_attrs(bn).get("epsilon", 1e-5))
+        scale = gamma / np.sqrt(var + eps)
+        w_name = graph.unique_name(f"{matmul.input[1]}_bn")
+        shift = graph.unique_name(f"{bn.name}_shift")
+        graph.add_initializer(w_name, (weight.astype(np.float64) * scale[None, :]
+                                       ).astype(weight.dtype))
+        graph.add_initializer(shift, (beta - mean * scale).astype(weight.dtype))
+        graph.set_input(matmul, 1, w_name)
+        graph.add_node("Add", [src, shift], [bn.output[0]], graph.unique_name(f"{bn.name}_add"))
+        doomed.append(bn)
+    graph.remove_nodes(doomed)
+    return bool(doomed)
+
+
 DEFAULT_PASSES: tuple[Pass, ...] = (
     constants_to_initializers,
     remove_identities,
@@ -177,6 +229,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     fold_constants,
     fold_pad,
     fold_batchnorm,
+    fold_matmul_batchnorm,
     fold_channel_mul,
     fold_bias_add,
     fuse_hardswish,

@@ -15,6 +15,7 @@ from onnxq.rewrites.simplify import (
     constants_to_initializers,
     fold_batchnorm,
     fold_constants,
+    fold_matmul_batchnorm,
     remove_identities,
     simplify,
     sum_to_add,
@@ -267,8 +268,52 @@ def test_default_passes_order():
         "fold_constants",
         "fold_pad",
         "fold_batchnorm",
+        "fold_matmul_batchnorm",
         "fold_channel_mul",
         "fold_bias_add",
         "fuse_hardswish",
         "decompose_prelu",
     ]
+
+
+def _matmul_bn(x_shape: list[int], flatten_axis: int | None) -> onnx.ModelProto:
+    """x @ W[8, 6] [-> Flatten(axis)] -> BatchNormalization (and a Shape of the product, as
+    LeViT's exporter writes for the Reshape back) -> y."""
+    from onnx import helper
+
+    r = graphs.rng(2)
+    inits = [graphs.init("w", graphs.weight(r, 8, 6)),
+             graphs.init("g", (r.random(6) + 0.5).astype(np.float32)),
+             graphs.init("b", graphs.weight(r, 6)), graphs.init("m", graphs.weight(r, 6)),
+             graphs.init("v", (r.random(6) + 0.2).astype(np.float32))]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"], name="mm"),
+             helper.make_node("Shape", ["p"], ["s"], name="shape")]
+    src = "p"
+    if flatten_axis is not None:
+        nodes.append(helper.make_node("Flatten", ["p"], ["f"], name="flat", axis=flatten_axis))
+        src = "f"
+    nodes.append(helper.make_node("BatchNormalization", [src, "g", "b", "m", "v"], ["y"],
+                                  name="bn"))
+    rows = int(np.prod(x_shape[:-1])) if flatten_axis == len(x_shape) - 1 else None
+    out = [rows, 6] if rows else ["a", "b", "c"][: len(x_shape)]
+    return graphs.model(nodes, [graphs.tensor("x", x_shape)],
+                        [graphs.tensor("y", out), graphs.tensor("s", [len(x_shape)],
+                                                                onnx.TensorProto.INT64)],
+                        inits)
+
+
+@pytest.mark.parametrize(("x_shape", "axis"), [([2, 3, 8], 2), ([2, 3, 8], -1), ([4, 8], None)])
+def test_batchnorm_over_a_matmuls_columns_folds_into_its_weight(x_shape, axis):
+    before = _matmul_bn(x_shape, axis)
+    after, modified = apply(fold_matmul_batchnorm, before)
+    assert modified and "BatchNormalization" not in graphs.op_types(after)
+    x = graphs.rng(8).standard_normal(x_shape).astype(np.float32)
+    for want, got in zip(run(before, {"x": x}), run(after, {"x": x}), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("x_shape", "axis"), [([2, 3, 8], None), ([2, 3, 8], 1)])
+def test_batchnorm_over_another_axis_of_a_matmul_stays(x_shape, axis):
+    # rank 3 without Flatten: BatchNorm's axis 1 is the tokens; Flatten(axis=1): C is merged
+    after, modified = apply(fold_matmul_batchnorm, _matmul_bn(x_shape, axis))
+    assert not modified and "BatchNormalization" in graphs.op_types(after)
