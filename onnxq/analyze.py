@@ -68,10 +68,12 @@ def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
     float_model, quant_model = (ir.infer_shapes(_copy(m)) for m in (float_model, quant_model))
     fg, qg = ir.Graph(float_model), ir.Graph(quant_model)
     _same_inputs(model_inputs(fg), model_inputs(qg))
+    drawn = _random_draws(fg)
     shared = [n.output[0] for n in fg.nodes
               if n.output and n.output[0] in qg.producer
               and fg.elem_type(n.output[0]) in (None, onnx.TensorProto.FLOAT)
-              and n.op_type != "Constant" and n.output[0] not in fg.subgraph_reads]
+              and n.op_type != "Constant" and n.output[0] not in fg.subgraph_reads
+              and n.output[0] not in drawn]
     if not shared:
         if any(fg.elem_type(n.output[0]) in (None, onnx.TensorProto.FLOAT)
                for n in fg.nodes if n.output and n.op_type != "Constant"):
@@ -112,6 +114,21 @@ def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
         out.append(LayerError(name, node.name, node.op_type, round(cos, 6), round(rel, 6),
                               a.mismatches))
     return out
+
+
+def _random_draws(graph: ir.Graph) -> set[str]:
+    """Tensors that are random draws: the outputs of RandomNormal(Like)/RandomUniform(Like)/
+    Multinomial/Bernoulli, and of ops whose every non-constant input is one (a Cast or a
+    scaling of a draw).  Two runs give two draws, so comparing them says nothing about
+    quantization."""
+    from onnxq.rewrites.simplify import NONDETERMINISTIC
+
+    drawn: set[str] = set()
+    for node in graph.nodes:  # topological order: a draw's readers come after it
+        live = [i for i in node.input if i and not graph.is_const(i)]
+        if node.op_type in NONDETERMINISTIC or (live and all(i in drawn for i in live)):
+            drawn.update(o for o in node.output if o)
+    return drawn
 
 
 def _same_inputs(want: list[InputSpec], have: list[InputSpec]) -> None:

@@ -25,6 +25,7 @@ from onnxq.backends.check import check
 from onnxq.backends.profile import BackendProfile, profile_for
 from onnxq.backends.validate import (
     DOMINATED,
+    SHAPE_CHANGED,
     class_axes,
     fidelity,
     padding_masks,
@@ -528,7 +529,13 @@ def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
                 f"output {out.name!r}: {out.nonfinite} value(s) of the float model are NaN/Inf "
                 "on the held batches (e.g. Sqrt or Log of a negative input); its cosine and "
                 "error cover the values finite in both models")
-        if out.compared == "cosine" and out.cosine < LOW_FIDELITY:
+        if out.compared.startswith(SHAPE_CHANGED):
+            report.warnings.append(
+                f"output {out.name!r}: {out.compared[len('not compared: '):]} on the held "
+                "batches: the quantized model computes a different shape (a length rounded "
+                "from activations, as a TTS duration predictor does, or a random draw); keep "
+                "the ops that decide it float (--exclude), and check the output on your metric")
+        elif out.compared == "cosine" and out.cosine < LOW_FIDELITY:
             report.warnings.append(
                 f"output {out.name!r} agrees with the float model at cosine {out.cosine:.3f} "
                 f"only (< {LOW_FIDELITY}; max abs error {out.max_abs_error:.3g}, float range "

@@ -130,7 +130,8 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("explain", help="per op: quantized (which rule) or why not",
                        description="Show where onnxq would place Q/DQ and why each op stays "
                        "float, without calibrating. Rules that read the calibration data "
-                       "(mask_threshold, concat_range_ratio, weak_channel_fraction) can keep "
+                       "(mask_threshold, concat_range_ratio, weak_channel_fraction, "
+                       "weak_position_fraction) can keep "
                        "more ops float in `onnxq quantize`; its report gives those reasons.")
     e.add_argument("model")
     e.add_argument("--backend", choices=BACKENDS,
@@ -390,7 +391,8 @@ def _explain(args: argparse.Namespace) -> int:
     n_q = sum(d.quantized for d in ann.decisions)
     print(f"{n_q} of {len(ann.decisions)} ops quantized for {profile.name} (before calibration: "
           "what the data shows can keep more of them float, e.g. a range >= mask_threshold, "
-          "Concat inputs whose ranges differ, weak channels; the quantize report lists them)")
+          "Concat inputs whose ranges differ, weak channels, quiet frames before a "
+          "LayerNormalization; the quantize report lists them)")
     for note in ann.notes:
         print(f"note: {note}")
     return 0

@@ -28,7 +28,7 @@ from onnxq.errors import CalibrationDataError, ConfigError
 BINS = 4096  # signed bins over [-R, R]; 2048 per side, as TensorRT's entropy calibrator uses
 _MIN_RANGE = 2.0**-24
 POSITION_STEPS = 8  # position-peak bins per octave
-POSITION_BINS = 2048  # 2^-128 .. 2^128; a silent position lands in bin 0
+POSITION_BINS = 2048  # 2^-128 .. 2^128; an all-zero position lands in bin 0
 _TINY = 1e-12
 
 
@@ -175,8 +175,9 @@ class TensorStats:
             else self.position_counts + counts
 
     def weak_positions(self, below: float = 1 / 16) -> tuple[int, int] | None:
-        """(positions whose peak |x| over the channels is under ``below`` x the tensor's peak,
-        positions), if they were counted.  A position in the bin that straddles the bound
+        """(positions whose peak |x| over the channels is above 0 and under ``below`` x the
+        tensor's peak, positions), if they were counted.  An all-zero position (padding) is
+        not weak: int8 holds it exactly.  A position in the bin that straddles the bound
         counts as not weak (the bins are 1/8 octave wide)."""
         if self.position_counts is None:
             return None
@@ -185,7 +186,7 @@ class TensorStats:
         if total == 0 or not top > 0:
             return None
         bound = math.floor(math.log2(top * below) * POSITION_STEPS) + POSITION_BINS // 2
-        return int(self.position_counts[:max(0, min(bound, POSITION_BINS))].sum()), total
+        return int(self.position_counts[1:max(1, min(bound, POSITION_BINS))].sum()), total
 
     def weak_channels(self, below: float = 1 / 16) -> tuple[int, int] | None:
         """(channels whose peak |x| is under ``below`` x the tensor's peak, channels), if the

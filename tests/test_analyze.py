@@ -141,3 +141,17 @@ def test_non_finite_values_in_one_model_only_are_counted_not_folded_into_nan():
     assert negatives and layers["l"].nonfinite_mismatches == negatives
     assert all(np.isfinite(x.cosine) and np.isfinite(x.relative_error)
                for x in layers.values())
+
+
+def test_random_draws_are_not_compared():
+    from onnx import helper
+
+    nodes = [helper.make_node("RandomNormalLike", ["x"], ["noise"], name="draw"),
+             helper.make_node("Cast", ["noise"], ["noise32"], name="cast", to=1),
+             helper.make_node("Mul", ["noise32", "scale"], ["scaled"], name="scale_it"),
+             helper.make_node("Add", ["x", "scaled"], ["y"], name="add")]
+    model = graphs.model(nodes, [graphs.tensor("x", [2, 8])], [graphs.tensor("y", [2, 8])],
+                         [graphs.init("scale", np.zeros(1, np.float32))])
+    layers = analyze(model, model, graphs.random_batches(model, 2))
+    # the draw and what only it feeds are left out; y mixes x in (scale 0: equal runs)
+    assert [x.tensor for x in layers] == ["y"] and layers[0].cosine == pytest.approx(1.0)

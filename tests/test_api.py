@@ -490,3 +490,17 @@ def test_convs_before_a_layer_norm_stay_float_when_many_frames_are_quiet(pauses,
     # conv0 reads one channel: float by min_channels whatever the data
     assert all(d.quantized for d in result.report.decisions
                if d.op_type == "Conv" and d.node not in float_convs | {"conv0"})
+
+
+def test_an_output_of_another_size_is_warned_about(monkeypatch):
+    from onnxq import api
+    from onnxq.backends.validate import OutputFidelity
+
+    model = graphs.conv_relu()
+    changed = "not compared: the quantized model gives 243 values, the float model 231"
+    monkeypatch.setattr(api, "fidelity", lambda *_a: [OutputFidelity("y", 0.0, 0.0, 0.0,
+                                                                     changed)])
+    warnings = onnxq.quantize(model, graphs.random_batches(model, 32),
+                              progress=False).report.warnings
+    assert any(w.startswith("output 'y': the quantized model gives 243 values, the float "
+                            "model 231 on the held batches") for w in warnings)

@@ -475,8 +475,9 @@ def test_positions_are_counted_by_their_peak_merge_across_shards_and_survive_jso
     assert total == 6 * 16
     # the bins are 1/8 octave wide: the count is exact but for peaks within 9% of the bound
     bound = np.abs(x).max() / 16
-    assert (peaks < bound * 0.91).sum() <= weak <= (peaks < bound).sum()
-    assert weak >= 6 * 12  # the quiet and the silent frames
+    quiet = peaks > 0  # an all-zero frame is held exactly by int8: not weak
+    assert (quiet & (peaks < bound * 0.91)).sum() <= weak <= (quiet & (peaks < bound)).sum()
+    assert weak >= 6 * 11  # the quiet frames, not the silent one
     left, right = TensorStats("t", positions=True), TensorStats("t", positions=True)
     left.update(x[:2])
     right.update(x[2:])

@@ -58,6 +58,9 @@ class OutputFidelity:
     padding_left_out: int = 0
 
 
+SHAPE_CHANGED = "not compared: the quantized model"  # how an output of another size reads
+
+
 def padding_masks(batches: list[dict[str, Any]]) -> list[np.ndarray | None]:
     """Per batch, its padding mask: an integer or bool input of rank 2 named like
     ``attention_mask`` ([batch, sequence], 0 = padding), else None."""
@@ -211,8 +214,8 @@ def fidelity(reference: list[dict[str, np.ndarray]],
         b = np.concatenate([g.astype(np.float64).ravel() for g in got_arrays])
         nonfinite = mismatch = 0
         if a.shape != b.shape:
-            out.append(OutputFidelity(name, 0.0, 0.0, 0.0, "not compared: the quantized model "
-                                      f"gives {b.size} values, the float model {a.size}"))
+            out.append(OutputFidelity(name, 0.0, 0.0, 0.0, f"{SHAPE_CHANGED} gives {b.size} "
+                                      f"values, the float model {a.size}"))
             continue
         finite = np.isfinite(a) & np.isfinite(b)
         if not finite.all():
