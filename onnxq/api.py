@@ -140,6 +140,7 @@ def load(model: ModelLike, profile: BackendProfile, notes: list[str] | None = No
         ir.check_model(copy, where="model")
         copy = ir.upgrade_opset(copy, profile.min_opset, notes=notes)
         ir.name_nodes(copy.graph)
+        ir.unshare_biases(copy.graph)
         return ir.infer_shapes(copy), None
     if not isinstance(model, (str, os.PathLike)):
         raise ConfigError(f"model must be a path or an onnx.ModelProto, got {type(model).__name__}")

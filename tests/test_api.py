@@ -504,3 +504,15 @@ def test_an_output_of_another_size_is_warned_about(monkeypatch):
                               progress=False).report.warnings
     assert any(w.startswith("output 'y': the quantized model gives 243 values, the float "
                             "model 231 on the held batches") for w in warnings)
+
+
+def test_a_shared_bias_is_quantized_at_each_layers_scale():
+    # one int32 copy at the first layer's scale read by both QGemms was 0.885 fused
+    from tests.test_ir import _shared_bias_gemms
+
+    model = _shared_bias_gemms()
+    result = onnxq.quantize(model, graphs.random_batches(model, 8), backend="onnxruntime",
+                            progress=False)
+    assert not result.report.violations
+    (out,) = result.report.fidelity  # measured with onnxruntime's fusion on
+    assert out.cosine > 0.999

@@ -135,18 +135,26 @@ def test_matmul_correction_goes_into_the_following_add_weighted_by_batch_size():
 
 
 # --------------------------------------------------------------------------- where it applies
-def test_layers_without_an_own_float_bias_are_left_alone():
+def test_layers_without_a_float_bias_are_left_alone():
     no_bias = graphs.conv_relu()
     del no_bias.graph.node[0].input[2]
     del no_bias.graph.initializer[1]
+    q = onnxq.quantize(no_bias, offset_batches(no_bias), bias_correction=True, progress=False)
+    assert q.report.bias_corrections == []
+
+
+def test_a_bias_two_layers_share_is_corrected_per_layer():
+    # loading gives each layer its own copy, so correcting one never shifts the other
     shared = graphs.conv_relu()
     conv2 = helper.make_node("Conv", ["y", "conv.weight", "conv.bias"], ["y2"], name="conv2",
                              pads=[1, 1, 1, 1])
     shared.graph.node.append(conv2)
     shared.graph.output[0].name = "y2"
-    for model in (no_bias, shared):
-        q = onnxq.quantize(model, offset_batches(model), bias_correction=True, progress=False)
-        assert q.report.bias_corrections == []
+    q = onnxq.quantize(shared, offset_batches(shared), bias_correction=True, progress=False)
+    corrected = q.report.bias_corrections
+    assert corrected and len({c.bias for c in corrected}) == len(corrected)
+    readers = [n for n in q.model.graph.node if n.op_type == "Conv"]
+    assert len({n.input[2] for n in readers}) == len(readers)
 
 
 def test_off_by_default_and_on_when_asked_for_either_backend():

@@ -501,3 +501,27 @@ def test_same_shape_is_false_for_a_broadcast_and_none_when_unknown():
     g = ir.Graph(ir.infer_shapes(model))
     assert g.same_shape("r", "m") is False  # [1, 4, H, W] against [1, 4, H, 1]
     assert g.same_shape("r", "nowhere") is None
+
+
+def _shared_bias_gemms() -> onnx.ModelProto:
+    """x[4, 16] -> Gemm(w1, b) -> Relu -> Gemm(w2, b) -> y: one bias initializer, two layers
+    (the torch exporter merges equal initializers)."""
+    from onnx import helper
+
+    r = graphs.rng(6)
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b"], ["h"], name="fc1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Gemm", ["r", "w2", "b"], ["y"], name="fc2")]
+    return graphs.model(nodes, [graphs.tensor("x", [4, 16])], [graphs.tensor("y", [4, 16])],
+                        [graphs.init("w1", graphs.weight(r, 16, 16, scale=0.3)),
+                         graphs.init("w2", graphs.weight(r, 16, 16, scale=2.0)),
+                         graphs.init("b", graphs.weight(r, 16))])
+
+
+def test_a_bias_shared_by_two_layers_gets_a_copy_per_layer(model_file):
+    loaded = ir.load_model(model_file(_shared_bias_gemms()))
+    biases = [n.input[2] for n in loaded.graph.node if n.op_type == "Gemm"]
+    assert len(set(biases)) == 2
+    g = ir.Graph(loaded)
+    np.testing.assert_array_equal(g.const_value(biases[0]), g.const_value(biases[1]))
+    assert ir.unshare_biases(loaded.graph) == 0  # nothing shared any more

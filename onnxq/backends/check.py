@@ -112,7 +112,51 @@ def _check_qdq(node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfil
     v.extend(_check_zero_point(node, name, g, profile, zp_name))
     if scale is not None and scale.ndim == 1 and scale.size > 1:
         v.extend(_check_per_axis(node, name, g, profile, int(attrs.get("axis", 1)), scale.size))
+    if (scale is not None and node.op_type == "DequantizeLinear"
+            and g.elem_type(node.input[0]) == TensorProto.INT32):
+        v.extend(_check_bias_scale(node, name, g, scale))
     return v
+
+
+_BIASED = frozenset({"Conv", "ConvTranspose", "Gemm"})
+
+
+def _check_bias_scale(node: onnx.NodeProto, name: str, g: Scope,
+                      scale: np.ndarray) -> list[Violation]:
+    """An int32 bias must be stored at its layer's scale, input scale x weight scale: the
+    integer kernel adds it to the int32 sums as it is (a bias shared by two layers of other
+    scales is right for one of them only).  An all-zero bias is zero at any scale."""
+    values = g.const_value(node.input[0])
+    if values is None or not np.any(values):
+        return []
+    out = []
+    for consumer, index in g.consumers.get(node.output[0], []):
+        if consumer.op_type not in _BIASED or index != 2 or len(consumer.input) < 2:
+            continue
+        parts = []
+        for tensor in consumer.input[:2]:
+            dq = g.producer.get(tensor)
+            part = (g.const_value(dq.input[1]) if dq is not None
+                    and dq.op_type == "DequantizeLinear" and len(dq.input) > 1 else None)
+            if part is None:
+                break
+            parts.append(np.asarray(part, dtype=np.float64))
+        if len(parts) != 2:
+            continue
+        try:
+            want = np.broadcast_to(parts[0] * parts[1], np.shape(scale)) if scale.ndim \
+                else parts[0] * parts[1]
+        except ValueError:
+            continue
+        if np.shape(want) != np.shape(scale) and np.size(want) != 1:
+            continue
+        have = np.asarray(scale, dtype=np.float64)
+        if not np.allclose(have, want, rtol=1e-5, atol=0.0):
+            worst = float(np.max(np.maximum(have / want, want / have)))
+            out.append(Violation(name, "bias scale",
+                                 f"input scale x weight scale of {consumer.name}",
+                                 f"a scale off by up to {worst:.3g}x"))
+    return out
 
 
 def _check_zero_point(node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfile,

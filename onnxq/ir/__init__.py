@@ -29,6 +29,7 @@ from onnxq.ir.load import (
     opset_version,
     shapes_for_inputs,
     sort_nodes,
+    unshare_biases,
     upgrade_opset,
 )
 from onnxq.ir.save import (
@@ -50,6 +51,6 @@ __all__ = [
     "lower_ir_version",
     "model_nbytes", "name_nodes", "node_attrs", "opset_version",
     "runtime_ir_version", "save_model", "serialize", "session_bytes_or_path", "set_opset",
-    "shapes_for_inputs", "sort_nodes",
+    "shapes_for_inputs", "sort_nodes", "unshare_biases",
     "upgrade_opset", "with_channel_peaks", "with_outputs",
 ]

@@ -52,6 +52,7 @@ def load_model(path: str | os.PathLike[str], min_opset: int = 13,
     check_model(model, where=str(p))
     model = upgrade_opset(model, min_opset, where=str(p), notes=notes)
     name_nodes(model.graph)
+    unshare_biases(model.graph)
     return infer_shapes(model)
 
 
@@ -538,6 +539,45 @@ def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
                 tensor.dims.append(0)
                 tensor.raw_data = b""
         return light
+
+
+_BIAS_READERS = frozenset({"Conv", "ConvTranspose", "Gemm"})
+
+
+def unshare_biases(graph: onnx.GraphProto) -> int:
+    """Give every Conv/ConvTranspose/Gemm its own copy of a bias initializer that other nodes
+    read too (the torch exporter merges equal initializers); returns the copies made.
+
+    A quantized bias is stored at its layer's scale (input scale x weight scale), so one
+    tensor cannot serve two layers: onnxruntime would read it at each layer's own scale.  A
+    bias whose bytes stay on disk (external data) is left shared."""
+    inits = {t.name: t for t in graph.initializer}
+    uses: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            if name in inits:
+                uses[name] = uses.get(name, 0) + 1
+    taken = set(inits) | {o for n in graph.node for o in n.output}
+    made = 0
+    for node in graph.node:
+        if (node.op_type not in _BIAS_READERS or node.domain not in ("", "ai.onnx")
+                or len(node.input) < 3 or uses.get(node.input[2], 0) < 2):
+            continue
+        source = inits[node.input[2]]
+        if source.data_location == TensorProto.EXTERNAL:
+            continue
+        uses[node.input[2]] -= 1  # the last reader keeps the original
+        name, k = f"{source.name}/{node.name}", 1
+        while name in taken:
+            name, k = f"{source.name}/{node.name}_{k}", k + 1
+        copy = TensorProto()
+        copy.CopyFrom(source)
+        copy.name = name
+        graph.initializer.append(copy)
+        taken.add(name)
+        node.input[2] = name
+        made += 1
+    return made
 
 
 def name_nodes(graph: onnx.GraphProto) -> None:
