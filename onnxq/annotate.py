@@ -237,39 +237,31 @@ _POSITION_PATH_OPS = frozenset({
     "Conv", "Add", "Sub", "Mul", "Div", "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "Gelu",
     "Pow", "Clip", "Neg", "Elu", "Selu", "Softplus", "HardSigmoid", "HardSwish", "Mish",
     "Identity", "Transpose", "Reshape", "Squeeze", "Unsqueeze"})
-_PATH_LIMIT = 256  # nodes one walk may visit
 
 
 def position_norm_convs(graph: ir.Graph) -> dict[str, str]:
     """1-D Conv node name -> its activation input, for the convs whose output reaches a
     ``LayerNormalization`` through :data:`_POSITION_PATH_OPS` only: that normalisation rescales
     every position (a frame) to the same size, so a position that int8 leaves few levels (a
-    quiet frame far below the loud ones) comes out as large as the rest, noise included."""
-    found = {}
-    for node in graph.nodes:
-        if node.op_type != "Conv" or node.domain not in ir.DEFAULT_DOMAINS or not node.input:
-            continue
-        weight = graph.shape(node.input[1]) if len(node.input) > 1 else None
-        if weight is None or len(weight) != 3:
-            continue
-        if _reaches_layer_norm(graph, node.output[0]):
-            found[node.name] = node.input[0]
+    quiet frame far below the loud ones) comes out as large as the rest, noise included.
+    One walk up from every LayerNormalization, as :func:`precision_paths` walks from a Log."""
+    found: dict[str, str] = {}
+
+    def step(_tensor: str, node: onnx.NodeProto | None) -> list[str]:
+        if (node is None or node.domain not in ir.DEFAULT_DOMAINS
+                or node.op_type not in _POSITION_PATH_OPS):
+            return []
+        if node.op_type == "Conv":
+            weight = graph.shape(node.input[1]) if len(node.input) > 1 else None
+            if weight is not None and len(weight) == 3:
+                found[node.name] = node.input[0]
+        data_first = node.op_type == "Conv" or node.op_type in _DATA_FIRST_OPS
+        return [x for x in (node.input[:1] if data_first else node.input)
+                if x and not graph.is_const(x)]
+
+    graph.walk_up([n.input[0] for n in graph.nodes
+                   if n.op_type == "LayerNormalization" and n.input and n.input[0]], step)
     return found
-
-
-def _reaches_layer_norm(graph: ir.Graph, start: str) -> bool:
-    seen, todo = {start}, [start]
-    while todo and len(seen) < _PATH_LIMIT:
-        for reader, _ in graph.consumers.get(todo.pop(), []):
-            if reader.op_type == "LayerNormalization":
-                return True
-            if reader.op_type not in _POSITION_PATH_OPS or reader.domain not in ir.DEFAULT_DOMAINS:
-                continue
-            for out in reader.output:
-                if out and out not in seen:
-                    seen.add(out)
-                    todo.append(out)
-    return False
 
 
 def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],

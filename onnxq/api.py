@@ -278,11 +278,11 @@ def _place_from_cache(model: onnx.ModelProto, graph: ir.Graph, profile: BackendP
     if data is not None and cfg.fidelity_batches:
         held = calibrate(model, {}, data, inputs, max_batches=cfg.fidelity_batches,
                          hold=cfg.fidelity_batches, progress=False).held
+    grouped, positions = grouped_conv_inputs(graph), position_norm_convs(graph)
     for _ in range(4):
         annotations = annotate(graph, profile, cfg, float_tensors, float_nodes)
         stats = load_calibration_file(cache, graph, _observed(annotations), profile.name)
-        more_t, more_n = range_exclusions(annotations, stats, cfg, grouped_conv_inputs(graph),
-                                          position_norm_convs(graph))
+        more_t, more_n = range_exclusions(annotations, stats, cfg, grouped, positions)
         if more_t.keys() <= float_tensors.keys() and more_n.keys() <= float_nodes.keys():
             break
         float_tensors.update(more_t)

@@ -118,9 +118,6 @@ def _check_qdq(node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfil
     return v
 
 
-_BIASED = frozenset({"Conv", "ConvTranspose", "Gemm"})
-
-
 def _check_bias_scale(node: onnx.NodeProto, name: str, g: Scope,
                       scale: np.ndarray) -> list[Violation]:
     """An int32 bias must be stored at its layer's scale, input scale x weight scale: the
@@ -131,7 +128,7 @@ def _check_bias_scale(node: onnx.NodeProto, name: str, g: Scope,
         return []
     out = []
     for consumer, index in g.consumers.get(node.output[0], []):
-        if consumer.op_type not in _BIASED or index != 2 or len(consumer.input) < 2:
+        if consumer.op_type not in ir.BIAS_READERS or index != 2 or len(consumer.input) < 2:
             continue
         parts = []
         for tensor in consumer.input[:2]:

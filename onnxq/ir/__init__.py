@@ -10,7 +10,14 @@ external data, weights stay on disk until read (``onnxq.ir.external``).
 
 from onnxq.ir import external
 from onnxq.ir.augment import PEAKS_OUTPUT, with_channel_peaks, with_outputs
-from onnxq.ir.constants import DEFAULT_DOMAINS, INTEGER_OPS, PROTO_LIMIT, QDQ_OPS, is_integer_op
+from onnxq.ir.constants import (
+    BIAS_READERS,
+    DEFAULT_DOMAINS,
+    INTEGER_OPS,
+    PROTO_LIMIT,
+    QDQ_OPS,
+    is_integer_op,
+)
 from onnxq.ir.graph import (
     Graph,
     constant_node_value,
@@ -43,7 +50,8 @@ from onnxq.ir.save import (
 )
 
 __all__ = [
-    "DEFAULT_DOMAINS", "INTEGER_OPS", "PEAKS_OUTPUT", "PROTO_LIMIT", "QDQ_OPS", "Graph",
+    "BIAS_READERS", "DEFAULT_DOMAINS", "INTEGER_OPS", "PEAKS_OUTPUT", "PROTO_LIMIT", "QDQ_OPS",
+    "Graph",
     "atomic_write_bytes",
     "check_model", "constant_node_value", "copy_without_initializers", "drop_initializer_inputs",
     "external",

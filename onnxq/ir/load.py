@@ -14,7 +14,7 @@ from onnx import TensorProto, external_data_helper, helper
 
 from onnxq.errors import ModelLoadError, UnsupportedModelError
 from onnxq.ir import external
-from onnxq.ir.constants import DEFAULT_DOMAINS
+from onnxq.ir.constants import BIAS_READERS, DEFAULT_DOMAINS
 
 
 # ------------------------------------------------------------------------------- loading
@@ -541,9 +541,6 @@ def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
         return light
 
 
-_BIAS_READERS = frozenset({"Conv", "ConvTranspose", "Gemm"})
-
-
 def unshare_biases(graph: onnx.GraphProto) -> int:
     """Give every Conv/ConvTranspose/Gemm its own copy of a bias initializer that other nodes
     read too (the torch exporter merges equal initializers); returns the copies made.
@@ -560,7 +557,7 @@ def unshare_biases(graph: onnx.GraphProto) -> int:
     taken = set(inits) | {o for n in graph.node for o in n.output}
     made = 0
     for node in graph.node:
-        if (node.op_type not in _BIAS_READERS or node.domain not in ("", "ai.onnx")
+        if (node.op_type not in BIAS_READERS or node.domain not in DEFAULT_DOMAINS
                 or len(node.input) < 3 or uses.get(node.input[2], 0) < 2):
             continue
         source = inits[node.input[2]]

@@ -90,8 +90,9 @@ def _sole_reader(graph: ir.Graph, conv: onnx.NodeProto, out: str) -> bool:
 
 
 def scaled_weight(node: onnx.NodeProto, w: np.ndarray, scale: np.ndarray) -> np.ndarray | None:
-    """``w``, the weight of Conv/ConvTranspose/Gemm ``node``, with output channel ``k``
-    multiplied by ``scale[k]``; ``None`` when the shapes do not fit."""
+    """``w``, the weight of Conv/ConvTranspose/Gemm (or MatMul: a Gemm without attributes)
+    ``node``, with output channel ``k`` multiplied by ``scale[k]``; ``None`` when the shapes do
+    not fit."""
     attrs = ir.node_attrs(node)
     if node.op_type == "Conv":
         if w.shape[0] != len(scale):

@@ -205,15 +205,16 @@ def fold_matmul_batchnorm(graph: ir.Graph) -> bool:
         if weight is None or weight.ndim != 2 or any(p is None for p in params):
             continue
         gamma, beta, mean, var = (np.asarray(p, dtype=np.float64) for p in params)  # type: ignore[arg-type]
-        if gamma.shape != (weight.shape[1],) or any(p.shape != gamma.shape
-                                                    for p in (beta, mean, var)):
+        if any(p.shape != gamma.shape for p in (beta, mean, var)):
             continue
         eps = float(ir.node_attrs(bn).get("epsilon", 1e-5))
         scale = gamma / np.sqrt(var + eps)
+        folded = scaled_weight(matmul, weight.astype(np.float64), scale)  # columns, as a Gemm's
+        if folded is None:
+            continue
         w_name = graph.unique_name(f"{matmul.input[1]}_bn")
         shift = graph.unique_name(f"{bn.name}_shift")
-        graph.add_initializer(w_name, (weight.astype(np.float64) * scale[None, :]
-                                       ).astype(weight.dtype))
+        graph.add_initializer(w_name, folded.astype(weight.dtype))
         graph.add_initializer(shift, (beta - mean * scale).astype(weight.dtype))
         graph.set_input(matmul, 1, w_name)
         graph.add_node("Add", [src, shift], [bn.output[0]], graph.unique_name(f"{bn.name}_add"))
