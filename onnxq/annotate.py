@@ -8,6 +8,7 @@ Nothing here edits the graph.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field, replace
 
 import onnx
@@ -33,6 +34,9 @@ class TensorAnnotation:
     rules: list[str] = field(default_factory=list)
     output: bool = False  # some rule quantizes it as an op's output
     settings: TensorSettings = field(default_factory=lambda: TensorSettings(""))
+    # (low, high) beyond which every quantized reader's output stays the same (a HardSwish
+    # below -3): the range never needs to pass them (:func:`saturation_bounds`)
+    bounds: tuple[float, float] | None = None
 
     @property
     def method(self) -> str:
@@ -128,6 +132,9 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
         else:
             assert closest is not None
             decisions.append(Decision(node.name, node.op_type, False, closest[0], closest[1]))
+    for ann in tensors.values():
+        if ann.kind == "activation":
+            ann.bounds = saturation_bounds(graph, ann.tensor, ann.consumers)
     notes: list[str] = []
     if scores and any(t.method == profile.head_method for t in tensors.values()
                       if t.kind == "activation"):
@@ -136,6 +143,58 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
             f"detector's or a segmentation map's): 'auto' calibrates every activation with "
             f"{profile.head_method}, which keeps the peaks such scores are read from")
     return Annotations(tensors, decisions, notes)
+
+
+def saturation_bounds(graph: ir.Graph, tensor: str,
+                      consumers: list[tuple[str, int]]) -> tuple[float, float] | None:
+    """The (low, high) beyond which none of ``consumers``' outputs change any more, or None.
+
+    Relu is constant below 0, Clip outside its constant bounds, HardSigmoid outside
+    ``[-beta/alpha, (1-beta)/alpha]``, HardSwish below -3, and ``x * HardSigmoid(x)`` (the
+    hardswish of opsets before 14) below HardSigmoid's lower bound, where the gate is 0.  A
+    range clipped to the returned bounds gives those readers the same outputs as the
+    unclipped one, and finer steps inside: a conv output over [-35, 145] in front of a
+    hardswish needs only [-3, 145].  None when a reader has no such bound on both sides."""
+    low, high = math.inf, -math.inf
+    for name, index in consumers:
+        node = graph.node_by_name(name)
+        bound = None if node is None else _reader_bounds(graph, node, index, tensor)
+        if bound is None:
+            return None
+        low, high = min(low, bound[0]), max(high, bound[1])
+    if not consumers or (low == -math.inf and high == math.inf):
+        return None
+    return low, high
+
+
+def _reader_bounds(graph: ir.Graph, node: onnx.NodeProto, index: int,
+                   tensor: str) -> tuple[float, float] | None:
+    """Where one reader of ``tensor`` (at input ``index``) saturates."""
+    if node.domain not in ir.DEFAULT_DOMAINS or (index != 0 and node.op_type != "Mul"):
+        return None
+    if node.op_type == "Relu":
+        return 0.0, math.inf
+    if node.op_type == "Clip":
+        lo, hi = graph.clip_bounds(node)
+        return (-math.inf if lo is None else lo), (math.inf if hi is None else hi)
+    if node.op_type == "HardSwish":
+        return -3.0, math.inf
+    if node.op_type == "HardSigmoid":
+        return _hardsigmoid_bounds(node)
+    if node.op_type == "Mul" and len(node.input) == 2:
+        gate = graph.producer.get(node.input[1 - index])
+        if gate is not None and gate.op_type == "HardSigmoid" and gate.input[:1] == [tensor]:
+            bound = _hardsigmoid_bounds(gate)
+            return None if bound is None else (bound[0], math.inf)
+    return None
+
+
+def _hardsigmoid_bounds(node: onnx.NodeProto) -> tuple[float, float] | None:
+    attrs = ir.node_attrs(node)
+    alpha, beta = float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
+    if not alpha > 0:
+        return None
+    return -beta / alpha, (1.0 - beta) / alpha
 
 
 def _precheck(node, ctx: Context) -> str | None:

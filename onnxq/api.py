@@ -408,7 +408,7 @@ def _qparams(annotations: Annotations, result: CalibrationResult, profile: Backe
         symmetric = ann.settings.symmetric
         qp = activation_qparams(stats, ann.method, profile.activation_dtype,
                                 profile.activation_symmetric if symmetric is None else symmetric,
-                                opts, ann.settings.bits)
+                                opts, ann.settings.bits, ann.bounds)
         if qp.note:
             warnings.append(f"tensor {ann.tensor!r}: {qp.note}")
         out[ann.tensor] = qp

@@ -277,6 +277,25 @@ class TensorStats:
             self.counts = self.counts + theirs.counts
         return self
 
+    def clamped(self, low: float, high: float) -> TensorStats:
+        """These statistics with every value clipped to ``[low, high]`` (histogram counts
+        beyond them moved into the bins of the bounds); ``self`` when nothing lies beyond."""
+        if low <= self.min and self.max <= high:
+            return self
+        out = replace(self, counts=self.counts.copy(),
+                      min=min(max(self.min, low), high), max=max(min(self.max, high), low))
+        if self.histogram and self.range > 0:
+            scale = BINS / (2.0 * self.range)
+            if low > -self.range:
+                b = min(BINS - 1, math.floor(low * scale) + BINS // 2)
+                out.counts[b] += out.counts[:b].sum()
+                out.counts[:b] = 0
+            if high < self.range:
+                b = max(0, math.floor(high * scale) + BINS // 2)
+                out.counts[b] += out.counts[b + 1:].sum()
+                out.counts[b + 1:] = 0
+        return out
+
     # -- views of the histogram -------------------------------------------------------------
     def abs_histogram(self) -> tuple[np.ndarray, float]:
         """Counts of |x| in BINS/2 bins over [0, R], and the bin width."""
@@ -597,19 +616,47 @@ class QParams:
     low: float = 0.0
     high: float = 0.0
     note: str = ""
+    bound: str = ""  # where the range was clipped to its readers' saturation bounds
 
 
 def activation_qparams(stats: TensorStats, method: str, dtype: str, symmetric: bool,
-                       opts: MethodOptions | None = None, bits: int = 8) -> QParams:
-    """Per-tensor qparams of an activation from its statistics."""
+                       opts: MethodOptions | None = None, bits: int = 8,
+                       bounds: tuple[float, float] | None = None) -> QParams:
+    """Per-tensor qparams of an activation from its statistics.
+
+    ``bounds``: (low, high) beyond which the tensor's readers saturate
+    (:func:`onnxq.annotate.saturation_bounds`); the method then sees the values clipped to
+    them, and the range never passes them."""
     opts = replace(opts or MethodOptions(), num_quant_levels=2 ** (bits - 1))
+    seen = stats if bounds is None else stats.clamped(*bounds)
     if method == "auto":
-        chosen, (lo, hi) = auto_choice(stats, symmetric, opts)
-        return range_to_qparams(lo, hi, dtype, symmetric, f"auto:{chosen}", bits)
-    lo, hi = get_method(method)(stats, symmetric, opts)
-    if method == "robust_minmax":
-        method = f"robust_minmax:{robust_choice(stats, opts)}"
-    return range_to_qparams(lo, hi, dtype, symmetric, method, bits)
+        method, (lo, hi) = auto_choice(seen, symmetric, opts)
+        method = f"auto:{method}"
+    else:
+        lo, hi = get_method(method)(seen, symmetric, opts)
+        if method == "robust_minmax":
+            method = f"robust_minmax:{robust_choice(seen, opts)}"
+    bound = ""
+    if seen is not stats and bounds is not None:
+        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+        bound = (f"observed [{stats.min:.6g}, {stats.max:.6g}] clipped to "
+                 f"[{max(stats.min, bounds[0]):.6g}, {min(stats.max, bounds[1]):.6g}]: "
+                 "every reader saturates beyond")
+    qp = range_to_qparams(lo, hi, dtype, symmetric, method, bits)
+    if bound and not symmetric:
+        # a zero point rounds the grid's ends by up to half a step: a bound the range stops
+        # at must stay on the grid, or every saturated value lands just inside it (a
+        # hardswish of -2.9 instead of -3: -0.1 where the float model gives 0)
+        qmin = 0 if dtype == "uint8" else -(2 ** (bits - 1))
+        for _ in range(4):
+            step, zp = float(qp.scale), int(qp.zero_point)
+            short_lo = lo == bounds[0] and (qmin - zp) * step > lo
+            short_hi = hi == bounds[1] and (qmin + 2**bits - 1 - zp) * step < hi
+            if not (short_lo or short_hi):
+                break
+            lo, hi = lo - step / 2 * short_lo, hi + step / 2 * short_hi
+            qp = range_to_qparams(lo, hi, dtype, symmetric, method, bits)
+    return replace(qp, bound=bound)
 
 
 def range_to_qparams(lo: float, hi: float, dtype: str, symmetric: bool,

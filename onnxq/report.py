@@ -208,6 +208,8 @@ def _placed(p: Placed) -> dict[str, Any]:
     }
     if qp.note:
         out["note"] = qp.note
+    if qp.bound:
+        out["bound"] = qp.bound
     return out
 
 

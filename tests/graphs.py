@@ -108,6 +108,28 @@ def conv_relu(
     )
 
 
+def conv_hardswish(op: str = "pair", channels: int = 16, seed: int = 0) -> onnx.ModelProto:
+    """x -> Conv(3x3, bias) -> hardswish -> Conv(3x3) -> y; the hardswish as ``pair``
+    (``x * HardSigmoid(x, 1/6, 1/2)``, before opset 14), ``HardSwish`` or ``Relu``."""
+    r = rng(seed)
+    nodes = [helper.make_node("Conv", ["x", "c1.weight", "c1.bias"], ["c1_out"], name="c1",
+                              pads=[1, 1, 1, 1])]
+    if op == "pair":
+        nodes += [helper.make_node("HardSigmoid", ["c1_out"], ["gate"], name="gate",
+                                   alpha=1 / 6, beta=0.5),
+                  helper.make_node("Mul", ["c1_out", "gate"], ["act"], name="swish")]
+    else:
+        nodes.append(helper.make_node(op, ["c1_out"], ["act"], name="act"))
+    nodes.append(helper.make_node("Conv", ["act", "c2.weight"], ["y"], name="c2",
+                                  pads=[1, 1, 1, 1]))
+    inits = [init("c1.weight", weight(r, channels, channels, 3, 3, scale=1.0)),
+             init("c1.bias", weight(r, channels)),
+             init("c2.weight", weight(r, channels, channels, 3, 3))]
+    shape = [1, channels, 8, 8]
+    return model(nodes, [tensor("x", shape)], [tensor("y", shape)], inits,
+                 name="conv_hardswish")
+
+
 def conv_small(seed: int = 0) -> onnx.ModelProto:
     """A Conv with 3 input channels: TensorRT's min_channels=16 rule keeps it float."""
     return conv_relu(channels=3, out_channels=16, seed=seed)

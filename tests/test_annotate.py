@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper
 
 from onnxq import ir
@@ -285,3 +286,42 @@ def test_position_norm_convs_are_the_1d_convs_a_layer_norm_reads_through_pointwi
     assert found(graphs.feature_encoder(norm_after_first=True)) == {"conv1": "n0",
                                                                      "conv2": "r1"}
     assert found(graphs.grouped_conv()) == {}  # 2-D convs, no LayerNormalization
+
+
+def test_saturation_bounds_are_where_every_quantized_reader_stops_changing():
+    from onnxq.annotate import saturation_bounds
+
+    def bounds(op: str) -> tuple[float, float] | None:
+        graph = ir.Graph(ir.infer_shapes(graphs.conv_hardswish(op)))
+        readers = [(n.name, list(n.input).index("c1_out")) for n, _ in
+                   graph.consumers["c1_out"]]
+        return saturation_bounds(graph, "c1_out", readers)
+
+    # x * HardSigmoid(x, 1/6, 1/2): 0 below -3 (-0.5 / float32(1/6))
+    assert bounds("pair") == pytest.approx((-3.0, float("inf")))
+    assert bounds("HardSwish") == (-3.0, float("inf"))
+    assert bounds("Relu") == (0.0, float("inf"))
+    assert bounds("Sigmoid") is None  # never exactly constant
+    graph = ir.Graph(ir.infer_shapes(graphs.conv_hardswish("pair")))
+    assert saturation_bounds(graph, "c1_out", [("gate", 0)]) == pytest.approx((-3.0, 3.0))
+    # a reader without a bound (the next conv reading the same tensor) lifts it
+    assert saturation_bounds(graph, "c1_out", [("gate", 0), ("c2", 0)]) is None
+
+
+def test_a_clip_reader_bounds_both_sides():
+    from onnxq.annotate import saturation_bounds
+
+    m = graphs.conv_hardswish("Relu")
+    relu = next(n for n in m.graph.node if n.op_type == "Relu")
+    relu.op_type = "Clip"
+    relu.input.extend(["lo", "hi"])
+    m.graph.initializer.extend([helper.make_tensor("lo", onnx.TensorProto.FLOAT, [], [-1.0]),
+                                helper.make_tensor("hi", onnx.TensorProto.FLOAT, [], [6.0])])
+    graph = ir.Graph(ir.infer_shapes(m))
+    assert saturation_bounds(graph, "c1_out", [("act", 0)]) == (-1.0, 6.0)
+
+
+def test_the_onnxruntime_profile_bounds_a_conv_output_read_by_a_hardswish():
+    ann = annotated(graphs.conv_hardswish("pair"), "onnxruntime")
+    assert ann.tensors["c1_out"].bounds == pytest.approx((-3.0, float("inf")))
+    assert annotated(graphs.conv_hardswish("pair")).tensors["act"].bounds is None

@@ -516,3 +516,26 @@ def test_a_shared_bias_is_quantized_at_each_layers_scale():
     assert not result.report.violations
     (out,) = result.report.fidelity  # measured with onnxruntime's fusion on
     assert out.cosine > 0.999
+
+
+def test_a_conv_output_read_by_a_hardswish_is_clipped_where_the_hardswish_saturates(
+        monkeypatch):
+    # onnxruntime requantizes the conv's output for its QLinearConv; below -3 a hardswish is 0,
+    # so the range stops there and its steps get finer
+    model = graphs.conv_hardswish("pair")
+    batches = graphs.random_batches(model, 8)
+
+    def run() -> tuple[dict, float]:
+        result = onnxq.quantize(model, batches, backend="onnxruntime", method="minmax",
+                                progress=False)
+        entry = next(t for t in json.loads(result.report.to_json())["quantized_tensors"]
+                     if t["tensor"] == "c1_out")
+        return entry, result.report.fidelity[0].cosine
+
+    entry, cosine = run()
+    assert entry["range"][0] <= -3.0 < entry["range"][0] + entry["scale"]
+    assert entry["bound"].endswith("every reader saturates beyond")
+    monkeypatch.setattr("onnxq.annotate.saturation_bounds", lambda *a: None)
+    free, free_cosine = run()
+    assert free["range"][0] < -10 and "bound" not in free
+    assert 1 - cosine < 0.8 * (1 - free_cosine)

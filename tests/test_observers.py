@@ -491,3 +491,35 @@ def test_positions_are_counted_by_their_peak_merge_across_shards_and_survive_jso
     flat = TensorStats("t", positions=True)
     flat.update(x.reshape(6, -1))  # not [N, C, T]: no per-position view
     assert flat.weak_positions() is None
+
+
+def test_clamped_statistics_move_the_tails_into_the_bounds():
+    x = np.random.default_rng(0).normal(0.0, 5.0, 100_000).astype(np.float32)
+    stats = observe("t", [x])
+    clamped = stats.clamped(-3.0, 8.0)
+    assert (clamped.min, clamped.max) == (-3.0, 8.0)
+    assert clamped.counts.sum() == stats.counts.sum()  # no value lost
+    edges = np.arange(BINS) * (2 * stats.range / BINS) - stats.range  # each bin's low edge
+    assert clamped.counts[edges + 2 * stats.range / BINS <= -3.0].sum() == 0
+    assert clamped.counts[edges > 8.0].sum() == 0
+    assert stats.clamped(-100.0, 100.0) is stats  # nothing beyond: the same statistics
+    assert stats.counts.sum() == len(x) and stats.min < -3.0  # the original is untouched
+
+
+@pytest.mark.parametrize("method", ["minmax", "robust_minmax", "percentile", "mse", "auto"])
+def test_a_bound_clips_the_range_and_stays_on_the_grid(method):
+    # a conv output over [-35, 145] read by a hardswish: only [-3, 145] matters
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.normal(0.0, 2.0, 50_000), rng.uniform(-35.0, -3.0, 5_000),
+                        [145.0]]).astype(np.float32)
+    stats = observe("t", [x])
+    free = activation_qparams(stats, method, "uint8", symmetric=False)
+    qp = activation_qparams(stats, method, "uint8", symmetric=False, bounds=(-3.0, np.inf))
+    assert free.low < -3.0 and not free.bound
+    assert -3.0 - float(qp.scale) <= qp.low <= -3.0 and "clipped to [-3" in qp.bound
+    assert float(qp.scale) < float(free.scale)
+    # the grid's lowest value is at or below the bound: a saturated value stays saturated
+    assert (0 - int(qp.zero_point)) * float(qp.scale) <= -3.0
+    symmetric = activation_qparams(stats, method, "int8", symmetric=True,
+                                   bounds=(-3.0, np.inf))
+    assert symmetric.high <= free.high + 1e-6 and symmetric.bound

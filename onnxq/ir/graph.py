@@ -232,11 +232,22 @@ class Graph:
         return not unsure
 
     def _clip_floor_nonnegative(self, node: onnx.NodeProto) -> bool:
-        if len(node.input) >= 2 and node.input[1]:  # opset >= 11: min is an input
-            low = self.const_value(node.input[1])
-            return low is not None and low.size == 1 and float(low.reshape(())) >= 0.0
-        attrs = node_attrs(node)  # opset < 11: min is an attribute (default: no floor)
-        return "min" in attrs and float(attrs["min"]) >= 0.0
+        low, _ = self.clip_bounds(node)
+        return low is not None and low >= 0.0
+
+    def clip_bounds(self, node: onnx.NodeProto) -> tuple[float | None, float | None]:
+        """A Clip's constant (min, max); None where it has none (or it is not constant)."""
+        attrs = node_attrs(node)
+        if "min" in attrs or "max" in attrs:  # opset < 11: attributes
+            return (float(attrs["min"]) if "min" in attrs else None,
+                    float(attrs["max"]) if "max" in attrs else None)
+        bounds: list[float | None] = []
+        for i in (1, 2):  # opset >= 11: optional inputs
+            name = node.input[i] if len(node.input) > i else ""
+            value = self.const_value(name) if name else None
+            bounds.append(float(value.reshape(())) if value is not None and value.size == 1
+                          else None)
+        return bounds[0], bounds[1]
 
     def value_info(self, name: str) -> onnx.ValueInfoProto:
         """A ValueInfo for ``name`` (type from inference; float when unknown)."""
