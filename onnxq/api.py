@@ -26,10 +26,12 @@ from onnxq.backends.profile import BackendProfile, profile_for
 from onnxq.backends.validate import (
     DOMINATED,
     SHAPE_CHANGED,
+    OutputFidelity,
     class_axes,
     fidelity,
     padding_masks,
     run_outputs,
+    selected_outputs,
 )
 from onnxq.bias_correction import BiasCorrection, correct_biases
 from onnxq.calibrate import CalibrationResult, calibrate, calibration_cache
@@ -363,6 +365,14 @@ def _unmatched_patterns(graph: ir.Graph, cfg: QuantConfig) -> list[str]:
             for what in cfg.unmatched(nodes, tensors)]
 
 
+def _differs(out: OutputFidelity) -> bool:
+    """Whether an output's comparison would give a warning of any kind."""
+    if out.compared == "cosine":
+        return out.cosine < LOW_FIDELITY or (
+            out.worst_slice_cosine is not None and out.worst_slice_cosine < LOW_FIDELITY)
+    return out.compared != "agreement" or out.cosine < 1.0
+
+
 def _few_samples_warning(result: CalibrationResult, inputs: list[Any]) -> list[str]:
     """A warning when the ranges come from fewer than :data:`MIN_SAMPLES` samples."""
     samples = result.samples or max((s.samples for s in result.stats.values() if s.count),
@@ -516,8 +526,20 @@ def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
     if reference is None:
         report.warnings.append("model too large to keep a float copy: fidelity not measured")
         return
-    report.fidelity = fidelity(reference, quant, class_axes(model), padding_masks(result.held))
+    selected = selected_outputs(model)
+    report.fidelity = [dataclasses.replace(f, selected_by=selected.get(f.name)) for f in fidelity(
+        reference, quant, class_axes(model), padding_masks(result.held))]
     for out in report.fidelity:
+        if out.selected_by:
+            if _differs(out):
+                report.warnings.append(
+                    f"output {out.name!r} holds the rows {out.selected_by} keeps, in score "
+                    f"order, and differs from the float model's position by position "
+                    f"({out.difference()}): the quantized model can keep other detections or "
+                    "order them differently, so this comparison says little; match the "
+                    "detections (e.g. by IoU) on your metric, and `onnxq analyze` compares "
+                    "the scores and boxes before the selection")
+            continue
         if out.nonfinite_mismatch:
             report.warnings.append(
                 f"output {out.name!r}: {out.nonfinite_mismatch} value(s) are NaN/Inf in one model "

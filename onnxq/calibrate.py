@@ -151,7 +151,7 @@ def calibrate(
     sizes = {name: 4 * peaks[name].channels if name in peaks else 4 * _numel(shapes[name])
              for name in names}
     share = sample_share(histogram_sample, histogram_budget,
-                         _samples_total(first, _total(source, max_batches)))
+                         _samples_total(first, _total(source, max_batches), inputs))
     symbols = batch_symbols(graph)
     axes = {name: axis for name in names if (axis := batch_axis(graph.shape(name), symbols))}
     strides = {name: _tensor_stride(shapes[name], share, axes.get(name, 0))
@@ -192,7 +192,7 @@ def calibrate(
                 if gi == 0 and len(held) < hold:
                     held.append(batch)
                 if gi == 0:
-                    samples += _batch_samples(batch)
+                    samples += _batch_samples(batch, inputs)
                 if session is not None:
                     values = run_batch(session, outputs, batch, index)
                     outs = dict(zip(outputs, values, strict=True))
@@ -235,10 +235,18 @@ def batch_axis(shape: tuple[int | str | None, ...] | None, symbols: frozenset[st
     return found[0] if len(found) == 1 else 0
 
 
-def _batch_samples(batch: Batch) -> int:
-    """Samples in one batch: its first input of rank >= 2 along its first axis, else 1."""
-    for value in batch.values():
+def _batch_samples(batch: Batch, inputs: list[InputSpec] | None = None) -> int:
+    """Samples in one batch: its first input of rank >= 2 along its first axis, else 1.
+
+    An input whose declared first dimension is fixed while a later one is symbolic has no
+    batch axis ([3, H, W]: one image, as torchvision's detectors take it): one sample."""
+    declared = {spec.name: spec.shape for spec in inputs or ()}
+    for name, value in batch.items():
         if getattr(value, "ndim", 0) >= 2:
+            shape = declared.get(name)
+            if (shape and isinstance(shape[0], int)
+                    and any(not isinstance(d, int) for d in shape[1:])):
+                return 1
             return int(value.shape[0])
     return 1
 
@@ -257,14 +265,13 @@ def sample_share(histogram_sample: int, budget: int, samples: int | None) -> int
     return min(histogram_sample, max(MIN_SAMPLE_SHARE, 1 << max(0, fair.bit_length() - 1)))
 
 
-def _samples_total(first: Batch | None, batches: int | None) -> int | None:
+def _samples_total(first: Batch | None, batches: int | None,
+                   inputs: list[InputSpec] | None = None) -> int | None:
     """Samples in the whole calibration, from the number of batches and the first batch's
-    leading axis (a rank <= 1 input: one sample per batch); None when either is unknown."""
+    samples (:func:`_batch_samples`); None when either is unknown."""
     if first is None or not batches:
         return None
-    lead = next(iter(first.values()), None)
-    per_batch = int(lead.shape[0]) if lead is not None and lead.ndim >= 2 else 1
-    return batches * max(per_batch, 1)
+    return batches * max(_batch_samples(first, inputs), 1)
 
 
 def _tensor_stride(shape: tuple[int | str | None, ...] | None, target: int,

@@ -122,7 +122,11 @@ class Report:
                          f"layers shifted back (largest {largest.max_shift:.3g} in "
                          f"{largest.node})")
         for f in self.fidelity:
-            if f.compared == "cosine":
+            if f.selected_by:
+                lines.append(f"fidelity {f.name}: rows selected by {f.selected_by}, compared "
+                             "by position (other detections or another order count as "
+                             "differences): " + f.difference())
+            elif f.compared == "cosine":
                 top1 = ("" if f.top1_agreement is None
                         else f", top-1 agreement {f.top1_agreement:.2%}")
                 worst = ("" if f.worst_slice_cosine is None

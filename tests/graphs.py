@@ -818,3 +818,36 @@ def feature_encoder(norm_after_first: bool = False, seed: int = 0) -> onnx.Model
     ]
     return model(nodes, [tensor("x", ["n", 1, "t"])], [tensor("y", ["n", "t2", 16])], inits,
                  name="feature_encoder")
+
+
+def nms_detector() -> onnx.ModelProto:
+    """x[1, 64, 256] -> MatMul -> Relu -> MatMul -> 64 boxes and scores -> NonMaxSuppression
+    -> the kept indices ``sel`` and their boxes ``picked`` (a detector's post-processing)."""
+    r = rng(3)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+        helper.make_node("Relu", ["h"], ["hr"], name="relu"),
+        helper.make_node("MatMul", ["hr", "w2"], ["o"], name="fc2"),
+        helper.make_node("Slice", ["o", "s0", "s4", "ax"], ["boxes"], name="box_slice"),
+        helper.make_node("Slice", ["o", "s4", "s5", "ax"], ["score_col"], name="score_slice"),
+        helper.make_node("Transpose", ["score_col"], ["scores"], name="to_classes",
+                         perm=[0, 2, 1]),
+        helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou"], ["sel"],
+                         name="nms"),
+        helper.make_node("Gather", ["sel", "two"], ["idx"], name="pick_index", axis=1),
+        helper.make_node("Squeeze", ["boxes", "zero"], ["boxes2"], name="flat"),
+        helper.make_node("Gather", ["boxes2", "idx"], ["picked"], name="pick", axis=0),
+    ]
+    inits = [init("w1", weight(r, 256, 64, scale=0.1)),
+             init("w2", weight(r, 64, 5, scale=0.3)),
+             helper.make_tensor("s0", TensorProto.INT64, [1], [0]),
+             helper.make_tensor("s4", TensorProto.INT64, [1], [4]),
+             helper.make_tensor("s5", TensorProto.INT64, [1], [5]),
+             helper.make_tensor("ax", TensorProto.INT64, [1], [2]),
+             helper.make_tensor("max_out", TensorProto.INT64, [1], [16]),
+             helper.make_tensor("iou", TensorProto.FLOAT, [1], [0.5]),
+             helper.make_tensor("two", TensorProto.INT64, [], [2]),
+             helper.make_tensor("zero", TensorProto.INT64, [1], [0])]
+    return model(nodes, [tensor("x", [1, 64, 256])],
+                 [tensor("picked", ["k", 4]), tensor("sel", ["k", 3], TensorProto.INT64)], inits,
+                 name="nms_detector")

@@ -506,14 +506,19 @@ def test_an_output_of_another_size_is_warned_about(monkeypatch):
                             "model 231 on the held batches") for w in warnings)
 
 
-def test_a_shared_bias_is_quantized_at_each_layers_scale():
-    # one int32 copy at the first layer's scale read by both QGemms was 0.885 fused
+@pytest.mark.parametrize("identity", [False, True])
+def test_a_shared_bias_is_quantized_at_each_layers_scale(identity):
+    # one int32 copy at the first layer's scale read by both QGemms was 0.885 fused; read
+    # through Identity copies (which simplify removes) it was a violation and no output
     from tests.test_ir import _shared_bias_gemms
 
-    model = _shared_bias_gemms()
+    model = _shared_bias_gemms(identity)
     result = onnxq.quantize(model, graphs.random_batches(model, 8), backend="onnxruntime",
                             progress=False)
     assert not result.report.violations
+    assert {"fc1", "fc2"} <= {d.node for d in result.report.decisions if d.quantized}
+    biases = [n.input[2] for n in result.model.graph.node if n.op_type == "Gemm"]
+    assert len(set(biases)) == 2
     (out,) = result.report.fidelity  # measured with onnxruntime's fusion on
     assert out.cosine > 0.999
 
@@ -539,3 +544,26 @@ def test_a_conv_output_read_by_a_hardswish_is_clipped_where_the_hardswish_satura
     free, free_cosine = run()
     assert free["range"][0] < -10 and "bound" not in free
     assert 1 - cosine < 0.8 * (1 - free_cosine)
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "onnxruntime"])
+def test_outputs_after_non_max_suppression_are_compared_as_selections(backend):
+    # the kept detections' order and number move with their scores: "labels differ in 96%"
+    # said nothing about how many detections survived
+    from onnxq.backends.validate import selected_outputs
+
+    model = graphs.nms_detector()
+    assert selected_outputs(model) == {"picked": "NonMaxSuppression",
+                                       "sel": "NonMaxSuppression"}
+    assert selected_outputs(graphs.conv_relu()) == {}
+    report = onnxq.quantize(model, graphs.random_batches(model, 8), backend=backend,
+                            progress=False).report
+    assert "fc1" in {d.node for d in report.decisions if d.quantized}
+    assert {f.name: f.selected_by for f in report.fidelity} == {
+        "picked": "NonMaxSuppression", "sel": "NonMaxSuppression"}
+    sel = next(f for f in report.fidelity if f.name == "sel")
+    assert sel.compared == "agreement" and sel.cosine < 1.0  # some kept rows moved
+    (warning,) = [w for w in report.warnings if "'sel'" in w]
+    assert "holds the rows NonMaxSuppression keeps" in warning
+    assert "match the detections" in warning
+    assert "rows selected by NonMaxSuppression, compared by position" in report.summary()

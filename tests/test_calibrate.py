@@ -403,3 +403,18 @@ def test_batch_work_runs_every_job_once_and_raises_the_first_failure_by_position
         work.start(pool)
         work.finish()
         assert sorted(ran[-3:]) == [0, 2, 4]
+
+
+def test_an_unbatched_image_input_counts_one_sample_per_batch():
+    # torchvision's detectors take [3, H, W]: its fixed 3 is channels, not 3 samples
+    from onnxq.calibrate import _batch_samples, _samples_total
+    from onnxq.data import InputSpec
+
+    image = {"image": np.zeros((3, 64, 48), np.float32)}
+    unbatched = [InputSpec("image", np.dtype(np.float32), (3, "height", "width"))]
+    assert _batch_samples(image, unbatched) == 1
+    assert _samples_total(image, 16, unbatched) == 16
+    batched = [InputSpec("image", np.dtype(np.float32), ("n", 64, 48))]
+    assert _batch_samples(image, batched) == 3
+    static = [InputSpec("image", np.dtype(np.float32), (3, 64, 48))]  # no symbol: as given
+    assert _batch_samples(image, static) == 3

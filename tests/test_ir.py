@@ -503,19 +503,25 @@ def test_same_shape_is_false_for_a_broadcast_and_none_when_unknown():
     assert g.same_shape("r", "nowhere") is None
 
 
-def _shared_bias_gemms() -> onnx.ModelProto:
-    """x[4, 16] -> Gemm(w1, b) -> Relu -> Gemm(w2, b) -> y: one bias initializer, two layers
-    (the torch exporter merges equal initializers)."""
+def _shared_bias_gemms(identity: bool = False) -> onnx.ModelProto:
+    """x[4, 256] -> Gemm(w1, b) -> Relu -> Gemm(w2, b) -> y: one bias initializer, two
+    layers (the torch exporter merges equal initializers); ``identity``: each Gemm reads it
+    through an Identity of its own (the legacy exporter's form).  Large enough (65536
+    multiply-adds per sample) that the onnxruntime profile quantizes both."""
     from onnx import helper
 
     r = graphs.rng(6)
-    nodes = [helper.make_node("Gemm", ["x", "w1", "b"], ["h"], name="fc1"),
-             helper.make_node("Relu", ["h"], ["r"], name="relu"),
-             helper.make_node("Gemm", ["r", "w2", "b"], ["y"], name="fc2")]
-    return graphs.model(nodes, [graphs.tensor("x", [4, 16])], [graphs.tensor("y", [4, 16])],
-                        [graphs.init("w1", graphs.weight(r, 16, 16, scale=0.3)),
-                         graphs.init("w2", graphs.weight(r, 16, 16, scale=2.0)),
-                         graphs.init("b", graphs.weight(r, 16))])
+    b1, b2 = ("b1", "b2") if identity else ("b", "b")
+    nodes = [helper.make_node("Identity", ["b"], [b], name=f"copy_{b}")
+             for b in (b1, b2) if identity]
+    nodes += [helper.make_node("Gemm", ["x", "w1", b1], ["h"], name="fc1"),
+              helper.make_node("Relu", ["h"], ["r"], name="relu"),
+              helper.make_node("Gemm", ["r", "w2", b2], ["y"], name="fc2")]
+    return graphs.model(nodes, [graphs.tensor("x", [4, 256])],
+                        [graphs.tensor("y", [4, 256])],
+                        [graphs.init("w1", graphs.weight(r, 256, 256, scale=0.02)),
+                         graphs.init("w2", graphs.weight(r, 256, 256, scale=0.12)),
+                         graphs.init("b", graphs.weight(r, 256))])
 
 
 def test_a_bias_shared_by_two_layers_gets_a_copy_per_layer(model_file):

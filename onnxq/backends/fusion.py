@@ -75,9 +75,18 @@ def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str],
                     and n.input[1] in dq_outputs and n.input[0] in dq_outputs)
         return fed and (weighted or any(o in q_inputs for o in n.output))
 
+    def constant(name: str) -> bool:
+        # an initializer, or an Identity copy of one (onnxruntime folds those first)
+        while not graph.is_const(name):
+            node = graph.producer.get(name)
+            if node is None or node.op_type != "Identity" or not node.input:
+                return False
+            name = node.input[0]
+        return True
+
     def float_input(n: onnx.NodeProto) -> bool:
         # onnxruntime fuses a group only when every activation input comes out of a DQ
-        return any(i and i not in dq_outputs and not graph.is_const(i) for i in n.input)
+        return any(i and i not in dq_outputs and not constant(i) for i in n.input)
 
     grouped = [n for n in graph.nodes if n.op_type not in ir.QDQ_OPS and is_group(n)]
     mixed = tuple((n.name, n.op_type) for n in grouped

@@ -56,6 +56,17 @@ class OutputFidelity:
     # rows left out because the model's padding mask marks them as padding (a transformer's
     # padded tokens: whatever the float model computes there is read by nothing)
     padding_left_out: int = 0
+    # the op that selected and ordered its rows (NonMaxSuppression: :func:`selected_outputs`);
+    # then the comparison is position by position and says little
+    selected_by: str | None = None
+
+    def difference(self) -> str:
+        """The comparison in a few words: ``cosine 0.930``, ``5.0% of its values differ``."""
+        if self.compared == "cosine":
+            return f"cosine {self.cosine:.3f}"
+        if self.compared == "agreement":
+            return f"{1 - self.cosine:.1%} of its values differ"
+        return self.compared
 
 
 SHAPE_CHANGED = "not compared: the quantized model"  # how an output of another size reads
@@ -161,6 +172,39 @@ def class_axes(model: onnx.ModelProto) -> dict[str, int]:
         elif _flattened_softmax(graph, node, rank):
             out[name] = -1
     return out
+
+
+SELECTING_OPS = frozenset({"NonMaxSuppression"})  # they pick and order rows by value
+
+
+def selected_outputs(model: onnx.ModelProto) -> dict[str, str]:
+    """Graph outputs computed after an op that selects and orders rows by their values
+    (NonMaxSuppression, also inside a Loop/If) -> that op type.  Their rows are the
+    detections kept, in score order: the quantized model may keep others or order them
+    differently, so comparing them position by position says little."""
+    graph = ir.Graph(model)
+    out: dict[str, str] = {}
+    for name in graph.graph_outputs:
+        found = _selected_by(graph, name)
+        if found:
+            out[name] = found
+    return out
+
+
+def _selected_by(graph: ir.Graph, output: str) -> str | None:
+    found: list[str] = []
+
+    def step(_tensor: str, node: onnx.NodeProto | None) -> list[str]:
+        if node is None or found:
+            return []
+        hits = ({node.op_type} | ir.inner_op_types(node)) & SELECTING_OPS
+        if hits:
+            found.append(sorted(hits)[0])
+            return []
+        return [x for x in node.input if x]
+
+    graph.walk_up([output], step)
+    return found[0] if found else None
 
 
 def _flattened_softmax(graph: ir.Graph, node: onnx.NodeProto, rank: int) -> bool:

@@ -22,6 +22,7 @@ from onnxq.ir.graph import (
     Graph,
     constant_node_value,
     has_subgraph,
+    inner_op_types,
     node_attrs,
     set_opset,
 )
@@ -55,7 +56,8 @@ __all__ = [
     "atomic_write_bytes",
     "check_model", "constant_node_value", "copy_without_initializers", "drop_initializer_inputs",
     "external",
-    "has_subgraph", "infer_shapes", "inline_nbytes", "is_integer_op", "load_model",
+    "has_subgraph", "infer_shapes", "inline_nbytes", "inner_op_types", "is_integer_op",
+    "load_model",
     "lower_ir_version",
     "model_nbytes", "name_nodes", "node_attrs", "opset_version",
     "runtime_ir_version", "save_model", "serialize", "session_bytes_or_path", "set_opset",

@@ -435,6 +435,17 @@ def has_subgraph(node: onnx.NodeProto) -> bool:
     return any(_attr_graphs(a) for a in node.attribute)
 
 
+def inner_op_types(node: onnx.NodeProto) -> set[str]:
+    """The op types inside ``node``'s subgraphs, at any depth (empty for a plain op)."""
+    found: set[str] = set()
+    for attr in node.attribute:
+        for sub in _attr_graphs(attr):
+            for inner in sub.node:
+                found.add(inner.op_type)
+                found |= inner_op_types(inner)
+    return found
+
+
 def set_opset(model: onnx.ModelProto, version: int) -> None:
     """Raise the default-domain opset import to ``version`` (never lowers)."""
     for imp in model.opset_import:

@@ -261,4 +261,7 @@ def simplify(model: onnx.ModelProto, passes: tuple[Pass, ...] = DEFAULT_PASSES,
                 changed = True
         if not changed:
             break
+    # removing Identity nodes can leave several layers reading one bias again (the torch
+    # exporter's Identity copies of one initializer): each gets its own, as at load
+    ir.unshare_biases(graph.model.graph)
     return ir.infer_shapes(graph.model), sorted(set(fired))

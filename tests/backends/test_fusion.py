@@ -91,3 +91,16 @@ def test_an_add_whose_relu_folds_into_the_q_after_it_is_a_group():
     assert report.integer_ops == {"QLinearAdd": 1}
     # without folding, the Add writes a float tensor: not a group
     assert fusion_report(model, KERNELS).candidates == ()
+
+
+def test_a_bias_read_through_an_identity_of_an_initializer_is_a_constant():
+    # without simplify, the legacy exporter's Identity copies of a bias stay; onnxruntime folds
+    # them, and both Gemms are groups (the count said "0 of 0 groups ... QGemm x1")
+    from tests.test_ir import _shared_bias_gemms
+
+    model = _shared_bias_gemms(identity=True)
+    out = onnxq.quantize(model, graphs.random_batches(model, 3), backend="onnxruntime",
+                         simplify=False, progress=False).model
+    report = fusion_report(out, KERNELS)
+    assert not report.float_inputs and report.candidates == ("fc1", "fc2")
+    assert report.integer_ops == {"QGemm": len(report.candidates) - len(report.unfused)}
