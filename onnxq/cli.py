@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxq.config import BACKENDS
-from onnxq.errors import OnnxqError
+from onnxq.errors import BackendConstraintError, OnnxqError
 
 EPILOG = """\
 calibration data (--calib):
@@ -30,7 +30,8 @@ examples:
   onnxq check model.int8.onnx --backend tensorrt
   onnxq explain model.onnx --backend tensorrt
 
-exit codes: 0 ok, 1 check found violations, 2 user error (bad input, options or data).
+exit codes: 0 ok, 1 check found violations (or quantize's output would break the backend's
+constraints: nothing written, an onnxq bug), 2 user error (bad input, options or data).
 """
 
 
@@ -155,6 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "analyze":
             return _analyze(args)
         return _explain(args)
+    except BackendConstraintError as exc:  # quantize's own output failed its check: a bug
+        print(f"onnxq: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
     except OnnxqError as exc:
         print(f"onnxq: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
@@ -276,7 +280,8 @@ def _check(args: argparse.Namespace) -> int:
         print(f"onnxruntime fused {fusion.fused} of {len(fusion.candidates)} Q/DQ groups "
               f"({fusion.ratio:.0%}) into integer kernels: {kernels}")
         for name, op in fusion.unfused:
-            print(f"  not fused: {name} ({op})")
+            why = fusion.reasons.get(name)
+            print(f"  not fused: {name} ({op})" + (f": {why}" if why else ""))
         if fusion.float_between:
             ops = sorted({op for _, op in fusion.float_between})
             print(f"{len(fusion.float_between)} float op(s) between quantized neighbours (no "

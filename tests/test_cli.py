@@ -162,6 +162,22 @@ def test_report_write_failure_leaves_no_model(tmp_path, conv_files, capsys):
     assert not out.exists()
 
 
+def test_an_output_that_breaks_the_backend_exits_1_and_writes_nothing(tmp_path, conv_files,
+                                                                       capsys, monkeypatch):
+    # quantize checks its own output: a violation there is onnxq's bug, not a user error
+    from onnxq.errors import Violation
+
+    monkeypatch.setattr("onnxq.api.check", lambda model, profile: [
+        Violation("conv", "bias scale", "input scale x weight scale", "2x off")])
+    model, calib = conv_files
+    out = tmp_path / "out.onnx"
+    code = main(["quantize", str(model), "-o", str(out), "--calib", str(calib), "-q"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert err.startswith("onnxq: error: the quantized model breaks 1 tensorrt constraint(s)")
+    assert "please report it" in err and not out.exists()
+
+
 @pytest.mark.parametrize("batch_size", ["0", "-1"])
 def test_bad_batch_size_is_a_user_error(tmp_path, model_file, capsys, batch_size):
     model = model_file(graphs.conv_relu())

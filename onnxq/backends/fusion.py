@@ -10,7 +10,7 @@ fused) or was replaced.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -35,6 +35,8 @@ class FusionReport:
     # ops with an integer kernel that read a DequantizeLinear and write a quantized tensor but
     # also read a float activation (x * Sigmoid(x)): not Q/DQ groups, they run in float
     float_inputs: tuple[tuple[str, str], ...] = ()
+    # why an unfused group may have stayed float, where the graph shows it (node -> reason)
+    reasons: dict[str, str] = field(default_factory=dict)
 
     @property
     def fused(self) -> int:
@@ -112,9 +114,30 @@ def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str],
     opt_dq = {n.output[0] for n in optimized.graph.node if n.op_type == "DequantizeLinear"}
     still_float = {n.name for n in optimized.graph.node if any(i in opt_dq for i in n.input)}
     unfused = tuple((n.name, n.op_type) for n in candidates if n.name in still_float)
+    reasons = {name: why for name, _ in unfused
+               if (why := _shared_constant_dq(graph, graph.node_by_name(name)))}
     integer: dict[str, int] = {}
     for n in optimized.graph.node:
         if n.op_type.startswith("QLinear") or n.op_type in INTEGER_KERNELS:
             integer[n.op_type] = integer.get(n.op_type, 0) + 1
     return FusionReport(tuple(n.name for n in candidates), unfused, dict(sorted(integer.items())),
-                        float_between, mixed)
+                        float_between, mixed, reasons)
+
+
+def _shared_constant_dq(graph: ir.Graph, node: onnx.NodeProto | None) -> str:
+    """A weight or bias DequantizeLinear that ``node`` shares with other nodes: onnxruntime
+    fuses a group only when its constant DQs are its own (a bias DQ serves one scale)."""
+    if node is None:
+        return ""
+    for index, name in enumerate(node.input):
+        dq = graph.producer.get(name)
+        if (index == 0 or dq is None or dq.op_type != "DequantizeLinear"
+                or not graph.is_const(dq.input[0])):
+            continue
+        others = {n.name for n, _ in graph.consumers.get(name, []) if n.name != node.name}
+        if others:
+            return (f"its input {index} ({dq.name}) also feeds {len(others)} other node(s), "
+                    f"e.g. {sorted(others)[0]}; one quantized constant holds one scale (an "
+                    "int32 bias must be at each layer's input x weight scale): give each "
+                    "node its own copy")
+    return ""

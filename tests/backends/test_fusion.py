@@ -104,3 +104,28 @@ def test_a_bias_read_through_an_identity_of_an_initializer_is_a_constant():
     report = fusion_report(out, KERNELS)
     assert not report.float_inputs and report.candidates == ("fc1", "fc2")
     assert report.integer_ops == {"QGemm": len(report.candidates) - len(report.unfused)}
+
+
+def test_an_unfused_group_that_shares_a_bias_dequantize_says_so(monkeypatch):
+    # as onnxq wrote before it unshared biases again after simplify: the torch exporter's
+    # Identity copies of one zero bias, which onnxruntime leaves unfused for every conv after
+    # the first (any other bias value is a bias-scale violation, which quantize refuses)
+    r = graphs.rng(2)
+    nodes = [helper.make_node("Identity", ["b"], [f"b{i}"], name=f"copy{i}") for i in (1, 2)]
+    nodes += [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1] * 4),
+              helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+              helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1] * 4),
+              helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+              helper.make_node("Identity", ["r2"], ["y"], name="out")]
+    model = graphs.model(nodes, [graphs.tensor("x", [1, 16, 8, 8])],
+                         [graphs.tensor("y", [1, 16, 8, 8])],
+                         [graphs.init("w1", graphs.weight(r, 16, 16, 3, 3)),
+                          graphs.init("w2", graphs.weight(r, 16, 16, 3, 3, scale=0.6)),
+                          graphs.init("b", np.zeros(16, np.float32))])
+    monkeypatch.setattr("onnxq.rewrites.simplify.ir.unshare_biases", lambda graph: 0)
+    out = onnxq.quantize(model, graphs.random_batches(model, 3), backend="onnxruntime",
+                         progress=False).model
+    report = fusion_report(out, KERNELS)
+    assert report.unfused == (("conv2", "Conv"),)
+    assert report.reasons["conv2"].startswith("its input 2 (b_DequantizeLinear) also feeds 1 "
+                                              "other node(s), e.g. conv1")
