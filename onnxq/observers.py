@@ -648,10 +648,11 @@ def activation_qparams(stats: TensorStats, method: str, dtype: str, symmetric: b
         # at must stay on the grid, or every saturated value lands just inside it (a
         # hardswish of -2.9 instead of -3: -0.1 where the float model gives 0)
         qmin = 0 if dtype == "uint8" else -(2 ** (bits - 1))
+        at_lo, at_hi = lo == bounds[0], hi == bounds[1]  # the range stops at a bound
         for _ in range(4):
             step, zp = float(qp.scale), int(qp.zero_point)
-            short_lo = lo == bounds[0] and (qmin - zp) * step > lo
-            short_hi = hi == bounds[1] and (qmin + 2**bits - 1 - zp) * step < hi
+            short_lo = at_lo and (qmin - zp) * step > bounds[0]
+            short_hi = at_hi and (qmin + 2**bits - 1 - zp) * step < bounds[1]
             if not (short_lo or short_hi):
                 break
             lo, hi = lo - step / 2 * short_lo, hi + step / 2 * short_hi
