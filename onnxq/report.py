@@ -165,7 +165,7 @@ class Report:
             f"<h1>onnxq report: {esc(self.model)}</h1><pre>{esc(self.summary())}</pre>"
             "<h2>Quantized tensors</h2>"
             + table(d["quantized_tensors"], ["tensor", "kind", "method", "scale", "zero_point",
-                                             "axis", "range"])
+                                             "axis", "range", "bound", "note"])
             + "<h2>Quantized ops</h2>" + table(d["quantized_ops"],
                                                 ["node", "op_type", "rule", "tensors", "note"])
             + "<h2>Float ops</h2>" + table(d["float_ops"],

@@ -195,3 +195,14 @@ def test_html_lists_quantized_ops_rules_and_violations():
     assert "<td>ln</td><td>LayerNormalization</td><td>kept float</td><td>weighted_op</td>" in html
     assert "<h2>Violations</h2>" in html and "<td>zero_point</td><td>0</td><td>3</td>" in html
     assert '"method": "auto &lt;x&gt;"' in html
+
+
+def test_html_shows_a_range_clipped_at_its_readers_bounds():
+    from tests import graphs
+
+    model = graphs.conv_hardswish("pair")
+    result = onnxq.quantize(model, graphs.random_batches(model, 4), backend="onnxruntime",
+                            method="minmax", progress=False)
+    html = result.report.to_html()
+    assert "<th>bound</th>" in html
+    assert "every reader saturates beyond</td>" in html
