@@ -238,13 +238,14 @@ def batch_axis(shape: tuple[int | str | None, ...] | None, symbols: frozenset[st
 def _batch_samples(batch: Batch, inputs: list[InputSpec] | None = None) -> int:
     """Samples in one batch: its first input of rank >= 2 along its first axis, else 1.
 
-    An input whose declared first dimension is fixed while a later one is symbolic has no
-    batch axis ([3, H, W]: one image, as torchvision's detectors take it): one sample."""
+    An input of rank 3 or less whose declared first dimension is fixed while a later one is
+    symbolic has no batch axis ([3, H, W]: one image, as torchvision's detectors take it):
+    one sample.  (Rank 4 and more: the first axis is the batch, as in NCHW.)"""
     declared = {spec.name: spec.shape for spec in inputs or ()}
     for name, value in batch.items():
         if getattr(value, "ndim", 0) >= 2:
             shape = declared.get(name)
-            if (shape and isinstance(shape[0], int)
+            if (shape and len(shape) <= 3 and isinstance(shape[0], int)
                     and any(not isinstance(d, int) for d in shape[1:])):
                 return 1
             return int(value.shape[0])

@@ -418,3 +418,5 @@ def test_an_unbatched_image_input_counts_one_sample_per_batch():
     assert _batch_samples(image, batched) == 3
     static = [InputSpec("image", np.dtype(np.float32), (3, 64, 48))]  # no symbol: as given
     assert _batch_samples(image, static) == 3
+    nchw = {"x": np.zeros((2, 3, 64, 48), np.float32)}  # a fixed batch of 2, dynamic H/W
+    assert _batch_samples(nchw, [InputSpec("x", np.dtype(np.float32), (2, 3, "h", "w"))]) == 2
