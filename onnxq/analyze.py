@@ -107,12 +107,13 @@ def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
         raise CalibrationDataError("no batches to analyze; give calibration data with --calib")
     out = []
     for name in shared:
-        a = acc[name]
-        cos = a.dot / math.sqrt(a.ref * a.got) if a.ref > 0 and a.got > 0 else float(a.diff == 0)
-        rel = math.sqrt(a.diff / a.ref) if a.ref > 0 else math.sqrt(a.diff)
+        sums = acc[name]
+        cos = (sums.dot / math.sqrt(sums.ref * sums.got) if sums.ref > 0 and sums.got > 0
+               else float(sums.diff == 0))
+        rel = math.sqrt(sums.diff / sums.ref) if sums.ref > 0 else math.sqrt(sums.diff)
         node = fg.producer[name]
         out.append(LayerError(name, node.name, node.op_type, round(cos, 6), round(rel, 6),
-                              a.mismatches))
+                              sums.mismatches))
     return out
 
 

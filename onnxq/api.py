@@ -572,6 +572,14 @@ def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
                 f"peaks differ by {out.slice_peak_ratio:.3g}x: one cosine over an output is "
                 "dominated by its largest values, so a small-valued part of it (such as a "
                 f"detector's scores beside its boxes) can be lost unseen; {_LOW_FIDELITY_HINT}")
+        elif (out.compared == "cosine" and out.sample_cosine_mean is not None
+              and out.sample_cosine_mean < LOW_FIDELITY):
+            report.warnings.append(
+                f"output {out.name!r} agrees with the float model at cosine {out.cosine:.3f} "
+                f"over all held samples together, but at {out.sample_cosine_mean:.3f} per "
+                f"sample on average (worst {out.worst_sample_cosine:.3f}, < {LOW_FIDELITY}): "
+                "the samples with the largest outputs dominate one cosine over all of them, "
+                f"and most others are lost; {_LOW_FIDELITY_HINT}")
         elif out.compared == "cosine" and 0 < out.float_max_abs < out.max_abs_error:
             report.warnings.append(
                 f"output {out.name!r} agrees with the float model at cosine {out.cosine:.3f} "

@@ -13,6 +13,7 @@ are observed in groups, one pass over the data per group (the data must then be 
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 import math
 import os
@@ -62,25 +63,33 @@ def make_session(model: onnx.ModelProto, optimize: bool = True, workdir: Path | 
     """
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4  # failures reach the user as onnxq errors, not as log lines
-    if not spinning:
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    opts.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    )
+    levels = ([ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+               # onnxruntime 1.31's layout optimizer can drop a tensor that calibration exposes
+               # as an output (a grouped Conv's output read by Add(conv, conv): "Failed to
+               # find node output"); the extended level keeps every value the same
+               ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED] if optimize
+              else [ort.GraphOptimizationLevel.ORT_DISABLE_ALL])
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxq-")))
         payload = ir.session_bytes_or_path(model, workdir)
-        try:
-            return ort.InferenceSession(payload, opts, providers=["CPUExecutionProvider"])
-        except Exception as exc:
-            raise UnsupportedModelError(
-                f"onnxruntime cannot load the model: {_one_line(exc)}; onnxq calibrates with "
-                "onnxruntime, so the model must run there"
-            ) from None
+        for level in levels:
+            opts = ort.SessionOptions()
+            opts.log_severity_level = 4  # failures reach the user as onnxq errors, not logs
+            if not spinning:
+                opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            opts.graph_optimization_level = level
+            try:
+                # onnxruntime prints an "EP Error ... retrying" banner on stdout on failure
+                with contextlib.redirect_stdout(io.StringIO()):
+                    return ort.InferenceSession(payload, opts,
+                                                providers=["CPUExecutionProvider"])
+            except Exception as exc:  # the next level, or the error below
+                failure = exc
+        raise UnsupportedModelError(
+            f"onnxruntime cannot load the model: {_one_line(failure)}; onnxq calibrates with "
+            "onnxruntime, so the model must run there"
+        ) from None
 
 
 @contextlib.contextmanager

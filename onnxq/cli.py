@@ -263,8 +263,8 @@ def _check(args: argparse.Namespace) -> int:
     print(f"{args.model}: {len(violations)} {profile.name} violation(s), {qdq} Q/DQ nodes")
     integer = Counter(n.op_type for n in model.graph.node if ir.is_integer_op(n.op_type))
     if qdq == 0 and integer:
-        ops = ", ".join(f"{op} x{k}" for op, k in sorted(integer.items()))
-        print(f"note: the model is quantized in onnxruntime's operator format ({ops}), not with "
+        found = ", ".join(f"{op} x{k}" for op, k in sorted(integer.items()))
+        print(f"note: the model is quantized in onnxruntime's operator format ({found}), not with "
               "Q/DQ nodes: onnxq checks Q/DQ models, and TensorRT reads only those; quantize the "
               "float original with onnxq quantize")
     elif qdq == 0:

@@ -643,7 +643,7 @@ def activation_qparams(stats: TensorStats, method: str, dtype: str, symmetric: b
                  f"[{max(stats.min, bounds[0]):.6g}, {min(stats.max, bounds[1]):.6g}]: "
                  "every reader saturates beyond")
     qp = range_to_qparams(lo, hi, dtype, symmetric, method, bits)
-    if bound and not symmetric:
+    if bound and not symmetric and bounds is not None:
         # a zero point rounds the grid's ends by up to half a step: a bound the range stops
         # at must stay on the grid, or every saturated value lands just inside it (a
         # hardswish of -2.9 instead of -3: -0.1 where the float model gives 0)

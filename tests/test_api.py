@@ -567,3 +567,18 @@ def test_outputs_after_non_max_suppression_are_compared_as_selections(backend):
     assert "holds the rows NonMaxSuppression keeps" in warning
     assert "match the detections" in warning
     assert "rows selected by NonMaxSuppression, compared by position" in report.summary()
+
+
+def test_an_output_lost_on_most_samples_gets_a_warning_though_the_whole_agrees(monkeypatch):
+    from onnxq.backends.validate import OutputFidelity
+
+    def dominated(reference, quantized, *args):
+        return [OutputFidelity("y", 0.962, 0.5, 30.0, sample_cosine_mean=0.476,
+                               worst_sample_cosine=-0.502)]
+
+    monkeypatch.setattr("onnxq.api.fidelity", dominated)
+    report = quantize(graphs.conv_relu()).report
+    (warning,) = [w for w in report.warnings if w.startswith("output 'y'")]
+    assert "cosine 0.962 over all held samples together, but at 0.476 per sample" in warning
+    assert "worst -0.502" in warning
+    assert "per sample 0.476000 on average (worst -0.502000)" in report.summary()

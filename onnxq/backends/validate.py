@@ -59,6 +59,11 @@ class OutputFidelity:
     # the op that selected and ordered its rows (NonMaxSuppression: :func:`selected_outputs`);
     # then the comparison is position by position and says little
     selected_by: str | None = None
+    # per sample (each item along the leading axis of every held batch), when there are two
+    # or more: the mean and the worst cosine.  One cosine over all samples is dominated by the
+    # samples with the largest outputs, which can hide that most others are lost.
+    sample_cosine_mean: float | None = None
+    worst_sample_cosine: float | None = None
 
     def difference(self) -> str:
         """The comparison in a few words: ``cosine 0.930``, ``5.0% of its values differ``."""
@@ -272,6 +277,11 @@ def fidelity(reference: list[dict[str, np.ndarray]],
         result = OutputFidelity(name, round(cos, 6), err, float(np.max(np.abs(a), initial=0)),
                                 nonfinite=nonfinite, nonfinite_mismatch=mismatch,
                                 top1_agreement=top1, padding_left_out=padded)
+        per_sample = None if nonfinite or mismatch or padded \
+            else _sample_cosines(ref_arrays, got_arrays)
+        if per_sample is not None:
+            result = replace(result, sample_cosine_mean=round(float(per_sample.mean()), 6),
+                             worst_sample_cosine=round(float(per_sample.min()), 6))
         sliced = None if nonfinite or mismatch or top1 is not None \
             else _slice_cosines(ref_arrays, got_arrays)
         if sliced is not None:
@@ -297,6 +307,20 @@ def _agreement(ref: list[np.ndarray], got: list[np.ndarray]) -> float:
         else:
             total += max(r.size, g.size)
     return equal / total if total else 1.0
+
+
+def _sample_cosines(ref: list[np.ndarray], got: list[np.ndarray]) -> np.ndarray | None:
+    """The cosine of each sample (an item along a batch's leading axis) of an output of rank
+    >= 2, or None (rank < 2, shapes that differ, one value per sample, fewer than two
+    samples)."""
+    values: list[float] = []
+    for r, g in zip(ref, got, strict=True):
+        if r.ndim < 2 or r.shape != g.shape or r[0].size < 2:
+            return None
+        rows_r = r.reshape(len(r), -1).astype(np.float64)
+        rows_g = g.reshape(len(g), -1).astype(np.float64)
+        values.extend(_cosine(a, b) for a, b in zip(rows_r, rows_g, strict=True))
+    return np.asarray(values) if len(values) >= 2 else None
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:

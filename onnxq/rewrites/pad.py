@@ -75,9 +75,10 @@ def _zero_pads(graph: ir.Graph, node: onnx.NodeProto) -> list[int] | None:
                 return None
             value = float(np.asarray(fill).reshape(-1)[0])
         if len(node.input) > 3 and node.input[3]:  # opset 18 axes: pads for those axes only
-            pads = _full_pads(graph, node, pads)
-            if pads is None:
+            full = _full_pads(graph, node, pads)
+            if full is None:
                 return None
+            pads = full
     if value != 0.0 or any(p < 0 for p in pads) or len(pads) % 2:
         return None
     return pads

@@ -221,3 +221,21 @@ def test_padded_positions_are_left_out_of_the_cosine():
     (logits,) = fidelity([{"l": ref}], [{"l": got}], {"l": 2}, masks)
     assert logits.top1_agreement == pytest.approx(1.0)
     assert padding_masks([{"x": np.ones((2, 5), np.float32)}]) == [None]
+
+
+def test_a_few_large_samples_cannot_hide_the_others_in_the_per_sample_cosine():
+    # timm's convmixer (random weights): logits norms from 1.8 to 30000 across images; one
+    # cosine over all of them said 0.962 while the samples averaged 0.44
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((8, 100))
+    ref[0] *= 1000.0  # one loud sample, kept exactly
+    got = ref.copy()
+    got[1:] = rng.standard_normal((7, 100))  # the seven quiet ones lost
+    (fid,) = fidelity([{"y": ref[:4]}, {"y": ref[4:]}], [{"y": got[:4]}, {"y": got[4:]}])
+    assert fid.cosine > 0.999
+    assert fid.sample_cosine_mean is not None and fid.sample_cosine_mean < 0.3
+    assert fid.worst_sample_cosine is not None and fid.worst_sample_cosine < 0.3
+    (agree,) = fidelity([{"y": ref}], [{"y": ref}])
+    assert agree.sample_cosine_mean == agree.worst_sample_cosine == 1.0
+    (scalar,) = fidelity([{"y": ref[:, :1]}], [{"y": got[:, :1]}])  # one value per sample
+    assert scalar.sample_cosine_mean is None
