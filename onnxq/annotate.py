@@ -167,18 +167,24 @@ def saturation_bounds(graph: ir.Graph, tensor: str,
     return low, high
 
 
+# ops whose output stays the same beyond a fixed input bound (attribute-free; Clip and
+# HardSigmoid take theirs from the node)
+SATURATION_BOUNDS: dict[str, tuple[float, float]] = {
+    "Relu": (0.0, math.inf),
+    "HardSwish": (-3.0, math.inf),
+}
+
+
 def _reader_bounds(graph: ir.Graph, node: onnx.NodeProto, index: int,
                    tensor: str) -> tuple[float, float] | None:
     """Where one reader of ``tensor`` (at input ``index``) saturates."""
     if node.domain not in ir.DEFAULT_DOMAINS or (index != 0 and node.op_type != "Mul"):
         return None
-    if node.op_type == "Relu":
-        return 0.0, math.inf
+    if node.op_type in SATURATION_BOUNDS:
+        return SATURATION_BOUNDS[node.op_type]
     if node.op_type == "Clip":
         lo, hi = graph.clip_bounds(node)
         return (-math.inf if lo is None else lo), (math.inf if hi is None else hi)
-    if node.op_type == "HardSwish":
-        return -3.0, math.inf
     if node.op_type == "HardSigmoid":
         return _hardsigmoid_bounds(node)
     if node.op_type == "Mul" and len(node.input) == 2:

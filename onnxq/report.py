@@ -134,13 +134,14 @@ class Report:
                               f"{f.worst_slice_cosine:.6f} (index {f.worst_slice})")
                 padded = ("" if not f.padding_left_out else
                           f", {f.padding_left_out} padded positions (mask 0) left out")
-                if (f.sample_cosine_mean is not None
-                        and f.sample_cosine_mean < f.cosine - 0.01):  # dominated by a few
-                    padded += (f", per sample {f.sample_cosine_mean:.6f} on average (worst "
-                               f"{f.worst_sample_cosine:.6f})")
+                # shown when a few samples dominate the whole cosine
+                per_sample = ("" if f.sample_cosine_mean is None
+                              or f.sample_cosine_mean >= f.cosine - 0.01
+                              else f", per sample {f.sample_cosine_mean:.6f} on average (worst "
+                                   f"{f.worst_sample_cosine:.6f})")
                 lines.append(f"fidelity {f.name} ({self.fidelity_mode}): cosine {f.cosine:.6f}, "
-                             f"max abs error {f.max_abs_error:.4g} "
-                             f"(float range {f.float_max_abs:.4g}){top1}{worst}{padded}")
+                             f"max abs error {f.max_abs_error:.4g} (float range "
+                             f"{f.float_max_abs:.4g}){top1}{worst}{padded}{per_sample}")
             elif f.compared == "agreement":
                 lines.append(f"fidelity {f.name} ({self.fidelity_mode}): equal to the float "
                              f"model's in {f.cosine:.1%} of its values on the held batches")
