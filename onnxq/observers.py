@@ -17,9 +17,11 @@ when given an unknown name.
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +35,22 @@ _TINY = 1e-12
 
 
 _local = threading.local()
+
+
+def _load_native() -> Any:
+    """The compiled histogram update (``onnxq/_histogram.c``), or None: not built (no C
+    compiler at install time) or switched off with ``ONNXQ_NO_NATIVE=1``.  Both paths give
+    identical counts."""
+    if os.environ.get("ONNXQ_NO_NATIVE", "") not in ("", "0"):
+        return None
+    try:
+        from onnxq import _histogram  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _histogram
+
+
+_native: Any = _load_native()
 
 
 def _scratch(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -91,7 +109,12 @@ class TensorStats:
         if self.positions:
             self._count_positions(x)
         if self.histogram:
-            self._add_values(rows[:, ::stride] if stride > 1 else rows, lo >= 0.0)
+            if _native is not None and rows.flags.c_contiguous and rows.dtype == np.float32 \
+                    and self.counts.dtype == np.int64 and self.counts.flags.c_contiguous:
+                _native.count(rows, rows.shape[0], stride, BINS / (2.0 * self.range), BINS // 2,
+                              self.counts)
+            else:
+                self._add_values(rows[:, ::stride] if stride > 1 else rows, lo >= 0.0)
 
     def update_peaks(self, row_max: np.ndarray, count: int, where: str = "",
                      channel_max: np.ndarray | None = None) -> None:
@@ -200,7 +223,9 @@ class TensorStats:
 
     def _add_values(self, values: np.ndarray, nonnegative: bool = False) -> None:
         """Count values (an array, possibly a strided view) into the histogram; they must
-        lie within the current range (and be >= 0 when ``nonnegative``)."""
+        lie within the current range (and be >= 0 when ``nonnegative``).  The numpy path:
+        :meth:`update` uses the compiled ``onnxq._histogram.count`` instead where it is built,
+        which gives the same counts."""
         # floor(x * 2^k) is exact while the product cannot underflow, so a value's bin at
         # range 2R is exactly its bin at range R halved: re-binning and batching never move it.
         scale = BINS / (2.0 * self.range)

@@ -24,7 +24,9 @@ compares runs made under the same machine load; onnxq-minmax (every onnxq measur
 time (``ru_utime + ru_stime``) is recorded too: on a shared machine it moves less than wall time.
 
 To benchmark one fixed version while others commit, run it on a snapshot of the package:
-``git archive HEAD onnxq | tar -x -C /tmp/snap`` and ``PYTHONPATH=/tmp/snap python ...``.
+``git archive HEAD onnxq | tar -x -C /tmp/snap``, ``cp onnxq/_histogram*.so /tmp/snap/onnxq/``
+(the compiled counting loop that ``pip install -e .`` built; without it the snapshot counts
+with numpy, slower) and ``PYTHONPATH=/tmp/snap python ...``.  The header says which ran.
 
     python scripts/bench_calibration.py                       # mobilenet_v2 from $ZOO_HOME
     python scripts/bench_calibration.py --model m.onnx --calib calib/ --batches 64,512 \
@@ -347,6 +349,9 @@ def machine_facts() -> dict[str, Any]:
     with contextlib.suppress(Exception):
         where = Path(str(__import__("onnxq").__file__)).parent
         facts["onnxq_path"] = str(where)
+        # the same counts either way, but not the same time (docs/calibration.md)
+        native = __import__("onnxq.observers", fromlist=["_native"])._native
+        facts["histogram_counting"] = "compiled (onnxq._histogram)" if native else "numpy"
         facts["onnxq_commit"] = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
             cwd=where, check=False).stdout.strip()
@@ -746,7 +751,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(targets))
     m = results["machine"]
     print(f"\nmachine: {m['nproc']} x {m['cpu']}, onnxruntime {m['onnxruntime']}, "
-          f"load {m['loadavg_start']} -> {m['loadavg_end']}")
+          f"load {m['loadavg_start']} -> {m['loadavg_end']}; histogram counting: "
+          f"{m.get('histogram_counting', '?')}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0

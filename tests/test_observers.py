@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import os
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -10,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 
+from onnxq import observers
 from onnxq.errors import CalibrationDataError, ConfigError
 from onnxq.observers import (
     BINS,
@@ -124,6 +129,32 @@ def test_all_zero_tensor_gives_positive_scale_and_a_note(symmetric, method):
 
 
 # ------------------------------------------------------------------ statistics
+NATIVE = observers._native  # the compiled histogram update, when it was built at install
+needs_native = pytest.mark.skipif(
+    NATIVE is None, reason="onnxq._histogram is not built (no C compiler at install, or "
+    "ONNXQ_NO_NATIVE=1): only the numpy path can be tested")
+
+
+@contextlib.contextmanager
+def histogram_path(path: str):
+    """Count histograms with the compiled update (``native``) or with numpy."""
+    saved = observers._native
+    observers._native = NATIVE if path == "native" else None
+    try:
+        yield
+    finally:
+        observers._native = saved
+
+
+@pytest.fixture(params=["native", "numpy"])
+def both_paths(request):
+    """Run a test once per histogram path (native skipped where it is not built)."""
+    if request.param == "native" and NATIVE is None:
+        pytest.skip("onnxq._histogram is not built")
+    with histogram_path(request.param):
+        yield request.param
+
+
 def observe(name: str, chunks) -> TensorStats:
     stats = TensorStats(name)
     for chunk in chunks:
@@ -158,6 +189,7 @@ def test_merge_with_an_empty_shard_is_the_identity():
     assert_same_stats(TensorStats("t").merge(observe("t", [x])), stats)
 
 
+@pytest.mark.usefixtures("both_paths")
 def test_bin_index_is_exact_when_the_range_grows():
     # 3.062495 * 16 = 48.99992 lies in bin 2048 + 48 of the [-128, 128] histogram; adding 2048
     # in float32 rounds it up to 2097 when both values arrive in one batch.
@@ -171,6 +203,7 @@ def test_bin_index_is_exact_when_the_range_grows():
     assert_same_stats(one_batch, merged)
 
 
+@pytest.mark.usefixtures("both_paths")
 def test_a_value_equal_to_the_range_keeps_its_bin_when_the_range_grows():
     # 1.0 is exactly R for the first batch: it is clipped into the top bin of [-1, 1], which
     # merges into bin 3071 of [-2, 2]; seen together with 2.0 it lands in bin 3072.
@@ -209,6 +242,7 @@ def test_batching_invariance_on_gaussian_data_with_outliers(seed):
         assert a.scale == b.scale, method
 
 
+@pytest.mark.usefixtures("both_paths")
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_nan_or_inf_raises_calibration_data_error(bad):
     stats = TensorStats("act")
@@ -219,6 +253,67 @@ def test_nan_or_inf_raises_calibration_data_error(bad):
     assert stats.count == 0
 
 
+# the values the two histogram paths must bin alike: both signs, exact zeros and -0, values
+# that underflow when scaled, and magnitudes up to 1e6 (a scale below 1, double precision)
+edgy = st.one_of(finite, st.sampled_from([0.0, -0.0, 1e-30, -1e-30, 2.0**-140, -(2.0**-149),
+                                          1e6, -1e6, 2047.9, 4096.0]))
+
+
+@needs_native
+@SETTINGS
+@given(st.lists(hnp.arrays(np.float32, st.tuples(st.integers(1, 4), st.integers(1, 300)),
+                           elements=edgy), min_size=1, max_size=4),
+       st.sampled_from([1, 2, 3, 7, 64]), st.booleans())
+def test_native_and_numpy_histograms_are_identical(batches, stride, nonnegative):
+    if nonnegative:
+        batches = [np.abs(b) for b in batches]
+    paths = {}
+    for path in ("native", "numpy"):
+        with histogram_path(path):
+            stats = TensorStats("t", nonnegative=nonnegative)
+            for b in batches:
+                stats.update(b, stride=stride)
+            paths[path] = stats
+    assert_same_stats(paths["native"], paths["numpy"])
+
+
+@needs_native
+def test_native_count_checks_its_arguments_and_counts_nothing_on_error():
+    counts = np.zeros(8, np.int64)
+    x = np.array([[0.5, -0.5, 1.5]], np.float32)
+    NATIVE.count(x, 1, 1, 2.0, 4, counts)  # bins floor(2v) + 4
+    assert counts.tolist() == [0, 0, 0, 1, 0, 1, 0, 1]
+    NATIVE.count(x, 1, 2, 2.0, 4, counts)  # every 2nd value: 0.5 and 1.5
+    assert counts.tolist() == [0, 0, 0, 1, 0, 2, 0, 2]
+    before = counts.copy()
+    for bad in (np.float32(9.0), np.float32(np.nan)):
+        with pytest.raises(ValueError, match="outside the histogram"):
+            NATIVE.count(np.array([[0.5, bad]], np.float32), 1, 1, 2.0, 4, counts)
+    np.testing.assert_array_equal(counts, before)
+    with pytest.raises(TypeError, match="float32 values and int64 counts"):
+        NATIVE.count(x.astype(np.float64), 1, 1, 2.0, 4, counts)
+    with pytest.raises(TypeError, match="float32 values and int64 counts"):
+        NATIVE.count(x, 1, 1, 2.0, 4, counts.astype(np.int32))
+    with pytest.raises(ValueError, match="rows must divide"):
+        NATIVE.count(x, 2, 1, 2.0, 4, counts)
+    with pytest.raises(ValueError, match="must be positive"):
+        NATIVE.count(x, 1, 0, 2.0, 4, counts)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        NATIVE.count(x, 1, 1, 2.0, 4, np.zeros(8, np.int64)[::-1])  # not contiguous
+
+
+def test_the_native_update_is_built_where_ci_requires_it(monkeypatch):
+    # CI sets ONNXQ_REQUIRE_NATIVE=1: there a missing build is a failure, not a quiet fallback
+    if os.environ.get("ONNXQ_REQUIRE_NATIVE") == "1":
+        assert NATIVE is not None, "onnxq._histogram was not built: is a C compiler installed?"
+    monkeypatch.setenv("ONNXQ_NO_NATIVE", "1")
+    assert observers._load_native() is None
+    monkeypatch.setenv("ONNXQ_NO_NATIVE", "0")
+    built = importlib.util.find_spec("onnxq._histogram") is not None
+    assert (observers._load_native() is not None) == built
+
+
+@pytest.mark.usefixtures("both_paths")
 def test_update_ignores_empty_arrays_and_accepts_float64():
     stats = TensorStats("t")
     stats.update(np.zeros((0, 4), np.float32))
@@ -228,6 +323,7 @@ def test_update_ignores_empty_arrays_and_accepts_float64():
     assert stats.counts.sum() == 2 and stats.counts.size == BINS
 
 
+@pytest.mark.usefixtures("both_paths")
 def test_range_is_the_smallest_power_of_two_strictly_above_the_largest_magnitude():
     stats = observe("t", [[0.3], [-5.0], [2.0]])
     assert stats.range == 8.0
@@ -378,6 +474,7 @@ def test_blocked_weight_mse_search_equals_the_whole_tensor_search(shape):
         np.testing.assert_array_equal(_mse_weight_range(rows, amax, 127, block=block), best)
 
 
+@pytest.mark.usefixtures("both_paths")
 def test_tiny_negative_values_keep_their_bin_when_the_range_is_large():
     # at R = 8192, -3e-45 * (4096 / 2R) underflows to -0 in float32 (bin above zero); alone,
     # at R = 2^-24, it lands below zero: the large-range product must not lose its sign
@@ -424,6 +521,7 @@ def test_channel_peaks_are_exact_merge_across_shards_and_survive_json():
     assert left.merge(plain).channel_amax is None
 
 
+@pytest.mark.usefixtures("both_paths")
 @pytest.mark.parametrize("channels", [False, True])
 @pytest.mark.parametrize("stride", [1, 3])
 def test_a_nonnegative_tensor_reads_only_maxima_and_bins_like_a_signed_one(channels, stride):
