@@ -10,6 +10,7 @@ import pytest
 from onnxq import ir
 from onnxq.calibrate import (
     MIN_SAMPLE_SHARE,
+    _OutputBuffers,
     _peaks_plan,
     _stride,
     calibrate,
@@ -55,6 +56,47 @@ def test_statistics_equal_the_tensors_values():
         assert stats.min == float(values.min()) and stats.max == float(values.max())
     assert result.stats["skip"].counts.sum() == ref["skip"].size
     assert result.stats["conv2_out"].counts.sum() == 0  # no histogram asked
+
+
+def _aliasing_model() -> onnx.ModelProto:
+    """Outputs: a computed tensor, the graph input itself, an Identity of it, and the count
+    of positive values' positions (NonZero: its shape depends on the data)."""
+    h, T = onnx.helper, onnx.TensorProto
+    nodes = [h.make_node("Identity", ["x"], ["xi"]), h.make_node("Relu", ["xi"], ["r"]),
+             h.make_node("Neg", ["r"], ["y"]), h.make_node("NonZero", ["r"], ["nz"])]
+    outputs = [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("y", "x", "xi")]
+    outputs.append(h.make_tensor_value_info("nz", T.INT64, None))
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["n", 3])],
+                         outputs)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("with_nonzero", [False, True])
+def test_output_buffers_give_the_plain_runs_values(with_nonzero):
+    model = _aliasing_model()
+    names = ["y", "x", "xi"] + (["nz"] if with_nonzero else [])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    buffers = _OutputBuffers(session, names)
+    r = np.random.default_rng(0)
+    shapes = [(2, 3), (2, 3), (2, 3), (5, 3), (2, 3), (2, 3)]  # one batch of another shape
+    previous: list[np.ndarray] = []
+    for index, shape in enumerate(shapes):
+        x = r.standard_normal(shape).astype(np.float32)
+        got = buffers.run({"x": x}, index)
+        want = session.run(names, {"x": x})
+        for name, g, w in zip(names, got, want, strict=True):
+            np.testing.assert_array_equal(g, w, err_msg=f"batch {index}, {name}")
+        assert all(g is not p for g in got for p in previous)  # the last batch's are intact
+        # nothing aliases the input, which the caller drops before the statistics are taken
+        assert not any(np.shares_memory(g, x) for g in got)
+        previous = got
+    if with_nonzero:  # NonZero's shape changes with the data: bound buffers were given up
+        assert not buffers._bound
+    else:  # the buffers were used, but the graph input comes back as onnxruntime's own value
+        assert buffers._bound
+        assert got[0] is buffers._sets[1][0] and got[1] is not buffers._sets[1][1]
 
 
 def test_max_batches_and_held_batches():
