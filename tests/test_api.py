@@ -20,6 +20,7 @@ from onnxq.errors import (
     OutputError,
     UnsupportedModelError,
 )
+from onnxq.observers import METHODS
 from tests import graphs
 
 
@@ -582,3 +583,30 @@ def test_an_output_lost_on_most_samples_gets_a_warning_though_the_whole_agrees(m
     assert "cosine 0.962 over all held samples together, but at 0.476 per sample" in warning
     assert "worst -0.502" in warning
     assert "per sample 0.476000 on average (worst -0.502000)" in report.summary()
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_calibrates_differently_shaped_batches(method):
+    # a detector-like model with dynamic H/W, fed batches of four shapes
+    r = graphs.rng(4)
+    nodes = [onnx.helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1",
+                                   pads=[1] * 4),
+             onnx.helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+             onnx.helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], name="conv2",
+                                   pads=[1] * 4)]
+    model = graphs.model(nodes, [graphs.tensor("x", ["N", 16, "H", "W"])],
+                         [graphs.tensor("y", ["N", 32, "H", "W"])],
+                         [graphs.init("w1", graphs.weight(r, 32, 16, 3, 3)),
+                          graphs.init("b1", graphs.weight(r, 32)),
+                          graphs.init("w2", graphs.weight(r, 32, 32, 3, 3)),
+                          graphs.init("b2", graphs.weight(r, 32))])
+    shapes = [(1, 16, 32, 32), (1, 16, 48, 24), (2, 16, 16, 40), (1, 16, 32, 32)] * 4
+    batches = [{"x": r.standard_normal(s).astype(np.float32)} for s in shapes]
+    result = onnxq.quantize(model, batches, method=method, progress=False)
+    assert check(result.model, PROFILES["tensorrt"]) == []
+    activations = [p for p in result.report.placed if p.kind == "activation"]
+    assert {p.tensor for p in activations} == {"x", "r1"}  # both convs' inputs
+    for p in activations:  # auto and robust_minmax add their choice ("auto:mse"); auto means
+        # the profile's head method for a graph output's reader (r1 here)
+        assert p.qparams.method.split(":")[0] == method or method == "auto", p.qparams.method
+        assert float(p.qparams.scale) > 0

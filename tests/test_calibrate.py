@@ -198,6 +198,55 @@ def batched_conv(channels: int = 16, size: int = 12) -> onnx.ModelProto:
          graphs.init("b", graphs.weight(r, channels))])
 
 
+def dynamic_hw_conv(channels: int = 8) -> onnx.ModelProto:
+    """x[N, 3, H, W] -> Conv -> Relu -> Conv -> y: a detector-like dynamic H/W."""
+    r = graphs.rng(9)
+    nodes = [
+        onnx.helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1] * 4),
+        onnx.helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+        onnx.helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], name="conv2", pads=[1] * 4),
+    ]
+    return graphs.model(
+        nodes, [graphs.tensor("x", ["N", 3, "H", "W"])],
+        [graphs.tensor("y", ["N", channels, "H", "W"])],
+        [graphs.init("w1", graphs.weight(r, channels, 3, 3, 3)),
+         graphs.init("b1", graphs.weight(r, channels)),
+         graphs.init("w2", graphs.weight(r, channels, channels, 3, 3)),
+         graphs.init("b2", graphs.weight(r, channels))])
+
+
+def test_differently_shaped_batches_give_the_statistics_of_their_values():
+    # dynamic H/W: shapes that change, come back and alternate (the bound output buffers
+    # are used only for batches shaped like the first; the others run unbound)
+    model, inputs = prepared(dynamic_hw_conv())
+    r = graphs.rng(3)
+    shapes = [(1, 3, 16, 16), (1, 3, 24, 20), (1, 3, 16, 16), (2, 3, 8, 32), (1, 3, 16, 16),
+              (1, 3, 16, 16), (1, 3, 24, 20), (1, 3, 16, 16)]
+    batches = [{"x": r.standard_normal(shape).astype(np.float32)} for shape in shapes]
+    names = ["x", "c1", "r1", "y"]
+    got = calibrate(model, dict.fromkeys(names, True), batches, inputs, histogram_sample=0,
+                    progress=False).stats
+    session = ort.InferenceSession(exposing_model(model, names),
+                                   providers=["CPUExecutionProvider"])
+    want = {name: TensorStats(name) for name in names}
+    for batch in batches:
+        for name, value in zip(names, session.run(names, batch), strict=True):
+            want[name].update(value)
+    for name in names:
+        assert (got[name].count, got[name].min, got[name].max, got[name].range) == (
+            want[name].count, want[name].min, want[name].max, want[name].range), name
+        np.testing.assert_array_equal(got[name].counts, want[name].counts, err_msg=name)
+
+
+def exposing_model(model: onnx.ModelProto, names: list[str]) -> bytes:
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    del exposed.graph.output[:]
+    exposed.graph.output.extend(
+        onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names)
+    return exposed.SerializeToString()
+
+
 @pytest.mark.parametrize("histogram", [True, False])
 def test_a_single_nan_anywhere_is_found(histogram):
     # one NaN in the middle of a tensor (not its first value) is found too
