@@ -375,8 +375,9 @@ class _OutputBuffers:
     first batches.  Where onnxruntime answers with a value of its own rather than the bound
     buffer, that value is used.
 
-    Batch i's outputs go to set i % 2, which is free again: the statistics of batch i-2 are
-    done before batch i runs (``_BatchWork.finish`` comes first).  The first batch runs
+    The k-th bound run writes set k % 2, which is free again: the batch that used it before
+    is at least two batches back, and a batch's statistics are done (``_BatchWork.finish``)
+    before the batch after it runs.  The first batch runs
     unbound and gives the outputs' shapes and types; a batch whose inputs differ in shape or
     type from the first runs unbound, and so does every batch once onnxruntime refuses the
     bound buffers (an output whose shape depends on the data, say).
@@ -424,9 +425,8 @@ class _OutputBuffers:
             return run_batch(self._session, self._names, batch, index)
         self._turn += 1
         # onnxruntime may answer with a value of its own instead of filling the buffer (a
-        # graph input exposed as an output comes back as the input itself)
-        # (copied: such a value can alias an input array that the caller drops before the
-        # statistics are taken)
+        # graph input exposed as an output comes back as the input itself); it is copied, as
+        # it can alias an input array that the caller drops before the statistics are taken
         return [buffer if result.data_ptr() == buffer.ctypes.data else np.array(result.numpy())
                 for buffer, result in zip(out, results, strict=True)]
 
