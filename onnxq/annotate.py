@@ -373,29 +373,28 @@ def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
             float_nodes[d.node] = (
                 f"its inputs' ranges differ {max(ranges) / min(ranges):.0f}x (> {concat_ratio:g}x);"
                 " one shared scale would crush the small ones, so it stays float")
-    for d in annotations.decisions:
-        tensor = grouped.get(d.node)
-        if not d.quantized or tensor is None or tensor not in stats:
-            continue
-        weak = stats[tensor].weak_channels(WEAK_SHARE)
-        if weak is not None and weak[0] > weak_fraction * weak[1]:
-            float_nodes[d.node] = (
-                f"{weak[0]} of its input's {weak[1]} channels peak below 1/"
-                f"{round(1 / WEAK_SHARE)} of the tensor's peak (> weak_channel_fraction="
-                f"{weak_fraction:g}): one per-tensor int8 scale leaves them under 8 levels, and "
-                "each feeds its own outputs alone; the grouped conv stays float")
-    for d in annotations.decisions:
-        tensor = (positions or {}).get(d.node)
-        if not d.quantized or tensor is None or tensor not in stats:
-            continue
-        weak = stats[tensor].weak_positions(WEAK_SHARE)
-        if weak is not None and weak[0] > config.weak_position_fraction * weak[1]:
-            float_nodes[d.node] = (
-                f"{weak[0]} of its input's {weak[1]} positions (frames) peak below 1/"
-                f"{round(1 / WEAK_SHARE)} of the tensor's peak (> weak_position_fraction="
-                f"{config.weak_position_fraction:g}): one int8 scale leaves them under 8 "
-                "levels, and the LayerNormalization after it scales each position to the same "
-                "size, noise included; the conv stays float")
+    # the two weak-share rules: (node -> its input, the count of weak parts, the fraction
+    # allowed, its option, what the parts are, why the node stays float)
+    weak_rules = (
+        (grouped, TensorStats.weak_channels, weak_fraction, "weak_channel_fraction",
+         "channels", "one per-tensor int8 scale leaves them under 8 levels, and each feeds its "
+         "own outputs alone; the grouped conv stays float"),
+        (positions or {}, TensorStats.weak_positions, config.weak_position_fraction,
+         "weak_position_fraction", "positions (frames)", "one int8 scale leaves them under 8 "
+         "levels, and the LayerNormalization after it scales each position to the same size, "
+         "noise included; the conv stays float"),
+    )
+    for inputs, weak_parts, fraction, option, parts, why in weak_rules:
+        for d in annotations.decisions:
+            tensor = inputs.get(d.node)
+            if not d.quantized or tensor is None or tensor not in stats:
+                continue
+            weak = weak_parts(stats[tensor], WEAK_SHARE)
+            if weak is not None and weak[0] > fraction * weak[1]:
+                float_nodes[d.node] = (
+                    f"{weak[0]} of its input's {weak[1]} {parts} peak below 1/"
+                    f"{round(1 / WEAK_SHARE)} of the tensor's peak (> {option}={fraction:g}): "
+                    f"{why}")
     return float_tensors, float_nodes
 
 

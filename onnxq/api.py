@@ -554,7 +554,7 @@ def _validate(model: onnx.ModelProto, reference: list[dict[str, Any]] | None,
                 "error cover the values finite in both models")
         if out.compared.startswith(SHAPE_CHANGED):
             report.warnings.append(
-                f"output {out.name!r}: {out.compared[len('not compared: '):]} on the held "
+                f"output {out.name!r}: {out.compared.removeprefix('not compared: ')} on the held "
                 "batches: the quantized model computes a different shape (a length rounded "
                 "from activations, as a TTS duration predictor does, or a random draw); keep "
                 "the ops that decide it float (--exclude), and check the output on your metric")
