@@ -1,8 +1,8 @@
 """onnxq: post-training INT8 quantization of ONNX models to Q/DQ format.
 
-    >>> import onnxq
-    >>> result = onnxq.quantize("model.onnx", "calib/", backend="tensorrt")  # doctest: +SKIP
-    >>> result.save("model.int8.onnx")                                       # doctest: +SKIP
+>>> import onnxq
+>>> result = onnxq.quantize("model.onnx", "calib/", backend="tensorrt")  # doctest: +SKIP
+>>> result.save("model.int8.onnx")                                       # doctest: +SKIP
 """
 
 from onnxq.errors import (
@@ -25,8 +25,21 @@ from onnxq.config import Override, QuantConfig
 from onnxq.torch_export import module_pattern, quantize_torch  # imports torch only when called
 
 __all__ = [
-    "AccuracyError", "BackendConstraintError", "CalibrationDataError", "ConfigError",
-    "InternalError", "ModelLoadError", "OnnxqError", "OutputError", "Override", "QuantConfig",
-    "QuantizedModel", "UnsupportedModelError", "Violation", "__version__", "module_pattern",
-    "quantize", "quantize_torch",
+    "AccuracyError",
+    "BackendConstraintError",
+    "CalibrationDataError",
+    "ConfigError",
+    "InternalError",
+    "ModelLoadError",
+    "OnnxqError",
+    "OutputError",
+    "Override",
+    "QuantConfig",
+    "QuantizedModel",
+    "UnsupportedModelError",
+    "Violation",
+    "__version__",
+    "module_pattern",
+    "quantize",
+    "quantize_torch",
 ]

@@ -60,29 +60,44 @@ class _Acc:
         self.diff += float((a64 - b64) @ (a64 - b64))
 
 
-def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
-            batches: Iterable[Batch], max_batches: int = 16,
-            fused: bool = False) -> list[LayerError]:
+def analyze(
+    float_model: onnx.ModelProto,
+    quant_model: onnx.ModelProto,
+    batches: Iterable[Batch],
+    max_batches: int = 16,
+    fused: bool = False,
+) -> list[LayerError]:
     """Per-tensor error over up to ``max_batches`` batches (quantized model unfused by default:
     the Q/DQ graph's own arithmetic)."""
     float_model, quant_model = (ir.infer_shapes(_copy(m)) for m in (float_model, quant_model))
     fg, qg = ir.Graph(float_model), ir.Graph(quant_model)
     _same_inputs(model_inputs(fg), model_inputs(qg))
     drawn = _random_draws(fg)
-    shared = [n.output[0] for n in fg.nodes
-              if n.output and n.output[0] in qg.producer
-              and fg.elem_type(n.output[0]) in (None, onnx.TensorProto.FLOAT)
-              and n.op_type != "Constant" and n.output[0] not in fg.subgraph_reads
-              and n.output[0] not in drawn]
+    shared = [
+        n.output[0]
+        for n in fg.nodes
+        if n.output
+        and n.output[0] in qg.producer
+        and fg.elem_type(n.output[0]) in (None, onnx.TensorProto.FLOAT)
+        and n.op_type != "Constant"
+        and n.output[0] not in fg.subgraph_reads
+        and n.output[0] not in drawn
+    ]
     if not shared:
-        if any(fg.elem_type(n.output[0]) in (None, onnx.TensorProto.FLOAT)
-               for n in fg.nodes if n.output and n.op_type != "Constant"):
+        if any(
+            fg.elem_type(n.output[0]) in (None, onnx.TensorProto.FLOAT)
+            for n in fg.nodes
+            if n.output and n.op_type != "Constant"
+        ):
             raise UnsupportedModelError(
                 "no float tensor of the float model has a namesake in the quantized model, so "
-                "nothing can be compared: give the float model the quantized one was made from")
+                "nothing can be compared: give the float model the quantized one was made from"
+            )
         return []
-    sessions = (augmented_session(float_model, fg, shared),
-                augmented_session(quant_model, qg, shared, optimize=fused))
+    sessions = (
+        augmented_session(float_model, fg, shared),
+        augmented_session(quant_model, qg, shared, optimize=fused),
+    )
     inputs = model_inputs(fg)
     acc = {t: _Acc() for t in shared}
     seen = 0
@@ -90,8 +105,10 @@ def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
         if index >= max_batches:
             break
         batch = check_batch(raw, inputs, index)
-        ref, got = (run_batch(s, shared, batch, index, what)
-                    for s, what in zip(sessions, ("float", "quantized"), strict=True))
+        ref, got = (
+            run_batch(s, shared, batch, index, what)
+            for s, what in zip(sessions, ("float", "quantized"), strict=True)
+        )
         for name, a, b in zip(shared, ref, got, strict=True):
             if a.shape != b.shape:
                 # quantization never changes a tensor's shape: these are different models
@@ -99,7 +116,8 @@ def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
                     f"tensor {name!r} has shape {list(a.shape)} in the float model but "
                     f"{list(b.shape)} in the quantized one (batch {index}): the quantized "
                     "model is not a quantization of this float model; give the float model "
-                    "it was made from")
+                    "it was made from"
+                )
             if a.dtype.kind == "f" and b.dtype.kind == "f":
                 acc[name].add(a, b)
         seen += 1
@@ -108,12 +126,16 @@ def analyze(float_model: onnx.ModelProto, quant_model: onnx.ModelProto,
     out = []
     for name in shared:
         sums = acc[name]
-        cos = (sums.dot / math.sqrt(sums.ref * sums.got) if sums.ref > 0 and sums.got > 0
-               else float(sums.diff == 0))
+        cos = (
+            sums.dot / math.sqrt(sums.ref * sums.got)
+            if sums.ref > 0 and sums.got > 0
+            else float(sums.diff == 0)
+        )
         rel = math.sqrt(sums.diff / sums.ref) if sums.ref > 0 else math.sqrt(sums.diff)
         node = fg.producer[name]
-        out.append(LayerError(name, node.name, node.op_type, round(cos, 6), round(rel, 6),
-                              sums.mismatches))
+        out.append(
+            LayerError(name, node.name, node.op_type, round(cos, 6), round(rel, 6), sums.mismatches)
+        )
     return out
 
 
@@ -137,13 +159,15 @@ def _same_inputs(want: list[InputSpec], have: list[InputSpec]) -> None:
     mine = {spec.name: spec.dtype for spec in want}
     theirs = {spec.name: spec.dtype for spec in have}
     if mine != theirs:
+
         def show(specs: dict[str, np.dtype]) -> str:  # type: ignore[type-arg]
             return ", ".join(f"{n} ({d})" for n, d in sorted(specs.items())) or "none"
 
         raise UnsupportedModelError(
             f"the quantized model's inputs [{show(theirs)}] are not the float model's "
             f"[{show(mine)}]: it is not a quantization of this float model; give the float "
-            "model it was made from")
+            "model it was made from"
+        )
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -159,11 +183,15 @@ def write_analysis(path: str | Path, layers: list[LayerError]) -> None:
         rows = "".join(
             f"<tr><td>{html.escape(x.tensor)}</td><td>{html.escape(x.op_type)}</td>"
             f"<td>{x.cosine:.6f}</td><td>{x.relative_error:.4g}</td>"
-            f"<td>{x.nonfinite_mismatches}</td></tr>" for x in layers)
-        text = ("<!doctype html><meta charset='utf-8'><title>onnxq analyze</title>"
-                "<table border=1><tr><th>tensor</th><th>op</th><th>cosine</th>"
-                "<th>relative error</th><th>NaN/Inf mismatches</th></tr>"
-                f"{rows}</table>")
+            f"<td>{x.nonfinite_mismatches}</td></tr>"
+            for x in layers
+        )
+        text = (
+            "<!doctype html><meta charset='utf-8'><title>onnxq analyze</title>"
+            "<table border=1><tr><th>tensor</th><th>op</th><th>cosine</th>"
+            "<th>relative error</th><th>NaN/Inf mismatches</th></tr>"
+            f"{rows}</table>"
+        )
     else:
         text = json.dumps({"layers": [asdict(x) for x in layers]}, indent=1) + "\n"
     ir.atomic_write_bytes(p, text.encode("utf-8"))

@@ -68,17 +68,26 @@ class Annotations:
         return [t for t in self.tensors.values() if t.kind == kind]
 
 
-def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
-             float_tensors: dict[str, str] | None = None,
-             float_nodes: dict[str, str] | None = None) -> Annotations:
+def annotate(
+    graph: ir.Graph,
+    profile: BackendProfile,
+    config: QuantConfig,
+    float_tensors: dict[str, str] | None = None,
+    float_nodes: dict[str, str] | None = None,
+) -> Annotations:
     """Match ``profile``'s rule set over ``graph``'s top-level nodes.
 
     ``float_tensors`` and ``float_nodes`` (name -> reason) keep tensors/nodes float for reasons
     found in the calibration data (see :func:`range_exclusions`).
     """
-    ctx = Context(profile, config, graph, shape_path=shape_path(graph, profile),
-                  float_tensors=dict(float_tensors or {}),
-                  float_nodes={**precision_paths(graph), **(float_nodes or {})})
+    ctx = Context(
+        profile,
+        config,
+        graph,
+        shape_path=shape_path(graph, profile),
+        float_tensors=dict(float_tensors or {}),
+        float_nodes={**precision_paths(graph), **(float_nodes or {})},
+    )
     heads = head_nodes(graph) if profile.head_method else frozenset()
     scores = score_maps(graph) if profile.head_method else []
     rules = RULE_SETS[profile.rule_set]
@@ -87,9 +96,16 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
     fused_into: dict[str, str] = {}
     for node in graph.nodes:
         if node.name in ctx.claimed:
-            decisions.append(Decision(node.name, node.op_type, True, "fused",
-                                      f"folded into {fused_into.get(node.name, 'its producer')}"
-                                      "'s output quantization"))
+            decisions.append(
+                Decision(
+                    node.name,
+                    node.op_type,
+                    True,
+                    "fused",
+                    f"folded into {fused_into.get(node.name, 'its producer')}"
+                    "'s output quantization",
+                )
+            )
             continue
         reason = _precheck(node, ctx)
         if reason:
@@ -97,9 +113,15 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
             continue
         candidates = [r for r in rules if node.op_type in r.op_types]
         if not candidates:
-            decisions.append(Decision(
-                node.name, node.op_type, False, "",
-                f"no {profile.name} rule quantizes {node.op_type}: it stays float"))
+            decisions.append(
+                Decision(
+                    node.name,
+                    node.op_type,
+                    False,
+                    "",
+                    f"no {profile.name} rule quantizes {node.op_type}: it stays float",
+                )
+            )
             continue
         closest: tuple[str, str] | None = None
         before = set(ctx.claimed)
@@ -114,20 +136,33 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
                 ctx.claimed.intersection_update(before)
                 continue
             for spec in result:
-                _merge(tensors, spec, r.name, config, graph, profile.name,
-                       profile.activation_symmetric, profile.output_method)
+                _merge(
+                    tensors,
+                    spec,
+                    r.name,
+                    config,
+                    graph,
+                    profile.name,
+                    profile.activation_symmetric,
+                    profile.output_method,
+                )
                 head = tensors[spec.tensor]
-                if (profile.head_method and head.kind == "activation"
-                        and head.settings.method == "auto"
-                        and (scores or (not head.output
-                                        and any(n in heads for n, _ in head.consumers)))):
+                if (
+                    profile.head_method
+                    and head.kind == "activation"
+                    and head.settings.method == "auto"
+                    and (scores or (not head.output and any(n in heads for n, _ in head.consumers)))
+                ):
                     head.settings = replace(head.settings, method=profile.head_method)
                 ctx.quantized[spec.tensor] = tensors[spec.tensor].kind
             ctx.claimed.add(node.name)
             for extra in ctx.claimed - before - {node.name}:
                 fused_into[extra] = node.name
-            decisions.append(Decision(node.name, node.op_type, True, r.name,
-                                      tensors=tuple(s.tensor for s in result)))
+            decisions.append(
+                Decision(
+                    node.name, node.op_type, True, r.name, tensors=tuple(s.tensor for s in result)
+                )
+            )
             break
         else:
             assert closest is not None
@@ -136,17 +171,20 @@ def annotate(graph: ir.Graph, profile: BackendProfile, config: QuantConfig,
         if ann.kind == "activation":
             ann.bounds = saturation_bounds(graph, ann.tensor, ann.consumers)
     notes: list[str] = []
-    if scores and any(t.method == profile.head_method for t in tensors.values()
-                      if t.kind == "activation"):
+    if scores and any(
+        t.method == profile.head_method for t in tensors.values() if t.kind == "activation"
+    ):
         notes.append(
             f"output {', '.join(repr(o) for o in scores)} holds per-element sigmoid scores (a "
             f"detector's or a segmentation map's): 'auto' calibrates every activation with "
-            f"{profile.head_method}, which keeps the peaks such scores are read from")
+            f"{profile.head_method}, which keeps the peaks such scores are read from"
+        )
     return Annotations(tensors, decisions, notes)
 
 
-def saturation_bounds(graph: ir.Graph, tensor: str,
-                      consumers: list[tuple[str, int]]) -> tuple[float, float] | None:
+def saturation_bounds(
+    graph: ir.Graph, tensor: str, consumers: list[tuple[str, int]]
+) -> tuple[float, float] | None:
     """The (low, high) beyond which none of ``consumers``' outputs change any more, or None.
 
     Relu is constant below 0, Clip outside its constant bounds, HardSigmoid outside
@@ -175,8 +213,9 @@ SATURATION_BOUNDS: dict[str, tuple[float, float]] = {
 }
 
 
-def _reader_bounds(graph: ir.Graph, node: onnx.NodeProto, index: int,
-                   tensor: str) -> tuple[float, float] | None:
+def _reader_bounds(
+    graph: ir.Graph, node: onnx.NodeProto, index: int, tensor: str
+) -> tuple[float, float] | None:
     """Where one reader of ``tensor`` (at input ``index``) saturates."""
     if node.domain not in ir.DEFAULT_DOMAINS or (index != 0 and node.op_type != "Mul"):
         return None
@@ -208,21 +247,26 @@ def _precheck(node, ctx: Context) -> str | None:
     if excluded:
         return f"excluded by {excluded}"
     if ir.is_integer_op(node.op_type) or node.op_type in ir.QDQ_OPS:
-        return (f"{node.op_type} is already a quantized op (the model was quantized before): "
-                "onnxq leaves it as it is")
+        return (
+            f"{node.op_type} is already a quantized op (the model was quantized before): "
+            "onnxq leaves it as it is"
+        )
     if ir.has_subgraph(node):
-        return (f"{node.op_type} holds subgraphs; onnxq quantizes the top-level graph and "
-                "leaves control-flow bodies float")
+        return (
+            f"{node.op_type} holds subgraphs; onnxq quantizes the top-level graph and "
+            "leaves control-flow bodies float"
+        )
     if node.domain not in ir.DEFAULT_DOMAINS:
         kind = "ONNX-ML op" if node.domain == "ai.onnx.ml" else "custom-domain op"
         return f"{kind} ({node.domain}) stays float"
     if node.name in ctx.float_nodes:  # from the calibration data, or on a logarithm's path
         return ctx.float_nodes[node.name]
     if any(o in ctx.graph.subgraph_reads for o in node.output):
-        return ("its output is read inside a control-flow subgraph; Q/DQ next to such reads "
-                "makes onnxruntime's optimizer abort, so it stays float")
-    if node.op_type in ctx.profile.shape_ops or all(
-            t in ctx.shape_path for t in node.output if t):
+        return (
+            "its output is read inside a control-flow subgraph; Q/DQ next to such reads "
+            "makes onnxruntime's optimizer abort, so it stays float"
+        )
+    if node.op_type in ctx.profile.shape_ops or all(t in ctx.shape_path for t in node.output if t):
         if any(ctx.graph.elem_type(t) in FLOAT_TYPES for t in node.output if t):
             return SHAPE_ONLY_DATA + ": never quantized"
         return "shape/index computation: never quantized"
@@ -237,15 +281,24 @@ def _conflict(tensors: dict[str, TensorAnnotation], specs: list[Spec]) -> str | 
         if have.kind == "shared" and spec.kind == "activation":
             continue  # a reader of a shared tensor takes the shared qparams
         if have.kind != spec.kind or have.axis != spec.axis:
-            return (f"tensor {spec.tensor!r} is already quantized as {have.kind}"
-                    f"{'' if have.axis is None else f' (axis {have.axis})'} by "
-                    f"{', '.join(sorted(set(have.rules)))}; a second, different spec would clash")
+            return (
+                f"tensor {spec.tensor!r} is already quantized as {have.kind}"
+                f"{'' if have.axis is None else f' (axis {have.axis})'} by "
+                f"{', '.join(sorted(set(have.rules)))}; a second, different spec would clash"
+            )
     return None
 
 
-def _merge(tensors: dict[str, TensorAnnotation], spec: Spec, rule_name: str,
-           config: QuantConfig, graph: ir.Graph, profile_name: str = "",
-           symmetric_only: bool = False, output_method: str | None = None) -> None:
+def _merge(
+    tensors: dict[str, TensorAnnotation],
+    spec: Spec,
+    rule_name: str,
+    config: QuantConfig,
+    graph: ir.Graph,
+    profile_name: str = "",
+    symmetric_only: bool = False,
+    output_method: str | None = None,
+) -> None:
     entry = tensors.get(spec.tensor)
     if entry is None:
         entry = TensorAnnotation(spec.tensor, spec.kind, [], spec.axis, spec.inputs)
@@ -266,11 +319,18 @@ def _merge(tensors: dict[str, TensorAnnotation], spec: Spec, rule_name: str,
         raise ConfigError(
             f"an override makes tensor {spec.tensor!r} asymmetric, but the {profile_name} "
             "backend requires symmetric quantization (zero point 0); drop 'symmetric: false' "
-            "or use --backend onnxruntime")
+            "or use --backend onnxruntime"
+        )
 
 
-FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
-                         onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE})
+FLOAT_TYPES = frozenset(
+    {
+        onnx.TensorProto.FLOAT,
+        onnx.TensorProto.FLOAT16,
+        onnx.TensorProto.BFLOAT16,
+        onnx.TensorProto.DOUBLE,
+    }
+)
 
 
 def shape_path(graph: ir.Graph, profile: BackendProfile) -> set[str]:
@@ -287,21 +347,49 @@ def shape_path(graph: ir.Graph, profile: BackendProfile) -> set[str]:
     return path
 
 
-
-
 def grouped_conv_inputs(graph: ir.Graph) -> dict[str, str]:
     """Grouped (depthwise) Conv node name -> its activation input."""
-    return {n.name: n.input[0] for n in graph.nodes
-            if n.op_type == "Conv" and n.domain in ir.DEFAULT_DOMAINS and n.input
-            and int(ir.node_attrs(n).get("group", 1)) > 1}
+    return {
+        n.name: n.input[0]
+        for n in graph.nodes
+        if n.op_type == "Conv"
+        and n.domain in ir.DEFAULT_DOMAINS
+        and n.input
+        and int(ir.node_attrs(n).get("group", 1)) > 1
+    }
 
 
 # ops a per-position normalisation is reached through (a feature encoder's convs and GELUs,
 # the Transpose to channels-last): they keep a quiet position quiet
-_POSITION_PATH_OPS = frozenset({
-    "Conv", "Add", "Sub", "Mul", "Div", "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "Gelu",
-    "Pow", "Clip", "Neg", "Elu", "Selu", "Softplus", "HardSigmoid", "HardSwish", "Mish",
-    "Identity", "Transpose", "Reshape", "Squeeze", "Unsqueeze"})
+_POSITION_PATH_OPS = frozenset(
+    {
+        "Conv",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Erf",
+        "Tanh",
+        "Sigmoid",
+        "Relu",
+        "LeakyRelu",
+        "Gelu",
+        "Pow",
+        "Clip",
+        "Neg",
+        "Elu",
+        "Selu",
+        "Softplus",
+        "HardSigmoid",
+        "HardSwish",
+        "Mish",
+        "Identity",
+        "Transpose",
+        "Reshape",
+        "Squeeze",
+        "Unsqueeze",
+    }
+)
 
 
 def position_norm_convs(graph: ir.Graph) -> dict[str, str]:
@@ -313,26 +401,39 @@ def position_norm_convs(graph: ir.Graph) -> dict[str, str]:
     found: dict[str, str] = {}
 
     def step(_tensor: str, node: onnx.NodeProto | None) -> list[str]:
-        if (node is None or node.domain not in ir.DEFAULT_DOMAINS
-                or node.op_type not in _POSITION_PATH_OPS):
+        if (
+            node is None
+            or node.domain not in ir.DEFAULT_DOMAINS
+            or node.op_type not in _POSITION_PATH_OPS
+        ):
             return []
         if node.op_type == "Conv":
             weight = graph.shape(node.input[1]) if len(node.input) > 1 else None
             if weight is not None and len(weight) == 3:
                 found[node.name] = node.input[0]
         data_first = node.op_type == "Conv" or node.op_type in _DATA_FIRST_OPS
-        return [x for x in (node.input[:1] if data_first else node.input)
-                if x and not graph.is_const(x)]
+        return [
+            x for x in (node.input[:1] if data_first else node.input) if x and not graph.is_const(x)
+        ]
 
-    graph.walk_up([n.input[0] for n in graph.nodes
-                   if n.op_type == "LayerNormalization" and n.input and n.input[0]], step)
+    graph.walk_up(
+        [
+            n.input[0]
+            for n in graph.nodes
+            if n.op_type == "LayerNormalization" and n.input and n.input[0]
+        ],
+        step,
+    )
     return found
 
 
-def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
-                     config: QuantConfig, grouped: dict[str, str],
-                     positions: dict[str, str] | None = None,
-                     ) -> tuple[dict[str, str], dict[str, str]]:
+def range_exclusions(
+    annotations: Annotations,
+    stats: dict[str, TensorStats],
+    config: QuantConfig,
+    grouped: dict[str, str],
+    positions: dict[str, str] | None = None,
+) -> tuple[dict[str, str], dict[str, str]]:
     """Tensors and nodes to keep float because of what the calibration data showed.
 
     * a tensor whose magnitude reaches ``config.mask_threshold`` (an additive attention mask
@@ -361,28 +462,45 @@ def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
             float_tensors[ann.tensor] = (
                 f"tensor {ann.tensor!r} reaches |x| = {amax:.3g} (>= {max_abs:g}): a fill "
                 "value (an attention mask) or a range so wide that int8 would erase its "
-                "ordinary values, so it stays float")
+                "ordinary values, so it stays float"
+            )
     float_nodes: dict[str, str] = {}
     for d in annotations.decisions:
         if not d.quantized or d.rule != "concat":
             continue
-        ranges = [max(abs(stats[t].min), abs(stats[t].max)) for t in d.tensors
-                  if t in stats and stats[t].count]
+        ranges = [
+            max(abs(stats[t].min), abs(stats[t].max))
+            for t in d.tensors
+            if t in stats and stats[t].count
+        ]
         ranges = [r for r in ranges if r > 0]
         if len(ranges) >= 2 and max(ranges) / min(ranges) > concat_ratio:
             float_nodes[d.node] = (
                 f"its inputs' ranges differ {max(ranges) / min(ranges):.0f}x (> {concat_ratio:g}x);"
-                " one shared scale would crush the small ones, so it stays float")
+                " one shared scale would crush the small ones, so it stays float"
+            )
     # the two weak-share rules: (node -> its input, the count of weak parts, the fraction
     # allowed, its option, what the parts are, why the node stays float)
     weak_rules = (
-        (grouped, TensorStats.weak_channels, weak_fraction, "weak_channel_fraction",
-         "channels", "one per-tensor int8 scale leaves them under 8 levels, and each feeds its "
-         "own outputs alone; the grouped conv stays float"),
-        (positions or {}, TensorStats.weak_positions, config.weak_position_fraction,
-         "weak_position_fraction", "positions (frames)", "one int8 scale leaves them under 8 "
-         "levels, and the LayerNormalization after it scales each position to the same size, "
-         "noise included; the conv stays float"),
+        (
+            grouped,
+            TensorStats.weak_channels,
+            weak_fraction,
+            "weak_channel_fraction",
+            "channels",
+            "one per-tensor int8 scale leaves them under 8 levels, and each feeds its "
+            "own outputs alone; the grouped conv stays float",
+        ),
+        (
+            positions or {},
+            TensorStats.weak_positions,
+            config.weak_position_fraction,
+            "weak_position_fraction",
+            "positions (frames)",
+            "one int8 scale leaves them under 8 "
+            "levels, and the LayerNormalization after it scales each position to the same size, "
+            "noise included; the conv stays float",
+        ),
     )
     for inputs, weak_parts, fraction, option, parts, why in weak_rules:
         for d in annotations.decisions:
@@ -394,21 +512,45 @@ def range_exclusions(annotations: Annotations, stats: dict[str, TensorStats],
                 float_nodes[d.node] = (
                     f"{weak[0]} of its input's {weak[1]} {parts} peak below 1/"
                     f"{round(1 / WEAK_SHARE)} of the tensor's peak (> {option}={fraction:g}): "
-                    f"{why}")
+                    f"{why}"
+                )
     return float_tensors, float_nodes
 
 
 # ops a model's output is read through after its last weighted layer: they move, select or
 # squash values without mixing them (a binary op counts when its other input is a constant)
-_HEAD_PATH_OPS = frozenset({
-    "Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Concat", "Split",
-    "Slice", "Gather", "Sigmoid", "HardSigmoid", "Tanh", "Relu", "LeakyRelu", "Clip",
-    "Softmax", "LogSoftmax", "Add", "Sub", "Mul", "Div",
-    # interpolates neighbours of one channel: a score map upsampled to the input's size
-    "Resize"})
+_HEAD_PATH_OPS = frozenset(
+    {
+        "Identity",
+        "Reshape",
+        "Flatten",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Concat",
+        "Split",
+        "Slice",
+        "Gather",
+        "Sigmoid",
+        "HardSigmoid",
+        "Tanh",
+        "Relu",
+        "LeakyRelu",
+        "Clip",
+        "Softmax",
+        "LogSoftmax",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        # interpolates neighbours of one channel: a score map upsampled to the input's size
+        "Resize",
+    }
+)
 # head-path ops whose inputs after the first are shapes, indices, sizes or bounds
-_DATA_FIRST_OPS = frozenset({"Reshape", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze",
-                             "Clip", "Resize"})
+_DATA_FIRST_OPS = frozenset(
+    {"Reshape", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze", "Clip", "Resize"}
+)
 
 
 def _weighted(node: onnx.NodeProto) -> bool:
@@ -418,17 +560,64 @@ def _weighted(node: onnx.NodeProto) -> bool:
 # ops that carry a value's magnitude into a logarithm (or a tree's thresholds) without
 # squashing it: linear maps, products, powers and sums, reductions, floors (Clip/Max with an
 # epsilon), data movement
-_LOG_PATH_OPS = frozenset({
-    "Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "BatchNormalization", "Add", "Sub",
-    "Mul", "Div", "Neg", "Abs", "Pow", "Sqrt", "Max", "Min", "Clip", "Sum", "Mean",
-    "ReduceSum", "ReduceMean", "ReduceL1", "ReduceL2", "ReduceSumSquare", "AveragePool",
-    "GlobalAveragePool", "Identity", "Cast", "Reshape", "Flatten", "Transpose", "Squeeze",
-    "Unsqueeze", "Slice", "Split", "Gather", "Concat", "Pad", "Expand", "Tile"})
+_LOG_PATH_OPS = frozenset(
+    {
+        "Conv",
+        "ConvTranspose",
+        "Gemm",
+        "MatMul",
+        "Einsum",
+        "BatchNormalization",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Neg",
+        "Abs",
+        "Pow",
+        "Sqrt",
+        "Max",
+        "Min",
+        "Clip",
+        "Sum",
+        "Mean",
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceSumSquare",
+        "AveragePool",
+        "GlobalAveragePool",
+        "Identity",
+        "Cast",
+        "Reshape",
+        "Flatten",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Slice",
+        "Split",
+        "Gather",
+        "Concat",
+        "Pad",
+        "Expand",
+        "Tile",
+    }
+)
 # log-path ops whose inputs after the first are shapes, sizes, axes, bounds, statistics or
 # exponents
-_LOG_DATA_FIRST_OPS = _DATA_FIRST_OPS | {"Pad", "Expand", "Tile", "ReduceSum", "ReduceMean",
-                                         "ReduceL1", "ReduceL2", "ReduceSumSquare",
-                                         "BatchNormalization", "Pow"}
+_LOG_DATA_FIRST_OPS = _DATA_FIRST_OPS | {
+    "Pad",
+    "Expand",
+    "Tile",
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceSumSquare",
+    "BatchNormalization",
+    "Pow",
+}
 
 
 # ONNX-ML ops that compare their input features with learned split thresholds
@@ -453,13 +642,17 @@ def precision_paths(graph: ir.Graph) -> dict[str, str]:
         if not sink.input or not sink.input[0]:
             continue
         if sink.op_type == "Log" and sink.domain in ir.DEFAULT_DOMAINS:
-            why = (f"its output reaches the logarithm {sink.name!r} through linear, power and "
-                   "data-movement ops only: int8's uniform steps would erase the small values "
-                   "the logarithm spreads out, so it stays float")
+            why = (
+                f"its output reaches the logarithm {sink.name!r} through linear, power and "
+                "data-movement ops only: int8's uniform steps would erase the small values "
+                "the logarithm spreads out, so it stays float"
+            )
         elif sink.op_type in _TREE_OPS and sink.domain == "ai.onnx.ml":
-            why = (f"its output reaches the split thresholds of the tree ensemble {sink.name!r} "
-                   "through linear and data-movement ops only: a feature moved by one int8 "
-                   "step crosses thresholds and changes the trees' decisions, so it stays float")
+            why = (
+                f"its output reaches the split thresholds of the tree ensemble {sink.name!r} "
+                "through linear and data-movement ops only: a feature moved by one int8 "
+                "step crosses thresholds and changes the trees' decisions, so it stays float"
+            )
         else:
             continue
         path: list[str] = []
@@ -469,8 +662,9 @@ def precision_paths(graph: ir.Graph) -> dict[str, str]:
     return found
 
 
-def _log_path_step(graph: ir.Graph, path: list[str], _tensor: str,
-                   node: onnx.NodeProto | None) -> list[str]:
+def _log_path_step(
+    graph: ir.Graph, path: list[str], _tensor: str, node: onnx.NodeProto | None
+) -> list[str]:
     """Add ``node`` to ``path`` and give the tensors to walk on to, if it carries magnitudes."""
     if node is None or node.domain not in ir.DEFAULT_DOMAINS or node.op_type not in _LOG_PATH_OPS:
         return []
@@ -482,8 +676,7 @@ def _log_path_step(graph: ir.Graph, path: list[str], _tensor: str,
 def _head_path_step(graph: ir.Graph, node: onnx.NodeProto | None) -> list[str]:
     """The tensors a walk up from an output continues to through ``node`` (none at a
     weighted op, which ends a head path, or at an op that mixes values)."""
-    if (node is None or node.domain not in ir.DEFAULT_DOMAINS
-            or node.op_type not in _HEAD_PATH_OPS):
+    if node is None or node.domain not in ir.DEFAULT_DOMAINS or node.op_type not in _HEAD_PATH_OPS:
         return []  # a weighted op ends the path, an op not listed mixes values
     if node.op_type in _DATA_FIRST_OPS:
         return [node.input[0]] if node.input and node.input[0] else []
@@ -514,8 +707,11 @@ def score_maps(graph: ir.Graph) -> list[str]:
     and the ops of :func:`head_nodes`' paths: per-element scores a detector or a segmentation
     model thresholds, so their extremes decide.  Clipping any activation moved them on every
     such model measured (docs/benchmarks.md)."""
-    return [out for out in graph.graph_outputs
-            if len(graph.shape(out) or ()) >= 3 and _read_through_sigmoid(graph, out)]
+    return [
+        out
+        for out in graph.graph_outputs
+        if len(graph.shape(out) or ()) >= 3 and _read_through_sigmoid(graph, out)
+    ]
 
 
 def _read_through_sigmoid(graph: ir.Graph, output: str) -> bool:

@@ -66,9 +66,14 @@ class _Target:
     quantized_weight: np.ndarray  # dequantized W_q, exactly what materialize will store
 
 
-def correct_biases(model: onnx.ModelProto, annotations: Annotations, profile: BackendProfile,
-                   config: QuantConfig, data: Iterable[Batch], inputs: list[InputSpec],
-                   ) -> list[BiasCorrection]:
+def correct_biases(
+    model: onnx.ModelProto,
+    annotations: Annotations,
+    profile: BackendProfile,
+    config: QuantConfig,
+    data: Iterable[Batch],
+    inputs: list[InputSpec],
+) -> list[BiasCorrection]:
     """Subtract each quantized layer's mean output shift ``E[(W_q - W) x]``, measured on
     ``data``, from its float bias in ``model`` (edited in place); returns what was corrected.
 
@@ -91,21 +96,33 @@ def correct_biases(model: onnx.ModelProto, annotations: Annotations, profile: Ba
         corrected = bias.astype(np.float64) - applied.reshape(bias.shape)
         graph.set_initializer(target.bias, corrected.astype(bias.dtype))
         magnitudes = np.abs(applied[keep])
-        corrections.append(BiasCorrection(
-            target.node.name, target.bias, int(shift.size), int(keep.sum()),
-            float(magnitudes.max()), float(magnitudes.mean()),
-            float(np.abs(bias).max(initial=0.0))))
+        corrections.append(
+            BiasCorrection(
+                target.node.name,
+                target.bias,
+                int(shift.size),
+                int(keep.sum()),
+                float(magnitudes.max()),
+                float(magnitudes.mean()),
+                float(np.abs(bias).max(initial=0.0)),
+            )
+        )
     return corrections
 
 
 # --------------------------------------------------------------------------- targets
-def _targets(graph: ir.Graph, annotations: Annotations, profile: BackendProfile,
-             config: QuantConfig) -> list[_Target]:
+def _targets(
+    graph: ir.Graph, annotations: Annotations, profile: BackendProfile, config: QuantConfig
+) -> list[_Target]:
     """Quantized weighted layers whose bias is a float initializer of their own."""
     from onnxq.materialize import weight_qmax
 
-    weights = {node_name: ann for ann in annotations.of_kind("weight")
-               for node_name, index in ann.consumers if index == 1}
+    weights = {
+        node_name: ann
+        for ann in annotations.of_kind("weight")
+        for node_name, index in ann.consumers
+        if index == 1
+    }
     out = []
     for node in graph.nodes:
         if node.op_type not in CORRECTED_OPS or node.name not in weights:
@@ -129,8 +146,13 @@ def _bias_of(graph: ir.Graph, node: onnx.NodeProto) -> tuple[str, int, int, floa
     shape = graph.shape(node.output[0])
     if node.op_type == "MatMul":
         readers = graph.consumers.get(node.output[0], [])
-        if (shape is None or len(shape) < 2 or len(readers) != 1
-                or readers[0][0].op_type != "Add" or node.output[0] in graph.graph_outputs):
+        if (
+            shape is None
+            or len(shape) < 2
+            or len(readers) != 1
+            or readers[0][0].op_type != "Add"
+            or node.output[0] in graph.graph_outputs
+        ):
             return None
         add, index = readers[0]
         bias, rank, scale = add.input[1 - index], len(shape), 1.0
@@ -145,8 +167,13 @@ def _bias_of(graph: ir.Graph, node: onnx.NodeProto) -> tuple[str, int, int, floa
         bias, rank, scale = node.input[2], w.ndim, 1.0
     axis = rank - 1 if node.op_type == "MatMul" else 1
     value = graph.const_value(bias)
-    if (bias not in graph.initializers or value is None or value.dtype != np.float32
-            or len(graph.consumers.get(bias, [])) != 1 or value.ndim > rank):
+    if (
+        bias not in graph.initializers
+        or value is None
+        or value.dtype != np.float32
+        or len(graph.consumers.get(bias, [])) != 1
+        or value.ndim > rank
+    ):
         return None
     channels = shape[axis] if shape is not None and len(shape) == rank else None
     if isinstance(channels, int) and value.size != channels:
@@ -157,8 +184,10 @@ def _bias_of(graph: ir.Graph, node: onnx.NodeProto) -> tuple[str, int, int, floa
 
 
 # --------------------------------------------------------------------------- measuring
-def _probe_model(model: onnx.ModelProto, targets: list[_Target],
-                 ) -> tuple[onnx.ModelProto, list[tuple[str, str]]]:
+def _probe_model(
+    model: onnx.ModelProto,
+    targets: list[_Target],
+) -> tuple[onnx.ModelProto, list[tuple[str, str]]]:
     """A copy of ``model`` whose outputs are, per target, the per-channel mean of
     (twin with ``W_q`` - layer) over one batch and the number of values behind each mean."""
     probe = onnx.ModelProto()
@@ -168,37 +197,49 @@ def _probe_model(model: onnx.ModelProto, targets: list[_Target],
     outputs = []
     for t in targets:
         node = t.node
-        weight = graph.add_initializer(graph.unique_name(f"{node.input[1]}_quantized_twin"),
-                                       t.quantized_weight)
+        weight = graph.add_initializer(
+            graph.unique_name(f"{node.input[1]}_quantized_twin"), t.quantized_weight
+        )
         twin = graph.unique_name(f"{node.output[0]}_quantized_twin")
-        graph.add_node(node.op_type, [node.input[0], weight, *node.input[2:]], [twin],
-                       graph.unique_name(f"{node.name}_quantized_twin"), **ir.node_attrs(node))
+        graph.add_node(
+            node.op_type,
+            [node.input[0], weight, *node.input[2:]],
+            [twin],
+            graph.unique_name(f"{node.name}_quantized_twin"),
+            **ir.node_attrs(node),
+        )
         diff = graph.unique_name(f"{node.name}_weight_error")
         graph.add_node("Sub", [twin, node.output[0]], [diff], graph.unique_name(diff))
         mean = graph.unique_name(f"{node.name}_weight_error_mean")
         axes = [a for a in range(t.rank) if a != t.channel_axis]
         if opset >= 18:
-            axes_name = graph.add_initializer(graph.unique_name(f"{mean}_axes"),
-                                              np.asarray(axes, dtype=np.int64))
-            graph.add_node("ReduceMean", [diff, axes_name], [mean], graph.unique_name(mean),
-                           keepdims=0)
+            axes_name = graph.add_initializer(
+                graph.unique_name(f"{mean}_axes"), np.asarray(axes, dtype=np.int64)
+            )
+            graph.add_node(
+                "ReduceMean", [diff, axes_name], [mean], graph.unique_name(mean), keepdims=0
+            )
         else:
-            graph.add_node("ReduceMean", [diff], [mean], graph.unique_name(mean), axes=axes,
-                           keepdims=0)
+            graph.add_node(
+                "ReduceMean", [diff], [mean], graph.unique_name(mean), axes=axes, keepdims=0
+            )
         size = graph.unique_name(f"{node.name}_weight_error_size")
         graph.add_node("Size", [diff], [size], graph.unique_name(size))
         count = graph.unique_name(f"{node.name}_weight_error_count")
-        graph.add_node("Cast", [size], [count], graph.unique_name(count),
-                       to=onnx.TensorProto.FLOAT)
+        graph.add_node("Cast", [size], [count], graph.unique_name(count), to=onnx.TensorProto.FLOAT)
         outputs.append((mean, count))
     # the new nodes come after everything they read, so the order is already topological
     # (commit() would drop them: no graph output reads them until the session exposes them)
     return probe, outputs
 
 
-def _measure(probe: onnx.ModelProto, outputs: list[tuple[str, str]], data: Iterable[Batch],
-             inputs: list[InputSpec], max_batches: int | None,
-             ) -> list[tuple[np.ndarray, np.ndarray]]:
+def _measure(
+    probe: onnx.ModelProto,
+    outputs: list[tuple[str, str]],
+    data: Iterable[Batch],
+    inputs: list[InputSpec],
+    max_batches: int | None,
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per target: the mean shift per channel over all values seen, and which channels' shift
     exceeds :data:`MIN_SIGNIFICANCE` standard errors of the per-batch means."""
     from onnxq.calibrate import augmented_session
@@ -231,8 +272,9 @@ def _measure(probe: onnx.ModelProto, outputs: list[tuple[str, str]], data: Itera
     return out
 
 
-def _significant(shift: np.ndarray, sums: np.ndarray, squares: np.ndarray,
-                 batches: int) -> np.ndarray:
+def _significant(
+    shift: np.ndarray, sums: np.ndarray, squares: np.ndarray, batches: int
+) -> np.ndarray:
     """Channels whose shift exceeds the standard error of the per-batch means."""
     if batches < MIN_BATCHES:
         return np.zeros(shift.shape, dtype=bool)

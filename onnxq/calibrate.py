@@ -54,8 +54,12 @@ class CalibrationResult:
     samples: int = 0
 
 
-def make_session(model: onnx.ModelProto, optimize: bool = True, workdir: Path | None = None,
-                 spinning: bool = False):
+def make_session(
+    model: onnx.ModelProto,
+    optimize: bool = True,
+    workdir: Path | None = None,
+    spinning: bool = False,
+):
     """An onnxruntime CPU session for ``model`` (external data for huge models).
 
     ``spinning``: let idle onnxruntime threads spin; only when no other thread of ours needs
@@ -63,12 +67,17 @@ def make_session(model: onnx.ModelProto, optimize: bool = True, workdir: Path | 
     """
     import onnxruntime as ort
 
-    levels = ([ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-               # onnxruntime 1.31's layout optimizer can drop a tensor that calibration exposes
-               # as an output (a grouped Conv's output read by Add(conv, conv): "Failed to
-               # find node output"); the extended level keeps every value the same
-               ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED] if optimize
-              else [ort.GraphOptimizationLevel.ORT_DISABLE_ALL])
+    levels = (
+        [
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+            # onnxruntime 1.31's layout optimizer can drop a tensor that calibration exposes
+            # as an output (a grouped Conv's output read by Add(conv, conv): "Failed to
+            # find node output"); the extended level keeps every value the same
+            ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        ]
+        if optimize
+        else [ort.GraphOptimizationLevel.ORT_DISABLE_ALL]
+    )
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxq-")))
@@ -82,8 +91,7 @@ def make_session(model: onnx.ModelProto, optimize: bool = True, workdir: Path | 
             try:
                 # onnxruntime prints an "EP Error ... retrying" banner on stdout on failure
                 with contextlib.redirect_stdout(io.StringIO()):
-                    return ort.InferenceSession(payload, opts,
-                                                providers=["CPUExecutionProvider"])
+                    return ort.InferenceSession(payload, opts, providers=["CPUExecutionProvider"])
             except Exception as exc:  # the next level, or the error below
                 failure = exc
         raise UnsupportedModelError(
@@ -93,8 +101,9 @@ def make_session(model: onnx.ModelProto, optimize: bool = True, workdir: Path | 
 
 
 @contextlib.contextmanager
-def exposing(model: onnx.ModelProto, graph: ir.Graph,
-             names: list[str]) -> Iterator[onnx.ModelProto]:
+def exposing(
+    model: onnx.ModelProto, graph: ir.Graph, names: list[str]
+) -> Iterator[onnx.ModelProto]:
     """``model`` with exactly ``names`` as its outputs, for the duration of the block.
 
     The outputs are swapped in place and restored afterwards: copying the model would hold a
@@ -104,8 +113,13 @@ def exposing(model: onnx.ModelProto, graph: ir.Graph,
         yield aug
 
 
-def augmented_session(model: onnx.ModelProto, graph: ir.Graph, names: list[str],
-                      optimize: bool = True, spinning: bool = False) -> Any:
+def augmented_session(
+    model: onnx.ModelProto,
+    graph: ir.Graph,
+    names: list[str],
+    optimize: bool = True,
+    spinning: bool = False,
+) -> Any:
     """An onnxruntime session of ``model`` whose outputs are exactly ``names``."""
     with exposing(model, graph, names) as aug:
         return make_session(aug, optimize, spinning=spinning)
@@ -146,28 +160,51 @@ def calibrate(
     graph (a GlobalMaxPool) instead of exposing it whole.
     """
     graph = ir.Graph(model)
-    stats = {name: TensorStats(name, histogram=hist, channels=name in channels,
-                               positions=name in positions,
-                               nonnegative=graph.nonnegative(name))
-             for name, hist in tensors.items()}
+    stats = {
+        name: TensorStats(
+            name,
+            histogram=hist,
+            channels=name in channels,
+            positions=name in positions,
+            nonnegative=graph.nonnegative(name),
+        )
+        for name, hist in tensors.items()
+    }
     names = sorted(tensors)
     first = _first_batch(source, inputs)
     concrete = _concrete_shapes(model, graph, names, first)
     shapes = {name: concrete.get(name) or graph.shape(name) for name in names}
-    peaks = {name: plan for name in names
-             if not tensors[name] and name not in positions
-             and (plan := _peaks_plan(graph, name, concrete.get(name)))}
-    sizes = {name: 4 * peaks[name].channels if name in peaks else 4 * _numel(shapes[name])
-             for name in names}
-    share = sample_share(histogram_sample, histogram_budget,
-                         _samples_total(first, _total(source, max_batches), inputs))
+    peaks = {
+        name: plan
+        for name in names
+        if not tensors[name]
+        and name not in positions
+        and (plan := _peaks_plan(graph, name, concrete.get(name)))
+    }
+    sizes = {
+        name: 4 * peaks[name].channels if name in peaks else 4 * _numel(shapes[name])
+        for name in names
+    }
+    share = sample_share(
+        histogram_sample,
+        histogram_budget,
+        _samples_total(first, _total(source, max_batches), inputs),
+    )
     symbols = batch_symbols(graph)
     axes = {name: axis for name in names if (axis := batch_axis(graph.shape(name), symbols))}
-    strides = {name: _tensor_stride(shapes[name], share, axes.get(name, 0))
-               for name in names if tensors[name]}
-    budget_sampled = sum(stride != _tensor_stride(shapes[name], histogram_sample,
-                                                  axes.get(name, 0))
-                         for name, stride in strides.items()) if share != histogram_sample else 0
+    strides = {
+        name: _tensor_stride(shapes[name], share, axes.get(name, 0))
+        for name in names
+        if tensors[name]
+    }
+    budget_sampled = (
+        sum(
+            stride != _tensor_stride(shapes[name], histogram_sample, axes.get(name, 0))
+            for name, stride in strides.items()
+        )
+        if share != histogram_sample
+        else 0
+    )
     groups = _groups(names, sizes, memory_budget)
     if len(groups) > 1 and iter(source) is source:  # type: ignore[comparison-overlap]
         raise CalibrationDataError(
@@ -187,8 +224,7 @@ def calibrate(
         for gi, group in enumerate(groups):
             plans = [peaks[name] for name in group if name in peaks]
             exposed = [name for name in group if name not in peaks]
-            session = _peaks_session(model, graph, exposed, plans, workers == 0) \
-                if group else None
+            session = _peaks_session(model, graph, exposed, plans, workers == 0) if group else None
             outputs = exposed + ([ir.PEAKS_OUTPUT] if plans else [])
             starts = np.cumsum([0] + [plan.channels for plan in plans])  # in the joined output
             order = sorted(range(len(exposed)), key=lambda k: -sizes[exposed[k]])  # big first
@@ -196,8 +232,9 @@ def calibrate(
             seen = 0
             pending: _BatchWork | None = None
             buffers = _OutputBuffers(session, outputs) if session is not None else None
-            for index, raw in enumerate(_progress(_limit(source, max_batches), label, progress,
-                                                  _total(source, max_batches))):
+            for index, raw in enumerate(
+                _progress(_limit(source, max_batches), label, progress, _total(source, max_batches))
+            ):
                 batch = check_batch(raw, inputs, index)
                 if gi == 0 and len(held) < hold:
                     held.append(batch)
@@ -208,8 +245,10 @@ def calibrate(
                     outs = dict(zip(outputs, values, strict=True))
                     if pending is not None:
                         pending.finish()  # re-raises a NaN/Inf error of the previous batch
-                    pending = _BatchWork(_observe_tasks(stats, exposed, plans, starts, outs,
-                                                        strides, axes, index), order)
+                    pending = _BatchWork(
+                        _observe_tasks(stats, exposed, plans, starts, outs, strides, axes, index),
+                        order,
+                    )
                     pending.start(pool)
                 seen += 1
             if pending is not None:
@@ -223,7 +262,8 @@ def calibrate(
     if samples == 0:
         raise CalibrationDataError(
             f"the {seen} calibration batch(es) hold no samples (their inputs are empty along "
-            "the first axis); give batches with at least one sample")
+            "the first axis); give batches with at least one sample"
+        )
     return CalibrationResult(stats, seen, held, share, budget_sampled, samples)
 
 
@@ -256,8 +296,12 @@ def _batch_samples(batch: Batch, inputs: list[InputSpec] | None = None) -> int:
     for name, value in batch.items():
         if getattr(value, "ndim", 0) >= 2:
             shape = declared.get(name)
-            if (shape and len(shape) <= 3 and isinstance(shape[0], int)
-                    and any(not isinstance(d, int) for d in shape[1:])):
+            if (
+                shape
+                and len(shape) <= 3
+                and isinstance(shape[0], int)
+                and any(not isinstance(d, int) for d in shape[1:])
+            ):
                 return 1
             return int(value.shape[0])
     return 1
@@ -277,8 +321,9 @@ def sample_share(histogram_sample: int, budget: int, samples: int | None) -> int
     return min(histogram_sample, max(MIN_SAMPLE_SHARE, 1 << max(0, fair.bit_length() - 1)))
 
 
-def _samples_total(first: Batch | None, batches: int | None,
-                   inputs: list[InputSpec] | None = None) -> int | None:
+def _samples_total(
+    first: Batch | None, batches: int | None, inputs: list[InputSpec] | None = None
+) -> int | None:
     """Samples in the whole calibration, from the number of batches and the first batch's
     samples (:func:`_batch_samples`); None when either is unknown."""
     if first is None or not batches:
@@ -286,14 +331,13 @@ def _samples_total(first: Batch | None, batches: int | None,
     return batches * max(_batch_samples(first, inputs), 1)
 
 
-def _tensor_stride(shape: tuple[int | str | None, ...] | None, target: int,
-                   axis: int = 0) -> int:
+def _tensor_stride(shape: tuple[int | str | None, ...] | None, target: int, axis: int = 0) -> int:
     """The histogram stride of a tensor: 1 unless its concrete shape is known and a sample
     (everything but the batch ``axis``; all of it for rank <= 1) has more than ``target``."""
     if target <= 0 or shape is None or not all(isinstance(d, int) and d > 0 for d in shape):
         return 1
     dims = [int(d) for d in shape]  # type: ignore[arg-type]
-    per_sample = _numel(shape[:axis] + shape[axis + 1:] if len(shape) >= 2 else shape)
+    per_sample = _numel(shape[:axis] + shape[axis + 1 :] if len(shape) >= 2 else shape)
     return _stride(per_sample, dims, target)
 
 
@@ -349,8 +393,9 @@ def _executor(workers: int) -> Any:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="onnxq-stats")
 
 
-def run_batch(session: Any, names: list[str], batch: Batch, index: int,
-              what: str = "") -> list[np.ndarray]:
+def run_batch(
+    session: Any, names: list[str], batch: Batch, index: int, what: str = ""
+) -> list[np.ndarray]:
     """``session.run``, with onnxruntime's failure as a :class:`CalibrationDataError` that
     names the batch (and ``what`` model, when given)."""
     try:
@@ -393,8 +438,9 @@ class _OutputBuffers:
         self._bound = True
 
     def run(self, batch: Batch, index: int) -> list[np.ndarray]:
-        signature = tuple((name, tuple(value.shape), value.dtype.str)
-                          for name, value in sorted(batch.items()))
+        signature = tuple(
+            (name, tuple(value.shape), value.dtype.str) for name, value in sorted(batch.items())
+        )
         if self._signature is None:
             values = run_batch(self._session, self._names, batch, index)
             self._signature = signature
@@ -402,8 +448,9 @@ class _OutputBuffers:
                 import onnxruntime as ort
 
                 self._sets = [[np.empty_like(v) for v in values] for _ in range(2)]
-                self._values = [[ort.OrtValue.ortvalue_from_numpy(b) for b in bufs]
-                                for bufs in self._sets]
+                self._values = [
+                    [ort.OrtValue.ortvalue_from_numpy(b) for b in bufs] for bufs in self._sets
+                ]
             else:  # a sequence or map output: nothing to bind
                 self._bound = False
             return values
@@ -427,13 +474,22 @@ class _OutputBuffers:
         # onnxruntime may answer with a value of its own instead of filling the buffer (a
         # graph input exposed as an output comes back as the input itself); it is copied, as
         # it can alias an input array that the caller drops before the statistics are taken
-        return [buffer if result.data_ptr() == buffer.ctypes.data else np.array(result.numpy())
-                for buffer, result in zip(out, results, strict=True)]
+        return [
+            buffer if result.data_ptr() == buffer.ctypes.data else np.array(result.numpy())
+            for buffer, result in zip(out, results, strict=True)
+        ]
 
 
-def _observe_tasks(stats: dict[str, TensorStats], exposed: list[str], plans: list[_PeaksPlan],
-                   starts: np.ndarray, outs: dict[str, np.ndarray], strides: dict[str, int],
-                   axes: dict[str, int], index: int) -> list[Callable[[], None]]:
+def _observe_tasks(
+    stats: dict[str, TensorStats],
+    exposed: list[str],
+    plans: list[_PeaksPlan],
+    starts: np.ndarray,
+    outs: dict[str, np.ndarray],
+    strides: dict[str, int],
+    axes: dict[str, int],
+    index: int,
+) -> list[Callable[[], None]]:
     """One batch's observation as independent jobs: one per ``exposed`` tensor (whole), in
     ``exposed`` order, then one for every ``plans`` tensor at once (from the joined per-channel
     maxima, where plan k holds channels ``starts[k]:starts[k + 1]``).  Each job touches only
@@ -444,8 +500,10 @@ def _observe_tasks(stats: dict[str, TensorStats], exposed: list[str], plans: lis
         def job() -> None:
             value = outs[name]
             if np.issubdtype(value.dtype, np.floating):
-                stats[name].update(value, where=where, stride=strides.get(name, 1),
-                                   batch_axis=axes.get(name, 0))
+                stats[name].update(
+                    value, where=where, stride=strides.get(name, 1), batch_axis=axes.get(name, 0)
+                )
+
         return job
 
     tasks = [whole(name) for name in exposed]
@@ -454,8 +512,13 @@ def _observe_tasks(stats: dict[str, TensorStats], exposed: list[str], plans: lis
     return tasks
 
 
-def _observe_peaks(stats: dict[str, TensorStats], plans: list[_PeaksPlan], starts: np.ndarray,
-                   joined: np.ndarray, index: int) -> None:
+def _observe_peaks(
+    stats: dict[str, TensorStats],
+    plans: list[_PeaksPlan],
+    starts: np.ndarray,
+    joined: np.ndarray,
+    index: int,
+) -> None:
     joined = joined.reshape(joined.shape[0], -1)  # per-channel maxima of every plan, joined
     if joined.shape[1] != starts[-1]:
         raise UnsupportedModelError(
@@ -463,12 +526,17 @@ def _observe_peaks(stats: dict[str, TensorStats], plans: list[_PeaksPlan], start
             f"for {len(plans)} tensors (e.g. {plans[0].tensor!r}) whose shapes the model "
             f"declares with {starts[-1]}: its shape information is "
             "stale; remove the model's value_info and run onnx.shape_inference, or calibrate "
-            "with a histogram method (those tensors are then read whole)")
+            "with a histogram method (those tensors are then read whole)"
+        )
     row_max = np.maximum.reduceat(joined, starts[:-1], axis=1).astype(np.float64)  # (N, plans)
     for k, plan in enumerate(plans):
         channel_max = joined[:, starts[k] : starts[k + 1]]
-        stats[plan.tensor].update_peaks(row_max[:, k], joined.shape[0] * plan.per_sample,
-                                        f" in calibration batch {index}", channel_max)
+        stats[plan.tensor].update_peaks(
+            row_max[:, k],
+            joined.shape[0] * plan.per_sample,
+            f" in calibration batch {index}",
+            channel_max,
+        )
 
 
 class _BatchWork:
@@ -521,8 +589,9 @@ class _PeaksPlan:
     per_sample: int  # values per sample (C*H*W, static)
 
 
-def _peaks_plan(graph: ir.Graph, name: str,
-                concrete: tuple[int | str | None, ...] | None = None) -> _PeaksPlan | None:
+def _peaks_plan(
+    graph: ir.Graph, name: str, concrete: tuple[int | str | None, ...] | None = None
+) -> _PeaksPlan | None:
     """Observe ``name`` through in-graph per-channel maxima when that is exact: a float32
     tensor the graph keeps >= 0 (so its maxima give its whole range) with a static (N, C, H, W)
     shape, which onnxruntime may hold in its blocked layout.  (Only for tensors without a
@@ -532,20 +601,30 @@ def _peaks_plan(graph: ir.Graph, name: str,
     ``concrete``: the shape inferred afresh for the first batch, which must agree (a model's
     own shape annotations can be stale)."""
     shape = graph.shape(name)
-    if (shape is None or len(shape) != 4 or graph.elem_type(name) != onnx.TensorProto.FLOAT
-            or not all(isinstance(d, int) and d > 0 for d in shape[1:])
-            or (concrete is not None and tuple(concrete[1:]) != tuple(shape[1:]))
-            or not graph.nonnegative(name)):
+    if (
+        shape is None
+        or len(shape) != 4
+        or graph.elem_type(name) != onnx.TensorProto.FLOAT
+        or not all(isinstance(d, int) and d > 0 for d in shape[1:])
+        or (concrete is not None and tuple(concrete[1:]) != tuple(shape[1:]))
+        or not graph.nonnegative(name)
+    ):
         return None
     c, h, w = (int(d) for d in shape[1:])  # type: ignore[arg-type]
     return _PeaksPlan(name, c, c * h * w)
 
 
-def _peaks_session(model: onnx.ModelProto, graph: ir.Graph, exposed: list[str],
-                   plans: list[_PeaksPlan], spinning: bool) -> Any:
+def _peaks_session(
+    model: onnx.ModelProto,
+    graph: ir.Graph,
+    exposed: list[str],
+    plans: list[_PeaksPlan],
+    spinning: bool,
+) -> Any:
     """A session whose outputs are ``exposed`` and then the joined maxima of ``plans``."""
-    with ir.with_channel_peaks(model, [graph.value_info(n) for n in exposed],
-                               [plan.tensor for plan in plans]) as aug:
+    with ir.with_channel_peaks(
+        model, [graph.value_info(n) for n in exposed], [plan.tensor for plan in plans]
+    ) as aug:
         return make_session(aug, spinning=spinning)
 
 
@@ -558,14 +637,16 @@ def _first_batch(source: Iterable[Batch], inputs: list[InputSpec]) -> Batch | No
     return None
 
 
-def _concrete_shapes(model: onnx.ModelProto, graph: ir.Graph, names: list[str],
-                    first: Batch | None) -> dict[str, tuple[int | str | None, ...]]:
+def _concrete_shapes(
+    model: onnx.ModelProto, graph: ir.Graph, names: list[str], first: Batch | None
+) -> dict[str, tuple[int | str | None, ...]]:
     """The observed tensors' shapes inferred with the first batch's concrete input shapes
     (graph shapes where that inference knows nothing)."""
     if first is None:
         return {}
     concrete: dict[str, tuple[int | str | None, ...]] = dict(
-        ir.shapes_for_inputs(model, {k: v.shape for k, v in first.items()}))
+        ir.shapes_for_inputs(model, {k: v.shape for k, v in first.items()})
+    )
     concrete.update({k: tuple(v.shape) for k, v in first.items()})
     return {name: concrete[name] for name in names if name in concrete}
 
@@ -596,15 +677,24 @@ def _total(source: Iterable[Batch], max_batches: int | None) -> int | None:
     return total if max_batches is None else min(total, max_batches)
 
 
-def _progress(it: Iterator[Batch], label: str, enabled: bool,
-              total: int | None) -> Iterator[Batch]:
+def _progress(it: Iterator[Batch], label: str, enabled: bool, total: int | None) -> Iterator[Batch]:
     if not enabled:
         return it
     from tqdm import tqdm
 
     # disable=None: no bar when stderr is not a terminal (logs stay one line per error)
-    return iter(tqdm(it, desc=label, total=total, unit="batch", file=sys.stderr,
-                     leave=False, dynamic_ncols=True, disable=None))
+    return iter(
+        tqdm(
+            it,
+            desc=label,
+            total=total,
+            unit="batch",
+            file=sys.stderr,
+            leave=False,
+            dynamic_ncols=True,
+            disable=None,
+        )
+    )
 
 
 def _one_line(exc: BaseException) -> str:
@@ -617,8 +707,9 @@ CACHE_FORMAT = "onnxq-calibration"
 CACHE_VERSION = 1
 
 
-def calibration_cache(stats: dict[str, TensorStats], graph: ir.Graph,
-                      backend: str | None = None) -> bytes:
+def calibration_cache(
+    stats: dict[str, TensorStats], graph: ir.Graph, backend: str | None = None
+) -> bytes:
     """Observed statistics as the JSON text of a calibration cache, with each tensor's inferred
     shape (``graph`` before Q/DQ are placed) and the ``backend`` whose placement chose the
     tensors (each backend observes different ones)."""
@@ -636,9 +727,12 @@ def calibration_cache(stats: dict[str, TensorStats], graph: ir.Graph,
     return (json.dumps(doc, indent=1) + "\n").encode("utf-8")
 
 
-def load_calibration(path: str | os.PathLike[str], graph: ir.Graph,
-                     wanted: dict[str, bool], backend: str | None = None
-                     ) -> dict[str, TensorStats]:
+def load_calibration(
+    path: str | os.PathLike[str],
+    graph: ir.Graph,
+    wanted: dict[str, bool],
+    backend: str | None = None,
+) -> dict[str, TensorStats]:
     """Statistics for ``wanted`` tensors from a cache of :func:`calibration_cache`."""
     import json
 
@@ -654,7 +748,8 @@ def load_calibration(path: str | os.PathLike[str], graph: ir.Graph,
     if doc.get("version") != CACHE_VERSION:
         raise CalibrationDataError(
             f"{p}: calibration cache version {doc.get('version')!r}, this onnxq reads "
-            f"{CACHE_VERSION}; calibrate again with --save-calibration")
+            f"{CACHE_VERSION}; calibrate again with --save-calibration"
+        )
     tensors = doc.get("tensors", {})
     missing = sorted(t for t in wanted if t not in tensors)
     if missing:
@@ -664,29 +759,34 @@ def load_calibration(path: str | os.PathLike[str], graph: ir.Graph,
                 f"{p}: the cache was saved with --backend {made}, and --backend {backend} "
                 f"quantizes other tensors ({len(missing)} without statistics, e.g. "
                 f"{', '.join(missing[:3])}); load it with --backend {made}, or calibrate "
-                f"again with data and --save-calibration under --backend {backend}")
+                f"again with data and --save-calibration under --backend {backend}"
+            )
         raise CalibrationDataError(
             f"{p}: no statistics for {len(missing)} tensor(s) this model quantizes, e.g. "
             f"{', '.join(missing[:5])}; the cache belongs to another model or other settings: "
-            "calibrate again with data")
+            "calibrate again with data"
+        )
     changed = [t for t in wanted if tensors[t].get("shape") != _shape_json(graph, t)]
     if changed:
         t = changed[0]
         raise CalibrationDataError(
             f"{p}: tensor {t!r} had shape {tensors[t].get('shape')} when calibrated, the model "
             f"now gives {_shape_json(graph, t)} ({len(changed)} tensor(s) changed); calibrate "
-            "again with data")
+            "again with data"
+        )
     out = {}
     for name, needs_hist in wanted.items():
         try:
             stats = TensorStats.from_json(name, tensors[name]["stats"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise CalibrationDataError(f"{p}: statistics of {name!r} are malformed ({exc})") \
-                from None
+            raise CalibrationDataError(
+                f"{p}: statistics of {name!r} are malformed ({exc})"
+            ) from None
         if needs_hist and not stats.histogram:
             raise CalibrationDataError(
                 f"{p}: tensor {name!r} was calibrated without a histogram (method minmax); "
-                "calibrate again with the histogram method you want")
+                "calibrate again with the histogram method you want"
+            )
         out[name] = stats
     return out
 

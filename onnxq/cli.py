@@ -40,103 +40,183 @@ def _parser() -> argparse.ArgumentParser:
     from onnxq.observers import METHODS
 
     p = argparse.ArgumentParser(
-        prog="onnxq", description="Post-training INT8 quantization of ONNX models to Q/DQ "
-        "format that onnxruntime runs and TensorRT accepts.", epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="onnxq",
+        description="Post-training INT8 quantization of ONNX models to Q/DQ "
+        "format that onnxruntime runs and TensorRT accepts.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--version", action="version", version=f"onnxq {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    q = sub.add_parser("quantize", help="quantize a float ONNX model",
-                       description="Quantize a float ONNX model to INT8 Q/DQ.", epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    q = sub.add_parser(
+        "quantize",
+        help="quantize a float ONNX model",
+        description="Quantize a float ONNX model to INT8 Q/DQ.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     q.add_argument("model", help="float ONNX model (never modified)")
     q.add_argument("-o", "--output", required=True, help="output .onnx path (written atomically)")
     q.add_argument("--calib", metavar="DATA", help="calibration data (see below)")
-    q.add_argument("--backend", choices=BACKENDS,
-                   help="target backend (default tensorrt: symmetric int8, per-channel weights)")
-    q.add_argument("--method", choices=sorted(METHODS),
-                   help="activation range method (default: the config's, else auto: per tensor the "
-                   "method with the least expected quantization error)")
-    q.add_argument("--method-for", action="append", default=[], metavar="GLOB=METHOD",
-                   help="per-tensor method: tensors whose name, or whose reading node's name, "
-                   "matches GLOB use METHOD (repeatable; later wins)")
-    q.add_argument("--percentile", type=float, help="percentile kept by --method percentile "
-                   "(default 99.99)")
+    q.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        help="target backend (default tensorrt: symmetric int8, per-channel weights)",
+    )
+    q.add_argument(
+        "--method",
+        choices=sorted(METHODS),
+        help="activation range method (default: the config's, else auto: per tensor the "
+        "method with the least expected quantization error)",
+    )
+    q.add_argument(
+        "--method-for",
+        action="append",
+        default=[],
+        metavar="GLOB=METHOD",
+        help="per-tensor method: tensors whose name, or whose reading node's name, "
+        "matches GLOB use METHOD (repeatable; later wins)",
+    )
+    q.add_argument(
+        "--percentile", type=float, help="percentile kept by --method percentile (default 99.99)"
+    )
     q.add_argument("--config", metavar="FILE.yaml", help="QuantConfig YAML (see docs/config.md)")
-    q.add_argument("--exclude", action="append", metavar="GLOB", default=None,
-                   help="node-name glob that stays float (repeatable)")
+    q.add_argument(
+        "--exclude",
+        action="append",
+        metavar="GLOB",
+        default=None,
+        help="node-name glob that stays float (repeatable)",
+    )
     q.add_argument("--report", metavar="FILE", help="write the report as .json or .html")
-    q.add_argument("--preprocess", metavar="SPEC",
-                   help="image folder preprocessing: imagenet, 0-1, tf, or a spec like "
-                   "'resize=256,crop=224,scale=1/255,mean=0.485:0.456:0.406,"
-                   "std=0.229:0.224:0.225,order=rgb,layout=nchw'")
+    q.add_argument(
+        "--preprocess",
+        metavar="SPEC",
+        help="image folder preprocessing: imagenet, 0-1, tf, or a spec like "
+        "'resize=256,crop=224,scale=1/255,mean=0.485:0.456:0.406,"
+        "std=0.229:0.224:0.225,order=rgb,layout=nchw'",
+    )
     q.add_argument("--max-batches", type=int, help="use at most N calibration batches")
-    q.add_argument("--batch-size", type=int, default=1,
-                   help="batch size when --calib is one .npz of samples (default 1)")
-    q.add_argument("--save-calibration", metavar="FILE.json",
-                   help="write the observed statistics (reusable with any --method, with "
-                   "the same --backend)")
-    q.add_argument("--load-calibration", metavar="FILE.json",
-                   help="quantize from saved statistics instead of data (--calib then only "
-                   "feeds the fidelity check and may be omitted)")
-    q.add_argument("--memory-budget", type=int, metavar="MB",
-                   help="activation memory per batch during calibration (default 4096); "
-                   "above it tensors are observed in several passes")
-    q.add_argument("--histogram-sample", type=int, metavar="N",
-                   help="values per sample that enter a histogram (default 65536; larger "
-                   "samples contribute every s-th value; 0 = every value, slower)")
-    q.add_argument("--histogram-budget", type=int, metavar="N",
-                   help="values one tensor's histogram counts over the whole calibration "
-                   "(default 16777216): beyond 256 samples each contributes fewer; 0 = no "
-                   "budget")
+    q.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="batch size when --calib is one .npz of samples (default 1)",
+    )
+    q.add_argument(
+        "--save-calibration",
+        metavar="FILE.json",
+        help="write the observed statistics (reusable with any --method, with the same --backend)",
+    )
+    q.add_argument(
+        "--load-calibration",
+        metavar="FILE.json",
+        help="quantize from saved statistics instead of data (--calib then only "
+        "feeds the fidelity check and may be omitted)",
+    )
+    q.add_argument(
+        "--memory-budget",
+        type=int,
+        metavar="MB",
+        help="activation memory per batch during calibration (default 4096); "
+        "above it tensors are observed in several passes",
+    )
+    q.add_argument(
+        "--histogram-sample",
+        type=int,
+        metavar="N",
+        help="values per sample that enter a histogram (default 65536; larger "
+        "samples contribute every s-th value; 0 = every value, slower)",
+    )
+    q.add_argument(
+        "--histogram-budget",
+        type=int,
+        metavar="N",
+        help="values one tensor's histogram counts over the whole calibration "
+        "(default 16777216): beyond 256 samples each contributes fewer; 0 = no "
+        "budget",
+    )
     q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
-    q.add_argument("--external-data", action="store_true",
-                   help="store weights in OUT.data beside the model (automatic above 2 GB)")
-    q.add_argument("-q", "--quiet", action="store_true",
-                   help="no progress bar, no summary (warnings still go to stderr)")
+    q.add_argument(
+        "--external-data",
+        action="store_true",
+        help="store weights in OUT.data beside the model (automatic above 2 GB)",
+    )
+    q.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress bar, no summary (warnings still go to stderr)",
+    )
 
-    c = sub.add_parser("check", help="list backend constraint violations of a Q/DQ model",
-                       description="Check a Q/DQ model against a backend's constraints: zero "
-                       "points, scale values and shapes, per-axis scales only on weights, weight "
-                       "axes, opset, forbidden ops. Exit 1 if any violation.")
+    c = sub.add_parser(
+        "check",
+        help="list backend constraint violations of a Q/DQ model",
+        description="Check a Q/DQ model against a backend's constraints: zero "
+        "points, scale values and shapes, per-axis scales only on weights, weight "
+        "axes, opset, forbidden ops. Exit 1 if any violation.",
+    )
     c.add_argument("model")
     c.add_argument("--backend", choices=BACKENDS, default="tensorrt")
-    c.add_argument("--engine", action="store_true",
-                   help="also build a TensorRT engine and report per-layer precision (needs the "
-                   "tensorrt package and an NVIDIA GPU)")
-    c.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
-                   help="input shape for the engine build when the input is dynamic")
+    c.add_argument(
+        "--engine",
+        action="store_true",
+        help="also build a TensorRT engine and report per-layer precision (needs the "
+        "tensorrt package and an NVIDIA GPU)",
+    )
+    c.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=1x3x224x224",
+        help="input shape for the engine build when the input is dynamic",
+    )
 
-    i = sub.add_parser("inspect", help="show the bit width and observer of each quantized tensor",
-                       description="Read the per-tensor records (bits, method, axis) that onnxq "
-                       "writes into a quantized model's metadata.")
+    i = sub.add_parser(
+        "inspect",
+        help="show the bit width and observer of each quantized tensor",
+        description="Read the per-tensor records (bits, method, axis) that onnxq "
+        "writes into a quantized model's metadata.",
+    )
     i.add_argument("model")
 
-    a = sub.add_parser("analyze", help="per-layer error of a quantized model vs its float model",
-                       description="Run the float and the quantized model on calibration data "
-                       "and report, per tensor in graph order, cosine similarity and relative "
-                       "error: the first layer where the error jumps is the one to exclude.")
+    a = sub.add_parser(
+        "analyze",
+        help="per-layer error of a quantized model vs its float model",
+        description="Run the float and the quantized model on calibration data "
+        "and report, per tensor in graph order, cosine similarity and relative "
+        "error: the first layer where the error jumps is the one to exclude.",
+    )
     a.add_argument("float_model")
     a.add_argument("quant_model")
     a.add_argument("--calib", required=True, metavar="DATA")
     a.add_argument("--preprocess", metavar="SPEC", help="for an image folder (see quantize)")
     a.add_argument("--report", metavar="FILE", help="write the table as .json or .html")
     a.add_argument("--max-batches", type=_positive, default=16)
-    a.add_argument("--fused", action="store_true",
-                   help="run the quantized model with onnxruntime's int8 fusion (default: off)")
-    a.add_argument("--top", type=_positive, default=15,
-                   help="print the N worst tensors (default 15)")
+    a.add_argument(
+        "--fused",
+        action="store_true",
+        help="run the quantized model with onnxruntime's int8 fusion (default: off)",
+    )
+    a.add_argument(
+        "--top", type=_positive, default=15, help="print the N worst tensors (default 15)"
+    )
 
-    e = sub.add_parser("explain", help="per op: quantized (which rule) or why not",
-                       description="Show where onnxq would place Q/DQ and why each op stays "
-                       "float, without calibrating. Rules that read the calibration data "
-                       "(mask_threshold, concat_range_ratio, weak_channel_fraction, "
-                       "weak_position_fraction) can keep "
-                       "more ops float in `onnxq quantize`; its report gives those reasons.")
+    e = sub.add_parser(
+        "explain",
+        help="per op: quantized (which rule) or why not",
+        description="Show where onnxq would place Q/DQ and why each op stays "
+        "float, without calibrating. Rules that read the calibration data "
+        "(mask_threshold, concat_range_ratio, weak_channel_fraction, "
+        "weak_position_fraction) can keep "
+        "more ops float in `onnxq quantize`; its report gives those reasons.",
+    )
     e.add_argument("model")
-    e.add_argument("--backend", choices=BACKENDS,
-                   help="target backend (default: the config's, else tensorrt)")
+    e.add_argument(
+        "--backend", choices=BACKENDS, help="target backend (default: the config's, else tensorrt)"
+    )
     e.add_argument("--config", metavar="FILE.yaml")
     e.add_argument("--exclude", action="append", metavar="GLOB", default=None)
     return p
@@ -185,30 +265,46 @@ def _quantize(args: argparse.Namespace) -> int:
     from onnxq.errors import OutputError
 
     if not args.output or args.output.endswith(("/", "\\")) or Path(args.output).is_dir():
-        raise OutputError(f"output {args.output!r} is not a file path; "
-                          "give e.g. -o model.int8.onnx")
+        raise OutputError(
+            f"output {args.output!r} is not a file path; give e.g. -o model.int8.onnx"
+        )
     out = Path(args.output)
-    check_paths({"output": out, "report": args.report,
-                 "calibration cache to save": args.save_calibration},
-                {"input model": args.model, "config": args.config,
-                 "calibration cache to load": args.load_calibration,
-                 "calibration data": args.calib})
+    check_paths(
+        {"output": out, "report": args.report, "calibration cache to save": args.save_calibration},
+        {
+            "input model": args.model,
+            "config": args.config,
+            "calibration cache to load": args.load_calibration,
+            "calibration data": args.calib,
+        },
+    )
     for target in (out, Path(args.report) if args.report else None):
         if target is not None and not target.parent.is_dir():
             raise OutputError(f"output folder does not exist: {target.parent}")
     new_cache = args.save_calibration is not None and not Path(args.save_calibration).exists()
     result = quantize(
-        args.model, args.calib, backend=args.backend, method=args.method, exclude=args.exclude,
+        args.model,
+        args.calib,
+        backend=args.backend,
+        method=args.method,
+        exclude=args.exclude,
         config=_with_method_overrides(args.config, args.method_for),
-        batch_size=args.batch_size, percentile=args.percentile,
-        max_batches=args.max_batches, simplify=False if args.no_simplify else None,
-        progress=False if args.quiet else None, memory_budget_mb=args.memory_budget,
-        histogram_sample=args.histogram_sample, histogram_budget=args.histogram_budget,
+        batch_size=args.batch_size,
+        percentile=args.percentile,
+        max_batches=args.max_batches,
+        simplify=False if args.no_simplify else None,
+        progress=False if args.quiet else None,
+        memory_budget_mb=args.memory_budget,
+        histogram_sample=args.histogram_sample,
+        histogram_budget=args.histogram_budget,
         preprocess=args.preprocess,
-        save_calibration=args.save_calibration, load_calibration=args.load_calibration)
+        save_calibration=args.save_calibration,
+        load_calibration=args.load_calibration,
+    )
     try:
-        written = result.save(out, report=args.report,
-                              external_data=True if args.external_data else None)
+        written = result.save(
+            out, report=args.report, external_data=True if args.external_data else None
+        )
     except BaseException:  # an error or Ctrl-C: leave no file of this run behind
         if new_cache:
             Path(args.save_calibration).unlink(missing_ok=True)
@@ -238,11 +334,14 @@ def _with_method_overrides(config: str | None, items: list[str]) -> Any:
         if not sep or not pattern or not method:
             raise ConfigError(f"--method-for {item!r}: expected GLOB=METHOD")
         try:
-            extra += [Override(node=pattern, method=method),
-                      Override(tensor=pattern, method=method)]
+            extra += [
+                Override(node=pattern, method=method),
+                Override(tensor=pattern, method=method),
+            ]
         except ConfigError as exc:
-            raise ConfigError(f"--method-for {item!r}: "
-                              f"{str(exc).removeprefix('overrides[].method: ')}") from None
+            raise ConfigError(
+                f"--method-for {item!r}: {str(exc).removeprefix('overrides[].method: ')}"
+            ) from None
     return base.replace(overrides=(*base.overrides, *extra))
 
 
@@ -264,31 +363,41 @@ def _check(args: argparse.Namespace) -> int:
     integer = Counter(n.op_type for n in model.graph.node if ir.is_integer_op(n.op_type))
     if qdq == 0 and integer:
         found = ", ".join(f"{op} x{k}" for op, k in sorted(integer.items()))
-        print(f"note: the model is quantized in onnxruntime's operator format ({found}), not with "
-              "Q/DQ nodes: onnxq checks Q/DQ models, and TensorRT reads only those; quantize the "
-              "float original with onnxq quantize")
+        print(
+            f"note: the model is quantized in onnxruntime's operator format ({found}), not with "
+            "Q/DQ nodes: onnxq checks Q/DQ models, and TensorRT reads only those; quantize the "
+            "float original with onnxq quantize"
+        )
     elif qdq == 0:
-        print("note: the model has no Q/DQ nodes, so there was nothing to check; quantize it "
-              "first (onnxq quantize)")
+        print(
+            "note: the model has no Q/DQ nodes, so there was nothing to check; quantize it "
+            "first (onnxq quantize)"
+        )
     if profile.fused_validation and qdq:  # the backend runs fused integer kernels: which fused
         from onnxq.backends.fusion import fusion_report
 
         fusion = fusion_report(model, profile.integer_kernel_ops, profile.folded_activations)
         kernels = ", ".join(f"{k} x{v}" for k, v in fusion.integer_ops.items()) or "none"
-        print(f"onnxruntime fused {fusion.fused} of {len(fusion.candidates)} Q/DQ groups "
-              f"({fusion.ratio:.0%}) into integer kernels: {kernels}")
+        print(
+            f"onnxruntime fused {fusion.fused} of {len(fusion.candidates)} Q/DQ groups "
+            f"({fusion.ratio:.0%}) into integer kernels: {kernels}"
+        )
         for name, op in fusion.unfused:
             why = fusion.reasons.get(name)
             print(f"  not fused: {name} ({op})" + (f": {why}" if why else ""))
         if fusion.float_between:
             ops = sorted({op for _, op in fusion.float_between})
-            print(f"{len(fusion.float_between)} float op(s) between quantized neighbours (no "
-                  f"integer kernel in onnxruntime): {', '.join(ops)}")
+            print(
+                f"{len(fusion.float_between)} float op(s) between quantized neighbours (no "
+                f"integer kernel in onnxruntime): {', '.join(ops)}"
+            )
         if fusion.float_inputs:
             ops = sorted({op for _, op in fusion.float_inputs})
-            print(f"{len(fusion.float_inputs)} float op(s) read a float input beside a "
-                  f"DequantizeLinear (not Q/DQ groups; their output is quantized for a later "
-                  f"reader): {', '.join(ops)}")
+            print(
+                f"{len(fusion.float_inputs)} float op(s) read a float input beside a "
+                f"DequantizeLinear (not Q/DQ groups; their output is quantized for a later "
+                f"reader): {', '.join(ops)}"
+            )
     if args.engine:
         from onnxq.backends.tensorrt import build_engine
 
@@ -317,16 +426,27 @@ def _analyze(args: argparse.Namespace) -> int:
     from onnxq.api import check_paths
     from onnxq.data import model_inputs, open_source
 
-    check_paths({"report": args.report}, {"float model": args.float_model,
-                                          "quantized model": args.quant_model,
-                                          "calibration data": args.calib})
+    check_paths(
+        {"report": args.report},
+        {
+            "float model": args.float_model,
+            "quantized model": args.quant_model,
+            "calibration data": args.calib,
+        },
+    )
     float_model = ir.load_model(args.float_model)
     quant_model = ir.load_model(args.quant_model)
     if not any(n.op_type in ir.QDQ_OPS for n in quant_model.graph.node):
         swapped = any(n.op_type in ir.QDQ_OPS for n in float_model.graph.node)
-        print(f"onnxq: warning: {args.quant_model} holds no Q/DQ nodes"
-              + (", and the first model does: are the two swapped? (onnxq analyze FLOAT QUANT)"
-                 if swapped else ": it computes what a float model does"), file=sys.stderr)
+        print(
+            f"onnxq: warning: {args.quant_model} holds no Q/DQ nodes"
+            + (
+                ", and the first model does: are the two swapped? (onnxq analyze FLOAT QUANT)"
+                if swapped
+                else ": it computes what a float model does"
+            ),
+            file=sys.stderr,
+        )
     data = open_source(args.calib, model_inputs(ir.Graph(float_model)), 1, args.preprocess)
     layers = analyze(float_model, quant_model, data, args.max_batches, args.fused)
     if args.report:
@@ -334,10 +454,12 @@ def _analyze(args: argparse.Namespace) -> int:
     worst = sorted(layers, key=lambda x: (x.cosine, x.tensor))[: args.top]
     print(f"{len(layers)} tensors compared; the {len(worst)} least faithful:")
     for x in worst:
-        odd = (f"  ({x.nonfinite_mismatches} values NaN/Inf in one model only)"
-               if x.nonfinite_mismatches else "")
-        print(f"  cos {x.cosine:.6f}  rel {x.relative_error:8.4g}  {x.op_type:<18} {x.tensor}"
-              f"{odd}")
+        odd = (
+            f"  ({x.nonfinite_mismatches} values NaN/Inf in one model only)"
+            if x.nonfinite_mismatches
+            else ""
+        )
+        print(f"  cos {x.cosine:.6f}  rel {x.relative_error:8.4g}  {x.op_type:<18} {x.tensor}{odd}")
     return 0
 
 
@@ -360,8 +482,10 @@ def _inspect(args: argparse.Namespace) -> int:
     width = max([len("tensor"), *(len(t) for t in records)])
     print(f"{'tensor':<{width}}  kind        bits  method              axis  symmetric")
     for name, r in records.items():
-        print(f"{name:<{width}}  {r.get('kind', ''):<10}  {r.get('bits', ''):>4}  "
-              f"{r.get('method', '')!s:<18}  {r.get('axis')!s:>4}  {r.get('symmetric')}")
+        print(
+            f"{name:<{width}}  {r.get('kind', ''):<10}  {r.get('bits', ''):>4}  "
+            f"{r.get('method', '')!s:<18}  {r.get('axis')!s:>4}  {r.get('symmetric')}"
+        )
     print(f"{len(records)} quantized tensors")
     return 0
 
@@ -374,8 +498,9 @@ def _explain(args: argparse.Namespace) -> int:
     from onnxq.errors import UnsupportedModelError
     from onnxq.rewrites.simplify import simplify
 
-    cfg = resolve_config(args.config, backend=args.backend,
-                         exclude=tuple(args.exclude) if args.exclude else None)
+    cfg = resolve_config(
+        args.config, backend=args.backend, exclude=tuple(args.exclude) if args.exclude else None
+    )
     profile = PROFILES[cfg.backend]
     loaded = ir.load_model(args.model, profile.min_opset)
     try:
@@ -392,14 +517,15 @@ def _explain(args: argparse.Namespace) -> int:
             what = f"float: {d.reason}" + (f" [closest rule: {d.rule}]" if d.rule else "")
         print(f"{d.node:<{width}}  {d.op_type:<18} {what}")
     n_q = sum(d.quantized for d in ann.decisions)
-    print(f"{n_q} of {len(ann.decisions)} ops quantized for {profile.name} (before calibration: "
-          "what the data shows can keep more of them float, e.g. a range >= mask_threshold, "
-          "Concat inputs whose ranges differ, weak channels, quiet frames before a "
-          "LayerNormalization; the quantize report lists them)")
+    print(
+        f"{n_q} of {len(ann.decisions)} ops quantized for {profile.name} (before calibration: "
+        "what the data shows can keep more of them float, e.g. a range >= mask_threshold, "
+        "Concat inputs whose ranges differ, weak channels, quiet frames before a "
+        "LayerNormalization; the quantize report lists them)"
+    )
     for note in ann.notes:
         print(f"note: {note}")
     return 0
-
 
 
 def main_exit() -> None:

@@ -173,8 +173,7 @@ class QuantConfig:
                 f"weight_storage: got {self.weight_storage!r}; valid: {', '.join(WEIGHT_STORAGE)}"
             )
         if self.weight_method not in ("minmax", "mse"):
-            raise ConfigError(
-                f"weight_method: got {self.weight_method!r}; valid: minmax, mse")
+            raise ConfigError(f"weight_method: got {self.weight_method!r}; valid: minmax, mse")
         if self.max_batches is not None and self.max_batches < 1:
             raise ConfigError(f"max_batches: must be >= 1, got {self.max_batches}")
         if self.fidelity_batches < 0:
@@ -185,10 +184,12 @@ class QuantConfig:
             raise ConfigError(f"concat_range_ratio: must be >= 1, got {self.concat_range_ratio}")
         if not 0.0 < self.weak_channel_fraction <= 1.0:
             raise ConfigError(
-                f"weak_channel_fraction: must be in (0, 1], got {self.weak_channel_fraction}")
+                f"weak_channel_fraction: must be in (0, 1], got {self.weak_channel_fraction}"
+            )
         if not 0.0 < self.weak_position_fraction <= 1.0:
             raise ConfigError(
-                f"weak_position_fraction: must be in (0, 1], got {self.weak_position_fraction}")
+                f"weak_position_fraction: must be in (0, 1], got {self.weak_position_fraction}"
+            )
         if self.memory_budget_mb < 1:
             raise ConfigError(f"memory_budget_mb: must be >= 1, got {self.memory_budget_mb}")
         if self.histogram_sample < 0:
@@ -215,17 +216,31 @@ class QuantConfig:
     def unmatched(self, nodes: list[tuple[str, str]], tensors: set[str]) -> list[str]:
         """The exclude patterns and overrides that match none of ``nodes`` ((name, op_type)
         pairs) and ``tensors``: a typo that would silently change nothing."""
-        out = [f"--exclude {p!r}" for p in self.exclude
-               if not any(fnmatch.fnmatchcase(name, p) for name, _ in nodes)]
+        out = [
+            f"--exclude {p!r}"
+            for p in self.exclude
+            if not any(fnmatch.fnmatchcase(name, p) for name, _ in nodes)
+        ]
 
         def key(ov: Override) -> tuple[object, ...]:
             # `--method-for GLOB=M` is two overrides, node=GLOB and tensor=GLOB: one suffices
-            return ({ov.node, ov.op_type, ov.tensor} - {None}, ov.method, ov.exclude, ov.bits,
-                    ov.per_channel, ov.symmetric)
+            return (
+                {ov.node, ov.op_type, ov.tensor} - {None},
+                ov.method,
+                ov.exclude,
+                ov.bits,
+                ov.per_channel,
+                ov.symmetric,
+            )
 
-        hit = [((ov.node is not None or ov.op_type is not None)
-                and any(ov.matches_node(name, op) for name, op in nodes))
-               or any(ov.matches_tensor(t) for t in tensors) for ov in self.overrides]
+        hit = [
+            (
+                (ov.node is not None or ov.op_type is not None)
+                and any(ov.matches_node(name, op) for name, op in nodes)
+            )
+            or any(ov.matches_tensor(t) for t in tensors)
+            for ov in self.overrides
+        ]
         matched = [key(ov) for ov, h in zip(self.overrides, hit, strict=True) if h]
         for ov, h in zip(self.overrides, hit, strict=True):
             if not h and key(ov) not in matched:
@@ -247,14 +262,16 @@ class QuantConfig:
         """
         out = TensorSettings(self.method)
         for ov in self.overrides:
-            if not (ov.matches_tensor(tensor_name)
-                    or any(ov.matches_node(n, t) for n, t in consumers)):
+            if not (
+                ov.matches_tensor(tensor_name) or any(ov.matches_node(n, t) for n, t in consumers)
+            ):
                 continue
             out = TensorSettings(
                 ov.method if ov.method is not None else out.method,
                 ov.bits if ov.bits is not None else out.bits,
                 ov.per_channel if ov.per_channel is not None else out.per_channel,
-                ov.symmetric if ov.symmetric is not None else out.symmetric)
+                ov.symmetric if ov.symmetric is not None else out.symmetric,
+            )
         return out
 
     # -- (de)serialisation ------------------------------------------------------------------
@@ -269,8 +286,7 @@ class QuantConfig:
             value = getattr(self, f.name)
             if f.name == "overrides":
                 value = [
-                    {k: v for k, v in dataclasses.asdict(o).items() if v is not None}
-                    for o in value
+                    {k: v for k, v in dataclasses.asdict(o).items() if v is not None} for o in value
                 ]
             elif isinstance(value, tuple):
                 value = list(value)
@@ -294,8 +310,9 @@ class QuantConfig:
             return cls(**kwargs)
         except ConfigError as exc:  # a value check: name the file too
             text = str(exc)
-            raise ConfigError(text if text.startswith(f"{where}:") else f"{where}: {text}"
-                              ) from None
+            raise ConfigError(
+                text if text.startswith(f"{where}:") else f"{where}: {text}"
+            ) from None
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> QuantConfig:
@@ -402,8 +419,15 @@ def _override(index: int, value: Any, where: str) -> Override:
 
 
 def _names(types: tuple[type, ...]) -> str:
-    names = {int: "integer", float: "number", str: "string", bool: "boolean", list: "list",
-             tuple: "list", type(None): "null"}
+    names = {
+        int: "integer",
+        float: "number",
+        str: "string",
+        bool: "boolean",
+        list: "list",
+        tuple: "list",
+        type(None): "null",
+    }
     return " or ".join(dict.fromkeys(names[t] for t in types))
 
 

@@ -110,18 +110,21 @@ def _holds_images(folder: Path) -> bool:
     return not has_arrays and any(p.suffix.lower() in IMAGE_EXTENSIONS for p in folder.iterdir())
 
 
-def _image_folder(folder: Path, inputs: list[InputSpec], batch_size: int,
-                  preprocess: str | None) -> Iterable[Batch]:
+def _image_folder(
+    folder: Path, inputs: list[InputSpec], batch_size: int, preprocess: str | None
+) -> Iterable[Batch]:
     from onnxq.images import PRESETS, ImageFolder, Preprocess
 
     if preprocess is None:
         raise CalibrationDataError(
             f"{folder}: holds images; say how to turn them into model inputs with --preprocess "
-            f"(presets: {', '.join(PRESETS)}; see docs/calibration.md)")
+            f"(presets: {', '.join(PRESETS)}; see docs/calibration.md)"
+        )
     if len(inputs) != 1:
         raise CalibrationDataError(
             f"{folder}: an image folder feeds one input, the model has {len(inputs)} "
-            f"({', '.join(i.name for i in inputs)}); use .npz batches")
+            f"({', '.join(i.name for i in inputs)}); use .npz batches"
+        )
     return ImageFolder(folder, inputs[0], Preprocess.from_spec(preprocess), batch_size)
 
 
@@ -140,7 +143,8 @@ def _load_arrays(path: Path) -> dict[str, np.ndarray]:
             if not (head == b"\x93NUMPY" or head[:4] in (b"PK\x03\x04", b"PK\x05\x06")):
                 raise CalibrationDataError(
                     f"{path}: not a numpy file (.npy or .npz); the file is corrupt or holds "
-                    "something else")
+                    "something else"
+                )
             fh.seek(0)
             loaded = np.load(fh, allow_pickle=False)
             if isinstance(loaded, np.ndarray):
@@ -156,7 +160,8 @@ def _load_arrays(path: Path) -> dict[str, np.ndarray]:
             ) from None
         raise CalibrationDataError(
             f"{path}: cannot read as .npz/.npy ({type(exc).__name__}: {exc}); the file is "
-            "corrupt or not a numpy file (pickled arrays are refused)") from None
+            "corrupt or not a numpy file (pickled arrays are refused)"
+        ) from None
 
 
 def _read_batch(path: Path, inputs: list[InputSpec]) -> Batch:
@@ -166,8 +171,9 @@ def _read_batch(path: Path, inputs: list[InputSpec]) -> Batch:
     return arrays
 
 
-def open_source(source: Any, inputs: list[InputSpec], batch_size: int = 1,
-                preprocess: str | None = None) -> Iterable[Batch]:
+def open_source(
+    source: Any, inputs: list[InputSpec], batch_size: int = 1, preprocess: str | None = None
+) -> Iterable[Batch]:
     """Turn a path, a mapping or an iterable into an iterable of batches.
 
     A folder of images (jpg/png/...) needs ``preprocess``, a spec for
@@ -181,12 +187,16 @@ def open_source(source: Any, inputs: list[InputSpec], batch_size: int = 1,
             raise CalibrationDataError(f"calibration data not found: {path}")
         if path.is_dir():
             images = _holds_images(path)
-            if preprocess is not None and not images and (
-                    any(path.glob("*.npz")) or any(path.glob("*.npy"))):
+            if (
+                preprocess is not None
+                and not images
+                and (any(path.glob("*.npz")) or any(path.glob("*.npy")))
+            ):
                 raise CalibrationDataError(
                     f"{path} holds .npz/.npy batches, which are fed as they are, but a "
                     f"preprocess spec ({preprocess}) was given: it applies to image folders "
-                    "only; drop --preprocess (or the config's preprocess) for array data")
+                    "only; drop --preprocess (or the config's preprocess) for array data"
+                )
             if preprocess is not None or images:
                 return _image_folder(path, inputs, batch_size, preprocess)
             return NpzFolder(path, inputs)
@@ -194,8 +204,9 @@ def open_source(source: Any, inputs: list[InputSpec], batch_size: int = 1,
             return NpzSamples(path, inputs, batch_size)
         if path.suffix == ".npy" and len(inputs) == 1:
             arr = _read_batch(path, inputs)[inputs[0].name]
-            return [{inputs[0].name: arr[i : i + batch_size]}
-                    for i in range(0, len(arr), batch_size)]
+            return [
+                {inputs[0].name: arr[i : i + batch_size]} for i in range(0, len(arr), batch_size)
+            ]
         raise CalibrationDataError(
             f"{path}: unsupported calibration data; give a folder of .npz/.npy batches or one "
             ".npz file with a leading sample axis"
@@ -247,21 +258,27 @@ def _cast(arr: np.ndarray, spec: InputSpec, where: str) -> np.ndarray:
     """Cast within a kind (float64 -> float32, int32 -> int64); refuse kind changes."""
     want = spec.dtype
     if want.kind == "O" and arr.dtype.kind in "US":  # numpy text for a string input: .npz
-        return arr.astype(object)                    # files hold text only this way
+        return arr.astype(object)  # files hold text only this way
     if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iu" and want.kind in "iu"):
-        hint = " (raw pixels or token ids? apply the model's preprocessing)" \
-            if want.kind == "f" else ""
+        hint = (
+            " (raw pixels or token ids? apply the model's preprocessing)"
+            if want.kind == "f"
+            else ""
+        )
         raise CalibrationDataError(
-            f"{where}: input {spec.name!r} has dtype {arr.dtype}, the model expects {want}{hint}")
+            f"{where}: input {spec.name!r} has dtype {arr.dtype}, the model expects {want}{hint}"
+        )
     if arr.dtype.kind == "f" and arr.size:
         if not np.isfinite(arr).all():
             raise CalibrationDataError(
-                f"{where}: input {spec.name!r} contains NaN or Inf; clean the data")
+                f"{where}: input {spec.name!r} contains NaN or Inf; clean the data"
+            )
         limit = np.finfo(want).max
         if np.abs(arr).max() > limit:
             raise CalibrationDataError(
                 f"{where}: input {spec.name!r} has values beyond the {want} range "
-                f"(|x| up to {float(np.abs(arr).max()):.3g}); rescale the data")
+                f"(|x| up to {float(np.abs(arr).max()):.3g}); rescale the data"
+            )
     with np.errstate(all="ignore"):
         return arr.astype(want)
 
@@ -273,8 +290,11 @@ def _check_shape(arr: np.ndarray, spec: InputSpec, where: str) -> None:
         for d, got in zip(spec.shape, arr.shape, strict=False)
     )
     if not ok:
-        expected = "[" + ", ".join("?" if not isinstance(d, int) or d <= 0 else str(d)
-                                   for d in spec.shape) + "]"
+        expected = (
+            "["
+            + ", ".join("?" if not isinstance(d, int) or d <= 0 else str(d) for d in spec.shape)
+            + "]"
+        )
         raise CalibrationDataError(
             f"{where}: input {spec.name!r} has shape {list(arr.shape)}, the model expects "
             f"{expected}"

@@ -35,9 +35,13 @@ class Placed:
     bits: int = 8
 
 
-def materialize(model: onnx.ModelProto, annotations: Annotations,
-                activation_qparams: dict[str, QParams], profile: BackendProfile,
-                config: QuantConfig) -> list[Placed]:
+def materialize(
+    model: onnx.ModelProto,
+    annotations: Annotations,
+    activation_qparams: dict[str, QParams],
+    profile: BackendProfile,
+    config: QuantConfig,
+) -> list[Placed]:
     """Insert Q/DQ into ``model`` (edited in place); returns what was placed, in order."""
     graph = ir.Graph(model)
     by_name = {n.name: n for n in graph.nodes}
@@ -48,8 +52,9 @@ def materialize(model: onnx.ModelProto, annotations: Annotations,
             value = graph.const_value(ann.tensor)
             if value is None:
                 raise InternalError(f"weight {ann.tensor!r} lost its constant value")
-            weights[ann.tensor] = weight_qparams(value, ann.axis, weight_qmax(ann, profile),
-                                                 config.weight_method)
+            weights[ann.tensor] = weight_qparams(
+                value, ann.axis, weight_qmax(ann, profile), config.weight_method
+            )
     resolved = dict(activation_qparams)
     for ann in annotations.tensors.values():
         if ann.kind in ("activation", "shared"):
@@ -96,9 +101,13 @@ def write_metadata(model: onnx.ModelProto, placed: list[Placed]) -> None:
     from onnxq import __version__
 
     tensors = {
-        p.tensor: {"kind": p.kind, "bits": p.bits, "method": p.qparams.method,
-                   "axis": p.qparams.axis,
-                   "symmetric": bool(np.all(np.asarray(p.qparams.zero_point) == 0))}
+        p.tensor: {
+            "kind": p.kind,
+            "bits": p.bits,
+            "method": p.qparams.method,
+            "axis": p.qparams.axis,
+            "symmetric": bool(np.all(np.asarray(p.qparams.zero_point) == 0)),
+        }
         for p in placed
     }
     value = json.dumps({"version": __version__, "tensors": tensors}, sort_keys=True)
@@ -123,10 +132,10 @@ def read_metadata(model: onnx.ModelProto) -> dict[str, dict[str, object]] | None
 
 
 def _consts(graph: ir.Graph, base: str, qp: QParams) -> tuple[str, str]:
-    scale = graph.add_initializer(graph.unique_name(f"{base}_scale"),
-                                  np.asarray(qp.scale, dtype=np.float32))
-    zero = graph.add_initializer(graph.unique_name(f"{base}_zero_point"),
-                                 np.asarray(qp.zero_point))
+    scale = graph.add_initializer(
+        graph.unique_name(f"{base}_scale"), np.asarray(qp.scale, dtype=np.float32)
+    )
+    zero = graph.add_initializer(graph.unique_name(f"{base}_zero_point"), np.asarray(qp.zero_point))
     return scale, zero
 
 
@@ -135,10 +144,20 @@ def _qdq(graph: ir.Graph, tensor: str, qp: QParams) -> str:
     attrs = {} if qp.axis is None else {"axis": qp.axis}
     quantized = graph.unique_name(f"{tensor}_quantized")
     dequantized = graph.unique_name(f"{tensor}_dequantized")
-    graph.add_node("QuantizeLinear", [tensor, scale, zero], [quantized],
-                   graph.unique_name(f"{tensor}_QuantizeLinear"), **attrs)
-    graph.add_node("DequantizeLinear", [quantized, scale, zero], [dequantized],
-                   graph.unique_name(f"{tensor}_DequantizeLinear"), **attrs)
+    graph.add_node(
+        "QuantizeLinear",
+        [tensor, scale, zero],
+        [quantized],
+        graph.unique_name(f"{tensor}_QuantizeLinear"),
+        **attrs,
+    )
+    graph.add_node(
+        "DequantizeLinear",
+        [quantized, scale, zero],
+        [dequantized],
+        graph.unique_name(f"{tensor}_DequantizeLinear"),
+        **attrs,
+    )
     return dequantized
 
 
@@ -160,13 +179,19 @@ def _dequantize_const(graph: ir.Graph, tensor: str, values: np.ndarray, qp: QPar
     scale, zero = _consts(graph, tensor, qp)
     dequantized = graph.unique_name(f"{tensor}_dequantized")
     attrs = {} if qp.axis is None else {"axis": qp.axis}
-    graph.add_node("DequantizeLinear", [stored, scale, zero], [dequantized],
-                   graph.unique_name(f"{tensor}_DequantizeLinear"), **attrs)
+    graph.add_node(
+        "DequantizeLinear",
+        [stored, scale, zero],
+        [dequantized],
+        graph.unique_name(f"{tensor}_DequantizeLinear"),
+        **attrs,
+    )
     return dequantized
 
 
-def _bias_qparams(graph: ir.Graph, ann: TensorAnnotation, acts: dict[str, QParams],
-                  weights: dict[str, QParams]) -> tuple[QParams, np.ndarray] | None:
+def _bias_qparams(
+    graph: ir.Graph, ann: TensorAnnotation, acts: dict[str, QParams], weights: dict[str, QParams]
+) -> tuple[QParams, np.ndarray] | None:
     """int32 bias with scale = input scale x weight scale, zero point 0."""
     x_name, w_name = ann.inputs
     if x_name not in acts or w_name not in weights:

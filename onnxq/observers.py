@@ -87,8 +87,7 @@ class TensorStats:
     # is recorded as 0.  Every range includes 0, so no scale depends on a minimum above 0.
     nonnegative: bool = False
 
-    def update(self, x: np.ndarray, where: str = "", stride: int = 1,
-               batch_axis: int = 0) -> None:
+    def update(self, x: np.ndarray, where: str = "", stride: int = 1, batch_axis: int = 0) -> None:
         """Add one batch of values of this tensor.
 
         Min and max see every value; the histogram gets every ``stride``-th value of each
@@ -109,15 +108,26 @@ class TensorStats:
         if self.positions:
             self._count_positions(x)
         if self.histogram:
-            if _native is not None and rows.flags.c_contiguous and rows.dtype == np.float32 \
-                    and self.counts.dtype == np.int64 and self.counts.flags.c_contiguous:
-                _native.count(rows, rows.shape[0], stride, BINS / (2.0 * self.range), BINS // 2,
-                              self.counts)
+            if (
+                _native is not None
+                and rows.flags.c_contiguous
+                and rows.dtype == np.float32
+                and self.counts.dtype == np.int64
+                and self.counts.flags.c_contiguous
+            ):
+                _native.count(
+                    rows, rows.shape[0], stride, BINS / (2.0 * self.range), BINS // 2, self.counts
+                )
             else:
                 self._add_values(rows[:, ::stride] if stride > 1 else rows, lo >= 0.0)
 
-    def update_peaks(self, row_max: np.ndarray, count: int, where: str = "",
-                     channel_max: np.ndarray | None = None) -> None:
+    def update_peaks(
+        self,
+        row_max: np.ndarray,
+        count: int,
+        where: str = "",
+        channel_max: np.ndarray | None = None,
+    ) -> None:
         """Add one batch of a non-negative tensor seen through its maxima: ``row_max`` per
         sample, ``channel_max`` per sample and channel (needed when :attr:`channels`), and its
         value count.  Every value was >= 0 (:attr:`nonnegative`), so the minimum is 0; there
@@ -129,8 +139,14 @@ class TensorStats:
             peak = channel_max.reshape(channel_max.shape[0], -1).max(axis=0).astype(np.float64)
         self._record(None, row_max, peak, count, where)
 
-    def _record(self, row_min: np.ndarray | None, row_max: np.ndarray, peak: np.ndarray | None,
-                count: int, where: str) -> tuple[float, float]:
+    def _record(
+        self,
+        row_min: np.ndarray | None,
+        row_max: np.ndarray,
+        peak: np.ndarray | None,
+        count: int,
+        where: str,
+    ) -> tuple[float, float]:
         """Fold one batch's per-sample extremes in (and widen the histogram's range);
         ``row_min`` None: all zero."""
         lo = 0.0 if row_min is None else float(row_min.min())
@@ -153,8 +169,9 @@ class TensorStats:
             self._grow(max(abs(lo), abs(hi)))
         return lo, hi
 
-    def _extremes(self, x: np.ndarray,
-                  rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    def _extremes(
+        self, x: np.ndarray, rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """Per-sample maxima and minima (float64; no minima: all 0), and each channel's peak
         |x| when tracked.
 
@@ -170,8 +187,11 @@ class TensorStats:
                 return row_max, None, ch_max.max(axis=0).astype(np.float64)
             ch_min = per.min(axis=2)
             peak = np.maximum(np.abs(ch_min), np.abs(ch_max)).max(axis=0).astype(np.float64)
-            return (ch_max.max(axis=1).astype(np.float64),
-                    ch_min.min(axis=1).astype(np.float64), peak)
+            return (
+                ch_max.max(axis=1).astype(np.float64),
+                ch_min.min(axis=1).astype(np.float64),
+                peak,
+            )
         row_max = rows.max(axis=1).astype(np.float64)
         if self.nonnegative:
             return row_max, None, None
@@ -194,8 +214,9 @@ class TensorStats:
             scaled = np.floor(np.log2(peak.astype(np.float64)) * POSITION_STEPS)
         index = np.clip(scaled + POSITION_BINS // 2, 0, POSITION_BINS - 1).astype(np.intp)
         counts = np.bincount(index.reshape(-1), minlength=POSITION_BINS)
-        self.position_counts = counts if self.position_counts is None \
-            else self.position_counts + counts
+        self.position_counts = (
+            counts if self.position_counts is None else self.position_counts + counts
+        )
 
     def weak_positions(self, below: float = 1 / 16) -> tuple[int, int] | None:
         """(positions whose peak |x| over the channels is above 0 and under ``below`` x the
@@ -209,7 +230,7 @@ class TensorStats:
         if total == 0 or not top > 0:
             return None
         bound = math.floor(math.log2(top * below) * POSITION_STEPS) + POSITION_BINS // 2
-        return int(self.position_counts[1:max(1, min(bound, POSITION_BINS))].sum()), total
+        return int(self.position_counts[1 : max(1, min(bound, POSITION_BINS))].sum()), total
 
     def weak_channels(self, below: float = 1 / 16) -> tuple[int, int] | None:
         """(channels whose peak |x| is under ``below`` x the tensor's peak, channels), if the
@@ -254,8 +275,9 @@ class TensorStats:
     def _grow(self, amax: float) -> None:
         # the smallest power of two strictly above amax: no value ever sits on the top edge,
         # so no value is clipped into a bin it would not have at a larger range
-        target = max(_MIN_RANGE, 2.0 ** (math.floor(math.log2(amax)) + 1)) if amax > 0 \
-            else _MIN_RANGE
+        target = (
+            max(_MIN_RANGE, 2.0 ** (math.floor(math.log2(amax)) + 1)) if amax > 0 else _MIN_RANGE
+        )
         self._widen(target)
 
     def _widen(self, target: float) -> None:
@@ -307,8 +329,12 @@ class TensorStats:
         beyond them moved into the bins of the bounds); ``self`` when nothing lies beyond."""
         if low <= self.min and self.max <= high:
             return self
-        out = replace(self, counts=self.counts.copy(),
-                      min=min(max(self.min, low), high), max=max(min(self.max, high), low))
+        out = replace(
+            self,
+            counts=self.counts.copy(),
+            min=min(max(self.min, low), high),
+            max=max(min(self.max, high), low),
+        )
         if self.histogram and self.range > 0:
             scale = BINS / (2.0 * self.range)
             if low > -self.range:
@@ -317,8 +343,8 @@ class TensorStats:
                 out.counts[:b] = 0
             if high < self.range:
                 b = max(0, math.floor(high * scale) + BINS // 2)
-                out.counts[b] += out.counts[b + 1:].sum()
-                out.counts[b + 1:] = 0
+                out.counts[b] += out.counts[b + 1 :].sum()
+                out.counts[b + 1 :] = 0
         return out
 
     # -- views of the histogram -------------------------------------------------------------
@@ -332,38 +358,57 @@ class TensorStats:
         """A JSON-ready dict (for calibration caches)."""
         nz = np.nonzero(self.counts)[0]
         return {
-            "count": self.count, "min": self.min, "max": self.max, "range": self.range,
-            "samples": self.samples, "sample_min_sum": self.sample_min_sum,
-            "sample_max_sum": self.sample_max_sum, "histogram": self.histogram,
+            "count": self.count,
+            "min": self.min,
+            "max": self.max,
+            "range": self.range,
+            "samples": self.samples,
+            "sample_min_sum": self.sample_min_sum,
+            "sample_max_sum": self.sample_max_sum,
+            "histogram": self.histogram,
             "nonnegative": self.nonnegative,
-            "bins": [int(i) for i in nz], "counts": [int(self.counts[i]) for i in nz],
-            "channel_amax": (None if self.channel_amax is None
-                             else [float(v) for v in self.channel_amax]),
-            **({} if self.position_counts is None else {
-                "position_bins": [int(i) for i in np.nonzero(self.position_counts)[0]],
-                "position_counts": [int(c) for c in self.position_counts
-                                    if c]}),
+            "bins": [int(i) for i in nz],
+            "counts": [int(self.counts[i]) for i in nz],
+            "channel_amax": (
+                None if self.channel_amax is None else [float(v) for v in self.channel_amax]
+            ),
+            **(
+                {}
+                if self.position_counts is None
+                else {
+                    "position_bins": [int(i) for i in np.nonzero(self.position_counts)[0]],
+                    "position_counts": [int(c) for c in self.position_counts if c],
+                }
+            ),
         }
 
     @classmethod
     def from_json(cls, name: str, data: dict) -> TensorStats:  # type: ignore[type-arg]
         """The inverse of :meth:`to_json`."""
-        stats = cls(name, count=int(data["count"]), min=float(data["min"]),
-                    max=float(data["max"]), range=float(data["range"]),
-                    samples=int(data["samples"]), sample_min_sum=float(data["sample_min_sum"]),
-                    sample_max_sum=float(data["sample_max_sum"]),
-                    histogram=bool(data["histogram"]),
-                    nonnegative=bool(data.get("nonnegative", False)))
+        stats = cls(
+            name,
+            count=int(data["count"]),
+            min=float(data["min"]),
+            max=float(data["max"]),
+            range=float(data["range"]),
+            samples=int(data["samples"]),
+            sample_min_sum=float(data["sample_min_sum"]),
+            sample_max_sum=float(data["sample_max_sum"]),
+            histogram=bool(data["histogram"]),
+            nonnegative=bool(data.get("nonnegative", False)),
+        )
         stats.counts[np.asarray(data["bins"], dtype=np.int64)] = np.asarray(
-            data["counts"], dtype=np.int64)
+            data["counts"], dtype=np.int64
+        )
         if data.get("channel_amax") is not None:
             stats.channels = True
             stats.channel_amax = np.asarray(data["channel_amax"], dtype=np.float64)
         if data.get("position_bins") is not None:
             stats.positions = True
             stats.position_counts = np.zeros(POSITION_BINS, dtype=np.int64)
-            stats.position_counts[np.asarray(data["position_bins"], dtype=np.int64)] = \
-                np.asarray(data["position_counts"], dtype=np.int64)
+            stats.position_counts[np.asarray(data["position_bins"], dtype=np.int64)] = np.asarray(
+                data["position_counts"], dtype=np.int64
+            )
         return stats
 
 
@@ -399,8 +444,7 @@ def _percentile(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tup
     return max(lo, stats.min), min(hi, stats.max)
 
 
-def _robust_minmax(stats: TensorStats, symmetric: bool,
-                   opts: MethodOptions) -> tuple[float, float]:
+def _robust_minmax(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tuple[float, float]:
     """``minmax``, unless a few outliers dominate the range: when max |x| passes
     ``opts.outlier_ratio`` times the ``percentile`` of |x|, the ``percentile`` range.
 
@@ -420,8 +464,9 @@ def robust_choice(stats: TensorStats, opts: MethodOptions) -> str:
     return "percentile" if bulk > 0 and amax > opts.outlier_ratio * bulk else "minmax"
 
 
-def _quantile_edge(hist: np.ndarray, width: float, start: float, q: float,
-                   upper: bool = True) -> float:
+def _quantile_edge(
+    hist: np.ndarray, width: float, start: float, q: float, upper: bool = True
+) -> float:
     total = hist.sum()
     if total == 0:
         return 0.0
@@ -585,8 +630,9 @@ def _auto(stats: TensorStats, symmetric: bool, opts: MethodOptions) -> tuple[flo
     return auto_choice(stats, symmetric, opts)[1]
 
 
-def auto_choice(stats: TensorStats, symmetric: bool,
-                opts: MethodOptions) -> tuple[str, tuple[float, float]]:
+def auto_choice(
+    stats: TensorStats, symmetric: bool, opts: MethodOptions
+) -> tuple[str, tuple[float, float]]:
     """The method (of the others) whose range has the least :func:`quantization_error`."""
     levels = 254 if symmetric else 255
     best: tuple[float, str, tuple[float, float]] | None = None
@@ -615,8 +661,7 @@ METHODS: dict[str, RangeFn] = {
     "robust_minmax": _robust_minmax,
 }
 AUTO_CANDIDATES = ("minmax", "percentile", "entropy", "mse", "aciq", "ema")
-HISTOGRAM_METHODS = frozenset({"percentile", "entropy", "mse", "aciq", "auto",
-                               "robust_minmax"})
+HISTOGRAM_METHODS = frozenset({"percentile", "entropy", "mse", "aciq", "auto", "robust_minmax"})
 
 
 def get_method(name: str) -> RangeFn:
@@ -644,9 +689,15 @@ class QParams:
     bound: str = ""  # where the range was clipped to its readers' saturation bounds
 
 
-def activation_qparams(stats: TensorStats, method: str, dtype: str, symmetric: bool,
-                       opts: MethodOptions | None = None, bits: int = 8,
-                       bounds: tuple[float, float] | None = None) -> QParams:
+def activation_qparams(
+    stats: TensorStats,
+    method: str,
+    dtype: str,
+    symmetric: bool,
+    opts: MethodOptions | None = None,
+    bits: int = 8,
+    bounds: tuple[float, float] | None = None,
+) -> QParams:
     """Per-tensor qparams of an activation from its statistics.
 
     ``bounds``: (low, high) beyond which the tensor's readers saturate
@@ -664,9 +715,11 @@ def activation_qparams(stats: TensorStats, method: str, dtype: str, symmetric: b
     bound = ""
     if seen is not stats and bounds is not None:
         lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
-        bound = (f"observed [{stats.min:.6g}, {stats.max:.6g}] clipped to "
-                 f"[{max(stats.min, bounds[0]):.6g}, {min(stats.max, bounds[1]):.6g}]: "
-                 "every reader saturates beyond")
+        bound = (
+            f"observed [{stats.min:.6g}, {stats.max:.6g}] clipped to "
+            f"[{max(stats.min, bounds[0]):.6g}, {min(stats.max, bounds[1]):.6g}]: "
+            "every reader saturates beyond"
+        )
     qp = range_to_qparams(lo, hi, dtype, symmetric, method, bits)
     if bound and not symmetric and bounds is not None:
         # a zero point rounds the grid's ends by up to half a step: a bound the range stops
@@ -685,8 +738,9 @@ def activation_qparams(stats: TensorStats, method: str, dtype: str, symmetric: b
     return replace(qp, bound=bound)
 
 
-def range_to_qparams(lo: float, hi: float, dtype: str, symmetric: bool,
-                     method: str = "", bits: int = 8) -> QParams:
+def range_to_qparams(
+    lo: float, hi: float, dtype: str, symmetric: bool, method: str = "", bits: int = 8
+) -> QParams:
     """Scale and zero point that cover ``[lo, hi]`` (always including 0) with ``bits`` bits
     inside the int8/uint8 storage."""
     note = ""
@@ -716,16 +770,16 @@ WEIGHT_METHODS = ("minmax", "mse")
 _WEIGHT_CLIP_RATIOS = np.linspace(0.5, 1.0, 26, dtype=np.float32)
 
 
-def weight_qparams(weight: np.ndarray, axis: int | None, qmax: int = 127,
-                   method: str = "minmax") -> QParams:
+def weight_qparams(
+    weight: np.ndarray, axis: int | None, qmax: int = 127, method: str = "minmax"
+) -> QParams:
     """Symmetric int8 qparams of a weight, per channel along ``axis`` (or per tensor).
 
     ``minmax`` covers each channel's largest magnitude; ``mse`` shrinks each channel's range
     (down to half) where that lowers the channel's squared rounding + clipping error.
     """
     w = np.asarray(weight, dtype=np.float32)
-    moved = w.reshape(1, -1) if axis is None else np.moveaxis(w, axis, 0).reshape(
-        w.shape[axis], -1)
+    moved = w.reshape(1, -1) if axis is None else np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
     amax = np.abs(moved).max(axis=1) if moved.size else np.zeros(len(moved), np.float32)
     amax = np.where(amax > _TINY, amax, np.float32(1.0)).astype(np.float32)
     if method == "mse" and moved.size:
@@ -739,8 +793,9 @@ def weight_qparams(weight: np.ndarray, axis: int | None, qmax: int = 127,
     return QParams(scale, zp, axis, method, float(-amax.max()), float(amax.max()))
 
 
-def _mse_weight_range(rows: np.ndarray, amax: np.ndarray, qmax: int,
-                      block: int = 1 << 16) -> np.ndarray:
+def _mse_weight_range(
+    rows: np.ndarray, amax: np.ndarray, qmax: int, block: int = 1 << 16
+) -> np.ndarray:
     """Per row, the clip among ``_WEIGHT_CLIP_RATIOS * amax`` with the least squared error.
 
     Rows are processed in blocks of about ``block`` values through one reused buffer: the
@@ -752,10 +807,10 @@ def _mse_weight_range(rows: np.ndarray, amax: np.ndarray, qmax: int,
     per = max(1, block // max(k, 1))
     buf = np.empty((min(per, n), k), dtype=np.float32)
     for start in range(0, n, per):
-        r = rows[start:start + per]
-        a = amax[start:start + per]
-        b = buf[:len(r)]
-        out = best[start:start + per]
+        r = rows[start : start + per]
+        a = amax[start : start + per]
+        b = buf[: len(r)]
+        out = best[start : start + per]
         best_err = np.full(len(r), np.inf)
         for ratio in _WEIGHT_CLIP_RATIOS:
             cand = a * ratio

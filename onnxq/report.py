@@ -71,18 +71,26 @@ class Report:
             },
             "quantized_tensors": [_placed(p) for p in self.placed],
             "quantized_ops": [
-                {"node": d.node, "op_type": d.op_type, "rule": d.rule, "tensors": list(d.tensors),
-                 **({"note": d.reason} if d.reason else {})}
+                {
+                    "node": d.node,
+                    "op_type": d.op_type,
+                    "rule": d.rule,
+                    "tensors": list(d.tensors),
+                    **({"note": d.reason} if d.reason else {}),
+                }
                 for d in self.quantized_ops
             ],
             "float_ops": [
-                {"node": d.node, "op_type": d.op_type, "reason": d.reason,
-                 **({"closest_rule": d.rule} if d.rule else {})}
+                {
+                    "node": d.node,
+                    "op_type": d.op_type,
+                    "reason": d.reason,
+                    **({"closest_rule": d.rule} if d.rule else {}),
+                }
                 for d in self.float_ops
             ],
             "bias_corrections": [asdict(c) for c in self.bias_corrections],
-            "fidelity": {"mode": self.fidelity_mode,
-                         "outputs": [asdict(f) for f in self.fidelity]},
+            "fidelity": {"mode": self.fidelity_mode, "outputs": [asdict(f) for f in self.fidelity]},
             "violations": [asdict(v) for v in self.violations],
             "notes": self.notes,
             "warnings": self.warnings,
@@ -98,8 +106,11 @@ class Report:
         lines = [
             f"backend {self.backend}: {len(self.quantized_ops)} of {len(self.decisions)} ops "
             f"quantized, {len(self.placed)} tensors with Q/DQ, "
-            + (f"{self.calibration_batches} calibration batches" if self.calibration_batches
-               else "statistics from a calibration cache"),
+            + (
+                f"{self.calibration_batches} calibration batches"
+                if self.calibration_batches
+                else "statistics from a calibration cache"
+            ),
         ]
         # one line per op type and reason, with the quoted tensor/node names left out (they
         # would give every op its own line); a reason that only one op has keeps its names
@@ -107,8 +118,9 @@ class Report:
         for d in self.float_ops:
             generic = _QUOTED.sub("'…'", d.reason)
             groups.setdefault(f"{d.op_type}: {generic}", []).append(f"{d.op_type}: {d.reason}")
-        reasons = {(texts[0] if len(set(texts)) == 1 else key): len(texts)
-                   for key, texts in groups.items()}
+        reasons = {
+            (texts[0] if len(set(texts)) == 1 else key): len(texts) for key, texts in groups.items()
+        }
         if reasons:
             lines.append("left float:")
             for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:12]:
@@ -118,33 +130,50 @@ class Report:
         if self.bias_corrections:
             channels = sum(c.corrected for c in self.bias_corrections)
             largest = max(self.bias_corrections, key=lambda c: c.max_shift)
-            lines.append(f"bias correction: {channels} channels of {len(self.bias_corrections)} "
-                         f"layers shifted back (largest {largest.max_shift:.3g} in "
-                         f"{largest.node})")
+            lines.append(
+                f"bias correction: {channels} channels of {len(self.bias_corrections)} "
+                f"layers shifted back (largest {largest.max_shift:.3g} in "
+                f"{largest.node})"
+            )
         for f in self.fidelity:
             if f.selected_by:
-                lines.append(f"fidelity {f.name}: rows selected by {f.selected_by}, compared "
-                             "by position (other detections or another order count as "
-                             "differences): " + f.difference())
+                lines.append(
+                    f"fidelity {f.name}: rows selected by {f.selected_by}, compared "
+                    "by position (other detections or another order count as "
+                    "differences): " + f.difference()
+                )
             elif f.compared == "cosine":
-                top1 = ("" if f.top1_agreement is None
-                        else f", top-1 agreement {f.top1_agreement:.2%}")
-                worst = ("" if f.worst_slice_cosine is None
-                         else f", worst of {f.slices} slices along axis {f.slice_axis}: cosine "
-                              f"{f.worst_slice_cosine:.6f} (index {f.worst_slice})")
-                padded = ("" if not f.padding_left_out else
-                          f", {f.padding_left_out} padded positions (mask 0) left out")
+                top1 = (
+                    "" if f.top1_agreement is None else f", top-1 agreement {f.top1_agreement:.2%}"
+                )
+                worst = (
+                    ""
+                    if f.worst_slice_cosine is None
+                    else f", worst of {f.slices} slices along axis {f.slice_axis}: cosine "
+                    f"{f.worst_slice_cosine:.6f} (index {f.worst_slice})"
+                )
+                padded = (
+                    ""
+                    if not f.padding_left_out
+                    else f", {f.padding_left_out} padded positions (mask 0) left out"
+                )
                 # shown when a few samples dominate the whole cosine
-                per_sample = ("" if f.sample_cosine_mean is None
-                              or f.sample_cosine_mean >= f.cosine - 0.01
-                              else f", per sample {f.sample_cosine_mean:.6f} on average (worst "
-                                   f"{f.worst_sample_cosine:.6f})")
-                lines.append(f"fidelity {f.name} ({self.fidelity_mode}): cosine {f.cosine:.6f}, "
-                             f"max abs error {f.max_abs_error:.4g} (float range "
-                             f"{f.float_max_abs:.4g}){top1}{worst}{padded}{per_sample}")
+                per_sample = (
+                    ""
+                    if f.sample_cosine_mean is None or f.sample_cosine_mean >= f.cosine - 0.01
+                    else f", per sample {f.sample_cosine_mean:.6f} on average (worst "
+                    f"{f.worst_sample_cosine:.6f})"
+                )
+                lines.append(
+                    f"fidelity {f.name} ({self.fidelity_mode}): cosine {f.cosine:.6f}, "
+                    f"max abs error {f.max_abs_error:.4g} (float range "
+                    f"{f.float_max_abs:.4g}){top1}{worst}{padded}{per_sample}"
+                )
             elif f.compared == "agreement":
-                lines.append(f"fidelity {f.name} ({self.fidelity_mode}): equal to the float "
-                             f"model's in {f.cosine:.1%} of its values on the held batches")
+                lines.append(
+                    f"fidelity {f.name} ({self.fidelity_mode}): equal to the float "
+                    f"model's in {f.cosine:.1%} of its values on the held batches"
+                )
             else:
                 lines.append(f"fidelity {f.name}: {f.compared}")
         lines.extend(f"note: {n}" for n in self.notes)
@@ -160,7 +189,8 @@ class Report:
             head = "".join(f"<th>{esc(c)}</th>" for c in cols)
             body = "".join(
                 "<tr>" + "".join(f"<td>{esc(_short(r.get(c, '')))}</td>" for c in cols) + "</tr>"
-                for r in rows)
+                for r in rows
+            )
             return f"<table><tr>{head}</tr>{body}</table>"
 
         return (
@@ -169,25 +199,62 @@ class Report:
             "table{border-collapse:collapse;margin-bottom:1em}</style>"
             f"<h1>onnxq report: {esc(self.model)}</h1><pre>{esc(self.summary())}</pre>"
             "<h2>Quantized tensors</h2>"
-            + table(d["quantized_tensors"], ["tensor", "kind", "method", "scale", "zero_point",
-                                             "axis", "range", "bound", "note"])
-            + "<h2>Quantized ops</h2>" + table(d["quantized_ops"],
-                                                ["node", "op_type", "rule", "tensors", "note"])
-            + "<h2>Float ops</h2>" + table(d["float_ops"],
-                                           ["node", "op_type", "reason", "closest_rule"])
-            + ("<h2>Violations</h2>" + table(d["violations"],
-                                             ["node", "field", "expected", "got"])
-               if d["violations"] else "")
-            + ("<h2>Bias corrections</h2>" + table(
-                d["bias_corrections"], ["node", "bias", "channels", "corrected", "max_shift",
-                                        "mean_abs_shift", "bias_max_abs"])
-               if d["bias_corrections"] else "")
-            + "<h2>Fidelity</h2>" + table(d["fidelity"]["outputs"],
-                                          ["name", "compared", "cosine", "max_abs_error",
-                                           "top1_agreement", "worst_slice_cosine"])
+            + table(
+                d["quantized_tensors"],
+                [
+                    "tensor",
+                    "kind",
+                    "method",
+                    "scale",
+                    "zero_point",
+                    "axis",
+                    "range",
+                    "bound",
+                    "note",
+                ],
+            )
+            + "<h2>Quantized ops</h2>"
+            + table(d["quantized_ops"], ["node", "op_type", "rule", "tensors", "note"])
+            + "<h2>Float ops</h2>"
+            + table(d["float_ops"], ["node", "op_type", "reason", "closest_rule"])
+            + (
+                "<h2>Violations</h2>" + table(d["violations"], ["node", "field", "expected", "got"])
+                if d["violations"]
+                else ""
+            )
+            + (
+                "<h2>Bias corrections</h2>"
+                + table(
+                    d["bias_corrections"],
+                    [
+                        "node",
+                        "bias",
+                        "channels",
+                        "corrected",
+                        "max_shift",
+                        "mean_abs_shift",
+                        "bias_max_abs",
+                    ],
+                )
+                if d["bias_corrections"]
+                else ""
+            )
+            + "<h2>Fidelity</h2>"
+            + table(
+                d["fidelity"]["outputs"],
+                [
+                    "name",
+                    "compared",
+                    "cosine",
+                    "max_abs_error",
+                    "top1_agreement",
+                    "worst_slice_cosine",
+                ],
+            )
             + "<h2>Config</h2><pre>"
-            + esc(json.dumps(_finite(d["config"]), indent=1, sort_keys=True, default=str),
-                  quote=False)
+            + esc(
+                json.dumps(_finite(d["config"]), indent=1, sort_keys=True, default=str), quote=False
+            )
             + "</pre>"
         )
 
@@ -231,8 +298,10 @@ def _short(value: Any) -> str:
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         return ", ".join(value)  # tensor names: every one, they are what a reader looks for
     if isinstance(value, list) and len(value) > 4:
-        return f"[{', '.join(f'{v:.4g}' if isinstance(v, float) else str(v) for v in value[:3])}"\
-               f", ... {len(value)} values]"
+        return (
+            f"[{', '.join(f'{v:.4g}' if isinstance(v, float) else str(v) for v in value[:3])}"
+            f", ... {len(value)} values]"
+        )
     if isinstance(value, float):
         return f"{value:.6g}"
     return str(value)

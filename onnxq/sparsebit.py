@@ -43,24 +43,53 @@ from onnxq.errors import ConfigError
 from onnxq.torch_export import module_pattern
 
 WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-OBSERVERS = {"MINMAX": "minmax", "PERCENTILE": "percentile", "KL_HISTOGRAM": "entropy",
-             "KL": "entropy", "MSE": "mse", "ACIQ": "aciq", "MOVING_AVERAGE": "ema"}
+OBSERVERS = {
+    "MINMAX": "minmax",
+    "PERCENTILE": "percentile",
+    "KL_HISTOGRAM": "entropy",
+    "KL": "entropy",
+    "MSE": "mse",
+    "ACIQ": "aciq",
+    "MOVING_AVERAGE": "ema",
+}
 WEIGHT_METHODS = ("minmax", "mse")  # QuantConfig.weight_method
 QAT_QUANTIZERS = ("lsq", "lsq+", "lsq_plus", "dorefa", "pact", "quadapter", "dq")
-_QAT = ("is training-time; onnxq does post-training quantization: drop the key (onnxq "
-        "calibrates ranges from data), or deploy the Q/DQ ONNX that Sparsebit's QAT exports "
-        "directly")
-QAT_KEYS = ("QAT", "TRAIN", "TRAINING", "LSQ", "LSQ_PLUS", "DOREFA", "PACT", "ADAROUND",
-            "REGULARIZER")
+_QAT = (
+    "is training-time; onnxq does post-training quantization: drop the key (onnxq "
+    "calibrates ranges from data), or deploy the Q/DQ ONNX that Sparsebit's QAT exports "
+    "directly"
+)
+QAT_KEYS = (
+    "QAT",
+    "TRAIN",
+    "TRAINING",
+    "LSQ",
+    "LSQ_PLUS",
+    "DOREFA",
+    "PACT",
+    "ADAROUND",
+    "REGULARIZER",
+)
 TOP_KEYS = ("BACKEND", "DEVICE", "SKIP_TRACE_MODULES", "SCHEDULE", "W", "A")
 SCHEDULE_KEYS = ("FUSE_BN", "BN_TUNING", "DISABLE_UNNECESSARY_QUANT")
 SECTION_KEYS = ("QSCHEME", "QUANTIZER", "OBSERVER", "SPECIFIC")
 # Dotted keys a section (or a SPECIFIC entry) may set; anything else is an error.
-LEAF_KEYS = ("QSCHEME", "QUANTIZER.TYPE", "QUANTIZER.BIT", "QUANTIZER.DISABLE",
-             "QUANTIZER.TRAINING.ENABLE", "QUANTIZER.TRAINING.ORDER", "QUANTIZER.TRAINING.LR",
-             "QUANTIZER.TRAINING.ITERS", "QUANTIZER.PACT.ALPHA_VALUE", "OBSERVER.TYPE",
-             "OBSERVER.PERCENTILE.ALPHA", "OBSERVER.MOVING_AVERAGE.EMA_RATIO",
-             "OBSERVER.ACIQ.DISTRIBUTION", "OBSERVER.LAYOUT")
+LEAF_KEYS = (
+    "QSCHEME",
+    "QUANTIZER.TYPE",
+    "QUANTIZER.BIT",
+    "QUANTIZER.DISABLE",
+    "QUANTIZER.TRAINING.ENABLE",
+    "QUANTIZER.TRAINING.ORDER",
+    "QUANTIZER.TRAINING.LR",
+    "QUANTIZER.TRAINING.ITERS",
+    "QUANTIZER.PACT.ALPHA_VALUE",
+    "OBSERVER.TYPE",
+    "OBSERVER.PERCENTILE.ALPHA",
+    "OBSERVER.MOVING_AVERAGE.EMA_RATIO",
+    "OBSERVER.ACIQ.DISTRIBUTION",
+    "OBSERVER.LAYOUT",
+)
 
 
 def is_sparsebit(doc: Any) -> bool:
@@ -83,27 +112,36 @@ def from_sparsebit(doc: dict[str, Any], where: str = "config") -> QuantConfig:
                 continue
             raise ConfigError(f"{where}: {key}: {key} {_QAT}")
         if key == "SPECIFIC":
-            raise ConfigError(f"{where}: SPECIFIC: Sparsebit reads SPECIFIC under W: and A:, "
-                              "not at the top level; move it there")
+            raise ConfigError(
+                f"{where}: SPECIFIC: Sparsebit reads SPECIFIC under W: and A:, "
+                "not at the top level; move it there"
+            )
         if key not in TOP_KEYS:
-            raise ConfigError(f"{where}: unknown Sparsebit key {key!r}; supported: "
-                              f"{', '.join(TOP_KEYS)}")
+            raise ConfigError(
+                f"{where}: unknown Sparsebit key {key!r}; supported: {', '.join(TOP_KEYS)}"
+            )
     backend = str(doc.get("BACKEND", "tensorrt")).lower()
     if backend not in BACKENDS:
-        raise ConfigError(f"{where}: BACKEND: {doc.get('BACKEND')!r} is not an onnxq backend; "
-                          f"valid: {', '.join(BACKENDS)} (Sparsebit's 'virtual' simulates low "
-                          "bit widths; onnxq narrows int8 storage with QUANTIZER.BIT instead)")
+        raise ConfigError(
+            f"{where}: BACKEND: {doc.get('BACKEND')!r} is not an onnxq backend; "
+            f"valid: {', '.join(BACKENDS)} (Sparsebit's 'virtual' simulates low "
+            "bit widths; onnxq narrows int8 storage with QUANTIZER.BIT instead)"
+        )
     _schedule(doc.get("SCHEDULE") or {}, where)
     w = _section(doc.get("W") or {}, "W", where)
     a = _section(doc.get("A") or {}, "A", where)
     w_bits, a_bits = _bits(w, "W", where, 8), _bits(a, "A", where, 8)
     if w_bits != a_bits:
-        raise ConfigError(f"{where}: W.QUANTIZER.BIT={w_bits} and A.QUANTIZER.BIT={a_bits}: onnxq "
-                          "gives an op one bit width for its weight and inputs; set both to the "
-                          "same value and use SPECIFIC entries for single layers")
+        raise ConfigError(
+            f"{where}: W.QUANTIZER.BIT={w_bits} and A.QUANTIZER.BIT={a_bits}: onnxq "
+            "gives an op one bit width for its weight and inputs; set both to the "
+            "same value and use SPECIFIC entries for single layers"
+        )
     if w_bits == 0 or w.get("QUANTIZER.DISABLE") or a.get("QUANTIZER.DISABLE"):
-        raise ConfigError(f"{where}: QUANTIZER: BIT 0 / DISABLE at the top of W or A turns "
-                          "quantization off everywhere; there is nothing to quantize")
+        raise ConfigError(
+            f"{where}: QUANTIZER: BIT 0 / DISABLE at the top of W or A turns "
+            "quantization off everywhere; there is nothing to quantize"
+        )
     overrides: list[Override] = []
     if w_bits != 8:
         overrides.append(Override(node="*", bits=w_bits))
@@ -116,19 +154,27 @@ def from_sparsebit(doc: dict[str, Any], where: str = "config") -> QuantConfig:
     weight_method = _observer(w, "W", where)[0] or "minmax"  # Sparsebit's default observer
     percentiles: set[float] = set() if percentile is None else {percentile}
     for name, section in (("W", w), ("A", a)):
-        specific = [_specific(pattern, entry, name, where, backend, weight_method)
-                    for pattern, entry in _entries(section, name, where)]
+        specific = [
+            _specific(pattern, entry, name, where, backend, weight_method)
+            for pattern, entry in _entries(section, name, where)
+        ]
         overrides += reversed([ov for ov, _ in specific if ov is not None])
         percentiles |= {value for _, value in specific if value is not None}
     if len(percentiles) > 1:
-        raise ConfigError(f"{where}: A: OBSERVER.PERCENTILE.ALPHA differs between A and its "
-                          f"SPECIFIC entries (percentiles {sorted(percentiles)}); onnxq has one "
-                          "percentile for the whole model")
+        raise ConfigError(
+            f"{where}: A: OBSERVER.PERCENTILE.ALPHA differs between A and its "
+            f"SPECIFIC entries (percentiles {sorted(percentiles)}); onnxq has one "
+            "percentile for the whole model"
+        )
     percentile = next(iter(percentiles), None)
     exclude = tuple(module_pattern(str(m)) for m in doc.get("SKIP_TRACE_MODULES") or [])
-    options: dict[str, Any] = {"backend": backend, "method": method or "minmax",
-                               "weight_method": weight_method, "exclude": exclude,
-                               "overrides": tuple(overrides)}
+    options: dict[str, Any] = {
+        "backend": backend,
+        "method": method or "minmax",
+        "weight_method": weight_method,
+        "exclude": exclude,
+        "overrides": tuple(overrides),
+    }
     if percentile is not None:
         options["percentile"] = percentile
     return QuantConfig(**options)
@@ -156,14 +202,17 @@ def _flat(value: Any, prefix: str) -> dict[str, Any]:
 
 
 def _schedule(schedule: Any, where: str) -> None:
-    for key, value in (schedule.items() if isinstance(schedule, dict) else []):
+    for key, value in schedule.items() if isinstance(schedule, dict) else []:
         if key == "BN_TUNING" and value:
-            raise ConfigError(f"{where}: SCHEDULE.BN_TUNING re-estimates BatchNorm statistics on "
-                              "the quantized model, a training-mode step onnxq does not run; set "
-                              "it false (onnxq folds BatchNorm into the conv before quantizing)")
+            raise ConfigError(
+                f"{where}: SCHEDULE.BN_TUNING re-estimates BatchNorm statistics on "
+                "the quantized model, a training-mode step onnxq does not run; set "
+                "it false (onnxq folds BatchNorm into the conv before quantizing)"
+            )
         if key not in SCHEDULE_KEYS:
-            raise ConfigError(f"{where}: SCHEDULE: unknown key {key!r}; supported: "
-                              f"{', '.join(SCHEDULE_KEYS)}")
+            raise ConfigError(
+                f"{where}: SCHEDULE: unknown key {key!r}; supported: {', '.join(SCHEDULE_KEYS)}"
+            )
 
 
 def _section(section: Any, name: str, where: str) -> dict[str, Any]:
@@ -171,8 +220,9 @@ def _section(section: Any, name: str, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: {name}: expected a mapping")
     for key in section:
         if key not in SECTION_KEYS:
-            raise ConfigError(f"{where}: {name}: unknown key {key!r}; supported: "
-                              f"{', '.join(SECTION_KEYS)}")
+            raise ConfigError(
+                f"{where}: {name}: unknown key {key!r}; supported: {', '.join(SECTION_KEYS)}"
+            )
     flat = _flat({k: v for k, v in section.items() if k != "SPECIFIC"}, "")
     _check_leaves(flat, name, where)
     flat["SPECIFIC"] = section.get("SPECIFIC") or []
@@ -183,20 +233,26 @@ def _check_leaves(flat: dict[str, Any], name: str, where: str) -> None:
     for key, value in flat.items():
         full = f"{name}.{key}"
         if key not in LEAF_KEYS:
-            raise ConfigError(f"{where}: {full}: unknown Sparsebit key; supported under {name}: "
-                              f"{', '.join(LEAF_KEYS)}")
+            raise ConfigError(
+                f"{where}: {full}: unknown Sparsebit key; supported under {name}: "
+                f"{', '.join(LEAF_KEYS)}"
+            )
         if key.startswith("QUANTIZER.TRAINING") and key.endswith("ENABLE") and value:
             raise ConfigError(f"{where}: {full}: quantizer training {_QAT}")
         if key == "QUANTIZER.TYPE":
             kind = str(value).lower()
             if kind == "adaround":
-                raise ConfigError(f"{where}: {full}: AdaRound learns weight rounding with "
-                                  "gradient steps; onnxq rounds to nearest: use TYPE: uniform")
+                raise ConfigError(
+                    f"{where}: {full}: AdaRound learns weight rounding with "
+                    "gradient steps; onnxq rounds to nearest: use TYPE: uniform"
+                )
             if kind in QAT_QUANTIZERS or "qat" in kind:
                 raise ConfigError(f"{where}: {full}: the {value} quantizer {_QAT}")
             if kind != "uniform":
-                raise ConfigError(f"{where}: {full}: unknown quantizer {value!r}; onnxq "
-                                  "quantizes uniformly (TYPE: uniform)")
+                raise ConfigError(
+                    f"{where}: {full}: unknown quantizer {value!r}; onnxq "
+                    "quantizes uniformly (TYPE: uniform)"
+                )
 
 
 def _bits(flat: dict[str, Any], name: str, where: str, default: int | None) -> int | None:
@@ -204,8 +260,9 @@ def _bits(flat: dict[str, Any], name: str, where: str, default: int | None) -> i
     if bits is None:
         return None
     if isinstance(bits, bool) or not isinstance(bits, int) or not (bits == 0 or 2 <= bits <= 8):
-        raise ConfigError(f"{where}: {name}.QUANTIZER.BIT: expected 2..8 (0 keeps the layer "
-                          f"float), got {bits!r}")
+        raise ConfigError(
+            f"{where}: {name}.QUANTIZER.BIT: expected 2..8 (0 keeps the layer float), got {bits!r}"
+        )
     return bits
 
 
@@ -215,8 +272,10 @@ def _scheme(flat: dict[str, Any], name: str, where: str) -> tuple[str, str] | No
         return None
     match = re.fullmatch(r"per-(tensor|channel|group)-(symmetric|affine)", str(value).lower())
     if not match:
-        raise ConfigError(f"{where}: {name}.QSCHEME: {value!r}; valid: per-channel-symmetric, "
-                          "per-tensor-symmetric, per-tensor-affine")
+        raise ConfigError(
+            f"{where}: {name}.QSCHEME: {value!r}; valid: per-channel-symmetric, "
+            "per-tensor-symmetric, per-tensor-affine"
+        )
     return match.group(1), match.group(2)
 
 
@@ -225,25 +284,30 @@ def _per_channel(flat: dict[str, Any], where: str, name: str = "W") -> bool | No
     if scheme is None:
         return None
     if scheme[1] == "affine" or scheme[0] == "group":
-        raise ConfigError(f"{where}: {name}.QSCHEME: per-{scheme[0]}-{scheme[1]}: onnxq "
-                          "quantizes weights symmetrically per channel or per tensor; use "
-                          "per-channel-symmetric or per-tensor-symmetric")
+        raise ConfigError(
+            f"{where}: {name}.QSCHEME: per-{scheme[0]}-{scheme[1]}: onnxq "
+            "quantizes weights symmetrically per channel or per tensor; use "
+            "per-channel-symmetric or per-tensor-symmetric"
+        )
     return scheme[0] == "channel"
 
 
-def _symmetric(flat: dict[str, Any], where: str, backend: str,
-               name: str = "A") -> bool | None:
+def _symmetric(flat: dict[str, Any], where: str, backend: str, name: str = "A") -> bool | None:
     scheme = _scheme(flat, name, where)
     if scheme is None:
         return None
     if scheme[0] != "tensor":
-        raise ConfigError(f"{where}: {name}.QSCHEME: per-{scheme[0]}-{scheme[1]}: onnxq "
-                          "quantizes activations per tensor; use per-tensor-symmetric or "
-                          "per-tensor-affine")
+        raise ConfigError(
+            f"{where}: {name}.QSCHEME: per-{scheme[0]}-{scheme[1]}: onnxq "
+            "quantizes activations per tensor; use per-tensor-symmetric or "
+            "per-tensor-affine"
+        )
     if scheme[1] == "affine" and PROFILES[backend].activation_symmetric:
-        raise ConfigError(f"{where}: {name}.QSCHEME: per-tensor-affine: the {backend} backend "
-                          "needs symmetric activations (zero point 0, as TensorRT requires); "
-                          "use per-tensor-symmetric or BACKEND: onnxruntime")
+        raise ConfigError(
+            f"{where}: {name}.QSCHEME: per-tensor-affine: the {backend} backend "
+            "needs symmetric activations (zero point 0, as TensorRT requires); "
+            "use per-tensor-symmetric or BACKEND: onnxruntime"
+        )
     return scheme[1] == "symmetric"
 
 
@@ -253,17 +317,23 @@ def _observer(flat: dict[str, Any], name: str, where: str) -> tuple[str | None, 
         return None, None
     key = str(kind).upper()
     if key not in OBSERVERS:
-        raise ConfigError(f"{where}: {name}.OBSERVER.TYPE: unknown observer {kind!r}; valid: "
-                          f"{', '.join(OBSERVERS)}")
+        raise ConfigError(
+            f"{where}: {name}.OBSERVER.TYPE: unknown observer {kind!r}; valid: "
+            f"{', '.join(OBSERVERS)}"
+        )
     if name.startswith("W") and OBSERVERS[key] not in WEIGHT_METHODS:
-        raise ConfigError(f"{where}: {name}.OBSERVER.TYPE: {kind}: onnxq takes per-channel weight "
-                          "ranges by MINMAX or MSE (weight_method); use one of those")
+        raise ConfigError(
+            f"{where}: {name}.OBSERVER.TYPE: {kind}: onnxq takes per-channel weight "
+            "ranges by MINMAX or MSE (weight_method); use one of those"
+        )
     if key != "PERCENTILE":
         return OBSERVERS[key], None
     alpha = flat.get("OBSERVER.PERCENTILE.ALPHA", 0.001)  # Sparsebit's default
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < 1:
-        raise ConfigError(f"{where}: {name}.OBSERVER.PERCENTILE.ALPHA: expected a fraction in "
-                          f"[0, 1), got {alpha!r}")
+        raise ConfigError(
+            f"{where}: {name}.OBSERVER.PERCENTILE.ALPHA: expected a fraction in "
+            f"[0, 1), got {alpha!r}"
+        )
     return "percentile", round(100.0 * (1.0 - float(alpha)), 10)
 
 
@@ -273,8 +343,10 @@ def _entries(section: dict[str, Any], name: str, where: str) -> list[tuple[str, 
     if isinstance(specific, dict):
         specific = [specific]
     if not isinstance(specific, list) or not all(isinstance(d, dict) for d in specific):
-        raise ConfigError(f"{where}: {name}.SPECIFIC: expected a list of mappings "
-                          "[{module_pattern: [KEY, value, ...]}]")
+        raise ConfigError(
+            f"{where}: {name}.SPECIFIC: expected a list of mappings "
+            "[{module_pattern: [KEY, value, ...]}]"
+        )
     out = []
     for mapping in specific:
         for pattern, value in mapping.items():
@@ -292,8 +364,9 @@ def _entries(section: dict[str, Any], name: str, where: str) -> list[tuple[str, 
     return out
 
 
-def _specific(pattern: str, flat: dict[str, Any], name: str, where: str, backend: str,
-              weight_method: str) -> tuple[Override | None, float | None]:
+def _specific(
+    pattern: str, flat: dict[str, Any], name: str, where: str, backend: str, weight_method: str
+) -> tuple[Override | None, float | None]:
     """One SPECIFIC entry -> an Override (``None`` if it sets nothing onnxq maps) and the
     percentile it asks for."""
     label = f"{name}.SPECIFIC[{pattern!r}]"
@@ -305,8 +378,10 @@ def _specific(pattern: str, flat: dict[str, Any], name: str, where: str, backend
     method = percentile = None
     if name == "W":
         if _observer(flat, label, where)[0] not in (None, weight_method):
-            raise ConfigError(f"{where}: {label}: OBSERVER.TYPE: onnxq has one weight observer "
-                              "for the whole model (weight_method); set it in W.OBSERVER")
+            raise ConfigError(
+                f"{where}: {label}: OBSERVER.TYPE: onnxq has one weight observer "
+                "for the whole model (weight_method); set it in W.OBSERVER"
+            )
         fields["per_channel"] = _per_channel(flat, where, label)
     else:
         fields["symmetric"] = _symmetric(flat, where, backend, label)

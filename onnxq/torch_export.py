@@ -62,20 +62,29 @@ def _import_torch() -> Any:
     try:
         import torch
     except ImportError:
-        raise ConfigError(f"quantize_torch needs PyTorch, which is not installed: {INSTALL_HINT} "
-                          "(pins the CPU-capable torch==2.13.0)") from None
+        raise ConfigError(
+            f"quantize_torch needs PyTorch, which is not installed: {INSTALL_HINT} "
+            "(pins the CPU-capable torch==2.13.0)"
+        ) from None
     return torch
 
 
-def quantize_torch(module: Any, example_inputs: Any, calibration: Any, *,
-                   input_names: Sequence[str] | None = None,
-                   output_names: Sequence[str] | None = None,
-                   dynamic_axes: Mapping[str, Any] | None = None,
-                   dynamic_shapes: Any = None, opset: int | None = None,
-                   exporter: str = "torchscript",
-                   calibration_fn: Callable[[Any], Any] | None = None,
-                   rtol: float = 1e-3, atol: float = 1e-5,
-                   **options: Any) -> QuantizedModel:
+def quantize_torch(
+    module: Any,
+    example_inputs: Any,
+    calibration: Any,
+    *,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    dynamic_axes: Mapping[str, Any] | None = None,
+    dynamic_shapes: Any = None,
+    opset: int | None = None,
+    exporter: str = "torchscript",
+    calibration_fn: Callable[[Any], Any] | None = None,
+    rtol: float = 1e-3,
+    atol: float = 1e-5,
+    **options: Any,
+) -> QuantizedModel:
     """Export ``module`` to ONNX, check the export, and quantize it with :func:`onnxq.quantize`.
 
     The exported model is run in onnxruntime on ``example_inputs`` and compared with the
@@ -107,32 +116,50 @@ def quantize_torch(module: Any, example_inputs: Any, calibration: Any, *,
     Returns:
         The :class:`onnxq.QuantizedModel` that :func:`onnxq.quantize` returns.
     """
-    model, names = export_module(module, example_inputs, input_names=input_names,
-                                 output_names=output_names, dynamic_axes=dynamic_axes,
-                                 dynamic_shapes=dynamic_shapes, opset=opset, exporter=exporter,
-                                 rtol=rtol, atol=atol)
+    model, names = export_module(
+        module,
+        example_inputs,
+        input_names=input_names,
+        output_names=output_names,
+        dynamic_axes=dynamic_axes,
+        dynamic_shapes=dynamic_shapes,
+        opset=opset,
+        exporter=exporter,
+        rtol=rtol,
+        atol=atol,
+    )
     graph_inputs = [i.name for i in model.graph.input]
-    data = torch_batches(calibration, [n for n in names if n in graph_inputs], calibration_fn,
-                         positional=names)
+    data = torch_batches(
+        calibration, [n for n in names if n in graph_inputs], calibration_fn, positional=names
+    )
     result = quantize(model, data, **options)
     result.report.model = f"<torch module {type(module).__name__}>"
     return result
 
 
-def export_module(module: Any, example_inputs: Any, *,
-                  input_names: Sequence[str] | None = None,
-                  output_names: Sequence[str] | None = None,
-                  dynamic_axes: Mapping[str, Any] | None = None, dynamic_shapes: Any = None,
-                  opset: int | None = None, exporter: str = "torchscript",
-                  rtol: float = 1e-3, atol: float = 1e-5) -> tuple[onnx.ModelProto, list[str]]:
+def export_module(
+    module: Any,
+    example_inputs: Any,
+    *,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    dynamic_axes: Mapping[str, Any] | None = None,
+    dynamic_shapes: Any = None,
+    opset: int | None = None,
+    exporter: str = "torchscript",
+    rtol: float = 1e-3,
+    atol: float = 1e-5,
+) -> tuple[onnx.ModelProto, list[str]]:
     """Export and check ``module`` (see :func:`quantize_torch`); returns the float model and
     the input names in ``forward`` order."""
     torch = _import_torch()
     if exporter not in EXPORTERS:
         raise ConfigError(f"exporter: unknown exporter {exporter!r}; valid: {', '.join(EXPORTERS)}")
     if dynamic_shapes is not None and exporter != "dynamo":
-        raise ConfigError("dynamic_shapes is for exporter='dynamo'; the torchscript exporter "
-                          "takes dynamic_axes={name: {axis: label}}")
+        raise ConfigError(
+            "dynamic_shapes is for exporter='dynamo'; the torchscript exporter "
+            "takes dynamic_axes={name: {axis: label}}"
+        )
     if not isinstance(module, torch.nn.Module):
         raise ConfigError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     args = _as_args(torch, example_inputs)
@@ -148,19 +175,36 @@ def export_module(module: Any, example_inputs: Any, *,
                 if len(names) != want or len(set(names)) != want:
                     raise ConfigError(f"{kind}_names: expected {want} distinct names, got {names}")
             if dynamic_axes is None:
-                tensors = [*zip(ins, args, strict=True),
-                           *zip(outs, [t for _, t in reference], strict=True)]
+                tensors = [
+                    *zip(ins, args, strict=True),
+                    *zip(outs, [t for _, t in reference], strict=True),
+                ]
                 dynamic_axes = {n: {0: "batch"} for n, t in tensors if t.dim() >= 1}
             with tempfile.TemporaryDirectory(prefix="onnxq-export-") as folder:
                 path = Path(folder) / "model.onnx"
-                _export(torch, module, args, path, ins, outs, dict(dynamic_axes), dynamic_shapes,
-                        opset, exporter)
+                _export(
+                    torch,
+                    module,
+                    args,
+                    path,
+                    ins,
+                    outs,
+                    dict(dynamic_axes),
+                    dynamic_shapes,
+                    opset,
+                    exporter,
+                )
                 model = onnx.load(str(path))
                 if exporter == "dynamo":
                     _scope_node_names(model)
                 feeds = {n: t.detach().cpu().numpy() for n, t in zip(ins, args, strict=True)}
-                _check_export(path, feeds, [(n, t) for n, (_, t) in zip(outs, reference,
-                                                                        strict=True)], rtol, atol)
+                _check_export(
+                    path,
+                    feeds,
+                    [(n, t) for n, (_, t) in zip(outs, reference, strict=True)],
+                    rtol,
+                    atol,
+                )
     finally:
         module.train(was_training)
     return model, ins
@@ -171,8 +215,9 @@ def _as_args(torch: Any, example_inputs: Any) -> tuple[Any, ...]:
     args = tuple(torch.from_numpy(t) if isinstance(t, np.ndarray) else t for t in items)
     for i, arg in enumerate(args):
         if not isinstance(arg, torch.Tensor):
-            raise ConfigError(f"example_inputs[{i}]: expected a tensor or a numpy array, got "
-                              f"{type(arg).__name__}")
+            raise ConfigError(
+                f"example_inputs[{i}]: expected a tensor or a numpy array, got {type(arg).__name__}"
+            )
     return args
 
 
@@ -190,21 +235,36 @@ def _forward_names(module: Any, args: tuple[Any, ...]) -> list[str]:
 def _flatten(value: Any, name: str) -> list[tuple[str, Any]]:
     """Output tensors in the exporter's order, named by dict key / position."""
     if isinstance(value, Mapping):
-        return [pair for k, v in value.items()
-                for pair in _flatten(v, str(k) if name == "output" else f"{name}.{k}")]
+        return [
+            pair
+            for k, v in value.items()
+            for pair in _flatten(v, str(k) if name == "output" else f"{name}.{k}")
+        ]
     if isinstance(value, (tuple, list)):
         return [pair for i, v in enumerate(value) for pair in _flatten(v, f"{name}_{i}")]
     if value is None or not hasattr(value, "detach"):
-        raise UnsupportedModelError(f"module output {name!r} is a {type(value).__name__}, not a "
-                                    "tensor; return tensors, or tuples/lists/dicts of tensors")
+        raise UnsupportedModelError(
+            f"module output {name!r} is a {type(value).__name__}, not a "
+            "tensor; return tensors, or tuples/lists/dicts of tensors"
+        )
     return [(name, value)]
 
 
-def _export(torch: Any, module: Any, args: tuple[Any, ...], path: Path, ins: list[str],
-            outs: list[str], dynamic_axes: dict[str, Any], dynamic_shapes: Any, opset: int,
-            exporter: str) -> None:
-    kwargs: dict[str, Any] = dict(opset_version=opset, input_names=ins, output_names=outs,
-                                  dynamo=exporter == "dynamo")
+def _export(
+    torch: Any,
+    module: Any,
+    args: tuple[Any, ...],
+    path: Path,
+    ins: list[str],
+    outs: list[str],
+    dynamic_axes: dict[str, Any],
+    dynamic_shapes: Any,
+    opset: int,
+    exporter: str,
+) -> None:
+    kwargs: dict[str, Any] = dict(
+        opset_version=opset, input_names=ins, output_names=outs, dynamo=exporter == "dynamo"
+    )
     if exporter == "dynamo":
         if dynamic_shapes is not None:
             kwargs["dynamic_shapes"] = dynamic_shapes
@@ -218,8 +278,10 @@ def _export(torch: Any, module: Any, args: tuple[Any, ...], path: Path, ins: lis
             warnings.simplefilter("ignore")  # the TorchScript deprecation notice, tracer hints
             torch.onnx.export(module, args, str(path), **kwargs)
     except ImportError as exc:
-        raise ConfigError(f"exporter={exporter!r} needs a package that is missing ({exc}); "
-                          "pip install onnxscript, or use exporter='torchscript'") from None
+        raise ConfigError(
+            f"exporter={exporter!r} needs a package that is missing ({exc}); "
+            "pip install onnxscript, or use exporter='torchscript'"
+        ) from None
     except Exception as exc:
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # dynamo colours its messages
         lines = [ln.strip() for ln in text.split("## Exception summary")[-1].splitlines()]
@@ -227,7 +289,8 @@ def _export(torch: Any, module: Any, args: tuple[Any, ...], path: Path, ins: lis
         other = "dynamo" if exporter == "torchscript" else "torchscript"
         raise UnsupportedModelError(
             f"torch.onnx.export ({exporter} exporter, opset {opset}) failed: "
-            f"{type(exc).__name__}: {first}; try exporter={other!r} or another opset") from exc
+            f"{type(exc).__name__}: {first}; try exporter={other!r} or another opset"
+        ) from exc
 
 
 def _scope_node_names(model: onnx.ModelProto) -> None:
@@ -242,20 +305,27 @@ def _scope_node_names(model: onnx.ModelProto) -> None:
         node.name = base if count == 0 else f"{base}_{count}"
 
 
-def _check_export(path: Path, feeds: dict[str, np.ndarray], reference: list[tuple[str, Any]],
-                  rtol: float, atol: float) -> None:
+def _check_export(
+    path: Path,
+    feeds: dict[str, np.ndarray],
+    reference: list[tuple[str, Any]],
+    rtol: float,
+    atol: float,
+) -> None:
     """Run the exported model in onnxruntime and compare each output with the module's."""
     import onnxruntime as ort
 
     try:
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         wanted = {i.name for i in session.get_inputs()}
-        got = session.run([n for n, _ in reference], {k: v for k, v in feeds.items()
-                                                      if k in wanted})
+        got = session.run(
+            [n for n, _ in reference], {k: v for k, v in feeds.items() if k in wanted}
+        )
     except Exception as exc:
-        raise UnsupportedModelError(f"the exported ONNX model does not run in onnxruntime: "
-                                    f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-                                    ) from exc
+        raise UnsupportedModelError(
+            f"the exported ONNX model does not run in onnxruntime: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        ) from exc
     for (name, tensor), value in zip(reference, got, strict=True):
         expected = tensor.detach().cpu().numpy()
         if expected.shape != np.shape(value):
@@ -270,7 +340,8 @@ def _check_export(path: Path, feeds: dict[str, np.ndarray], reference: list[tupl
             raise UnsupportedModelError(
                 f"the exported ONNX model differs from the module on the example inputs: output "
                 f"{name!r} {diff} (allowed {limit}); look for data-dependent control flow or "
-                "ops the exporter traces as constants, or try the other exporter")
+                "ops the exporter traces as constants, or try the other exporter"
+            )
 
 
 class _TorchBatches:
@@ -287,9 +358,12 @@ class _TorchBatches:
         return len(self.source)  # type: ignore[arg-type]  # TypeError: length unknown
 
 
-def torch_batches(calibration: Any, input_names: Sequence[str],
-                  calibration_fn: Callable[[Any], Any] | None = None,
-                  positional: Sequence[str] | None = None) -> Any:
+def torch_batches(
+    calibration: Any,
+    input_names: Sequence[str],
+    calibration_fn: Callable[[Any], Any] | None = None,
+    positional: Sequence[str] | None = None,
+) -> Any:
     """Turn torch calibration data into onnxq batches ``{input_name: np.ndarray}``.
 
     Paths are passed through unchanged.  ``positional`` (default ``input_names``) is the order
@@ -310,21 +384,25 @@ def torch_batches(calibration: Any, input_names: Sequence[str],
             if len(item) < len(order):
                 raise CalibrationDataError(
                     f"calibration batch {index}: a {type(item).__name__} of {len(item)} items, the "
-                    f"model has {len(order)} inputs {order}; pass calibration_fn=")
+                    f"model has {len(order)} inputs {order}; pass calibration_fn="
+                )
             pairs = zip(order, item[: len(order)], strict=True)
         elif len(order) == 1:
             pairs = zip(order, [item], strict=True)
         else:
             raise CalibrationDataError(
                 f"calibration batch {index}: one {type(item).__name__} for a model with "
-                f"{len(order)} inputs {order}; yield tuples or dicts, or pass calibration_fn=")
+                f"{len(order)} inputs {order}; yield tuples or dicts, or pass calibration_fn="
+            )
         return {n: _to_numpy(v) for n, v in pairs if n in keep}
 
     if isinstance(calibration, Mapping):
         return [convert(calibration, 0)]
     if not isinstance(calibration, Iterable):
-        raise CalibrationDataError(f"calibration of type {type(calibration).__name__} is not "
-                                   "supported; give a DataLoader or an iterable of tensors")
+        raise CalibrationDataError(
+            f"calibration of type {type(calibration).__name__} is not "
+            "supported; give a DataLoader or an iterable of tensors"
+        )
     if isinstance(calibration, Iterator):  # one pass only (a generator): keep it one pass
         return (convert(item, i) for i, item in enumerate(calibration))
     return _TorchBatches(calibration, convert)

@@ -104,8 +104,14 @@ def _mem_available_kb() -> int:
     return 1 << 62
 
 
-def run_child(cmd: list[str], timeout: float, max_rss_mb: float, cap_mode: str,
-              cwd: str, min_free_mb: float = 512.0) -> Run:
+def run_child(
+    cmd: list[str],
+    timeout: float,
+    max_rss_mb: float,
+    cap_mode: str,
+    cwd: str,
+    min_free_mb: float = 512.0,
+) -> Run:
     """Run ``cmd``; wall time, ``ru_maxrss`` from ``os.wait4``; kill on timeout or RSS cap.
 
     The child's stdout is read as JSON lines (the drivers print one dict); stderr is kept for
@@ -121,11 +127,19 @@ def run_child(cmd: list[str], timeout: float, max_rss_mb: float, cap_mode: str,
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         load1 = os.getloadavg()[0]
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=cwd,
-                                preexec_fn=limit, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            preexec_fn=limit,
+            start_new_session=True,
+        )
         try:
-            killed, wall, status, usage, peak_kb = _watch(proc.pid, t0, timeout, cap_kb,
-                                                          cap_mode, min_free_mb)
+            killed, wall, status, usage, peak_kb = _watch(
+                proc.pid, t0, timeout, cap_kb, cap_mode, min_free_mb
+            )
         except BaseException:  # interrupted: never leave a child behind
             with contextlib.suppress(OSError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -146,15 +160,25 @@ def run_child(cmd: list[str], timeout: float, max_rss_mb: float, cap_mode: str,
         return Run(killed, wall, rss_mb, info, f"killed after {wall:.0f} s", cpu, load1)
     if proc.returncode != 0:
         tail = " | ".join(stderr.strip().splitlines()[-3:])
-        oom = any(s in stderr for s in ("MemoryError", "bad_alloc", "Failed to allocate",
-                                        "Cannot allocate memory"))
-        return Run("OOM" if oom else "FAIL", wall, rss_mb, info,
-                   f"exit {proc.returncode}: {tail[:400]}", cpu, load1)
+        oom = any(
+            s in stderr
+            for s in ("MemoryError", "bad_alloc", "Failed to allocate", "Cannot allocate memory")
+        )
+        return Run(
+            "OOM" if oom else "FAIL",
+            wall,
+            rss_mb,
+            info,
+            f"exit {proc.returncode}: {tail[:400]}",
+            cpu,
+            load1,
+        )
     return Run("ok", wall, rss_mb, info, "", cpu, load1)
 
 
-def _watch(pid: int, t0: float, timeout: float, cap_kb: int, cap_mode: str,
-           min_free_mb: float) -> tuple[str, float, int, Any, int]:
+def _watch(
+    pid: int, t0: float, timeout: float, cap_kb: int, cap_mode: str, min_free_mb: float
+) -> tuple[str, float, int, Any, int]:
     """Poll the child until it exits; kill its process group on timeout or memory.
 
     Returns (killed: "" | "TIMEOUT" | "OOM", wall seconds (to the kill, if killed), wait
@@ -174,8 +198,7 @@ def _watch(pid: int, t0: float, timeout: float, cap_kb: int, cap_mode: str,
         if not killed:
             if time.perf_counter() - t0 > timeout:
                 killed = "TIMEOUT"
-            elif ((cap_mode == "poll" and rss > cap_kb)
-                  or _mem_available_kb() < min_free_mb * 1024):
+            elif (cap_mode == "poll" and rss > cap_kb) or _mem_available_kb() < min_free_mb * 1024:
                 killed = "OOM"
             if killed:
                 wall = time.perf_counter() - t0
@@ -200,8 +223,17 @@ def child_floor(model: str, calib: str) -> None:
         session.run(None, feed)
         n += 1
     t2, c2 = time.perf_counter(), time.process_time()
-    print(json.dumps({"inner_s": t2 - t0, "session_s": t1 - t0, "loop_s": t2 - t1,
-                      "inner_cpu_s": c2 - c0, "batches": n}))
+    print(
+        json.dumps(
+            {
+                "inner_s": t2 - t0,
+                "session_s": t1 - t0,
+                "loop_s": t2 - t1,
+                "inner_cpu_s": c2 - c0,
+                "batches": n,
+            }
+        )
+    )
 
 
 def child_ort(model: str, calib: str, method: str, out: str) -> None:
@@ -228,12 +260,20 @@ def child_ort(model: str, calib: str, method: str, out: str) -> None:
 
     t0 = time.perf_counter()
     quantize_static(
-        model, out, Reader(_npz_files(calib)), quant_format=QuantFormat.QDQ, per_channel=True,
-        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+        model,
+        out,
+        Reader(_npz_files(calib)),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
         calibrate_method=getattr(CalibrationMethod, ORT_METHODS[method]),
-        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True,
-                       # onnxq's default percentile (onnxruntime's own default is 99.999)
-                       "CalibPercentile": 99.99},
+        extra_options={
+            "ActivationSymmetric": True,
+            "WeightSymmetric": True,
+            # onnxq's default percentile (onnxruntime's own default is 99.999)
+            "CalibPercentile": 99.99,
+        },
     )
     print(json.dumps({"inner_s": time.perf_counter() - t0}))
 
@@ -283,10 +323,18 @@ def child_calib(model: str, calib: str, method: str, profile_out: str | None = N
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
     def call() -> Any:
-        return calibrate(loaded, wanted, data, inputs, max_batches=cfg.max_batches,
-                         hold=cfg.fidelity_batches, memory_budget=cfg.memory_budget_mb * 2**20,
-                         histogram_sample=cfg.histogram_sample,
-                         histogram_budget=cfg.histogram_budget, progress=False)
+        return calibrate(
+            loaded,
+            wanted,
+            data,
+            inputs,
+            max_batches=cfg.max_batches,
+            hold=cfg.fidelity_batches,
+            memory_budget=cfg.memory_budget_mb * 2**20,
+            histogram_sample=cfg.histogram_sample,
+            histogram_budget=cfg.histogram_budget,
+            progress=False,
+        )
 
     if profile_out:
         import cProfile
@@ -300,13 +348,20 @@ def child_calib(model: str, calib: str, method: str, profile_out: str | None = N
         t2, c2 = time.perf_counter(), time.process_time()
         result = call()
         t3, c3 = time.perf_counter(), time.process_time()
-    print(json.dumps({
-        "prepare_s": t1 - t0, "calib_s": t3 - t2, "calib_cpu_s": c3 - c2,
-        "batches": result.batches_seen,
-        "observed": len(wanted), "histograms": sum(wanted.values()),
-        "rss_before_calib_mb": rss_before / 1024.0,
-        "rss_after_calib_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-    }))
+    print(
+        json.dumps(
+            {
+                "prepare_s": t1 - t0,
+                "calib_s": t3 - t2,
+                "calib_cpu_s": c3 - c2,
+                "batches": result.batches_seen,
+                "observed": len(wanted),
+                "histograms": sum(wanted.values()),
+                "rss_before_calib_mb": rss_before / 1024.0,
+                "rss_after_calib_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+            }
+        )
+    )
 
 
 def _npz_files(folder: str) -> list[Path]:
@@ -336,7 +391,9 @@ def machine_facts() -> dict[str, Any]:
                 break
     facts: dict[str, Any] = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
         "loadavg_start": os.getloadavg(),
     }
     with contextlib.suppress(Exception), open("/proc/meminfo") as f:
@@ -353,13 +410,23 @@ def machine_facts() -> dict[str, Any]:
         native = __import__("onnxq.observers", fromlist=["_native"])._native
         facts["histogram_counting"] = "compiled (onnxq._histogram)" if native else "numpy"
         facts["onnxq_commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-            cwd=where, check=False).stdout.strip()
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=where,
+            check=False,
+        ).stdout.strip()
     return facts
 
 
-def measure(key: str, cmd: list[str], args: argparse.Namespace, cwd: str,
-            log: list[str], repeats: int | None = None) -> Run:
+def measure(
+    key: str,
+    cmd: list[str],
+    args: argparse.Namespace,
+    cwd: str,
+    log: list[str],
+    repeats: int | None = None,
+) -> Run:
     """Run ``cmd`` ``repeats`` times (default: ``--repeat`` for floor and onnxq-minmax, else 1)
     and keep the fastest run that finished."""
     if repeats is None:
@@ -368,10 +435,13 @@ def measure(key: str, cmd: list[str], args: argparse.Namespace, cwd: str,
     for r in range(repeats):
         run = run_child(cmd, args.timeout, args.max_rss_mb, args.rss_cap_mode, cwd)
         t = _time_of(run, key)
-        msg = (f"  {key:<22} run {r + 1}/{repeats}: {run.status:<7} wall {run.wall_s:7.2f} s"
-               f"  rss {run.rss_mb:8.1f} MB" + (f"  inner {t:7.2f} s" if t is not None else "")
-               + f"  cpu {run.cpu_s:7.2f} s  load {run.load1:4.1f}"
-               + (f"  {run.error}" if run.error else ""))
+        msg = (
+            f"  {key:<22} run {r + 1}/{repeats}: {run.status:<7} wall {run.wall_s:7.2f} s"
+            f"  rss {run.rss_mb:8.1f} MB"
+            + (f"  inner {t:7.2f} s" if t is not None else "")
+            + f"  cpu {run.cpu_s:7.2f} s  load {run.load1:4.1f}"
+            + (f"  {run.error}" if run.error else "")
+        )
         print(msg, flush=True)
         log.append(msg)
         best = _best(best, run, key)
@@ -388,8 +458,9 @@ def _repeated(key: str, args: argparse.Namespace) -> bool:
 def _best(best: Run | None, run: Run, key: str) -> Run:
     """The faster of two runs (a finished one over a killed one), carrying every run's RSS."""
     seen = (best.rss_runs if best else []) + (run.rss_runs or [run.rss_mb])
-    if best is None or (run.status == "ok" and (best.status != "ok"
-                                                or _cmp(run, key) < _cmp(best, key))):
+    if best is None or (
+        run.status == "ok" and (best.status != "ok" or _cmp(run, key) < _cmp(best, key))
+    ):
         best = run
     best.rss_runs = seen
     return best
@@ -411,11 +482,18 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     py = sys.executable
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     sizes = sorted({int(n) for n in args.batches.split(",") if n.strip()})
-    results: dict[str, Any] = {"machine": machine_facts(), "model": str(args.model),
-                               "calib": str(args.calib), "methods": methods, "batches": sizes,
-                               "timeout_s": args.timeout, "max_rss_mb": args.max_rss_mb,
-                               "no_ort": args.no_ort, "argv": sys.argv,
-                               "runs": {}}
+    results: dict[str, Any] = {
+        "machine": machine_facts(),
+        "model": str(args.model),
+        "calib": str(args.calib),
+        "methods": methods,
+        "batches": sizes,
+        "timeout_s": args.timeout,
+        "max_rss_mb": args.max_rss_mb,
+        "no_ort": args.no_ort,
+        "argv": sys.argv,
+        "runs": {},
+    }
     print(json.dumps(results["machine"]), flush=True)
     log: list[str] = []
     with tempfile.TemporaryDirectory(prefix="onnxq-bench-") as tmp:
@@ -431,21 +509,50 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             floor_all: Run | None = None
             for m in methods:
                 out = str(root / f"onnxq_{m}_{n}.onnx")
-                put(f"onnxq:{m}", measure(
-                    f"onnxq:{m}", [py, "-m", "onnxq.cli", "quantize", str(args.model), "-o", out,
-                                   "--calib", calib, "--method", m, "-q"], args, tmp, log))
+                put(
+                    f"onnxq:{m}",
+                    measure(
+                        f"onnxq:{m}",
+                        [
+                            py,
+                            "-m",
+                            "onnxq.cli",
+                            "quantize",
+                            str(args.model),
+                            "-o",
+                            out,
+                            "--calib",
+                            calib,
+                            "--method",
+                            m,
+                            "-q",
+                        ],
+                        args,
+                        tmp,
+                        log,
+                    ),
+                )
                 # calibrate() alone, bracketed by float-floor runs so that the ratio compares
                 # runs made under the same machine load: floor, calib, [floor, calib,] floor
                 reps = args.repeat if _repeated(f"calib:{m}", args) else 1
                 floor = calib_run = None
                 for _ in range(reps):
-                    floor = _best(floor, measure(f"floor:{m}", floor_cmd, args, tmp, log, 1),
-                                  "floor")
-                    calib_run = _best(calib_run, measure(
-                        f"calib:{m}", [py, me, "--child", "calib", str(args.model), calib, m],
-                        args, tmp, log, 1), "calib")
-                floor = _best(floor, measure(f"floor:{m}", floor_cmd, args, tmp, log, 1),
-                              "floor")
+                    floor = _best(
+                        floor, measure(f"floor:{m}", floor_cmd, args, tmp, log, 1), "floor"
+                    )
+                    calib_run = _best(
+                        calib_run,
+                        measure(
+                            f"calib:{m}",
+                            [py, me, "--child", "calib", str(args.model), calib, m],
+                            args,
+                            tmp,
+                            log,
+                            1,
+                        ),
+                        "calib",
+                    )
+                floor = _best(floor, measure(f"floor:{m}", floor_cmd, args, tmp, log, 1), "floor")
                 assert floor is not None and calib_run is not None
                 put(f"floor:{m}", floor)
                 put(f"calib:{m}", calib_run)
@@ -453,9 +560,16 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 put("floor", floor_all)
                 if m in ORT_METHODS and not args.no_ort:
                     out = str(root / f"ort_{m}_{n}.onnx")
-                    put(f"ort:{m}", measure(
-                        f"ort:{m}", [py, me, "--child", "ort", str(args.model), calib, m, out],
-                        args, tmp, log))
+                    put(
+                        f"ort:{m}",
+                        measure(
+                            f"ort:{m}",
+                            [py, me, "--child", "ort", str(args.model), calib, m, out],
+                            args,
+                            tmp,
+                            log,
+                        ),
+                    )
                 for f in root.glob("*.onnx*"):
                     f.unlink()
     results["machine"]["loadavg_end"] = os.getloadavg()
@@ -501,8 +615,21 @@ def _ok(run: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
 def table(results: dict[str, Any]) -> tuple[list[str], list[str]]:
     """The markdown table, and the target lines (PASS/FAIL)."""
     sizes, methods = results["batches"], results["methods"]
-    head = ["method", "N", "onnxq s", "onnxq MB", "calib s", "calib MB", "ort s", "ort MB",
-            "floor s", "floor run s", "calib/floor", "ort/onnxq", "RSS(max N)/RSS(min N)"]
+    head = [
+        "method",
+        "N",
+        "onnxq s",
+        "onnxq MB",
+        "calib s",
+        "calib MB",
+        "ort s",
+        "ort MB",
+        "floor s",
+        "floor run s",
+        "calib/floor",
+        "ort/onnxq",
+        "RSS(max N)/RSS(min N)",
+    ]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     targets: list[str] = []
     lo, hi = sizes[0], sizes[-1]
@@ -515,18 +642,33 @@ def table(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                 ratio_floor = f"{c['info']['calib_s'] / f['info']['inner_s']:.2f}"
             ratio_ort = "-"
             if _ok(q) and o is not None:
-                ratio_ort = (f"{o['wall_s'] / q['wall_s']:.2f}" if _ok(o)
-                             else f"ort {o['status']}")
+                ratio_ort = f"{o['wall_s'] / q['wall_s']:.2f}" if _ok(o) else f"ort {o['status']}"
             growth = "-"
             if n == hi and len(sizes) > 1:
                 q0 = _get(results, f"onnxq:{m}", lo)
                 if _ok(q) and _ok(q0):
                     growth = f"{_rss(q) / _rss(q0):.3f}"
-            rows.append("| " + " | ".join([
-                m, str(n), _fmt_t(q), _fmt_mb(q), _fmt_t(c, "calib_s"), _fmt_mb(c),
-                _fmt_t(o) if m in ORT_METHODS else "n/a", _fmt_mb(o) if m in ORT_METHODS
-                else "n/a", _fmt_t(f), _fmt_t(f, "inner_s"), ratio_floor, ratio_ort, growth,
-            ]) + " |")
+            rows.append(
+                "| "
+                + " | ".join(
+                    [
+                        m,
+                        str(n),
+                        _fmt_t(q),
+                        _fmt_mb(q),
+                        _fmt_t(c, "calib_s"),
+                        _fmt_mb(c),
+                        _fmt_t(o) if m in ORT_METHODS else "n/a",
+                        _fmt_mb(o) if m in ORT_METHODS else "n/a",
+                        _fmt_t(f),
+                        _fmt_t(f, "inner_s"),
+                        ratio_floor,
+                        ratio_ort,
+                        growth,
+                    ]
+                )
+                + " |"
+            )
     # targets
     if len(sizes) > 1:
         for m in methods:
@@ -536,9 +678,11 @@ def table(results: dict[str, Any]) -> tuple[list[str], list[str]]:
                     g = _rss(b) / _rss(a)
                     verdict = "PASS" if g <= RSS_GROWTH_MAX else "FAIL"
                     worst = max(b.get("rss_runs") or [b["rss_mb"]]) / _rss(a)
-                    targets.append(f"{verdict}  {m:<10} {label} RSS N={hi} / N={lo} = {g:.3f} "
-                                   f"({_rss(b):.0f} / {_rss(a):.0f} MB, least of the repeats; "
-                                   f"worst repeat {worst:.3f}; target <= {RSS_GROWTH_MAX})")
+                    targets.append(
+                        f"{verdict}  {m:<10} {label} RSS N={hi} / N={lo} = {g:.3f} "
+                        f"({_rss(b):.0f} / {_rss(a):.0f} MB, least of the repeats; "
+                        f"worst repeat {worst:.3f}; target <= {RSS_GROWTH_MAX})"
+                    )
                 else:
                     targets.append(f"FAIL  {m:<10} {label} RSS growth: a run did not finish")
     for m in methods:
@@ -551,19 +695,26 @@ def table(results: dict[str, Any]) -> tuple[list[str], list[str]]:
             if not _ok(q) or o is None:
                 targets.append(f"FAIL  {m:<10} N={n} ort speedup: onnxq or ort did not run")
             elif not _ok(o):
-                targets.append(f"PASS  {m:<10} N={n} onnxruntime {o['status']} after "
-                               f"{o['wall_s']:.0f} s / {o['rss_mb']:.0f} MB; onnxq "
-                               f"{q['wall_s']:.1f} s / {_rss(q):.0f} MB (target ort/onnxq "
-                               f">= {ORT_SPEEDUP_MIN})")
+                targets.append(
+                    f"PASS  {m:<10} N={n} onnxruntime {o['status']} after "
+                    f"{o['wall_s']:.0f} s / {o['rss_mb']:.0f} MB; onnxq "
+                    f"{q['wall_s']:.1f} s / {_rss(q):.0f} MB (target ort/onnxq "
+                    f">= {ORT_SPEEDUP_MIN})"
+                )
             else:
                 r = o["wall_s"] / q["wall_s"]
                 verdict = "PASS" if r >= ORT_SPEEDUP_MIN else "FAIL"
-                targets.append(f"{verdict}  {m:<10} N={n} ort/onnxq time = {r:.2f} "
-                               f"({o['wall_s']:.1f} / {q['wall_s']:.1f} s; target >= "
-                               f"{ORT_SPEEDUP_MIN})")
+                targets.append(
+                    f"{verdict}  {m:<10} N={n} ort/onnxq time = {r:.2f} "
+                    f"({o['wall_s']:.1f} / {q['wall_s']:.1f} s; target >= "
+                    f"{ORT_SPEEDUP_MIN})"
+                )
     for m in methods:
-        limit = FLOOR_RATIO_MINMAX if m == "minmax" else (
-            FLOOR_RATIO_HIST if m in HISTOGRAM_METHODS else None)
+        limit = (
+            FLOOR_RATIO_MINMAX
+            if m == "minmax"
+            else (FLOOR_RATIO_HIST if m in HISTOGRAM_METHODS else None)
+        )
         if limit is None:
             continue
         for n in sizes:
@@ -577,9 +728,11 @@ def table(results: dict[str, Any]) -> tuple[list[str], list[str]]:
             cpu = ""
             if c["info"].get("calib_cpu_s") and f["info"].get("inner_cpu_s"):
                 cpu = f"; CPU-time ratio {c['info']['calib_cpu_s'] / f['info']['inner_cpu_s']:.2f}"
-            targets.append(f"{verdict}  {m:<10} N={n} calibrate() / floor = {r:.2f} "
-                           f"({c['info']['calib_s']:.2f} / {f['info']['inner_s']:.2f} s; target "
-                           f"<= {limit}{cpu})")
+            targets.append(
+                f"{verdict}  {m:<10} N={n} calibrate() / floor = {r:.2f} "
+                f"({c['info']['calib_s']:.2f} / {f['info']['inner_s']:.2f} s; target "
+                f"<= {limit}{cpu})"
+            )
     return rows, targets
 
 
@@ -600,8 +753,7 @@ def profile(args: argparse.Namespace) -> None:
     use_spy = args.profiler == "py-spy" or (args.profiler == "auto" and shutil.which("py-spy"))
     with tempfile.TemporaryDirectory(prefix="onnxq-bench-") as tmp:
         calib = make_calib_dir(Path(args.calib), n, Path(tmp))
-        driver = [sys.executable, me, "--child", "calib", str(args.model), str(calib),
-                  args.profile]
+        driver = [sys.executable, me, "--child", "calib", str(args.model), str(calib), args.profile]
         if use_spy:
             raw = Path(tmp) / "spy.txt"
             cmd = ["py-spy", "record", "-r", "250", "-f", "raw", "-o", str(raw), "--", *driver]
@@ -612,9 +764,11 @@ def profile(args: argparse.Namespace) -> None:
         if run.status != "ok" or "calib_s" not in run.info:
             raise SystemExit(f"bench_calibration: profiled run {run.status}: {run.error}")
         total = run.info["calib_s"]
-        print(f"method {args.profile}, N={n}: calibrate() {total:.2f} s while profiled "
-              f"({run.info['observed']} tensors observed, {run.info['histograms']} with a "
-              f"histogram; load {run.load1:.1f})")
+        print(
+            f"method {args.profile}, N={n}: calibrate() {total:.2f} s while profiled "
+            f"({run.info['observed']} tensors observed, {run.info['histograms']} with a "
+            f"histogram; load {run.load1:.1f})"
+        )
         if use_spy:
             _report_spy(raw, args.top)
         else:
@@ -642,15 +796,18 @@ def _report_spy(raw: Path, top: int) -> None:
         stack, _, count = row.rpartition(" ")
         frames = [frame.match(f) for f in stack.split(";")]
         parsed = [(m.group(1), m.group(2), int(m.group(3))) for m in frames if m]
-        at = [i for i, f in enumerate(parsed) if f[1].replace("\\", "/").endswith(
-            "onnxq/calibrate.py")]
+        at = [
+            i
+            for i, f in enumerate(parsed)
+            if f[1].replace("\\", "/").endswith("onnxq/calibrate.py")
+        ]
         if not at:
             continue
         k = int(count)
         total += k
         main = any(f[0] == "calibrate" for f in parsed[: at[0] + 1])
         threads["main thread (calibrate loop)" if main else "worker thread (statistics)"] += k
-        mine = [f for f in parsed[at[0]:] if "onnxq/" in f[1].replace("\\", "/")]
+        mine = [f for f in parsed[at[0] :] if "onnxq/" in f[1].replace("\\", "/")]
         leaf = mine[-1] if mine else parsed[-1]
         lines[leaf] += k
         funcs[leaf[0]] += k
@@ -680,8 +837,9 @@ def _report_cprofile(stats_file: Path, total: float, top: int) -> None:
         rows.append((tt, ct, nc, f"{Path(file).name}:{line}({fn})"))
     print(f"{'self s':>8} {'self %':>7} {'cum s':>8} {'cum %':>7} {'calls':>8}  function")
     for tt, ct, nc, name in sorted(rows, reverse=True)[:top]:
-        print(f"{tt:8.2f} {100 * tt / total:6.1f}% {ct:8.2f} {100 * ct / total:6.1f}% "
-              f"{nc:8d}  {name}")
+        print(
+            f"{tt:8.2f} {100 * tt / total:6.1f}% {ct:8.2f} {100 * ct / total:6.1f}% {nc:8d}  {name}"
+        )
 
 
 # --------------------------------------------------------------------------- main
@@ -698,32 +856,68 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     zoo = Path(os.environ.get("ZOO_HOME", "~/zoo")).expanduser()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, default=zoo / "models" / "mobilenet_v2.onnx",
-                   help="float ONNX model (default: $ZOO_HOME/models/mobilenet_v2.onnx)")
-    p.add_argument("--calib", type=Path, default=None,
-                   help="folder of .npz batches (default: ~/zw/calib/<model stem>)")
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=zoo / "models" / "mobilenet_v2.onnx",
+        help="float ONNX model (default: $ZOO_HOME/models/mobilenet_v2.onnx)",
+    )
+    p.add_argument(
+        "--calib",
+        type=Path,
+        default=None,
+        help="folder of .npz batches (default: ~/zw/calib/<model stem>)",
+    )
     p.add_argument("--batches", default="64,512", help="comma-separated N (default 64,512)")
-    p.add_argument("--methods", default=DEFAULT_METHODS,
-                   help=f"comma-separated onnxq methods (default {DEFAULT_METHODS})")
+    p.add_argument(
+        "--methods",
+        default=DEFAULT_METHODS,
+        help=f"comma-separated onnxq methods (default {DEFAULT_METHODS})",
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per child (900)")
     p.add_argument("--max-rss-mb", type=float, default=16384.0, help="RSS cap per child (16 GB)")
-    p.add_argument("--rss-cap-mode", choices=("poll", "rlimit"), default="poll",
-                   help="poll /proc/PID/status and kill (default), or RLIMIT_AS in the child")
-    p.add_argument("--repeat", type=int, default=2,
-                   help="runs of the floor and onnxq-minmax measurements (fastest kept)")
-    p.add_argument("--repeat-all", action="store_true",
-                   help="repeat every onnxq measurement (and its floor pairs), not only minmax")
+    p.add_argument(
+        "--rss-cap-mode",
+        choices=("poll", "rlimit"),
+        default="poll",
+        help="poll /proc/PID/status and kill (default), or RLIMIT_AS in the child",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=2,
+        help="runs of the floor and onnxq-minmax measurements (fastest kept)",
+    )
+    p.add_argument(
+        "--repeat-all",
+        action="store_true",
+        help="repeat every onnxq measurement (and its floor pairs), not only minmax",
+    )
     p.add_argument("--no-ort", action="store_true", help="skip onnxruntime's quantize_static")
     p.add_argument("--json", type=Path, help="write all measurements to this JSON file")
-    p.add_argument("--table", type=Path, metavar="JSON",
-                   help="only print the table and targets of a JSON written by --json")
-    p.add_argument("--profile", metavar="METHOD",
-                   help="instead of benchmarking, profile calibrate() for METHOD at the "
-                   "smallest N (py-spy or cProfile) and print where its time goes")
-    p.add_argument("--profiler", choices=("auto", "py-spy", "cprofile"), default="auto",
-                   help="for --profile: py-spy when installed (line-level), else cProfile")
-    p.add_argument("--profile-out", type=Path, help="keep the raw profile (py-spy raw stacks "
-                   "or cProfile stats) here")
+    p.add_argument(
+        "--table",
+        type=Path,
+        metavar="JSON",
+        help="only print the table and targets of a JSON written by --json",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="METHOD",
+        help="instead of benchmarking, profile calibrate() for METHOD at the "
+        "smallest N (py-spy or cProfile) and print where its time goes",
+    )
+    p.add_argument(
+        "--profiler",
+        choices=("auto", "py-spy", "cprofile"),
+        default="auto",
+        help="for --profile: py-spy when installed (line-level), else cProfile",
+    )
+    p.add_argument(
+        "--profile-out",
+        type=Path,
+        help="keep the raw profile (py-spy raw stacks or cProfile stats) here",
+    )
     p.add_argument("--top", type=int, default=20, help="functions listed by --profile")
     args = p.parse_args(argv)
     if args.table:
@@ -750,9 +944,11 @@ def main(argv: list[str] | None = None) -> int:
     print("targets:")
     print("\n".join(targets))
     m = results["machine"]
-    print(f"\nmachine: {m['nproc']} x {m['cpu']}, onnxruntime {m['onnxruntime']}, "
-          f"load {m['loadavg_start']} -> {m['loadavg_end']}; histogram counting: "
-          f"{m.get('histogram_counting', '?')}")
+    print(
+        f"\nmachine: {m['nproc']} x {m['cpu']}, onnxruntime {m['onnxruntime']}, "
+        f"load {m['loadavg_start']} -> {m['loadavg_end']}; histogram counting: "
+        f"{m.get('histogram_counting', '?')}"
+    )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0

@@ -43,21 +43,30 @@ def conv_model(cin: int, cout: int, kernel: int, hw: int, int8: bool) -> bytes:
             numpy_helper.from_array(np.full(cout, 0.01, np.float32), "ws"),
             numpy_helper.from_array(np.zeros(cout, np.int8), "wz"),
         ]
-        nodes += [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
-                  helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
-                  helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=0)]
+        nodes += [
+            helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+            helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+            helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=0),
+        ]
         x = "xd"
     else:
         inits.append(numpy_helper.from_array(w, "w"))
-    nodes.append(helper.make_node("Conv", [x, "w", "b"], ["c"], name="conv",
-                                  pads=[kernel // 2] * 4))
+    nodes.append(
+        helper.make_node("Conv", [x, "w", "b"], ["c"], name="conv", pads=[kernel // 2] * 4)
+    )
     if int8:
-        nodes += [helper.make_node("QuantizeLinear", ["c", "s", "z"], ["cq"]),
-                  helper.make_node("DequantizeLinear", ["cq", "s", "z"], ["y"])]
+        nodes += [
+            helper.make_node("QuantizeLinear", ["c", "s", "z"], ["cq"]),
+            helper.make_node("DequantizeLinear", ["cq", "s", "z"], ["y"]),
+        ]
         out = "y"
-    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, [1, cin, hw, hw])], [helper.make_tensor_value_info(
-            out, TensorProto.FLOAT, None)], inits)
+    graph = helper.make_graph(
+        nodes,
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, hw, hw])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     return model.SerializeToString()
@@ -95,11 +104,11 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--kernel", type=_ints, default=[1, 3], help="kernel sizes (default 1,3)")
-    ap.add_argument("--cin", type=_ints, default=[3, 4, 8, 10, 12, 16, 32],
-                    help="input channels")
+    ap.add_argument("--cin", type=_ints, default=[3, 4, 8, 10, 12, 16, 32], help="input channels")
     ap.add_argument("--cout", type=_ints, default=[16, 64], help="output channels")
     ap.add_argument("--hw", type=_ints, default=[56], help="input height = width")
     ap.add_argument("--runs", type=int, default=40, help="timed runs per model")
@@ -108,9 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     for kernel, cin, cout, hw in itertools.product(args.kernel, args.cin, args.cout, args.hw):
         f, _ = conv_kernel_us(conv_model(cin, cout, kernel, hw, False), cin, hw, args.runs)
         q, op = conv_kernel_us(conv_model(cin, cout, kernel, hw, True), cin, hw, args.runs)
-        print(f"k={kernel} cin={cin:4d} cout={cout:4d} hw={hw:4d} products/output="
-              f"{cin * kernel * kernel:5d}  float {f:9.1f} us  int8 {q:9.1f} us ({op})  "
-              f"float/int8 {f / q:5.2f}", flush=True)
+        print(
+            f"k={kernel} cin={cin:4d} cout={cout:4d} hw={hw:4d} products/output="
+            f"{cin * kernel * kernel:5d}  float {f:9.1f} us  int8 {q:9.1f} us ({op})  "
+            f"float/int8 {f / q:5.2f}",
+            flush=True,
+        )
     return 0
 
 

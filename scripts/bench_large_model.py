@@ -34,9 +34,11 @@ import numpy as np
 
 MIB = 2**20
 GIB = 2**30
-CHILD = ("import faulthandler, signal, sys; "
-         "faulthandler.register(signal.SIGUSR1, all_threads=False); "
-         "from onnxq.cli import main; sys.exit(main())")
+CHILD = (
+    "import faulthandler, signal, sys; "
+    "faulthandler.register(signal.SIGUSR1, all_threads=False); "
+    "from onnxq.cli import main; sys.exit(main())"
+)
 
 
 def model_files(model: Path) -> tuple[int, list[Path]]:
@@ -117,8 +119,9 @@ class Sampler(threading.Thread):
 def stack_summaries(stderr: str) -> list[str]:
     """The innermost onnxq frame (and its caller chain) of each faulthandler dump."""
     out = []
-    for dump in re.split(r"(?:Current thread 0x[0-9a-f]+|Stack) \(most recent call first\):",
-                         stderr)[1:]:
+    for dump in re.split(
+        r"(?:Current thread 0x[0-9a-f]+|Stack) \(most recent call first\):", stderr
+    )[1:]:
         frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', dump)
         ours = [f"{Path(f).name}:{n} {fn}" for f, n, fn in frames if "/onnxq/" in f]
         top = [f"{Path(f).name}:{n} {fn}" for f, n, fn in frames[:1]]
@@ -131,18 +134,29 @@ def main(argv: list[str] | None = None) -> int:
     extra: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1:]
+        argv, extra = argv[:cut], argv[cut + 1 :]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", type=Path)
     p.add_argument("--calib-batches", type=int, default=8)
     p.add_argument("--backend", default="tensorrt", choices=("tensorrt", "onnxruntime"))
-    p.add_argument("--workdir", type=Path, help="where calibration data and the output go "
-                   "(default: a temporary folder next to the model)")
-    p.add_argument("--stack-every", type=int, default=1024,
-                   help="MiB of RSS growth between Python stack dumps (0: none)")
-    p.add_argument("--stack-period", type=float, default=0.0,
-                   help="also dump the Python stack every this many seconds (0: never): "
-                   "where the time goes")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        help="where calibration data and the output go "
+        "(default: a temporary folder next to the model)",
+    )
+    p.add_argument(
+        "--stack-every",
+        type=int,
+        default=1024,
+        help="MiB of RSS growth between Python stack dumps (0: none)",
+    )
+    p.add_argument(
+        "--stack-period",
+        type=float,
+        default=0.0,
+        help="also dump the Python stack every this many seconds (0: never): where the time goes",
+    )
     p.add_argument("--keep", action="store_true", help="keep the output and calibration data")
     args = p.parse_args(argv)
 
@@ -152,8 +166,20 @@ def main(argv: list[str] | None = None) -> int:
     calib = work / "calib"
     out = work / (args.model.stem + ".int8.onnx")
     write_calibration(args.model, calib, args.calib_batches)
-    cmd = [sys.executable, "-c", CHILD, "quantize", str(args.model), "-o", str(out), "--calib",
-           str(calib), "--backend", args.backend, *extra]
+    cmd = [
+        sys.executable,
+        "-c",
+        CHILD,
+        "quantize",
+        str(args.model),
+        "-o",
+        str(out),
+        "--calib",
+        str(calib),
+        "--backend",
+        args.backend,
+        *extra,
+    ]
     print(f"model: {args.model} ({size / GIB:.3f} GiB in {len(files)} file(s))")
     print("running: onnxq " + " ".join(cmd[3:]), flush=True)
     err_path = work / "stderr.txt"
@@ -178,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"peak RSS / model size: {peak / size:.2f}")
     print(f"cpu: user {usage.ru_utime:.1f} s, system {usage.ru_stime:.1f} s")
     if outputs:
-        print("output: " + ", ".join(f"{f.name} ({f.stat().st_size / GIB:.3f} GiB)"
-                                     for f in outputs))
+        print(
+            "output: " + ", ".join(f"{f.name} ({f.stat().st_size / GIB:.3f} GiB)" for f in outputs)
+        )
     if sampler.samples:
         t_peak, r_peak = max(sampler.samples, key=lambda s: s[1])
         print(f"sampled RSS peak {r_peak / GIB:.3f} GiB at t={t_peak:.1f} s")
@@ -188,8 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     if stdout.strip():
         print("onnxq stdout:\n  " + "\n  ".join(stdout.strip().splitlines()[:20]))
     if proc.returncode != 0:
-        lines = [ln for ln in stderr.splitlines() if ln.strip()
-                 and not ln.startswith(("Current thread", "  File", "Thread 0x", "Stack ("))]
+        lines = [
+            ln
+            for ln in stderr.splitlines()
+            if ln.strip()
+            and not ln.startswith(("Current thread", "  File", "Thread 0x", "Stack ("))
+        ]
         print("onnxq stderr (tail):\n  " + "\n  ".join(lines[-25:]))
         tb = stderr.rfind("Traceback (most recent call last)")
         if tb >= 0:

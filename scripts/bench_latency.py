@@ -58,8 +58,11 @@ def _feeds(sess: ort.InferenceSession, calib: Path | None, dims: dict[str, int])
     return feeds
 
 
-def time_alternating(sessions: dict[str, ort.InferenceSession], feeds: dict, runs: int,
-                     ) -> dict[str, float]:
+def time_alternating(
+    sessions: dict[str, ort.InferenceSession],
+    feeds: dict,
+    runs: int,
+) -> dict[str, float]:
     """Median milliseconds per session over ``runs`` runs, the sessions taking turns."""
     times: dict[str, list[float]] = {k: [] for k in sessions}
     for _ in range(runs):
@@ -107,8 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE")
-    p.add_argument("--profile", action="store_true",
-                   help="also print onnxruntime's per-op-type kernel time for both models")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print onnxruntime's per-op-type kernel time for both models",
+    )
     args = p.parse_args(argv)
     dims = {k: int(v) for k, v in (d.split("=", 1) for d in args.dim)}
     paths = {"float": args.float_model, "int8": args.quant_model}
@@ -122,9 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: statistics.median(r[k] for r in rounds) for k in sessions}
     if len(rounds) > 1:
         print("rounds float/int8: " + " ".join(f"{x:.2f}" for x in ratios))
-    print(f"{args.float_model.name}: float {med['float']:.3f} ms, int8 {med['int8']:.3f} ms "
-          f"(median of {args.runs} runs x {len(rounds)} rounds), speed-up float/int8 = "
-          f"{statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})")
+    print(
+        f"{args.float_model.name}: float {med['float']:.3f} ms, int8 {med['int8']:.3f} ms "
+        f"(median of {args.runs} runs x {len(rounds)} rounds), speed-up float/int8 = "
+        f"{statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})"
+    )
     if args.profile:
         _print_profiles(paths, feeds, max(args.runs, 20), args.threads)
     return 0

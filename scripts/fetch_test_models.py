@@ -56,25 +56,37 @@ class Model:
     sha256: str
 
 
-RAPIDOCR = Wheel("rapidocr-onnxruntime", "1.4.4",
-                 "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf")
-SILERO = Wheel("silero-vad", "6.2.3",
-               "7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8")
+RAPIDOCR = Wheel(
+    "rapidocr-onnxruntime",
+    "1.4.4",
+    "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
+)
+SILERO = Wheel(
+    "silero-vad", "6.2.3", "7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8"
+)
 
 _R = "rapidocr_onnxruntime/models"
 MODELS: dict[str, Model] = {
     "ppocr_mobile_v2_cls": Model(
-        RAPIDOCR, f"{_R}/ch_ppocr_mobile_v2.0_cls_infer.onnx",
-        "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c"),
+        RAPIDOCR,
+        f"{_R}/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+        "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
+    ),
     "ppocrv4_det": Model(
-        RAPIDOCR, f"{_R}/ch_PP-OCRv4_det_infer.onnx",
-        "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9"),
+        RAPIDOCR,
+        f"{_R}/ch_PP-OCRv4_det_infer.onnx",
+        "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+    ),
     "ppocrv4_rec": Model(
-        RAPIDOCR, f"{_R}/ch_PP-OCRv4_rec_infer.onnx",
-        "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b"),
+        RAPIDOCR,
+        f"{_R}/ch_PP-OCRv4_rec_infer.onnx",
+        "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+    ),
     "silero_vad": Model(
-        SILERO, "silero_vad/data/silero_vad.onnx",
-        "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3"),
+        SILERO,
+        "silero_vad/data/silero_vad.onnx",
+        "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
+    ),
 }
 
 
@@ -126,27 +138,47 @@ def download_wheel(wheel: Wheel, folder: Path, *, quiet: bool = False) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         req = Path(tmp) / "requirements.txt"
         req.write_text(f"{spec} --hash=sha256:{wheel.sha256}\n", encoding="utf-8")
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-               "--only-binary=:all:", "--require-hashes", "--disable-pip-version-check",
-               "--timeout", "30", "--retries", "2", "-r", str(req), "-d", str(folder)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--require-hashes",
+            "--disable-pip-version-check",
+            "--timeout",
+            "30",
+            "--retries",
+            "2",
+            "-r",
+            str(req),
+            "-d",
+            str(folder),
+        ]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise DownloadError(f"pip download {spec} did not run to the end: {exc}") from None
     if proc.returncode != 0:
-        lines = [ln.strip() for ln in proc.stderr.splitlines()
-                 if ln.strip() and "is ignored" not in ln]
+        lines = [
+            ln.strip() for ln in proc.stderr.splitlines() if ln.strip() and "is ignored" not in ln
+        ]
         retries = [ln for ln in lines if ln.startswith("WARNING: Retrying")]
         errors = [ln for ln in lines if not ln.startswith("WARNING: Retrying")]
         shown = ([retries[-1][:300]] if retries else []) + errors[-3:]
         detail = "\n  ".join(shown) or f"exit code {proc.returncode}"
         raise DownloadError(
             f"pip download {spec} failed (is the package index reachable? pip's proxy and index "
-            f"settings apply):\n  {detail}")
+            f"settings apply):\n  {detail}"
+        )
     found = _find_wheel(folder, wheel)
     if found is None:
-        raise FetchError(f"pip download {spec} succeeded but no wheel {wheel.prefix}*.whl with "
-                         f"sha256 {wheel.sha256} is in {folder}")
+        raise FetchError(
+            f"pip download {spec} succeeded but no wheel {wheel.prefix}*.whl with "
+            f"sha256 {wheel.sha256} is in {folder}"
+        )
     return found
 
 
@@ -159,8 +191,10 @@ def extract_model(wheel_path: Path, model: Model, target: Path) -> None:
         raise FetchError(f"cannot read {model.member} from {wheel_path}: {exc}") from None
     got = hashlib.sha256(data).hexdigest()
     if got != model.sha256:
-        raise FetchError(f"{model.member} in {wheel_path.name} has sha256 {got}, expected "
-                         f"{model.sha256}; delete {wheel_path} and retry")
+        raise FetchError(
+            f"{model.member} in {wheel_path.name} has sha256 {got}, expected "
+            f"{model.sha256}; delete {wheel_path} and retry"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
@@ -175,8 +209,12 @@ def extract_model(wheel_path: Path, model: Model, target: Path) -> None:
         raise
 
 
-def fetch(dest: str | os.PathLike[str] | None = None, names: list[str] | None = None, *,
-          quiet: bool = True) -> dict[str, Path]:
+def fetch(
+    dest: str | os.PathLike[str] | None = None,
+    names: list[str] | None = None,
+    *,
+    quiet: bool = True,
+) -> dict[str, Path]:
     """Provide the models (all, or ``names``) under ``dest``; returns ``{name: onnx path}``.
 
     Raises :class:`DownloadError` when pip cannot download a wheel and :class:`FetchError` for
@@ -202,18 +240,24 @@ def fetch(dest: str | os.PathLike[str] | None = None, names: list[str] | None = 
             extract_model(wheel_path, model, target)
             out[name] = target
     except OSError as exc:
-        raise FetchError(f"cannot use the cache folder {root}: {exc}; give another DEST or set "
-                         "ONNXQ_TEST_MODELS") from None
+        raise FetchError(
+            f"cannot use the cache folder {root}: {exc}; give another DEST or set ONNXQ_TEST_MODELS"
+        ) from None
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point; returns the exit code."""
     parser = argparse.ArgumentParser(
-        description="Download the real ONNX models used by onnxq's tests/real (pinned wheels).")
-    parser.add_argument("dest", nargs="?", type=Path, default=None,
-                        help="cache folder (default: $ONNXQ_TEST_MODELS or "
-                             "~/.cache/onnxq/test-models)")
+        description="Download the real ONNX models used by onnxq's tests/real (pinned wheels)."
+    )
+    parser.add_argument(
+        "dest",
+        nargs="?",
+        type=Path,
+        default=None,
+        help="cache folder (default: $ONNXQ_TEST_MODELS or ~/.cache/onnxq/test-models)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     args = parser.parse_args(argv)
     try:

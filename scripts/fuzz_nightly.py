@@ -56,23 +56,40 @@ def worker(args: argparse.Namespace) -> int:
         stamp = f"{args.seed}-{time.time_ns() % 10**9:09d}-{backend}"
         path = args.artifacts / f"failure-{stamp}.onnx"
         onnx.save(case.model, str(path))
-        note = {"backend": backend, "kind": kind, "stem": f"{kind}: {error_stem(exc)}",
-                "message": f"{type(exc).__name__}: {exc}", "case": repr(case),
-                "batch_seed": case.seed, "hypothesis_seed": args.seed, "model": str(path),
-                "traceback": "".join(traceback.format_exception(exc))}
+        note = {
+            "backend": backend,
+            "kind": kind,
+            "stem": f"{kind}: {error_stem(exc)}",
+            "message": f"{type(exc).__name__}: {exc}",
+            "case": repr(case),
+            "batch_seed": case.seed,
+            "hypothesis_seed": args.seed,
+            "model": str(path),
+            "traceback": "".join(traceback.format_exception(exc)),
+        }
         path.with_suffix(".json").write_text(json.dumps(note, indent=2) + "\n")
-        emit(event="outcome", backend=backend, kind="FAILURE", **{k: note[k] for k in (
-            "stem", "message", "case", "model")})
+        emit(
+            event="outcome",
+            backend=backend,
+            kind="FAILURE",
+            **{k: note[k] for k in ("stem", "message", "case", "model")},
+        )
 
     @seed(args.seed)
-    @settings(max_examples=args.examples, deadline=None, database=None,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=args.examples,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=fuzz_cases(max_ops=args.max_ops))
     def explore(case: FuzzCase) -> None:
         for backend in args.backend:
             onnx.save(case.model, str(current))  # survives a native crash
-            current.with_suffix(".json").write_text(json.dumps(
-                {"backend": backend, "case": repr(case), "batch_seed": case.seed}))
+            current.with_suffix(".json").write_text(
+                json.dumps({"backend": backend, "case": repr(case), "batch_seed": case.seed})
+            )
             try:
                 outcome = quantize_property(case, backend)
             except PropertyViolation as exc:
@@ -82,17 +99,32 @@ def worker(args: argparse.Namespace) -> int:
             except Exception as exc:  # any other exception type is a bug too
                 save_failure(case, backend, "unexpected exception", exc)
             else:
-                emit(event="outcome", backend=backend, kind=outcome.kind, stem=outcome.detail,
-                     worst=outcome.worst_rel_error, qdq=outcome.qdq_nodes)
+                emit(
+                    event="outcome",
+                    backend=backend,
+                    kind=outcome.kind,
+                    stem=outcome.detail,
+                    worst=outcome.worst_rel_error,
+                    qdq=outcome.qdq_nodes,
+                )
                 if outcome.kind == "ok-ill-conditioned":  # keep a few for reviewing the oracle
                     ill = args.artifacts / "ill-conditioned"
                     ill.mkdir(exist_ok=True)
                     if len(list(ill.glob("*.onnx"))) < 50:
                         path = ill / f"{args.seed}-{time.time_ns() % 10**9:09d}-{backend}.onnx"
                         onnx.save(case.model, str(path))
-                        path.with_suffix(".json").write_text(json.dumps(
-                            {"backend": backend, "case": repr(case), "batch_seed": case.seed,
-                             "detail": outcome.detail}, indent=2) + "\n")
+                        path.with_suffix(".json").write_text(
+                            json.dumps(
+                                {
+                                    "backend": backend,
+                                    "case": repr(case),
+                                    "batch_seed": case.seed,
+                                    "detail": outcome.detail,
+                                },
+                                indent=2,
+                            )
+                            + "\n"
+                        )
         emit(event="example")
 
     explore()
@@ -129,19 +161,34 @@ class Tally:
             self.with_qdq[b] += rec["qdq"] > 0
 
 
-def run_worker(args: argparse.Namespace, examples: int, seed: int, log: Path,
-               tally: Tally) -> str:
+def run_worker(args: argparse.Namespace, examples: int, seed: int, log: Path, tally: Tally) -> str:
     """One worker run, fed into ``tally``; returns how it ended: done, crash or hang."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker-log", str(log),
-           "--examples", str(examples), "--seed", str(seed), "--artifacts",
-           str(args.artifacts), "--max-ops", str(args.max_ops)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker-log",
+        str(log),
+        "--examples",
+        str(examples),
+        "--seed",
+        str(seed),
+        "--artifacts",
+        str(args.artifacts),
+        "--max-ops",
+        str(args.max_ops),
+    ]
     for b in args.backend:
         cmd += ["--backend", b]
     log.write_text("")
     tmpdir = args.artifacts / "tmp"  # a native abort skips onnxq's temp-dir cleanup
     tmpdir.mkdir(exist_ok=True)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "TMPDIR": str(tmpdir)})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmpdir)},
+    )
     read = 0
     last_progress = time.monotonic()
     finished = False
@@ -155,8 +202,11 @@ def run_worker(args: argparse.Namespace, examples: int, seed: int, log: Path,
             tally.add(rec)
             finished |= rec["event"] == "done"
             if rec["event"] == "example" and tally.examples % 100 == 0:
-                print(f"  {tally.examples} models, {len(tally.failures)} failures",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"  {tally.examples} models, {len(tally.failures)} failures",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if len(lines) > read:
             last_progress = time.monotonic()
         read = len(lines)
@@ -181,8 +231,9 @@ def run_worker(args: argparse.Namespace, examples: int, seed: int, log: Path,
     return ended
 
 
-def record_crash(args: argparse.Namespace, how: str, code: int | None, stderr: str,
-                 tally: Tally) -> None:
+def record_crash(
+    args: argparse.Namespace, how: str, code: int | None, stderr: str, tally: Tally
+) -> None:
     current = sorted(args.artifacts.glob("current-*.onnx"))
     note: dict = {"backend": "?", "case": "?"}
     model = ""
@@ -195,9 +246,16 @@ def record_crash(args: argparse.Namespace, how: str, code: int | None, stderr: s
         meta.unlink(missing_ok=True)
         model = str(target)
     tail = " | ".join(stderr.strip().splitlines()[-3:])[:600]
-    tally.failures.append({"backend": note["backend"], "kind": "FAILURE", "model": model,
-                           "stem": f"process {how} (exit {code})", "case": note["case"],
-                           "message": f"worker {how}, exit {code}: {tail}"})
+    tally.failures.append(
+        {
+            "backend": note["backend"],
+            "kind": "FAILURE",
+            "model": model,
+            "stem": f"process {how} (exit {code})",
+            "case": note["case"],
+            "message": f"worker {how}, exit {code}: {tail}",
+        }
+    )
     tally.counts.setdefault(note["backend"], collections.Counter())["FAILURE"] += 1
 
 
@@ -205,15 +263,26 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--examples", type=int, default=2000, help="models to generate")
     p.add_argument("--seed", type=int, help="hypothesis seed (default: random, printed)")
-    p.add_argument("--backend", action="append",
-                   choices=("tensorrt", "onnxruntime", "onnxruntime-nocost"),
-                   help="backend(s) to test (default all three; onnxruntime-nocost: the "
-                   "onnxruntime profile without its cost rules, so small graphs get Q/DQ)")
-    p.add_argument("--artifacts", type=Path, default=Path("fuzz-failures"),
-                   help="folder for failing models (default ./fuzz-failures)")
+    p.add_argument(
+        "--backend",
+        action="append",
+        choices=("tensorrt", "onnxruntime", "onnxruntime-nocost"),
+        help="backend(s) to test (default all three; onnxruntime-nocost: the "
+        "onnxruntime profile without its cost rules, so small graphs get Q/DQ)",
+    )
+    p.add_argument(
+        "--artifacts",
+        type=Path,
+        default=Path("fuzz-failures"),
+        help="folder for failing models (default ./fuzz-failures)",
+    )
     p.add_argument("--max-ops", type=int, default=8, help="ops per generated graph")
-    p.add_argument("--hang-timeout", type=float, default=300,
-                   help="seconds without progress before the worker counts as hung")
+    p.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=300,
+        help="seconds without progress before the worker counts as hung",
+    )
     p.add_argument("--show", type=int, default=20, help="message groups to print")
     p.add_argument("--worker-log", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -225,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     args.artifacts.mkdir(parents=True, exist_ok=True)
     tally = Tally(args.backend)
     started = time.monotonic()
-    print(f"fuzzing {args.examples} models x {', '.join(args.backend)} (seed {run_seed})",
-          flush=True)
+    print(
+        f"fuzzing {args.examples} models x {', '.join(args.backend)} (seed {run_seed})", flush=True
+    )
     log = args.artifacts / f"worker-{os.getpid()}.jsonl"
     restarts = 0
     while tally.examples < args.examples and restarts <= 100:
@@ -240,18 +310,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{tally.examples} models in {elapsed:.0f} s ({restarts} worker restarts)")
     for b in args.backend:
         c = tally.counts[b]
-        print(f"{b}: ok {c['ok']} (with Q/DQ: {tally.with_qdq[b]}), ok past the bound but "
-              f"within the noise budget (ill-conditioned) {c['ok-ill-conditioned']}, ok after "
-              f"a legitimate If-branch flip {c['ok-flip']}, OnnxqError {c['onnxq-error']}, "
-              f"failures {c['FAILURE']}; worst relative L2 error when ok: "
-              f"{tally.worst[b]:.4f}")
+        print(
+            f"{b}: ok {c['ok']} (with Q/DQ: {tally.with_qdq[b]}), ok past the bound but "
+            f"within the noise budget (ill-conditioned) {c['ok-ill-conditioned']}, ok after "
+            f"a legitimate If-branch flip {c['ok-flip']}, OnnxqError {c['onnxq-error']}, "
+            f"failures {c['FAILURE']}; worst relative L2 error when ok: "
+            f"{tally.worst[b]:.4f}"
+        )
         for stem, n in tally.errors[b].most_common(args.show):
             print(f"  OnnxqError x{n}: {stem}")
     if tally.failures:
         stems = collections.Counter(f"{f['backend']}: {f['stem']}" for f in tally.failures)
         unique = len({(f["backend"], f["case"]) for f in tally.failures})
-        print(f"\n{len(tally.failures)} FAILURES on {unique} distinct (model, backend) pairs "
-              f"(hypothesis re-tries near an example; models and notes in {args.artifacts}/):")
+        print(
+            f"\n{len(tally.failures)} FAILURES on {unique} distinct (model, backend) pairs "
+            f"(hypothesis re-tries near an example; models and notes in {args.artifacts}/):"
+        )
         for stem, n in stems.most_common(args.show):
             print(f"  x{n}: {stem}")
         first: dict[str, dict] = {}

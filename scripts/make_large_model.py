@@ -40,8 +40,7 @@ def layers_for(total_bytes: float, width: int) -> int:
     return max(1, round(total_bytes / (width * width * 4)))
 
 
-def _external(name: str, dims: list[int], location: str, offset: int,
-              length: int) -> TensorProto:
+def _external(name: str, dims: list[int], location: str, offset: int, length: int) -> TensorProto:
     t = TensorProto()
     t.name = name
     t.data_type = TensorProto.FLOAT
@@ -73,9 +72,15 @@ class _DataWriter:
         return tensor
 
 
-def build_large_model(out: str | os.PathLike[str], *, total_bytes: float | None = None,
-                      layers: int | None = None, width: int = 4096, seed: int = 0,
-                      verbose: bool = False) -> tuple[Path, Path]:
+def build_large_model(
+    out: str | os.PathLike[str],
+    *,
+    total_bytes: float | None = None,
+    layers: int | None = None,
+    width: int = 4096,
+    seed: int = 0,
+    verbose: bool = False,
+) -> tuple[Path, Path]:
     """Write ``out`` and ``out + '.data'``; returns both paths.
 
     Give ``layers`` or ``total_bytes`` (the weights' size; ``layers`` wins).  Same arguments,
@@ -102,42 +107,63 @@ def build_large_model(out: str | os.PathLike[str], *, total_bytes: float | None 
             out_name = "y" if i == layers - 1 else f"layer{i}_out"
             if i % 2 == 0:
                 inits.append(writer.add(f"layer{i}.weight", weight))  # [K, N]
-                nodes.append(helper.make_node("MatMul", [current, f"layer{i}.weight"],
-                                              [out_name], name=f"layer{i}/MatMul"))
+                nodes.append(
+                    helper.make_node(
+                        "MatMul", [current, f"layer{i}.weight"], [out_name], name=f"layer{i}/MatMul"
+                    )
+                )
             else:
                 inits.append(writer.add(f"layer{i}.weight", weight))  # [N, K], transB=1
-                bias = (rng.standard_normal(width, dtype=np.float32) * np.float32(0.01))
+                bias = rng.standard_normal(width, dtype=np.float32) * np.float32(0.01)
                 inits.append(writer.add(f"layer{i}.bias", bias))
-                nodes.append(helper.make_node("Gemm", [current, f"layer{i}.weight",
-                                                       f"layer{i}.bias"], [out_name],
-                                              name=f"layer{i}/Gemm", transB=1))
+                nodes.append(
+                    helper.make_node(
+                        "Gemm",
+                        [current, f"layer{i}.weight", f"layer{i}.bias"],
+                        [out_name],
+                        name=f"layer{i}/Gemm",
+                        transB=1,
+                    )
+                )
             del weight
             current = out_name
             if i < layers - 1:
-                nodes.append(helper.make_node("Relu", [current], [f"layer{i}_relu"],
-                                              name=f"layer{i}/Relu"))
+                nodes.append(
+                    helper.make_node("Relu", [current], [f"layer{i}_relu"], name=f"layer{i}/Relu")
+                )
                 current = f"layer{i}_relu"
             if verbose:
-                print(f"\rlayer {i + 1}/{layers}: {writer.offset / GIB:.2f} GiB", end="",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"\rlayer {i + 1}/{layers}: {writer.offset / GIB:.2f} GiB",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
         fh.flush()
         os.fsync(fh.fileno())
     if verbose:
         print(file=sys.stderr)
     graph = helper.make_graph(
-        nodes, "large_stack",
+        nodes,
+        "large_stack",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="onnxq-make-large-model")
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])],
+        inits,
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="onnxq-make-large-model",
+    )
     model.ir_version = 8
     out.write_bytes(model.SerializeToString())  # the header only: a few KB
     return out, data_path
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("out", help="output .onnx path (the data goes to OUT.data)")
     p.add_argument("--gb", type=float, default=2.2, help="weight size in GiB (default 2.2)")
     p.add_argument("--layers", type=int, help="number of layers (overrides --gb)")
@@ -146,11 +172,19 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.width < 1 or (args.layers is not None and args.layers < 1) or args.gb <= 0:
         p.error("--width, --layers and --gb must be positive")
-    model, data = build_large_model(args.out, total_bytes=args.gb * GIB, layers=args.layers,
-                                    width=args.width, seed=args.seed, verbose=True)
+    model, data = build_large_model(
+        args.out,
+        total_bytes=args.gb * GIB,
+        layers=args.layers,
+        width=args.width,
+        seed=args.seed,
+        verbose=True,
+    )
     size = model.stat().st_size + data.stat().st_size
-    print(f"wrote {model} ({model.stat().st_size} bytes) and {data} "
-          f"({data.stat().st_size / GIB:.3f} GiB); total {size / GIB:.3f} GiB")
+    print(
+        f"wrote {model} ({model.stat().st_size} bytes) and {data} "
+        f"({data.stat().st_size / GIB:.3f} GiB); total {size / GIB:.3f} GiB"
+    )
     return 0
 
 

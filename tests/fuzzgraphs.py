@@ -123,17 +123,24 @@ class Builder:
         if self.draw(st.booleans()):
             self.inits.append(numpy_helper.from_array(value, name))
         else:
-            self.nodes.append(helper.make_node(
-                "Constant", [], [name], name=self.fresh("Constant"),
-                value=numpy_helper.from_array(value, name)))
+            self.nodes.append(
+                helper.make_node(
+                    "Constant",
+                    [],
+                    [name],
+                    name=self.fresh("Constant"),
+                    value=numpy_helper.from_array(value, name),
+                )
+            )
         return name
 
     def ints(self, base: str, values: list[int]) -> str:
         return self.const(base, np.asarray(values, dtype=np.int64))
 
     def weight(self, shape: tuple[int, ...], fan_in: int, gain: float = 1.0) -> np.ndarray:
-        return (self.rng.standard_normal(shape) * gain / math.sqrt(max(fan_in, 1))
-                ).astype(np.float32)
+        return (self.rng.standard_normal(shape) * gain / math.sqrt(max(fan_in, 1))).astype(
+            np.float32
+        )
 
     def add(self, name: str, shape: tuple[int, ...]) -> Tensor:
         t = Tensor(name, tuple(int(d) for d in shape))
@@ -185,8 +192,9 @@ def op_conv(b: Builder) -> bool:
     if b.draw(st.booleans()):
         inputs.append(b.const("conv_b", b.weight((out_c,), 1, 0.1)))
     y = b.fresh("conv")
-    b.node("Conv", inputs, [y], kernel_shape=[k, k], pads=[pad] * 4, strides=[stride] * 2,
-           group=group)
+    b.node(
+        "Conv", inputs, [y], kernel_shape=[k, k], pads=[pad] * 4, strides=[stride] * 2, group=group
+    )
     b.add(y, (batch, out_c, oh, ow))
     b.ops.append(f"Conv{'dw' if depthwise else ''}{k}x{k}/{stride}:{c}->{out_c}")
     return True
@@ -260,8 +268,12 @@ def op_binary(b: Builder) -> bool:
     else:
         forms = ["scalar", "last", "full"] + (["channel"] if x.rank == 4 else [])
         form = b.choice(forms)
-        shapes = {"scalar": (), "last": x.shape[-1:], "full": x.shape,
-                  "channel": (*x.shape[1:2], 1, 1)}  # channel: rank-4 tensors only
+        shapes = {
+            "scalar": (),
+            "last": x.shape[-1:],
+            "full": x.shape,
+            "channel": (*x.shape[1:2], 1, 1),
+        }  # channel: rank-4 tensors only
         shape = shapes[form]
         if op == "Mul":
             value = b.rng.uniform(0.5, 1.5, size=shape) * b.rng.choice([-1.0, 1.0], size=shape)
@@ -277,14 +289,24 @@ def op_concat(b: Builder) -> bool:
     x = b.pick()
     assert x is not None
     axis = b.draw(st.integers(0, x.rank - 1))
-    mates = [t for t in b.pool if t.rank == x.rank and all(
-        d1 == d2 for i, (d1, d2) in enumerate(zip(t.shape, x.shape, strict=True)) if i != axis)]
+    mates = [
+        t
+        for t in b.pool
+        if t.rank == x.rank
+        and all(
+            d1 == d2 for i, (d1, d2) in enumerate(zip(t.shape, x.shape, strict=True)) if i != axis
+        )
+    ]
     parts = [x, *b.draw(st.lists(st.sampled_from(mates), min_size=1, max_size=2))]
     shape = list(x.shape)
     shape[axis] = sum(t.shape[axis] for t in parts)
     y = b.fresh("concat")
-    b.node("Concat", [t.name for t in parts], [y],
-           axis=axis - x.rank if b.draw(st.booleans()) else axis)
+    b.node(
+        "Concat",
+        [t.name for t in parts],
+        [y],
+        axis=axis - x.rank if b.draw(st.booleans()) else axis,
+    )
     b.add(y, shape)
     b.ops.append(f"Concat{len(parts)}@{axis}")
     return True
@@ -407,8 +429,12 @@ def op_slice(b: Builder) -> bool:
     start = b.draw(st.integers(0, d - 1))
     end = b.draw(st.integers(start + 1, d))
     step = b.choice([1, 2])
-    inputs = [x.name, b.ints("starts", [start - d if b.draw(st.booleans()) else start]),
-              b.ints("ends", [end]), b.ints("axes", [axis])]
+    inputs = [
+        x.name,
+        b.ints("starts", [start - d if b.draw(st.booleans()) else start]),
+        b.ints("ends", [end]),
+        b.ints("axes", [axis]),
+    ]
     if step != 1 or b.draw(st.booleans()):
         inputs.append(b.ints("steps", [step]))
     shape = list(x.shape)
@@ -511,14 +537,21 @@ def op_if(b: Builder) -> bool:
     b.node("Greater", [total, b.const("zero", np.float32(0.0))], [cond])
     then_out, else_out = b.fresh("then_out"), b.fresh("else_out")
     vi = helper.make_tensor_value_info
-    then_g = helper.make_graph([helper.make_node("Relu", [x.name], [then_out])], "then", [],
-                               [vi(then_out, FLOAT, list(x.shape))])
+    then_g = helper.make_graph(
+        [helper.make_node("Relu", [x.name], [then_out])],
+        "then",
+        [],
+        [vi(then_out, FLOAT, list(x.shape))],
+    )
     factor = b.fresh("half")
     else_kind = b.choice(["scale", "sigmoid"])
     if else_kind == "scale":
-        else_nodes = [helper.make_node("Constant", [], [factor],
-                                       value=numpy_helper.from_array(np.float32(0.5), factor)),
-                      helper.make_node("Mul", [x.name, factor], [else_out])]
+        else_nodes = [
+            helper.make_node(
+                "Constant", [], [factor], value=numpy_helper.from_array(np.float32(0.5), factor)
+            ),
+            helper.make_node("Mul", [x.name, factor], [else_out]),
+        ]
     else:
         else_nodes = [helper.make_node("Sigmoid", [x.name], [else_out])]
     else_g = helper.make_graph(else_nodes, "else", [], [vi(else_out, FLOAT, list(x.shape))])
@@ -533,11 +566,24 @@ def op_if(b: Builder) -> bool:
 
 
 OPS: dict[str, Op] = {
-    "Conv": op_conv, "Gemm": op_gemm, "MatMul": op_matmul, "Binary": op_binary,
-    "Concat": op_concat, "Relu": op_relu, "Clip": op_clip, "Reshape": op_reshape,
-    "Transpose": op_transpose, "Pool": op_pool, "Resize": op_resize, "Slice": op_slice,
-    "Split": op_split, "Softmax": op_softmax, "LayerNormalization": op_layernorm,
-    "Where": op_where, "ShapeReshape": op_shape_reshape, "If": op_if,
+    "Conv": op_conv,
+    "Gemm": op_gemm,
+    "MatMul": op_matmul,
+    "Binary": op_binary,
+    "Concat": op_concat,
+    "Relu": op_relu,
+    "Clip": op_clip,
+    "Reshape": op_reshape,
+    "Transpose": op_transpose,
+    "Pool": op_pool,
+    "Resize": op_resize,
+    "Slice": op_slice,
+    "Split": op_split,
+    "Softmax": op_softmax,
+    "LayerNormalization": op_layernorm,
+    "Where": op_where,
+    "ShapeReshape": op_shape_reshape,
+    "If": op_if,
 }
 # Conv/Gemm/MatMul are what onnxq quantizes: draw them more often
 WEIGHTED_OPS = ["Conv", "Conv", "Conv", "Gemm", "Gemm", "MatMul", "MatMul", *OPS]
@@ -547,8 +593,12 @@ WEIGHTED_OPS = ["Conv", "Conv", "Conv", "Gemm", "Gemm", "MatMul", "MatMul", *OPS
 def _input_shape(draw) -> tuple[int, ...]:
     rank = draw(st.sampled_from([4, 4, 4, 3, 2]))
     if rank == 4:
-        return (1, draw(st.sampled_from([1, 3, 8, 16, 16, 32, 32])), draw(st.integers(1, 10)),
-                draw(st.integers(1, 10)))
+        return (
+            1,
+            draw(st.sampled_from([1, 3, 8, 16, 16, 32, 32])),
+            draw(st.integers(1, 10)),
+            draw(st.integers(1, 10)),
+        )
     if rank == 3:
         return (1, draw(st.integers(1, 8)), draw(st.sampled_from([1, 4, 16, 32, 32])))
     return (1, draw(st.sampled_from([1, 3, 16, 32, 64, 64])))
@@ -583,8 +633,9 @@ def _assemble(b: Builder) -> onnx.ModelProto:
     leaves = [t for t in b.pool if t.name not in b.consumed and t.name not in input_names]
     outputs = [vi(t.name, FLOAT, list(t.shape)) for t in leaves] + b.extra_outputs
     graph = helper.make_graph(b.nodes, "fuzz", inputs, outputs, b.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="onnxq-fuzzgraphs")
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="onnxq-fuzzgraphs"
+    )
     model.ir_version = IR_VERSION
     return model
 
@@ -605,14 +656,17 @@ def _validate(model: onnx.ModelProto) -> None:
         _reject(f"checker: {exc}")
     inputs = random_batches(model, 1, 0)[0]
     runs = []
-    for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-                  ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+    for level in (
+        ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    ):
         try:
             opts = ort.SessionOptions()
             opts.log_severity_level = 4
             opts.graph_optimization_level = level
-            session = ort.InferenceSession(model.SerializeToString(), opts,
-                                           providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(
+                model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+            )
             runs.append(session.run(None, inputs))
         except Exception as exc:
             _reject(f"onnxruntime: {exc}")

@@ -112,22 +112,30 @@ def conv_hardswish(op: str = "pair", channels: int = 16, seed: int = 0) -> onnx.
     """x -> Conv(3x3, bias) -> hardswish -> Conv(3x3) -> y; the hardswish as ``pair``
     (``x * HardSigmoid(x, 1/6, 1/2)``, before opset 14), ``HardSwish`` or ``Relu``."""
     r = rng(seed)
-    nodes = [helper.make_node("Conv", ["x", "c1.weight", "c1.bias"], ["c1_out"], name="c1",
-                              pads=[1, 1, 1, 1])]
+    nodes = [
+        helper.make_node(
+            "Conv", ["x", "c1.weight", "c1.bias"], ["c1_out"], name="c1", pads=[1, 1, 1, 1]
+        )
+    ]
     if op == "pair":
-        nodes += [helper.make_node("HardSigmoid", ["c1_out"], ["gate"], name="gate",
-                                   alpha=1 / 6, beta=0.5),
-                  helper.make_node("Mul", ["c1_out", "gate"], ["act"], name="swish")]
+        nodes += [
+            helper.make_node(
+                "HardSigmoid", ["c1_out"], ["gate"], name="gate", alpha=1 / 6, beta=0.5
+            ),
+            helper.make_node("Mul", ["c1_out", "gate"], ["act"], name="swish"),
+        ]
     else:
         nodes.append(helper.make_node(op, ["c1_out"], ["act"], name="act"))
-    nodes.append(helper.make_node("Conv", ["act", "c2.weight"], ["y"], name="c2",
-                                  pads=[1, 1, 1, 1]))
-    inits = [init("c1.weight", weight(r, channels, channels, 3, 3, scale=1.0)),
-             init("c1.bias", weight(r, channels)),
-             init("c2.weight", weight(r, channels, channels, 3, 3))]
+    nodes.append(
+        helper.make_node("Conv", ["act", "c2.weight"], ["y"], name="c2", pads=[1, 1, 1, 1])
+    )
+    inits = [
+        init("c1.weight", weight(r, channels, channels, 3, 3, scale=1.0)),
+        init("c1.bias", weight(r, channels)),
+        init("c2.weight", weight(r, channels, channels, 3, 3)),
+    ]
     shape = [1, channels, 8, 8]
-    return model(nodes, [tensor("x", shape)], [tensor("y", shape)], inits,
-                 name="conv_hardswish")
+    return model(nodes, [tensor("x", shape)], [tensor("y", shape)], inits, name="conv_hardswish")
 
 
 def conv_small(seed: int = 0) -> onnx.ModelProto:
@@ -700,8 +708,9 @@ def spectrogram(bins: int = 32, mels: int = 16, seed: int = 0) -> onnx.ModelProt
         helper.make_node("Clip", ["mel", "eps"], ["mel_floor"], name="floor"),
         helper.make_node("Log", ["mel_floor"], ["logmel"], name="log"),
         helper.make_node("Transpose", ["logmel"], ["features"], name="features", perm=[0, 2, 1]),
-        helper.make_node("Conv", ["features", "conv.weight", "conv.bias"], ["conv_out"],
-                         name="conv", pads=[1, 1]),
+        helper.make_node(
+            "Conv", ["features", "conv.weight", "conv.bias"], ["conv_out"], name="conv", pads=[1, 1]
+        ),
         helper.make_node("Relu", ["conv_out"], ["y"], name="relu"),
     ]
     inits = [
@@ -712,8 +721,13 @@ def spectrogram(bins: int = 32, mels: int = 16, seed: int = 0) -> onnx.ModelProt
         init("conv.weight", weight(r, mels, mels, 3)),
         init("conv.bias", weight(r, mels)),
     ]
-    return model(nodes, [tensor("x", [1, 1, 16384])], [tensor("y", [1, mels, 1021])], inits,
-                 name="spectrogram")
+    return model(
+        nodes,
+        [tensor("x", [1, 1, 16384])],
+        [tensor("y", [1, mels, 1021])],
+        inits,
+        name="spectrogram",
+    )
 
 
 BUILDERS = {
@@ -759,32 +773,55 @@ def tabular(trees: bool = False, k: int = 64, n: int = 32) -> onnx.ModelProto:
     the Scaler, so every shape after it is unknown."""
     r = rng(3)
     nodes = [
-        helper.make_node("Scaler", ["x"], ["scaled"], name="scaler", domain="ai.onnx.ml",
-                         offset=[0.5] * k, scale=[2.0] * k),
+        helper.make_node(
+            "Scaler",
+            ["x"],
+            ["scaled"],
+            name="scaler",
+            domain="ai.onnx.ml",
+            offset=[0.5] * k,
+            scale=[2.0] * k,
+        ),
         helper.make_node("MatMul", ["scaled", "pca.weight"], ["projected"], name="pca"),
     ]
     inits = [init("pca.weight", weight(r, k, n))]
     if trees:
         count = 4  # tree t splits feature t at 0: leaf 1 (<=) or leaf 2 (>)
-        nodes.append(helper.make_node(
-            "TreeEnsembleRegressor", ["projected"], ["y"], name="forest", domain="ai.onnx.ml",
-            n_targets=1, nodes_treeids=[t for t in range(count) for _ in range(3)],
-            nodes_nodeids=[0, 1, 2] * count,
-            nodes_featureids=[f for t in range(count) for f in (t, 0, 0)],
-            nodes_values=[0.0] * (3 * count), nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"] * count,
-            nodes_truenodeids=[1, 0, 0] * count, nodes_falsenodeids=[2, 0, 0] * count,
-            target_treeids=[t for t in range(count) for _ in range(2)],
-            target_nodeids=[1, 2] * count, target_ids=[0, 0] * count,
-            target_weights=[float(w) for t in range(count) for w in (-1 - t, 1 + t)]))
+        nodes.append(
+            helper.make_node(
+                "TreeEnsembleRegressor",
+                ["projected"],
+                ["y"],
+                name="forest",
+                domain="ai.onnx.ml",
+                n_targets=1,
+                nodes_treeids=[t for t in range(count) for _ in range(3)],
+                nodes_nodeids=[0, 1, 2] * count,
+                nodes_featureids=[f for t in range(count) for f in (t, 0, 0)],
+                nodes_values=[0.0] * (3 * count),
+                nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"] * count,
+                nodes_truenodeids=[1, 0, 0] * count,
+                nodes_falsenodeids=[2, 0, 0] * count,
+                target_treeids=[t for t in range(count) for _ in range(2)],
+                target_nodeids=[1, 2] * count,
+                target_ids=[0, 0] * count,
+                target_weights=[float(w) for t in range(count) for w in (-1 - t, 1 + t)],
+            )
+        )
         out = tensor("y", [None, 1])
     else:
-        nodes += [helper.make_node("Relu", ["projected"], ["hidden"], name="relu"),
-                  helper.make_node("MatMul", ["hidden", "out.weight"], ["y"], name="out")]
+        nodes += [
+            helper.make_node("Relu", ["projected"], ["hidden"], name="relu"),
+            helper.make_node("MatMul", ["hidden", "out.weight"], ["y"], name="out"),
+        ]
         inits.append(init("out.weight", weight(r, n, 4)))
         out = tensor("y", [None, 4])
     graph = helper.make_graph(nodes, "tabular", [tensor("x", [None, k])], [out], inits)
-    m = helper.make_model(graph, producer_name="onnxq-tests", opset_imports=[
-        helper.make_opsetid("", OPSET), helper.make_opsetid("ai.onnx.ml", 3)])
+    m = helper.make_model(
+        graph,
+        producer_name="onnxq-tests",
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("ai.onnx.ml", 3)],
+    )
     m.ir_version = IR_VERSION
     onnx.checker.check_model(m)
     return m
@@ -795,29 +832,40 @@ def feature_encoder(norm_after_first: bool = False, seed: int = 0) -> onnx.Model
     [-> InstanceNormalization] -> Conv1d(16 -> 16, k3) 'conv1' -> Relu -> Conv1d(16 -> 16, k3)
     'conv2' -> Transpose to [N, T, C] -> LayerNormalization -> MatMul(16 -> 16) 'proj' -> y."""
     r = rng(seed)
-    inits = [init("w0", weight(r, 16, 1, 3, scale=0.5)), init("w1", weight(r, 16, 16, 3)),
-             init("w2", weight(r, 16, 16, 3)), init("ln.g", np.ones(16, np.float32)),
-             init("ln.b", np.zeros(16, np.float32)), init("proj.w", weight(r, 16, 16))]
-    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", kernel_shape=[3]),
-             helper.make_node("Relu", ["c0"], ["r0"], name="relu0")]
+    inits = [
+        init("w0", weight(r, 16, 1, 3, scale=0.5)),
+        init("w1", weight(r, 16, 16, 3)),
+        init("w2", weight(r, 16, 16, 3)),
+        init("ln.g", np.ones(16, np.float32)),
+        init("ln.b", np.zeros(16, np.float32)),
+        init("proj.w", weight(r, 16, 16)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", kernel_shape=[3]),
+        helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+    ]
     first = "r0"
     if norm_after_first:
-        inits += [init("in.g", np.ones(16, np.float32)),
-                  init("in.b", np.zeros(16, np.float32))]
-        nodes.append(helper.make_node("InstanceNormalization", ["r0", "in.g", "in.b"], ["n0"],
-                                      name="norm0"))
+        inits += [init("in.g", np.ones(16, np.float32)), init("in.b", np.zeros(16, np.float32))]
+        nodes.append(
+            helper.make_node("InstanceNormalization", ["r0", "in.g", "in.b"], ["n0"], name="norm0")
+        )
         first = "n0"
     nodes += [
         helper.make_node("Conv", [first, "w1"], ["c1"], name="conv1", kernel_shape=[3]),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
         helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", kernel_shape=[3]),
         helper.make_node("Transpose", ["c2"], ["t"], name="to_nlc", perm=[0, 2, 1]),
-        helper.make_node("LayerNormalization", ["t", "ln.g", "ln.b"], ["ln"], name="ln",
-                         axis=-1),
+        helper.make_node("LayerNormalization", ["t", "ln.g", "ln.b"], ["ln"], name="ln", axis=-1),
         helper.make_node("MatMul", ["ln", "proj.w"], ["y"], name="proj"),
     ]
-    return model(nodes, [tensor("x", ["n", 1, "t"])], [tensor("y", ["n", "t2", 16])], inits,
-                 name="feature_encoder")
+    return model(
+        nodes,
+        [tensor("x", ["n", 1, "t"])],
+        [tensor("y", ["n", "t2", 16])],
+        inits,
+        name="feature_encoder",
+    )
 
 
 def nms_detector() -> onnx.ModelProto:
@@ -830,24 +878,30 @@ def nms_detector() -> onnx.ModelProto:
         helper.make_node("MatMul", ["hr", "w2"], ["o"], name="fc2"),
         helper.make_node("Slice", ["o", "s0", "s4", "ax"], ["boxes"], name="box_slice"),
         helper.make_node("Slice", ["o", "s4", "s5", "ax"], ["score_col"], name="score_slice"),
-        helper.make_node("Transpose", ["score_col"], ["scores"], name="to_classes",
-                         perm=[0, 2, 1]),
-        helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou"], ["sel"],
-                         name="nms"),
+        helper.make_node("Transpose", ["score_col"], ["scores"], name="to_classes", perm=[0, 2, 1]),
+        helper.make_node(
+            "NonMaxSuppression", ["boxes", "scores", "max_out", "iou"], ["sel"], name="nms"
+        ),
         helper.make_node("Gather", ["sel", "two"], ["idx"], name="pick_index", axis=1),
         helper.make_node("Squeeze", ["boxes", "zero"], ["boxes2"], name="flat"),
         helper.make_node("Gather", ["boxes2", "idx"], ["picked"], name="pick", axis=0),
     ]
-    inits = [init("w1", weight(r, 256, 64, scale=0.1)),
-             init("w2", weight(r, 64, 5, scale=0.3)),
-             helper.make_tensor("s0", TensorProto.INT64, [1], [0]),
-             helper.make_tensor("s4", TensorProto.INT64, [1], [4]),
-             helper.make_tensor("s5", TensorProto.INT64, [1], [5]),
-             helper.make_tensor("ax", TensorProto.INT64, [1], [2]),
-             helper.make_tensor("max_out", TensorProto.INT64, [1], [16]),
-             helper.make_tensor("iou", TensorProto.FLOAT, [1], [0.5]),
-             helper.make_tensor("two", TensorProto.INT64, [], [2]),
-             helper.make_tensor("zero", TensorProto.INT64, [1], [0])]
-    return model(nodes, [tensor("x", [1, 64, 256])],
-                 [tensor("picked", ["k", 4]), tensor("sel", ["k", 3], TensorProto.INT64)], inits,
-                 name="nms_detector")
+    inits = [
+        init("w1", weight(r, 256, 64, scale=0.1)),
+        init("w2", weight(r, 64, 5, scale=0.3)),
+        helper.make_tensor("s0", TensorProto.INT64, [1], [0]),
+        helper.make_tensor("s4", TensorProto.INT64, [1], [4]),
+        helper.make_tensor("s5", TensorProto.INT64, [1], [5]),
+        helper.make_tensor("ax", TensorProto.INT64, [1], [2]),
+        helper.make_tensor("max_out", TensorProto.INT64, [1], [16]),
+        helper.make_tensor("iou", TensorProto.FLOAT, [1], [0.5]),
+        helper.make_tensor("two", TensorProto.INT64, [], [2]),
+        helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+    ]
+    return model(
+        nodes,
+        [tensor("x", [1, 64, 256])],
+        [tensor("picked", ["k", 4]), tensor("sel", ["k", 3], TensorProto.INT64)],
+        inits,
+        name="nms_detector",
+    )

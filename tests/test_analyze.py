@@ -58,9 +58,12 @@ def test_a_model_with_other_shapes_under_the_same_names_is_refused():
     # same input, same tensor names, 16 against 32 channels: before, every tensor whose
     # shapes differed was skipped and showed as cosine 1.0
     model, other = graphs.conv_relu(out_channels=16), graphs.conv_relu(out_channels=32)
-    with pytest.raises(UnsupportedModelError, match=r"tensor 'conv_out' has shape "
-                       r"\[1, 16, 8, 8\] in the float model but \[1, 32, 8, 8\] in the "
-                       r"quantized one \(batch 0\): the quantized model is not a quantization"):
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"tensor 'conv_out' has shape "
+        r"\[1, 16, 8, 8\] in the float model but \[1, 32, 8, 8\] in the "
+        r"quantized one \(batch 0\): the quantized model is not a quantization",
+    ):
         analyze(model, other, graphs.random_batches(model, 2))
 
 
@@ -70,16 +73,21 @@ def test_a_model_with_other_inputs_or_no_shared_tensor_is_refused():
     renamed.CopyFrom(model)
     renamed.graph.input[0].name = "image"
     renamed.graph.node[0].input[0] = "image"
-    with pytest.raises(UnsupportedModelError, match=r"inputs \[image \(float32\)\] are not the "
-                       r"float model's \[x \(float32\)\]"):
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"inputs \[image \(float32\)\] are not the "
+        r"float model's \[x \(float32\)\]",
+    ):
         analyze(model, renamed, graphs.random_batches(model, 1))
     for node in renamed.graph.node:  # same inputs, every tensor named otherwise
         node.input[0] = "x" if node.input[0] == "image" else "other_" + node.input[0]
         node.output[0] = "other_" + node.output[0]
     renamed.graph.input[0].name = "x"
     renamed.graph.output[0].name = "other_y"
-    with pytest.raises(UnsupportedModelError, match="no float tensor of the float model has a "
-                       "namesake in the quantized model"):
+    with pytest.raises(
+        UnsupportedModelError,
+        match="no float tensor of the float model has a namesake in the quantized model",
+    ):
         analyze(model, renamed, graphs.random_batches(model, 1))
 
 
@@ -115,11 +123,17 @@ def _log_model(first_op: str) -> onnx.ModelProto:
     from onnx import helper
 
     attrs = {"alpha": 0.5} if first_op == "LeakyRelu" else {}
-    nodes = [helper.make_node(first_op, ["x"], ["r"], name="act", **attrs),
-             helper.make_node("Log", ["r"], ["l"], name="log"),
-             helper.make_node("Add", ["l", "one"], ["y"], name="add")]
-    return graphs.model(nodes, [graphs.tensor("x", [2, 8])], [graphs.tensor("y", [2, 8])],
-                        [graphs.init("one", np.ones(1, np.float32))])
+    nodes = [
+        helper.make_node(first_op, ["x"], ["r"], name="act", **attrs),
+        helper.make_node("Log", ["r"], ["l"], name="log"),
+        helper.make_node("Add", ["l", "one"], ["y"], name="add"),
+    ]
+    return graphs.model(
+        nodes,
+        [graphs.tensor("x", [2, 8])],
+        [graphs.tensor("y", [2, 8])],
+        [graphs.init("one", np.ones(1, np.float32))],
+    )
 
 
 def test_non_finite_values_equal_in_both_models_agree_and_the_report_is_json(tmp_path):
@@ -135,23 +149,27 @@ def test_non_finite_values_equal_in_both_models_agree_and_the_report_is_json(tmp
 def test_non_finite_values_in_one_model_only_are_counted_not_folded_into_nan():
     # the "quantized" model gives NaN (Log of a negative) where the float one gives -inf
     batches = graphs.random_batches(_log_model("Relu"), 2)
-    layers = {x.tensor: x for x in analyze(_log_model("Relu"), _log_model("LeakyRelu"),
-                                           batches)}
+    layers = {x.tensor: x for x in analyze(_log_model("Relu"), _log_model("LeakyRelu"), batches)}
     negatives = sum(int((b["x"] < 0).sum()) for b in batches)
     assert negatives and layers["l"].nonfinite_mismatches == negatives
-    assert all(np.isfinite(x.cosine) and np.isfinite(x.relative_error)
-               for x in layers.values())
+    assert all(np.isfinite(x.cosine) and np.isfinite(x.relative_error) for x in layers.values())
 
 
 def test_random_draws_are_not_compared():
     from onnx import helper
 
-    nodes = [helper.make_node("RandomNormalLike", ["x"], ["noise"], name="draw"),
-             helper.make_node("Cast", ["noise"], ["noise32"], name="cast", to=1),
-             helper.make_node("Mul", ["noise32", "scale"], ["scaled"], name="scale_it"),
-             helper.make_node("Add", ["x", "scaled"], ["y"], name="add")]
-    model = graphs.model(nodes, [graphs.tensor("x", [2, 8])], [graphs.tensor("y", [2, 8])],
-                         [graphs.init("scale", np.zeros(1, np.float32))])
+    nodes = [
+        helper.make_node("RandomNormalLike", ["x"], ["noise"], name="draw"),
+        helper.make_node("Cast", ["noise"], ["noise32"], name="cast", to=1),
+        helper.make_node("Mul", ["noise32", "scale"], ["scaled"], name="scale_it"),
+        helper.make_node("Add", ["x", "scaled"], ["y"], name="add"),
+    ]
+    model = graphs.model(
+        nodes,
+        [graphs.tensor("x", [2, 8])],
+        [graphs.tensor("y", [2, 8])],
+        [graphs.init("scale", np.zeros(1, np.float32))],
+    )
     layers = analyze(model, model, graphs.random_batches(model, 2))
     # the draw and what only it feeds are left out; y mixes x in (scale 0: equal runs)
     assert [x.tensor for x in layers] == ["y"] and layers[0].cosine == pytest.approx(1.0)

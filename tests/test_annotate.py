@@ -122,21 +122,33 @@ def test_float_data_from_the_shape_alone_is_not_called_a_shape_computation():
     # an RNN's zero initial state: ConstantOfShape(Shape(x)) -> MatMul (recurrent weight)
     # -> Add with the data path
     r = graphs.rng(3)
-    nodes = [helper.make_node("Shape", ["x"], ["xs"], name="shape"),
-             helper.make_node("ConstantOfShape", ["xs"], ["h0"], name="zeros",
-                              value=onnx.numpy_helper.from_array(np.zeros(1, np.float32))),
-             helper.make_node("MatMul", ["h0", "wr"], ["rec"], name="recurrent"),
-             helper.make_node("MatMul", ["x", "wi"], ["inp"], name="input_proj"),
-             helper.make_node("Add", ["inp", "rec"], ["y"], name="add")]
-    model = graphs.model(nodes, [graphs.tensor("x", [4, 32])], [graphs.tensor("y", [4, 32])],
-                         [graphs.init("wr", graphs.weight(r, 32, 32)),
-                          graphs.init("wi", graphs.weight(r, 32, 32))])
+    nodes = [
+        helper.make_node("Shape", ["x"], ["xs"], name="shape"),
+        helper.make_node(
+            "ConstantOfShape",
+            ["xs"],
+            ["h0"],
+            name="zeros",
+            value=onnx.numpy_helper.from_array(np.zeros(1, np.float32)),
+        ),
+        helper.make_node("MatMul", ["h0", "wr"], ["rec"], name="recurrent"),
+        helper.make_node("MatMul", ["x", "wi"], ["inp"], name="input_proj"),
+        helper.make_node("Add", ["inp", "rec"], ["y"], name="add"),
+    ]
+    model = graphs.model(
+        nodes,
+        [graphs.tensor("x", [4, 32])],
+        [graphs.tensor("y", [4, 32])],
+        [graphs.init("wr", graphs.weight(r, 32, 32)), graphs.init("wi", graphs.weight(r, 32, 32))],
+    )
     why = reasons(annotated(model))
     assert why["shape"] == "shape/index computation: never quantized"
     for node in ("zeros", "recurrent"):
-        assert why[node] == ("computed from constants and the input's shape alone, not from its "
-                             "values (e.g. a zero initial state, or a position embedding resized "
-                             "to the input): never quantized")
+        assert why[node] == (
+            "computed from constants and the input's shape alone, not from its "
+            "values (e.g. a zero initial state, or a position embedding resized "
+            "to the input): never quantized"
+        )
     assert "shape/index" not in why.get("add", "")
 
 
@@ -167,15 +179,20 @@ def _detector(channels: int = 32, squash: str = "Sigmoid") -> onnx.ModelProto:
         helper.make_node("Conv", ["br", "wm"], ["m"], name="mixed"),
         helper.make_node("Add", ["m", "br"], ["z"], name="add"),
     ]
-    inits = [graphs.init("wb", graphs.weight(r, c, c, 3, 3)),
-             graphs.init("wc", graphs.weight(r, c, c, 1, 1)),
-             graphs.init("wx", graphs.weight(r, c, c, 1, 1)),
-             graphs.init("wm", graphs.weight(r, c, c, 1, 1)),
-             graphs.init("shape", np.array([1, 2 * c, -1])),
-             graphs.init("sizes", np.array([c, c]))]
-    return graphs.model(nodes, [graphs.tensor("x", [1, c, 8, 8])],
-                        [graphs.tensor("y", [1, 2 * c, 64]), graphs.tensor("z", [1, c, 8, 8])],
-                        inits)
+    inits = [
+        graphs.init("wb", graphs.weight(r, c, c, 3, 3)),
+        graphs.init("wc", graphs.weight(r, c, c, 1, 1)),
+        graphs.init("wx", graphs.weight(r, c, c, 1, 1)),
+        graphs.init("wm", graphs.weight(r, c, c, 1, 1)),
+        graphs.init("shape", np.array([1, 2 * c, -1])),
+        graphs.init("sizes", np.array([c, c])),
+    ]
+    return graphs.model(
+        nodes,
+        [graphs.tensor("x", [1, c, 8, 8])],
+        [graphs.tensor("y", [1, 2 * c, 64]), graphs.tensor("z", [1, c, 8, 8])],
+        inits,
+    )
 
 
 def test_heads_are_the_weighted_ops_an_output_is_read_from_without_mixing():
@@ -211,17 +228,21 @@ def test_a_score_map_upsampled_before_its_sigmoid_is_a_score_map():
     from onnxq.annotate import head_nodes, score_maps
 
     r = graphs.rng(2)
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["f"], name="body", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["f"], ["fr"], name="relu"),
-             helper.make_node("Conv", ["fr", "w2"], ["logit"], name="head"),
-             helper.make_node("Resize", ["logit", "", "scales"], ["up"], name="up",
-                              mode="linear"),
-             helper.make_node("Sigmoid", ["up"], ["y"], name="sigmoid")]
-    inits = [graphs.init("w1", graphs.weight(r, 16, 16, 3, 3)),
-             graphs.init("w2", graphs.weight(r, 16, 16, 1, 1)),
-             graphs.init("scales", np.array([1, 1, 2, 2], dtype=np.float32))]
-    model = graphs.model(nodes, [graphs.tensor("x", [1, 16, 8, 8])],
-                         [graphs.tensor("y", [1, 16, 16, 16])], inits)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["f"], name="body", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["f"], ["fr"], name="relu"),
+        helper.make_node("Conv", ["fr", "w2"], ["logit"], name="head"),
+        helper.make_node("Resize", ["logit", "", "scales"], ["up"], name="up", mode="linear"),
+        helper.make_node("Sigmoid", ["up"], ["y"], name="sigmoid"),
+    ]
+    inits = [
+        graphs.init("w1", graphs.weight(r, 16, 16, 3, 3)),
+        graphs.init("w2", graphs.weight(r, 16, 16, 1, 1)),
+        graphs.init("scales", np.array([1, 1, 2, 2], dtype=np.float32)),
+    ]
+    model = graphs.model(
+        nodes, [graphs.tensor("x", [1, 16, 8, 8])], [graphs.tensor("y", [1, 16, 16, 16])], inits
+    )
     graph = ir.Graph(ir.infer_shapes(model))
     assert head_nodes(graph) == frozenset({"head"}) and score_maps(graph) == ["y"]
     assert {t.method for t in annotated(model).of_kind("activation")} == {"minmax"}
@@ -246,10 +267,13 @@ def test_the_walk_up_from_a_logarithm_stops_at_an_activation():
         helper.make_node("Abs", ["c2"], ["mag"], name="abs"),
         helper.make_node("Log", ["mag"], ["out"], name="log"),
     ]
-    inits = [*conv1.graph.initializer,
-             graphs.init("conv2.weight", graphs.weight(graphs.rng(1), 16, 16, 3, 3))]
-    model = graphs.model(nodes, list(conv1.graph.input), [graphs.tensor("out", [1, 16, 8, 8])],
-                         inits)
+    inits = [
+        *conv1.graph.initializer,
+        graphs.init("conv2.weight", graphs.weight(graphs.rng(1), 16, 16, 3, 3)),
+    ]
+    model = graphs.model(
+        nodes, list(conv1.graph.input), [graphs.tensor("out", [1, 16, 8, 8])], inits
+    )
     r = reasons(annotated(model))
     assert "logarithm" in r["conv2"] and "logarithm" in r["abs"]
     assert r["conv"] == "" and "logarithm" not in r["relu"]
@@ -283,8 +307,7 @@ def test_position_norm_convs_are_the_1d_convs_a_layer_norm_reads_through_pointwi
 
     assert found(graphs.feature_encoder()) == {"conv0": "x", "conv1": "r0", "conv2": "r1"}
     # a normalisation on the way resets the question: the first conv is not found
-    assert found(graphs.feature_encoder(norm_after_first=True)) == {"conv1": "n0",
-                                                                     "conv2": "r1"}
+    assert found(graphs.feature_encoder(norm_after_first=True)) == {"conv1": "n0", "conv2": "r1"}
     assert found(graphs.grouped_conv()) == {}  # 2-D convs, no LayerNormalization
 
 
@@ -293,8 +316,7 @@ def test_saturation_bounds_are_where_every_quantized_reader_stops_changing():
 
     def bounds(op: str) -> tuple[float, float] | None:
         graph = ir.Graph(ir.infer_shapes(graphs.conv_hardswish(op)))
-        readers = [(n.name, list(n.input).index("c1_out")) for n, _ in
-                   graph.consumers["c1_out"]]
+        readers = [(n.name, list(n.input).index("c1_out")) for n, _ in graph.consumers["c1_out"]]
         return saturation_bounds(graph, "c1_out", readers)
 
     # x * HardSigmoid(x, 1/6, 1/2): 0 below -3 (-0.5 / float32(1/6))
@@ -315,8 +337,12 @@ def test_a_clip_reader_bounds_both_sides():
     relu = next(n for n in m.graph.node if n.op_type == "Relu")
     relu.op_type = "Clip"
     relu.input.extend(["lo", "hi"])
-    m.graph.initializer.extend([helper.make_tensor("lo", onnx.TensorProto.FLOAT, [], [-1.0]),
-                                helper.make_tensor("hi", onnx.TensorProto.FLOAT, [], [6.0])])
+    m.graph.initializer.extend(
+        [
+            helper.make_tensor("lo", onnx.TensorProto.FLOAT, [], [-1.0]),
+            helper.make_tensor("hi", onnx.TensorProto.FLOAT, [], [6.0]),
+        ]
+    )
     graph = ir.Graph(ir.infer_shapes(m))
     assert saturation_bounds(graph, "c1_out", [("act", 0)]) == (-1.0, 6.0)
 

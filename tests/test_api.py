@@ -63,8 +63,10 @@ def test_fidelity_is_measured_on_held_batches():
 
 def test_the_report_notes_when_the_histogram_budget_sampled_a_histogram_more_sparsely():
     # conv_relu's tensors hold 1024 values per sample: a share of 1024 changes nothing
-    assert not any("histogram(s) counted" in n
-                   for n in quantize(graphs.conv_relu(), histogram_budget=1).report.notes)
+    assert not any(
+        "histogram(s) counted" in n
+        for n in quantize(graphs.conv_relu(), histogram_budget=1).report.notes
+    )
     big = graphs.residual_add(channels=32)  # x and skip: 2048 values per sample, every 3rd
     note = "2 histogram(s) counted at most 1024 values per sample (of histogram_sample=65536)"
     assert any(note in n for n in quantize(big, histogram_budget=1).report.notes)
@@ -74,22 +76,26 @@ def test_the_report_notes_when_the_histogram_budget_sampled_a_histogram_more_spa
 def test_a_model_newer_than_onnxruntime_reads_is_stamped_with_the_version_it_reads():
     newest = ir.runtime_ir_version()
     if newest >= onnx.IR_VERSION:
-        pytest.skip(f"this onnxruntime reads IR {newest}, as new as onnx {onnx.__version__} "
-                    "writes: no newer model to fit")
+        pytest.skip(
+            f"this onnxruntime reads IR {newest}, as new as onnx {onnx.__version__} "
+            "writes: no newer model to fit"
+        )
     model = graphs.conv_relu()
     model.ir_version = onnx.IR_VERSION  # what onnx.helper.make_model writes
     result = quantize(model)
     assert result.model.ir_version == newest and model.ir_version == onnx.IR_VERSION
-    assert any(f"IR version {onnx.IR_VERSION} is newer than onnxruntime" in n
-               for n in result.report.notes)
+    assert any(
+        f"IR version {onnx.IR_VERSION} is newer than onnxruntime" in n for n in result.report.notes
+    )
     assert result.report.fidelity[0].cosine > 0.999  # calibrated and validated in onnxruntime
 
 
 def test_an_output_with_nan_in_the_float_model_is_reported_and_saved(tmp_path):
     # Sqrt(conv_out - 0.5) is NaN wherever the conv gives less than 0.5, in both models
     model = graphs.conv_relu()
-    model.graph.node[1].CopyFrom(onnx.helper.make_node("Sub", ["conv_out", "half"], ["shifted"],
-                                                       name="sub"))
+    model.graph.node[1].CopyFrom(
+        onnx.helper.make_node("Sub", ["conv_out", "half"], ["shifted"], name="sub")
+    )
     model.graph.node.append(onnx.helper.make_node("Sqrt", ["shifted"], ["y"], name="sqrt"))
     model.graph.initializer.append(onnx.numpy_helper.from_array(np.float32(0.5), "half"))
     result = quantize(model, fidelity_batches=2)
@@ -108,8 +114,9 @@ def test_an_output_with_nan_in_the_float_model_is_reported_and_saved(tmp_path):
 def test_a_softmax_output_gets_its_top1_agreement_in_the_report():
     model = graphs.conv_relu()
     model.graph.node.append(onnx.helper.make_node("Softmax", ["y"], ["p"], name="sm", axis=1))
-    model.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info(
-        "p", onnx.TensorProto.FLOAT, [1, 16, 8, 8]))
+    model.graph.output[0].CopyFrom(
+        onnx.helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT, [1, 16, 8, 8])
+    )
     result = quantize(model, fidelity_batches=2)
     (fid,) = result.report.fidelity
     assert fid.name == "p" and 0.9 <= fid.top1_agreement <= 1.0
@@ -119,9 +126,14 @@ def test_a_softmax_output_gets_its_top1_agreement_in_the_report():
 def _one_loud_channel(size: int, seed: int) -> list[dict[str, np.ndarray]]:
     """4 batches of x (1, 16, size, size) whose channel 0 is 500x larger than the others."""
     r = graphs.rng(seed)
-    return [{"x": (r.standard_normal((1, 16, size, size))
-                   * np.array([500] + [1] * 15)[:, None, None]).astype(np.float32)}
-            for _ in range(4)]
+    return [
+        {
+            "x": (
+                r.standard_normal((1, 16, size, size)) * np.array([500] + [1] * 15)[:, None, None]
+            ).astype(np.float32)
+        }
+        for _ in range(4)
+    ]
 
 
 def test_an_output_that_int8_ruins_gets_a_low_fidelity_warning():
@@ -135,8 +147,7 @@ def test_an_output_that_int8_ruins_gets_a_low_fidelity_warning():
         else:
             value[:] = 0
         init.CopyFrom(onnx.numpy_helper.from_array(value, init.name))
-    result = onnxq.quantize(model, _one_loud_channel(8, seed=3), method="minmax",
-                            progress=False)
+    result = onnxq.quantize(model, _one_loud_channel(8, seed=3), method="minmax", progress=False)
     (fid,) = result.report.fidelity
     assert fid.cosine < 0.95
     (warning,) = [w for w in result.report.warnings if "agrees with the float model" in w]
@@ -155,16 +166,18 @@ def test_a_lost_part_of_an_output_gets_a_warning_though_the_whole_agrees():
     for init in model.graph.initializer:
         value = w if init.name == "conv.weight" else np.zeros(16, dtype=np.float32)
         init.CopyFrom(onnx.numpy_helper.from_array(value, init.name))
-    result = onnxq.quantize(model, _one_loud_channel(32, seed=4), method="minmax",
-                            progress=False)
+    result = onnxq.quantize(model, _one_loud_channel(32, seed=4), method="minmax", progress=False)
     (fid,) = result.report.fidelity
     assert fid.cosine > 0.99 and (fid.slice_axis, fid.slices, fid.worst_slice) == (1, 16, 15)
     assert fid.worst_slice_cosine < 0.5
-    assert (f"worst of 16 slices along axis 1: cosine {fid.worst_slice_cosine:.6f} (index 15)"
-            in result.report.summary())
+    assert (
+        f"worst of 16 slices along axis 1: cosine {fid.worst_slice_cosine:.6f} (index 15)"
+        in result.report.summary()
+    )
     (warning,) = [w for w in result.report.warnings if "slice 15 along axis 1" in w]
-    assert warning.startswith(f"output 'y' agrees with the float model at cosine {fid.cosine:.3f}"
-                              " as a whole")
+    assert warning.startswith(
+        f"output 'y' agrees with the float model at cosine {fid.cosine:.3f} as a whole"
+    )
     saved = result.report.to_dict()["fidelity"]["outputs"][0]
     assert saved["worst_slice"] == 15 and saved["slice_axis"] == 1
 
@@ -255,8 +268,10 @@ def test_nothing_to_quantize_still_gives_a_valid_model():
     result = quantize(graphs.matmul_act())
     assert graphs.op_types(result.model) == ["MatMul"]
     assert result.report.placed == [] and result.report.fidelity[0].cosine == 1.0
-    assert any(w.startswith("no op of this model is quantized for tensorrt")
-               for w in result.report.warnings)
+    assert any(
+        w.startswith("no op of this model is quantized for tensorrt")
+        for w in result.report.warnings
+    )
 
 
 def test_constant_zero_activation_gives_a_warning():
@@ -277,8 +292,9 @@ def test_concat_of_inputs_with_very_different_ranges_stays_float():
     concat = next(d for d in result.report.decisions if d.node == "concat")
     assert not concat.quantized
     assert "ranges differ" in concat.reason and "(> 8x)" in concat.reason
-    same = onnxq.quantize(graphs.two_branch_concat(channels=64), batches, backend="onnxruntime",
-                          progress=False)
+    same = onnxq.quantize(
+        graphs.two_branch_concat(channels=64), batches, backend="onnxruntime", progress=False
+    )
     assert next(d for d in same.report.decisions if d.node == "concat").quantized
 
 
@@ -290,7 +306,8 @@ def test_old_ir_model_with_weights_as_inputs_gives_a_valid_model(backend):
     model = graphs.residual_add()
     model.graph.input.extend(
         onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-        for t in model.graph.initializer)
+        for t in model.graph.initializer
+    )
     model.ir_version = 3
     del model.opset_import[:]
     model.opset_import.append(onnx.helper.make_opsetid("", 9))
@@ -309,16 +326,22 @@ def test_old_ir_model_with_weights_as_inputs_gives_a_valid_model(backend):
 def test_an_onnxruntime_failure_after_an_opset_upgrade_says_so():
     # a Reshape to a fixed size the data does not have: onnxruntime fails on the converted model
     nodes = [onnx.helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")]
-    model = graphs.model(nodes, [graphs.tensor("x", ["N", 6])], [graphs.tensor("y", [4, 4])],
-                         [graphs.init("shape", np.array([4, 4], np.int64))], opset=11)
+    model = graphs.model(
+        nodes,
+        [graphs.tensor("x", ["N", 6])],
+        [graphs.tensor("y", [4, 4])],
+        [graphs.init("shape", np.array([4, 4], np.int64))],
+        opset=11,
+    )
     batches = [{"x": np.ones((1, 6), np.float32)}] * 2
     with pytest.raises(OnnxqError) as caught:
         onnxq.quantize(model, batches, progress=False)
     message = str(caught.value)
     assert "fails in onnxruntime" in message
-    assert ("; the model's opset 11 was converted to 13 before onnxruntime ran it: if the "
-            "original runs, the conversion is at fault; re-export the model with opset >= 13"
-            ) in message
+    assert (
+        "; the model's opset 11 was converted to 13 before onnxruntime ran it: if the "
+        "original runs, the conversion is at fault; re-export the model with opset >= 13"
+    ) in message
     # the same failure at opset 13 has nothing to blame on a conversion
     model.opset_import[0].version = 13
     with pytest.raises(OnnxqError) as caught:
@@ -349,8 +372,9 @@ def test_a_float16_model_stays_float_with_a_warning_that_says_what_to_do():
         t.CopyFrom(onnx.numpy_helper.from_array(half, t.name))
     for vi in [*model.graph.input, *model.graph.output]:
         vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT16
-    batches = [{k: v.astype(np.float16) for k, v in b.items()}
-               for b in graphs.random_batches(model, 2)]
+    batches = [
+        {k: v.astype(np.float16) for k, v in b.items()} for b in graphs.random_batches(model, 2)
+    ]
     result = onnxq.quantize(model, batches, progress=False)
     assert "QuantizeLinear" not in graphs.op_types(result.model)
     assert any("float16" in w and "float32 original" in w for w in result.report.warnings)
@@ -360,18 +384,22 @@ def test_a_float16_model_stays_float_with_a_warning_that_says_what_to_do():
 def _depthwise_batches(weak: bool) -> list[dict[str, np.ndarray]]:
     r = np.random.default_rng(7)
     gain = np.where(np.arange(16) % 2, 0.01, 1.0) if weak else np.ones(16)
-    return [{"x": (r.standard_normal((1, 16, 8, 8)) * gain[None, :, None, None]
-                   ).astype(np.float32)} for _ in range(4)]
+    return [
+        {"x": (r.standard_normal((1, 16, 8, 8)) * gain[None, :, None, None]).astype(np.float32)}
+        for _ in range(4)
+    ]
 
 
-@pytest.mark.parametrize(("weak", "fraction", "quantized"),
-                         [(True, 0.25, False), (False, 0.25, True), (True, 1.0, True)])
+@pytest.mark.parametrize(
+    ("weak", "fraction", "quantized"), [(True, 0.25, False), (False, 0.25, True), (True, 1.0, True)]
+)
 def test_depthwise_conv_with_weak_input_channels_stays_float(weak, fraction, quantized):
     # half the channels peak at 1% of the others: a per-tensor int8 scale leaves them ~1
     # level, and a depthwise conv gives each channel its own outputs
     model = graphs.grouped_conv(channels=16, group=16, kernel=3)
-    result = onnxq.quantize(model, _depthwise_batches(weak), progress=False,
-                            weak_channel_fraction=fraction)
+    result = onnxq.quantize(
+        model, _depthwise_batches(weak), progress=False, weak_channel_fraction=fraction
+    )
     (conv,) = [d for d in result.report.decisions if d.node == "conv"]
     assert conv.quantized == quantized
     if not quantized:
@@ -389,18 +417,36 @@ def test_a_label_map_output_is_compared_by_its_probabilities():
         helper.make_node("Relu", ["h"], ["r"], name="relu"),
         helper.make_node("MatMul", ["r", "w2"], ["logits"], name="fc2"),
         helper.make_node("Softmax", ["logits"], ["p"], name="softmax", axis=1),
-        helper.make_node("ZipMap", ["p"], ["maps"], name="zipmap", domain="ai.onnx.ml",
-                         classlabels_int64s=[0, 1, 2, 3]),
+        helper.make_node(
+            "ZipMap",
+            ["p"],
+            ["maps"],
+            name="zipmap",
+            domain="ai.onnx.ml",
+            classlabels_int64s=[0, 1, 2, 3],
+        ),
     ]
-    maps = helper.make_value_info("maps", helper.make_sequence_type_proto(
-        helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(
-            TensorProto.FLOAT, []))))
+    maps = helper.make_value_info(
+        "maps",
+        helper.make_sequence_type_proto(
+            helper.make_map_type_proto(
+                TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, [])
+            )
+        ),
+    )
     graph = helper.make_graph(
-        nodes, "zipmap", [graphs.tensor("x", ["N", 32])], [maps],
-        [graphs.init("w1", graphs.weight(r, 32, 64, scale=0.3)),
-         graphs.init("w2", graphs.weight(r, 64, 4, scale=0.3))])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid("ai.onnx.ml", 3)])
+        nodes,
+        "zipmap",
+        [graphs.tensor("x", ["N", 32])],
+        [maps],
+        [
+            graphs.init("w1", graphs.weight(r, 32, 64, scale=0.3)),
+            graphs.init("w2", graphs.weight(r, 64, 4, scale=0.3)),
+        ],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    )
     model.ir_version = graphs.IR_VERSION
     data = [{"x": graphs.rng(i).standard_normal((8, 32)).astype(np.float32)} for i in range(4)]
     result = onnxq.quantize(model, data, backend="onnxruntime", progress=False)
@@ -413,8 +459,7 @@ def test_a_label_map_output_is_compared_by_its_probabilities():
 
 def test_a_model_with_per_element_sigmoid_scores_is_calibrated_with_minmax_and_noted():
     result = quantize(graphs.with_tail(graphs.conv_relu(), "Sigmoid"))
-    assert {p.qparams.method for p in result.report.placed if p.kind == "activation"} \
-        == {"minmax"}
+    assert {p.qparams.method for p in result.report.placed if p.kind == "activation"} == {"minmax"}
     (note,) = result.report.notes
     assert "per-element sigmoid scores" in note and f"note: {note}" in result.report.summary()
     assert json.loads(result.report.to_json())["notes"] == [note]
@@ -428,8 +473,7 @@ def test_a_calibration_of_few_samples_gets_a_warning():
     assert any("crops or scales of each image" in w for w in few)  # an NCHW input
     sequence = graphs.matmul_const()  # x[1, 4, K]: no image, no advice about crops
     warned = onnxq.quantize(sequence, graphs.random_batches(sequence, 4), progress=False)
-    assert any("calibration sample(s)" in w and "image" not in w
-               for w in warned.report.warnings)
+    assert any("calibration sample(s)" in w and "image" not in w for w in warned.report.warnings)
     enough = onnxq.quantize(model, graphs.random_batches(model, 32), progress=False)
     assert not any("calibration sample(s)" in w for w in enough.report.warnings)
 
@@ -453,19 +497,20 @@ def test_batches_without_samples_are_refused():
         onnxq.quantize(model, empty, progress=False)
 
 
-def test_an_error_larger_than_the_float_range_is_warned_about_despite_a_high_cosine(
-        monkeypatch):
+def test_an_error_larger_than_the_float_range_is_warned_about_despite_a_high_cosine(monkeypatch):
     from onnxq import api
     from onnxq.backends.validate import OutputFidelity
 
     model = graphs.conv_relu()
     monkeypatch.setattr(api, "fidelity", lambda *_a: [OutputFidelity("y", 0.993, 149.6, 90.5)])
-    warnings = onnxq.quantize(model, graphs.random_batches(model, 32),
-                              progress=False).report.warnings
+    warnings = onnxq.quantize(
+        model, graphs.random_batches(model, 32), progress=False
+    ).report.warnings
     assert any("off by 150, more than the largest float value (90.5)" in w for w in warnings)
     monkeypatch.setattr(api, "fidelity", lambda *_a: [OutputFidelity("y", 0.993, 9.6, 90.5)])
-    warnings = onnxq.quantize(model, graphs.random_batches(model, 32),
-                              progress=False).report.warnings
+    warnings = onnxq.quantize(
+        model, graphs.random_batches(model, 32), progress=False
+    ).report.warnings
     assert not any("more than the largest float value" in w for w in warnings)
 
 
@@ -473,24 +518,32 @@ def _speech_batches(pauses: bool) -> list[dict[str, np.ndarray]]:
     # [1, 1, 96] clips; with a pause, the last 72 steps are near-silent (1e-3 of the speech)
     r = np.random.default_rng(11)
     gain = np.where(np.arange(96) < 24, 1.0, 1e-3) if pauses else np.ones(96)
-    return [{"x": (r.standard_normal((1, 1, 96)) * gain).astype(np.float32)}
-            for _ in range(8)]
+    return [{"x": (r.standard_normal((1, 1, 96)) * gain).astype(np.float32)} for _ in range(8)]
 
 
-@pytest.mark.parametrize(("pauses", "fraction", "float_convs"),
-                         [(True, 0.25, {"conv1", "conv2"}), (False, 0.25, set()),
-                          (True, 1.0, set())])
-def test_convs_before_a_layer_norm_stay_float_when_many_frames_are_quiet(pauses, fraction,
-                                                                         float_convs):
+@pytest.mark.parametrize(
+    ("pauses", "fraction", "float_convs"),
+    [(True, 0.25, {"conv1", "conv2"}), (False, 0.25, set()), (True, 1.0, set())],
+)
+def test_convs_before_a_layer_norm_stay_float_when_many_frames_are_quiet(
+    pauses, fraction, float_convs
+):
     model = graphs.feature_encoder()
-    result = onnxq.quantize(model, _speech_batches(pauses), progress=False,
-                            weak_position_fraction=fraction)
-    kept = {d.node for d in result.report.decisions
-            if d.op_type == "Conv" and not d.quantized and "positions (frames)" in d.reason}
+    result = onnxq.quantize(
+        model, _speech_batches(pauses), progress=False, weak_position_fraction=fraction
+    )
+    kept = {
+        d.node
+        for d in result.report.decisions
+        if d.op_type == "Conv" and not d.quantized and "positions (frames)" in d.reason
+    }
     assert kept == float_convs
     # conv0 reads one channel: float by min_channels whatever the data
-    assert all(d.quantized for d in result.report.decisions
-               if d.op_type == "Conv" and d.node not in float_convs | {"conv0"})
+    assert all(
+        d.quantized
+        for d in result.report.decisions
+        if d.op_type == "Conv" and d.node not in float_convs | {"conv0"}
+    )
 
 
 def test_an_output_of_another_size_is_warned_about(monkeypatch):
@@ -499,12 +552,17 @@ def test_an_output_of_another_size_is_warned_about(monkeypatch):
 
     model = graphs.conv_relu()
     changed = "not compared: the quantized model gives 243 values, the float model 231"
-    monkeypatch.setattr(api, "fidelity", lambda *_a: [OutputFidelity("y", 0.0, 0.0, 0.0,
-                                                                     changed)])
-    warnings = onnxq.quantize(model, graphs.random_batches(model, 32),
-                              progress=False).report.warnings
-    assert any(w.startswith("output 'y': the quantized model gives 243 values, the float "
-                            "model 231 on the held batches") for w in warnings)
+    monkeypatch.setattr(api, "fidelity", lambda *_a: [OutputFidelity("y", 0.0, 0.0, 0.0, changed)])
+    warnings = onnxq.quantize(
+        model, graphs.random_batches(model, 32), progress=False
+    ).report.warnings
+    assert any(
+        w.startswith(
+            "output 'y': the quantized model gives 243 values, the float "
+            "model 231 on the held batches"
+        )
+        for w in warnings
+    )
 
 
 @pytest.mark.parametrize("identity", [False, True])
@@ -514,8 +572,9 @@ def test_a_shared_bias_is_quantized_at_each_layers_scale(identity):
     from tests.test_ir import _shared_bias_gemms
 
     model = _shared_bias_gemms(identity)
-    result = onnxq.quantize(model, graphs.random_batches(model, 8), backend="onnxruntime",
-                            progress=False)
+    result = onnxq.quantize(
+        model, graphs.random_batches(model, 8), backend="onnxruntime", progress=False
+    )
     assert not result.report.violations
     assert {"fc1", "fc2"} <= {d.node for d in result.report.decisions if d.quantized}
     biases = [n.input[2] for n in result.model.graph.node if n.op_type == "Gemm"]
@@ -524,18 +583,21 @@ def test_a_shared_bias_is_quantized_at_each_layers_scale(identity):
     assert out.cosine > 0.999
 
 
-def test_a_conv_output_read_by_a_hardswish_is_clipped_where_the_hardswish_saturates(
-        monkeypatch):
+def test_a_conv_output_read_by_a_hardswish_is_clipped_where_the_hardswish_saturates(monkeypatch):
     # onnxruntime requantizes the conv's output for its QLinearConv; below -3 a hardswish is 0,
     # so the range stops there and its steps get finer
     model = graphs.conv_hardswish("pair")
     batches = graphs.random_batches(model, 8)
 
     def run() -> tuple[dict, float]:
-        result = onnxq.quantize(model, batches, backend="onnxruntime", method="minmax",
-                                progress=False)
-        entry = next(t for t in json.loads(result.report.to_json())["quantized_tensors"]
-                     if t["tensor"] == "c1_out")
+        result = onnxq.quantize(
+            model, batches, backend="onnxruntime", method="minmax", progress=False
+        )
+        entry = next(
+            t
+            for t in json.loads(result.report.to_json())["quantized_tensors"]
+            if t["tensor"] == "c1_out"
+        )
         return entry, result.report.fidelity[0].cosine
 
     entry, cosine = run()
@@ -554,14 +616,16 @@ def test_outputs_after_non_max_suppression_are_compared_as_selections(backend):
     from onnxq.backends.validate import selected_outputs
 
     model = graphs.nms_detector()
-    assert selected_outputs(model) == {"picked": "NonMaxSuppression",
-                                       "sel": "NonMaxSuppression"}
+    assert selected_outputs(model) == {"picked": "NonMaxSuppression", "sel": "NonMaxSuppression"}
     assert selected_outputs(graphs.conv_relu()) == {}
-    report = onnxq.quantize(model, graphs.random_batches(model, 8), backend=backend,
-                            progress=False).report
+    report = onnxq.quantize(
+        model, graphs.random_batches(model, 8), backend=backend, progress=False
+    ).report
     assert "fc1" in {d.node for d in report.decisions if d.quantized}
     assert {f.name: f.selected_by for f in report.fidelity} == {
-        "picked": "NonMaxSuppression", "sel": "NonMaxSuppression"}
+        "picked": "NonMaxSuppression",
+        "sel": "NonMaxSuppression",
+    }
     sel = next(f for f in report.fidelity if f.name == "sel")
     assert sel.compared == "agreement" and sel.cosine < 1.0  # some kept rows moved
     (warning,) = [w for w in report.warnings if "'sel'" in w]
@@ -574,8 +638,11 @@ def test_an_output_lost_on_most_samples_gets_a_warning_though_the_whole_agrees(m
     from onnxq.backends.validate import OutputFidelity
 
     def dominated(reference, quantized, *args):
-        return [OutputFidelity("y", 0.962, 0.5, 30.0, sample_cosine_mean=0.476,
-                               worst_sample_cosine=-0.502)]
+        return [
+            OutputFidelity(
+                "y", 0.962, 0.5, 30.0, sample_cosine_mean=0.476, worst_sample_cosine=-0.502
+            )
+        ]
 
     monkeypatch.setattr("onnxq.api.fidelity", dominated)
     report = quantize(graphs.conv_relu()).report
@@ -589,17 +656,22 @@ def test_an_output_lost_on_most_samples_gets_a_warning_though_the_whole_agrees(m
 def test_every_method_calibrates_differently_shaped_batches(method):
     # a detector-like model with dynamic H/W, fed batches of four shapes
     r = graphs.rng(4)
-    nodes = [onnx.helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1",
-                                   pads=[1] * 4),
-             onnx.helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
-             onnx.helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], name="conv2",
-                                   pads=[1] * 4)]
-    model = graphs.model(nodes, [graphs.tensor("x", ["N", 16, "H", "W"])],
-                         [graphs.tensor("y", ["N", 32, "H", "W"])],
-                         [graphs.init("w1", graphs.weight(r, 32, 16, 3, 3)),
-                          graphs.init("b1", graphs.weight(r, 32)),
-                          graphs.init("w2", graphs.weight(r, 32, 32, 3, 3)),
-                          graphs.init("b2", graphs.weight(r, 32))])
+    nodes = [
+        onnx.helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1] * 4),
+        onnx.helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+        onnx.helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], name="conv2", pads=[1] * 4),
+    ]
+    model = graphs.model(
+        nodes,
+        [graphs.tensor("x", ["N", 16, "H", "W"])],
+        [graphs.tensor("y", ["N", 32, "H", "W"])],
+        [
+            graphs.init("w1", graphs.weight(r, 32, 16, 3, 3)),
+            graphs.init("b1", graphs.weight(r, 32)),
+            graphs.init("w2", graphs.weight(r, 32, 32, 3, 3)),
+            graphs.init("b2", graphs.weight(r, 32)),
+        ],
+    )
     shapes = [(1, 16, 32, 32), (1, 16, 48, 24), (2, 16, 16, 40), (1, 16, 32, 32)] * 4
     batches = [{"x": r.standard_normal(s).astype(np.float32)} for s in shapes]
     result = onnxq.quantize(model, batches, method=method, progress=False)

@@ -18,8 +18,9 @@ from onnxq.observers import quantize_weight, weight_qparams
 from tests import graphs
 
 
-def offset_batches(model: onnx.ModelProto, n: int = 6, seed: int = 0,
-                   sizes: tuple[int, ...] | None = None) -> list[dict[str, np.ndarray]]:
+def offset_batches(
+    model: onnx.ModelProto, n: int = 6, seed: int = 0, sizes: tuple[int, ...] | None = None
+) -> list[dict[str, np.ndarray]]:
     """Inputs with mean 1, so that a weight error ``e`` shifts the output by about sum(e)."""
     r = np.random.default_rng(seed)
     vi = model.graph.input[0]
@@ -41,13 +42,15 @@ def dequantized(w: np.ndarray, axis: int, method: str = "mse") -> np.ndarray:
 def run(model: onnx.ModelProto, batch: dict[str, np.ndarray]) -> np.ndarray:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), opts,
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+    )
     return session.run(None, batch)[0]
 
 
-def error_model(model: onnx.ModelProto, weight: str, error: np.ndarray,
-                drop: tuple[str, ...] = ()) -> onnx.ModelProto:
+def error_model(
+    model: onnx.ModelProto, weight: str, error: np.ndarray, drop: tuple[str, ...] = ()
+) -> onnx.ModelProto:
     """``model`` with ``weight`` replaced by ``error``, biases in ``drop`` zeroed and no ReLU:
     its output is exactly the layer's output error."""
     m = onnx.ModelProto()
@@ -95,12 +98,21 @@ def test_conv_bias_loses_exactly_the_measured_weight_error():
 
 def test_gemm_correction_is_divided_by_beta():
     r = graphs.rng(1)
-    nodes = [helper.make_node("Gemm", ["x", "gemm.weight", "gemm.bias"], ["gemm_out"],
-                              name="gemm", transB=1, beta=0.5),
-             helper.make_node("Relu", ["gemm_out"], ["y"], name="relu")]
-    model = graphs.model(nodes, [graphs.tensor("x", [8, 32])], [graphs.tensor("y", [8, 16])],
-                         [graphs.init("gemm.weight", graphs.weight(r, 16, 32)),
-                          graphs.init("gemm.bias", graphs.weight(r, 16))])
+    nodes = [
+        helper.make_node(
+            "Gemm", ["x", "gemm.weight", "gemm.bias"], ["gemm_out"], name="gemm", transB=1, beta=0.5
+        ),
+        helper.make_node("Relu", ["gemm_out"], ["y"], name="relu"),
+    ]
+    model = graphs.model(
+        nodes,
+        [graphs.tensor("x", [8, 32])],
+        [graphs.tensor("y", [8, 16])],
+        [
+            graphs.init("gemm.weight", graphs.weight(r, 16, 32)),
+            graphs.init("gemm.bias", graphs.weight(r, 16)),
+        ],
+    )
     batches = offset_batches(model)
     q = onnxq.quantize(model, batches, bias_correction=True, progress=False)
     expected = oracle_shift(model, "gemm.weight", 0, batches, 1, drop=("gemm.bias",)) / 0.5
@@ -113,13 +125,20 @@ def test_gemm_correction_is_divided_by_beta():
 def matmul_add(batch: int | str = 1) -> onnx.ModelProto:
     """x[B, 4, 32] @ W[32, 16] + b -> Relu (the bias as a separate Add, as exporters write)."""
     r = graphs.rng(2)
-    nodes = [helper.make_node("MatMul", ["x", "fc.weight"], ["mm"], name="fc"),
-             helper.make_node("Add", ["fc.bias", "mm"], ["fc_out"], name="fc_add"),
-             helper.make_node("Relu", ["fc_out"], ["y"], name="relu")]
-    return graphs.model(nodes, [graphs.tensor("x", [batch, 4, 32])],
-                        [graphs.tensor("y", [batch, 4, 16])],
-                        [graphs.init("fc.weight", graphs.weight(r, 32, 16)),
-                         graphs.init("fc.bias", graphs.weight(r, 16))])
+    nodes = [
+        helper.make_node("MatMul", ["x", "fc.weight"], ["mm"], name="fc"),
+        helper.make_node("Add", ["fc.bias", "mm"], ["fc_out"], name="fc_add"),
+        helper.make_node("Relu", ["fc_out"], ["y"], name="relu"),
+    ]
+    return graphs.model(
+        nodes,
+        [graphs.tensor("x", [batch, 4, 32])],
+        [graphs.tensor("y", [batch, 4, 16])],
+        [
+            graphs.init("fc.weight", graphs.weight(r, 32, 16)),
+            graphs.init("fc.bias", graphs.weight(r, 16)),
+        ],
+    )
 
 
 def test_matmul_correction_goes_into_the_following_add_weighted_by_batch_size():
@@ -146,8 +165,9 @@ def test_layers_without_a_float_bias_are_left_alone():
 def test_a_bias_two_layers_share_is_corrected_per_layer():
     # loading gives each layer its own copy, so correcting one never shifts the other
     shared = graphs.conv_relu()
-    conv2 = helper.make_node("Conv", ["y", "conv.weight", "conv.bias"], ["y2"], name="conv2",
-                             pads=[1, 1, 1, 1])
+    conv2 = helper.make_node(
+        "Conv", ["y", "conv.weight", "conv.bias"], ["y2"], name="conv2", pads=[1, 1, 1, 1]
+    )
     shared.graph.node.append(conv2)
     shared.graph.output[0].name = "y2"
     q = onnxq.quantize(shared, offset_batches(shared), bias_correction=True, progress=False)
@@ -162,8 +182,7 @@ def test_off_by_default_and_on_when_asked_for_either_backend():
     batches = offset_batches(model)
     for backend in ("tensorrt", "onnxruntime"):
         off = onnxq.quantize(model, batches, backend=backend, progress=False)
-        on = onnxq.quantize(model, batches, backend=backend, bias_correction=True,
-                            progress=False)
+        on = onnxq.quantize(model, batches, backend=backend, bias_correction=True, progress=False)
         assert off.report.bias_corrections == []
         assert [c.node for c in on.report.bias_corrections] == ["conv"]
         assert off.report.config["bias_correction"] is False
@@ -172,8 +191,7 @@ def test_off_by_default_and_on_when_asked_for_either_backend():
 def test_int32_bias_of_onnxruntime_is_derived_from_the_corrected_bias():
     model = graphs.with_tail(graphs.conv_relu(seed=3))
     batches = offset_batches(model)
-    on = onnxq.quantize(model, batches, backend="onnxruntime", bias_correction=True,
-                        progress=False)
+    on = onnxq.quantize(model, batches, backend="onnxruntime", bias_correction=True, progress=False)
     off = onnxq.quantize(model, batches, backend="onnxruntime", progress=False)
 
     def int32_bias(m: onnx.ModelProto) -> np.ndarray:
@@ -222,4 +240,4 @@ def test_noise_filter_keeps_steady_shifts_and_drops_noise():
     shift = per_batch.mean(axis=0)
     keep = _significant(shift, per_batch.sum(axis=0), (per_batch**2).sum(axis=0), 4)
     assert keep.tolist() == [True, False, False]
-    assert not _significant(shift, per_batch[:1].sum(0), (per_batch[:1]**2).sum(0), 1).any()
+    assert not _significant(shift, per_batch[:1].sum(0), (per_batch[:1] ** 2).sum(0), 1).any()

@@ -62,12 +62,15 @@ def _aliasing_model() -> onnx.ModelProto:
     """Outputs: a computed tensor, the graph input itself, an Identity of it, and the count
     of positive values' positions (NonZero: its shape depends on the data)."""
     h, T = onnx.helper, onnx.TensorProto
-    nodes = [h.make_node("Identity", ["x"], ["xi"]), h.make_node("Relu", ["xi"], ["r"]),
-             h.make_node("Neg", ["r"], ["y"]), h.make_node("NonZero", ["r"], ["nz"])]
+    nodes = [
+        h.make_node("Identity", ["x"], ["xi"]),
+        h.make_node("Relu", ["xi"], ["r"]),
+        h.make_node("Neg", ["r"], ["y"]),
+        h.make_node("NonZero", ["r"], ["nz"]),
+    ]
     outputs = [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("y", "x", "xi")]
     outputs.append(h.make_tensor_value_info("nz", T.INT64, None))
-    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["n", 3])],
-                         outputs)
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["n", 3])], outputs)
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -192,10 +195,14 @@ def batched_conv(channels: int = 16, size: int = 12) -> onnx.ModelProto:
         onnx.helper.make_node("Relu", ["conv_out"], ["y"], name="relu"),
     ]
     return graphs.model(
-        nodes, [graphs.tensor("x", ["N", channels, size, size])],
+        nodes,
+        [graphs.tensor("x", ["N", channels, size, size])],
         [graphs.tensor("y", ["N", channels, size, size])],
-        [graphs.init("w", graphs.weight(r, channels, channels, 3, 3)),
-         graphs.init("b", graphs.weight(r, channels))])
+        [
+            graphs.init("w", graphs.weight(r, channels, channels, 3, 3)),
+            graphs.init("b", graphs.weight(r, channels)),
+        ],
+    )
 
 
 def dynamic_hw_conv(channels: int = 8) -> onnx.ModelProto:
@@ -207,12 +214,16 @@ def dynamic_hw_conv(channels: int = 8) -> onnx.ModelProto:
         onnx.helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], name="conv2", pads=[1] * 4),
     ]
     return graphs.model(
-        nodes, [graphs.tensor("x", ["N", 3, "H", "W"])],
+        nodes,
+        [graphs.tensor("x", ["N", 3, "H", "W"])],
         [graphs.tensor("y", ["N", channels, "H", "W"])],
-        [graphs.init("w1", graphs.weight(r, channels, 3, 3, 3)),
-         graphs.init("b1", graphs.weight(r, channels)),
-         graphs.init("w2", graphs.weight(r, channels, channels, 3, 3)),
-         graphs.init("b2", graphs.weight(r, channels))])
+        [
+            graphs.init("w1", graphs.weight(r, channels, 3, 3, 3)),
+            graphs.init("b1", graphs.weight(r, channels)),
+            graphs.init("w2", graphs.weight(r, channels, channels, 3, 3)),
+            graphs.init("b2", graphs.weight(r, channels)),
+        ],
+    )
 
 
 def test_differently_shaped_batches_give_the_statistics_of_their_values():
@@ -220,21 +231,33 @@ def test_differently_shaped_batches_give_the_statistics_of_their_values():
     # are used only for batches shaped like the first; the others run unbound)
     model, inputs = prepared(dynamic_hw_conv())
     r = graphs.rng(3)
-    shapes = [(1, 3, 16, 16), (1, 3, 24, 20), (1, 3, 16, 16), (2, 3, 8, 32), (1, 3, 16, 16),
-              (1, 3, 16, 16), (1, 3, 24, 20), (1, 3, 16, 16)]
+    shapes = [
+        (1, 3, 16, 16),
+        (1, 3, 24, 20),
+        (1, 3, 16, 16),
+        (2, 3, 8, 32),
+        (1, 3, 16, 16),
+        (1, 3, 16, 16),
+        (1, 3, 24, 20),
+        (1, 3, 16, 16),
+    ]
     batches = [{"x": r.standard_normal(shape).astype(np.float32)} for shape in shapes]
     names = ["x", "c1", "r1", "y"]
-    got = calibrate(model, dict.fromkeys(names, True), batches, inputs, histogram_sample=0,
-                    progress=False).stats
-    session = ort.InferenceSession(exposing_model(model, names),
-                                   providers=["CPUExecutionProvider"])
+    got = calibrate(
+        model, dict.fromkeys(names, True), batches, inputs, histogram_sample=0, progress=False
+    ).stats
+    session = ort.InferenceSession(exposing_model(model, names), providers=["CPUExecutionProvider"])
     want = {name: TensorStats(name) for name in names}
     for batch in batches:
         for name, value in zip(names, session.run(names, batch), strict=True):
             want[name].update(value)
     for name in names:
         assert (got[name].count, got[name].min, got[name].max, got[name].range) == (
-            want[name].count, want[name].min, want[name].max, want[name].range), name
+            want[name].count,
+            want[name].min,
+            want[name].max,
+            want[name].range,
+        ), name
         np.testing.assert_array_equal(got[name].counts, want[name].counts, err_msg=name)
 
 
@@ -243,7 +266,8 @@ def exposing_model(model: onnx.ModelProto, names: list[str]) -> bytes:
     exposed.CopyFrom(model)
     del exposed.graph.output[:]
     exposed.graph.output.extend(
-        onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names)
+        onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names
+    )
     return exposed.SerializeToString()
 
 
@@ -253,8 +277,9 @@ def test_a_single_nan_anywhere_is_found(histogram):
     model, inputs = prepared(graphs.log_model())
     x = np.full((1, 16, 8, 8), 2.0, np.float32)
     x[0, 7, 3, 5] = -1.0
-    with pytest.raises(CalibrationDataError,
-                       match="'log_out' has NaN or Inf values in calibration batch 0"):
+    with pytest.raises(
+        CalibrationDataError, match="'log_out' has NaN or Inf values in calibration batch 0"
+    ):
         calibrate(model, {"log_out": histogram}, [{"x": x}], inputs, progress=False)
 
 
@@ -275,8 +300,9 @@ def test_stride_is_a_prime_coprime_to_every_dimension():
 def test_sampled_histogram_holds_every_sth_value_of_each_sample_and_exact_extremes():
     model, inputs = prepared(batched_conv())
     batches = [graphs.random_inputs(model, seed=i, dynamic=3) for i in range(4)]
-    result = calibrate(model, {"conv_out": True, "y": False}, batches, inputs,
-                       histogram_sample=100, progress=False)
+    result = calibrate(
+        model, {"conv_out": True, "y": False}, batches, inputs, histogram_sample=100, progress=False
+    )
     ref = reference_values(model, batches, ["conv_out"])["conv_out"]
     stats = result.stats["conv_out"]
     assert stats.count == ref.size  # min/max/count see every value
@@ -292,11 +318,13 @@ def test_sampled_histogram_holds_every_sth_value_of_each_sample_and_exact_extrem
 def test_sampling_is_per_sample_so_batching_does_not_change_the_histogram():
     model, inputs = prepared(batched_conv())
     samples = [graphs.random_inputs(model, seed=i, dynamic=1) for i in range(16)]
-    ones = calibrate(model, {"conv_out": True}, samples, inputs, histogram_sample=100,
-                     progress=False).stats["conv_out"]
-    fours = [{"x": np.concatenate([s["x"] for s in samples[i:i + 4]])} for i in range(0, 16, 4)]
-    grouped = calibrate(model, {"conv_out": True}, fours, inputs, histogram_sample=100,
-                        progress=False).stats["conv_out"]
+    ones = calibrate(
+        model, {"conv_out": True}, samples, inputs, histogram_sample=100, progress=False
+    ).stats["conv_out"]
+    fours = [{"x": np.concatenate([s["x"] for s in samples[i : i + 4]])} for i in range(0, 16, 4)]
+    grouped = calibrate(
+        model, {"conv_out": True}, fours, inputs, histogram_sample=100, progress=False
+    ).stats["conv_out"]
     np.testing.assert_array_equal(ones.counts, grouped.counts)
     assert (ones.min, ones.max, ones.count) == (grouped.min, grouped.max, grouped.count)
     assert ones.sample_max_sum == pytest.approx(grouped.sample_max_sum, rel=1e-6)
@@ -306,11 +334,16 @@ def _time_major() -> onnx.ModelProto:
     """x [batch, 12, 32] -> Transpose -> t [12, batch, 32] (time-major, as an RNN reads it)
     -> MatMul -> y."""
     r = graphs.rng(6)
-    nodes = [onnx.helper.make_node("Transpose", ["x"], ["t"], name="tm", perm=[1, 0, 2]),
-             onnx.helper.make_node("MatMul", ["t", "w"], ["y"], name="mm")]
-    return graphs.model(nodes, [graphs.tensor("x", ["batch", 12, 32])],
-                        [graphs.tensor("y", [12, "batch", 32])],
-                        [graphs.init("w", graphs.weight(r, 32, 32))])
+    nodes = [
+        onnx.helper.make_node("Transpose", ["x"], ["t"], name="tm", perm=[1, 0, 2]),
+        onnx.helper.make_node("MatMul", ["t", "w"], ["y"], name="mm"),
+    ]
+    return graphs.model(
+        nodes,
+        [graphs.tensor("x", ["batch", 12, 32])],
+        [graphs.tensor("y", [12, "batch", 32])],
+        [graphs.init("w", graphs.weight(r, 32, 32))],
+    )
 
 
 def test_a_time_major_tensor_is_observed_per_sample_along_its_batch_axis():
@@ -323,17 +356,19 @@ def test_a_time_major_tensor_is_observed_per_sample_along_its_batch_axis():
     assert batch_axis(graph.shape("x"), batch_symbols(graph)) == 0
     r = graphs.rng(7)
     # per-sample scales that differ, so per-time-step rows would give other moving averages
-    samples = [{"x": (r.standard_normal((1, 12, 32)) * (1 + i)).astype(np.float32)}
-               for i in range(8)]
-    fours = [{"x": np.concatenate([s["x"] for s in samples[i:i + 4]])} for i in (0, 4)]
-    one, four = (calibrate(model, {"t": True}, data, inputs, histogram_sample=100,
-                           progress=False) for data in (samples, fours))
+    samples = [
+        {"x": (r.standard_normal((1, 12, 32)) * (1 + i)).astype(np.float32)} for i in range(8)
+    ]
+    fours = [{"x": np.concatenate([s["x"] for s in samples[i : i + 4]])} for i in (0, 4)]
+    one, four = (
+        calibrate(model, {"t": True}, data, inputs, histogram_sample=100, progress=False)
+        for data in (samples, fours)
+    )
     a, b = one.stats["t"], four.stats["t"]
     assert a.samples == b.samples == 8 and one.samples == four.samples == 8
     np.testing.assert_array_equal(a.counts, b.counts)
     assert a.sample_max_sum == pytest.approx(b.sample_max_sum, rel=1e-6)
-    assert a.sample_max_sum == pytest.approx(sum(float(s["x"].max()) for s in samples),
-                                             rel=1e-6)
+    assert a.sample_max_sum == pytest.approx(sum(float(s["x"].max()) for s in samples), rel=1e-6)
 
 
 def test_sample_share_follows_the_budget_in_powers_of_two():
@@ -351,14 +386,23 @@ def test_sample_share_follows_the_budget_in_powers_of_two():
 def test_histogram_budget_lowers_each_samples_share_whatever_the_batching():
     model, inputs = prepared(batched_conv())
     samples = [graphs.random_inputs(model, seed=i, dynamic=1) for i in range(16)]
-    fours = [{"x": np.concatenate([s["x"] for s in samples[i:i + 4]])} for i in range(0, 16, 4)]
+    fours = [{"x": np.concatenate([s["x"] for s in samples[i : i + 4]])} for i in range(0, 16, 4)]
     per_sample = 16 * 12 * 12  # 2304 values; a budget of 16 x 1024 leaves each sample 1024
-    full = calibrate(model, {"conv_out": True}, samples, inputs, histogram_budget=0,
-                     progress=False).stats["conv_out"]
+    full = calibrate(
+        model, {"conv_out": True}, samples, inputs, histogram_budget=0, progress=False
+    ).stats["conv_out"]
     assert full.counts.sum() == 16 * per_sample
-    ones, grouped = (calibrate(model, {"conv_out": True}, data, inputs,
-                               histogram_budget=16 * MIN_SAMPLE_SHARE,
-                               progress=False).stats["conv_out"] for data in (samples, fours))
+    ones, grouped = (
+        calibrate(
+            model,
+            {"conv_out": True},
+            data,
+            inputs,
+            histogram_budget=16 * MIN_SAMPLE_SHARE,
+            progress=False,
+        ).stats["conv_out"]
+        for data in (samples, fours)
+    )
     stride = _stride(per_sample, [1, 16, 12, 12], MIN_SAMPLE_SHARE)
     assert stride == 5  # 3 divides 12
     assert ones.counts.sum() == 16 * len(range(0, per_sample, stride))
@@ -366,16 +410,23 @@ def test_histogram_budget_lowers_each_samples_share_whatever_the_batching():
     # min, max and count still see every value
     assert (ones.min, ones.max, ones.count) == (full.min, full.max, full.count)
     # a source read only once cannot say how many samples it holds: no budget
-    once = calibrate(model, {"conv_out": True}, iter(samples), inputs,
-                     histogram_budget=16 * MIN_SAMPLE_SHARE, progress=False).stats["conv_out"]
+    once = calibrate(
+        model,
+        {"conv_out": True},
+        iter(samples),
+        inputs,
+        histogram_budget=16 * MIN_SAMPLE_SHARE,
+        progress=False,
+    ).stats["conv_out"]
     np.testing.assert_array_equal(once.counts, full.counts)
 
 
 def test_histogram_sample_zero_keeps_every_value():
     model, inputs = prepared(batched_conv())
     batches = [graphs.random_inputs(model, seed=i, dynamic=2) for i in range(3)]
-    stats = calibrate(model, {"conv_out": True}, batches, inputs, histogram_sample=0,
-                      progress=False).stats["conv_out"]
+    stats = calibrate(
+        model, {"conv_out": True}, batches, inputs, histogram_sample=0, progress=False
+    ).stats["conv_out"]
     assert stats.counts.sum() == stats.count == 3 * 2 * 16 * 12 * 12
 
 
@@ -383,23 +434,31 @@ def test_float16_rank1_and_unknown_rank_tensors_are_observed():
     nodes = [
         onnx.helper.make_node("Cast", ["x"], ["half"], to=onnx.TensorProto.FLOAT16, name="c"),
         onnx.helper.make_node("Relu", ["half"], ["half_relu"], name="r"),
-        onnx.helper.make_node("Cast", ["half_relu"], ["back"], to=onnx.TensorProto.FLOAT,
-                              name="c2"),
+        onnx.helper.make_node(
+            "Cast", ["half_relu"], ["back"], to=onnx.TensorProto.FLOAT, name="c2"
+        ),
         onnx.helper.make_node("ReduceSum", ["back"], ["total"], keepdims=0, name="s"),
         onnx.helper.make_node("Reshape", ["back", "shape"], ["anyrank"], name="rs"),
     ]
     graph = onnx.helper.make_graph(
-        nodes, "ranks", [graphs.tensor("x", [37]), graphs.tensor("shape", [None],
-                                                                  onnx.TensorProto.INT64)],
-        [graphs.tensor("total", []), graphs.tensor("anyrank", None)])
+        nodes,
+        "ranks",
+        [graphs.tensor("x", [37]), graphs.tensor("shape", [None], onnx.TensorProto.INT64)],
+        [graphs.tensor("total", []), graphs.tensor("anyrank", None)],
+    )
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
     model.ir_version = graphs.IR_VERSION
     model, inputs = prepared(model)
     assert ir.Graph(model).shape("anyrank") is None
     x = np.linspace(-3, 5, 37, dtype=np.float32)
     batch = {"x": x, "shape": np.array([37, 1], np.int64)}
-    result = calibrate(model, {"half_relu": True, "x": True, "total": False, "anyrank": True},
-                       [batch], inputs, progress=False)
+    result = calibrate(
+        model,
+        {"half_relu": True, "x": True, "total": False, "anyrank": True},
+        [batch],
+        inputs,
+        progress=False,
+    )
     assert result.stats["half_relu"].max == 5.0 and result.stats["half_relu"].min == 0.0
     assert result.stats["x"].count == 37 and result.stats["x"].samples == 1
     assert result.stats["total"].count == 1
@@ -410,8 +469,13 @@ def test_float16_rank1_and_unknown_rank_tensors_are_observed():
 def test_observing_adds_nothing_to_the_model():
     model, inputs = prepared(batched_conv())
     before = ir.serialize(model)
-    calibrate(model, {"conv_out": True, "x": False}, graphs.random_batches(model, 2), inputs,
-              progress=False)
+    calibrate(
+        model,
+        {"conv_out": True, "x": False},
+        graphs.random_batches(model, 2),
+        inputs,
+        progress=False,
+    )
     assert ir.serialize(model) == before
 
 
@@ -423,14 +487,20 @@ def test_a_relu_output_is_observed_in_the_graph_with_the_same_statistics():
     assert _peaks_plan(graph, "y") is not None  # observed in the graph
     assert _peaks_plan(graph, "conv_out") is None  # signed: exposed whole
     batches = [graphs.random_inputs(model, seed=i, dynamic=3) for i in range(4)]
-    got = calibrate(model, {"y": False}, batches, inputs, channels=frozenset({"y"}),
-                    progress=False).stats["y"]
+    got = calibrate(
+        model, {"y": False}, batches, inputs, channels=frozenset({"y"}), progress=False
+    ).stats["y"]
     want = TensorStats("y", histogram=False, channels=True)
     for b in batches:
-        want.update(np.maximum(reference_values(model, [b], ["conv_out"])["conv_out"]
-                               .reshape(3, 16, 12, 12), 0))
+        want.update(
+            np.maximum(
+                reference_values(model, [b], ["conv_out"])["conv_out"].reshape(3, 16, 12, 12), 0
+            )
+        )
     assert got.nonnegative and (got.count, got.samples) == (want.count, want.samples) == (
-        4 * 3 * 16 * 144, 12)
+        4 * 3 * 16 * 144,
+        12,
+    )
     assert (got.min, got.max) == (0.0, want.max) and want.min == 0.0
     assert got.sample_max_sum == pytest.approx(want.sample_max_sum, rel=1e-12)
     assert got.sample_min_sum == want.sample_min_sum == 0.0
@@ -443,12 +513,14 @@ def test_a_relu_output_is_observed_in_the_graph_with_the_same_statistics():
 def test_nan_in_an_in_graph_observed_tensor_is_an_error():
     # Exp(Log(x)) >= 0 is observed in the graph; x < 0 makes every value NaN
     nodes = [onnx.helper.make_node("Log", ["x"], ["l"]), onnx.helper.make_node("Exp", ["l"], ["e"])]
-    model, inputs = prepared(graphs.model(nodes, [graphs.tensor("x", [1, 4, 8, 8])],
-                                          [graphs.tensor("e", [1, 4, 8, 8])]))
+    model, inputs = prepared(
+        graphs.model(nodes, [graphs.tensor("x", [1, 4, 8, 8])], [graphs.tensor("e", [1, 4, 8, 8])])
+    )
     assert _peaks_plan(ir.Graph(model), "e") is not None
     with pytest.raises(CalibrationDataError, match="'e' has NaN or Inf values in calibration"):
-        calibrate(model, {"e": False}, [{"x": -np.ones((1, 4, 8, 8), np.float32)}], inputs,
-                  progress=False)
+        calibrate(
+            model, {"e": False}, [{"x": -np.ones((1, 4, 8, 8), np.float32)}], inputs, progress=False
+        )
 
 
 def test_stale_declared_shapes_do_not_mix_up_channels():
@@ -467,7 +539,6 @@ def test_stale_declared_shapes_do_not_mix_up_channels():
         calibrate(model, {"y": False}, iter(batches), inputs, progress=False)
 
 
-
 def test_batch_work_runs_every_job_once_and_raises_the_first_failure_by_position():
     from concurrent.futures import ThreadPoolExecutor
 
@@ -480,6 +551,7 @@ def test_batch_work_runs_every_job_once_and_raises_the_first_failure_by_position
             ran.append(k)
             if k in (1, 3):
                 raise CalibrationDataError(f"job {k} failed")
+
         return run
 
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -523,17 +595,24 @@ def test_a_session_that_onnxruntimes_layout_optimizer_breaks_falls_back(capsys):
     from tests import graphs
 
     r = graphs.rng(0)
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], group=32, kernel_shape=[1, 1]),
-             helper.make_node("Conv", ["x", "w2", "b2"], ["c2"], group=32, kernel_shape=[3, 3],
-                              pads=[1, 1, 1, 1]),
-             helper.make_node("Add", ["c1", "c2"], ["y"])]
-    model = graphs.model(nodes, [graphs.tensor("x", ["n", 32, 7, 7])],
-                         [graphs.tensor("y", ["n", 64, 7, 7]),
-                          graphs.tensor("c1", ["n", 64, 7, 7])],
-                         [graphs.init("w1", graphs.weight(r, 64, 1, 1, 1)),
-                          graphs.init("b1", graphs.weight(r, 64)),
-                          graphs.init("w2", graphs.weight(r, 64, 1, 3, 3)),
-                          graphs.init("b2", graphs.weight(r, 64))])
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], group=32, kernel_shape=[1, 1]),
+        helper.make_node(
+            "Conv", ["x", "w2", "b2"], ["c2"], group=32, kernel_shape=[3, 3], pads=[1, 1, 1, 1]
+        ),
+        helper.make_node("Add", ["c1", "c2"], ["y"]),
+    ]
+    model = graphs.model(
+        nodes,
+        [graphs.tensor("x", ["n", 32, 7, 7])],
+        [graphs.tensor("y", ["n", 64, 7, 7]), graphs.tensor("c1", ["n", 64, 7, 7])],
+        [
+            graphs.init("w1", graphs.weight(r, 64, 1, 1, 1)),
+            graphs.init("b1", graphs.weight(r, 64)),
+            graphs.init("w2", graphs.weight(r, 64, 1, 3, 3)),
+            graphs.init("b2", graphs.weight(r, 64)),
+        ],
+    )
     session = make_session(model)
     x = graphs.rng(1).standard_normal((2, 32, 7, 7)).astype(np.float32)
     y, c1 = session.run(None, {"x": x})

@@ -18,11 +18,13 @@ def test_cached_statistics_give_the_same_model_as_the_data(tmp_path):
     model = graphs.residual_add()
     batches = graphs.random_batches(model, 4)
     cache = tmp_path / "calib.json"
-    direct = onnxq.quantize(model, batches, method="percentile", progress=False,
-                            save_calibration=cache)
+    direct = onnxq.quantize(
+        model, batches, method="percentile", progress=False, save_calibration=cache
+    )
     assert json.loads(cache.read_text())["format"] == "onnxq-calibration"
-    cached = onnxq.quantize(model, None, method="percentile", progress=False,
-                            load_calibration=cache)
+    cached = onnxq.quantize(
+        model, None, method="percentile", progress=False, load_calibration=cache
+    )
     assert ir.serialize(cached.model) == ir.serialize(direct.model)
     # the report says where the statistics came from, and that no fidelity was measured
     assert cached.report.calibration_batches == 0
@@ -40,8 +42,9 @@ def test_a_failed_run_leaves_no_cache(tmp_path, monkeypatch):
     model = graphs.residual_add()
     cache = tmp_path / "calib.json"
     with pytest.raises(onnxq.errors.AccuracyError):
-        onnxq.quantize(model, graphs.random_batches(model, 2), progress=False,
-                       save_calibration=cache)
+        onnxq.quantize(
+            model, graphs.random_batches(model, 2), progress=False, save_calibration=cache
+        )
     assert not cache.exists()
 
 
@@ -52,16 +55,14 @@ def test_a_cache_serves_any_method_because_it_keeps_histograms(tmp_path):
     onnxq.quantize(model, batches, method="minmax", progress=False, save_calibration=cache)
     for method in ("entropy", "mse", "auto"):
         direct = onnxq.quantize(model, batches, method=method, progress=False)
-        cached = onnxq.quantize(model, None, method=method, progress=False,
-                                load_calibration=cache)
+        cached = onnxq.quantize(model, None, method=method, progress=False, load_calibration=cache)
         assert ir.serialize(cached.model) == ir.serialize(direct.model), method
 
 
 def test_a_cache_of_another_model_names_the_missing_tensors(tmp_path):
     cache = tmp_path / "calib.json"
     other = graphs.conv_relu()
-    onnxq.quantize(other, graphs.random_batches(other, 2), progress=False,
-                   save_calibration=cache)
+    onnxq.quantize(other, graphs.random_batches(other, 2), progress=False, save_calibration=cache)
     with pytest.raises(CalibrationDataError, match=r"no statistics for .* tensor"):
         onnxq.quantize(graphs.residual_add(), None, progress=False, load_calibration=cache)
 
@@ -69,20 +70,17 @@ def test_a_cache_of_another_model_names_the_missing_tensors(tmp_path):
 def test_a_cache_of_another_backend_says_which_backend(tmp_path):
     model = graphs.residual_add()
     cache = tmp_path / "calib.json"
-    onnxq.quantize(model, graphs.random_batches(model, 2), progress=False,
-                   save_calibration=cache)
+    onnxq.quantize(model, graphs.random_batches(model, 2), progress=False, save_calibration=cache)
     assert json.loads(cache.read_text())["backend"] == "tensorrt"
     with pytest.raises(CalibrationDataError, match="saved with --backend tensorrt") as err:
-        onnxq.quantize(model, None, backend="onnxruntime", progress=False,
-                       load_calibration=cache)
+        onnxq.quantize(model, None, backend="onnxruntime", progress=False, load_calibration=cache)
     assert "--backend onnxruntime quantizes other tensors" in str(err.value)
 
 
 def test_a_changed_shape_is_refused(tmp_path):
     cache = tmp_path / "calib.json"
     small = graphs.conv_relu(size=8)
-    onnxq.quantize(small, graphs.random_batches(small, 2), progress=False,
-                   save_calibration=cache)
+    onnxq.quantize(small, graphs.random_batches(small, 2), progress=False, save_calibration=cache)
     with pytest.raises(CalibrationDataError, match=r"had shape .* now gives"):
         onnxq.quantize(graphs.conv_relu(size=16), None, progress=False, load_calibration=cache)
 
@@ -93,12 +91,49 @@ def test_cli_round_trip_and_garbage_cache(tmp_path, calib_dir, capsys):
     onnx.save(model, path)
     calib = calib_dir(model)
     cache = tmp_path / "c.json"
-    assert main(["quantize", str(path), "-o", str(tmp_path / "a.onnx"), "--calib", str(calib),
-                 "--save-calibration", str(cache), "-q"]) == 0
-    assert main(["quantize", str(path), "-o", str(tmp_path / "b.onnx"),
-                 "--load-calibration", str(cache), "-q"]) == 0
+    assert (
+        main(
+            [
+                "quantize",
+                str(path),
+                "-o",
+                str(tmp_path / "a.onnx"),
+                "--calib",
+                str(calib),
+                "--save-calibration",
+                str(cache),
+                "-q",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "quantize",
+                str(path),
+                "-o",
+                str(tmp_path / "b.onnx"),
+                "--load-calibration",
+                str(cache),
+                "-q",
+            ]
+        )
+        == 0
+    )
     (tmp_path / "bad.json").write_text("{not json")
-    assert main(["quantize", str(path), "-o", str(tmp_path / "c.onnx"),
-                 "--load-calibration", str(tmp_path / "bad.json")]) == 2
+    assert (
+        main(
+            [
+                "quantize",
+                str(path),
+                "-o",
+                str(tmp_path / "c.onnx"),
+                "--load-calibration",
+                str(tmp_path / "bad.json"),
+            ]
+        )
+        == 2
+    )
     assert "not a JSON calibration cache" in capsys.readouterr().err
     assert not (tmp_path / "c.onnx").exists()

@@ -162,13 +162,18 @@ def test_report_write_failure_leaves_no_model(tmp_path, conv_files, capsys):
     assert not out.exists()
 
 
-def test_an_output_that_breaks_the_backend_exits_1_and_writes_nothing(tmp_path, conv_files,
-                                                                       capsys, monkeypatch):
+def test_an_output_that_breaks_the_backend_exits_1_and_writes_nothing(
+    tmp_path, conv_files, capsys, monkeypatch
+):
     # quantize checks its own output: a violation there is onnxq's bug, not a user error
     from onnxq.errors import Violation
 
-    monkeypatch.setattr("onnxq.api.check", lambda model, profile: [
-        Violation("conv", "bias scale", "input scale x weight scale", "2x off")])
+    monkeypatch.setattr(
+        "onnxq.api.check",
+        lambda model, profile: [
+            Violation("conv", "bias scale", "input scale x weight scale", "2x off")
+        ],
+    )
     model, calib = conv_files
     out = tmp_path / "out.onnx"
     code = main(["quantize", str(model), "-o", str(out), "--calib", str(calib), "-q"])
@@ -232,8 +237,7 @@ def dynamic_quantized(model_file, tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("backend, rc", [("tensorrt", 1), ("onnxruntime", 0)])
-def test_check_of_an_operator_format_model_says_what_it_is(dynamic_quantized, capsys, backend,
-                                                           rc):
+def test_check_of_an_operator_format_model_says_what_it_is(dynamic_quantized, capsys, backend, rc):
     assert main(["check", str(dynamic_quantized), "--backend", backend]) == rc
     out = capsys.readouterr().out
     assert "note: the model is quantized in onnxruntime's operator format (" in out
@@ -244,12 +248,26 @@ def test_check_of_an_operator_format_model_says_what_it_is(dynamic_quantized, ca
 
 
 @pytest.mark.parametrize("backend", ["tensorrt", "onnxruntime"])
-def test_quantize_and_explain_of_an_operator_format_model(dynamic_quantized, calib_dir, capsys,
-                                                          backend):
+def test_quantize_and_explain_of_an_operator_format_model(
+    dynamic_quantized, calib_dir, capsys, backend
+):
     calib = calib_dir(graphs.matmul_const(k=64, n=64), n=2)
     out = dynamic_quantized.parent / "again.onnx"
-    assert main(["quantize", str(dynamic_quantized), "-o", str(out), "--calib", str(calib),
-                 "--backend", backend]) == 2
+    assert (
+        main(
+            [
+                "quantize",
+                str(dynamic_quantized),
+                "-o",
+                str(out),
+                "--calib",
+                str(calib),
+                "--backend",
+                backend,
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "already quantized in onnxruntime's operator format" in err and "Traceback" not in err
     assert "onnxq check" not in err  # check has nothing to say about such a model
@@ -393,8 +411,19 @@ def test_method_for_sets_a_per_tensor_method(tmp_path, conv_files):
 
     model, calib = conv_files
     out = tmp_path / "q.onnx"
-    args = ["quantize", str(model), "-o", str(out), "--calib", str(calib), "-q",
-            "--method", "percentile", "--method-for", "x=minmax"]
+    args = [
+        "quantize",
+        str(model),
+        "-o",
+        str(out),
+        "--calib",
+        str(calib),
+        "-q",
+        "--method",
+        "percentile",
+        "--method-for",
+        "x=minmax",
+    ]
     assert main(args) == 0
     records = read_metadata(onnx.load(str(out)))
     assert records is not None and records["x"]["method"] == "minmax"
@@ -417,12 +446,15 @@ def test_explain_notes_a_model_with_per_element_sigmoid_scores(model_file, capsy
 
 
 # ------------------------------------------------------------------------------- output paths
-@pytest.mark.parametrize("extra, what", [
-    (["--report", "{model}"], "report"),
-    (["--save-calibration", "{model}"], "calibration cache to save"),
-    (["--report", "{out}"], "report"),
-    (["--save-calibration", "{out}"], "calibration cache to save"),
-])
+@pytest.mark.parametrize(
+    "extra, what",
+    [
+        (["--report", "{model}"], "report"),
+        (["--save-calibration", "{model}"], "calibration cache to save"),
+        (["--report", "{out}"], "report"),
+        (["--save-calibration", "{out}"], "calibration cache to save"),
+    ],
+)
 def test_no_output_names_an_input_or_another_output(tmp_path, conv_files, capsys, extra, what):
     model, calib = conv_files
     before = model.read_bytes()
@@ -438,8 +470,7 @@ def test_no_output_names_an_input_or_another_output(tmp_path, conv_files, capsys
 def test_analyze_report_never_replaces_a_model(tmp_path, conv_files, capsys):
     model, calib = conv_files
     before = model.read_bytes()
-    code = main(["analyze", str(model), str(model), "--calib", str(calib),
-                 "--report", str(model)])
+    code = main(["analyze", str(model), str(model), "--calib", str(calib), "--report", str(model)])
     assert_user_error(code, capsys.readouterr().err)
     assert model.read_bytes() == before
 
@@ -451,8 +482,24 @@ def test_written_files_get_the_usual_mode(tmp_path, conv_files):
     out, report, cache = tmp_path / "o.onnx", tmp_path / "o.json", tmp_path / "c.json"
     old = os.umask(0o022)
     try:
-        assert main(["quantize", str(model), "-o", str(out), "--calib", str(calib), "-q",
-                     "--report", str(report), "--save-calibration", str(cache)]) == 0
+        assert (
+            main(
+                [
+                    "quantize",
+                    str(model),
+                    "-o",
+                    str(out),
+                    "--calib",
+                    str(calib),
+                    "-q",
+                    "--report",
+                    str(report),
+                    "--save-calibration",
+                    str(cache),
+                ]
+            )
+            == 0
+        )
     finally:
         os.umask(old)
     for path in (out, report, cache):
@@ -461,8 +508,18 @@ def test_written_files_get_the_usual_mode(tmp_path, conv_files):
 
 def test_a_preprocess_spec_with_array_batches_is_a_user_error(tmp_path, conv_files, capsys):
     model, calib = conv_files
-    code = main(["quantize", str(model), "-o", str(tmp_path / "o.onnx"), "--calib", str(calib),
-                 "--preprocess", "imagenet"])
+    code = main(
+        [
+            "quantize",
+            str(model),
+            "-o",
+            str(tmp_path / "o.onnx"),
+            "--calib",
+            str(calib),
+            "--preprocess",
+            "imagenet",
+        ]
+    )
     err = capsys.readouterr().err
     assert_user_error(code, err)
     assert "holds .npz/.npy batches" in err and "image folders only" in err
@@ -471,9 +528,28 @@ def test_a_preprocess_spec_with_array_batches_is_a_user_error(tmp_path, conv_fil
 def test_an_exclude_pattern_that_matches_nothing_is_warned_about(tmp_path, conv_files, capsys):
     model, calib = conv_files
     report = tmp_path / "o.json"
-    assert main(["quantize", str(model), "-o", str(tmp_path / "o.onnx"), "--calib", str(calib),
-                 "-q", "--exclude", "nomatch", "--exclude", "conv*", "--method-for",
-                 "relu*=minmax", "--report", str(report)]) == 0
+    assert (
+        main(
+            [
+                "quantize",
+                str(model),
+                "-o",
+                str(tmp_path / "o.onnx"),
+                "--calib",
+                str(calib),
+                "-q",
+                "--exclude",
+                "nomatch",
+                "--exclude",
+                "conv*",
+                "--method-for",
+                "relu*=minmax",
+                "--report",
+                str(report),
+            ]
+        )
+        == 0
+    )
     warnings = json.loads(report.read_text())["warnings"]
     unmatched = [w for w in warnings if "matches no node or tensor" in w]
     assert len(unmatched) == 1 and unmatched[0].startswith("--exclude 'nomatch'")
@@ -501,10 +577,18 @@ def test_output_closed_early_ends_quietly(tmp_path, model_file):
     # 3000 ops: explain writes more than a pipe holds after `head` has gone
     from onnx import helper
 
-    nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"relu_{i:04d}")
-             for i in range(3000)]
+    nodes = [
+        helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"relu_{i:04d}")
+        for i in range(3000)
+    ]
     model = graphs.model(nodes, [graphs.tensor("t0", [1, 4])], [graphs.tensor("t3000", [1, 4])])
     path = model_file(model)
-    done = subprocess.run(f"{sys.executable} -m onnxq.cli explain {path} | head -c 1",
-                          shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        f"{sys.executable} -m onnxq.cli explain {path} | head -c 1",
+        shell=True,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.stderr == "" and len(done.stdout) == 1

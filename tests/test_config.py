@@ -190,8 +190,9 @@ def test_every_method_name_is_accepted():
 
 
 def test_python_overrides_and_preprocess_given_as_dicts_are_normalised():
-    cfg = QuantConfig(overrides=[{"op_type": "Gemm", "exclude": True}],
-                      preprocess={"scale": "1/255"})
+    cfg = QuantConfig(
+        overrides=[{"op_type": "Gemm", "exclude": True}], preprocess={"scale": "1/255"}
+    )
     assert cfg.overrides == (Override(op_type="Gemm", exclude=True),)
     assert isinstance(cfg.preprocess, str)
 
@@ -207,8 +208,13 @@ def test_a_value_error_in_a_config_file_names_the_file(tmp_path):
 
 
 def test_unmatched_lists_patterns_and_overrides_that_match_nothing():
-    cfg = QuantConfig(exclude=("conv*", "nomatch"), overrides=(
-        Override(node="x*", method="mse"), Override(tensor="x*", method="mse"),  # --method-for
-        Override(op_type="Gemm", exclude=True)))
+    cfg = QuantConfig(
+        exclude=("conv*", "nomatch"),
+        overrides=(
+            Override(node="x*", method="mse"),
+            Override(tensor="x*", method="mse"),  # --method-for
+            Override(op_type="Gemm", exclude=True),
+        ),
+    )
     nodes, tensors = [("conv1", "Conv"), ("x1", "Relu")], {"t", "u"}
     assert cfg.unmatched(nodes, tensors) == ["--exclude 'nomatch'", "override (op_type=Gemm)"]

@@ -31,8 +31,9 @@ def _table(heading: str) -> dict[str, dict[str, str]]:
         if match:
             cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
             assert len(cells) == 5, line
-            rows[match.group(1)] = dict(zip(("field", "type", "default", "allowed", "cli"),
-                                            cells, strict=True))
+            rows[match.group(1)] = dict(
+                zip(("field", "type", "default", "allowed", "cli"), cells, strict=True)
+            )
     return rows
 
 
@@ -44,8 +45,9 @@ def _default(cell: str) -> object:
     return yaml.safe_load(cell.strip("`"))
 
 
-@pytest.mark.parametrize(("cls", "heading"), [(QuantConfig, "QuantConfig fields"),
-                                              (Override, "Override fields")])
+@pytest.mark.parametrize(
+    ("cls", "heading"), [(QuantConfig, "QuantConfig fields"), (Override, "Override fields")]
+)
 def test_every_dataclass_field_is_documented_and_nothing_else(cls, heading):
     fields = [f.name for f in dataclasses.fields(cls)]
     rows = _table(heading)
@@ -77,8 +79,11 @@ def test_documented_choices_are_the_real_choices():
 def test_documented_cli_flags_exist():
     quantize = next(a for a in _parser()._actions if a.dest == "command").choices["quantize"]
     flags = {s for action in quantize._actions for s in action.option_strings}
-    documented = {flag for row in _table("QuantConfig fields").values()
-                  for flag in re.findall(r"(?<![\w-])--?[a-z][a-z-]*", row["cli"])}
+    documented = {
+        flag
+        for row in _table("QuantConfig fields").values()
+        for flag in re.findall(r"(?<![\w-])--?[a-z][a-z-]*", row["cli"])
+    }
     assert documented, "no CLI flags found in the table"
     assert documented <= flags, documented - flags
 

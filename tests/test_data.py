@@ -128,8 +128,11 @@ def test_missing_folder(tmp_path):
 
 
 def test_empty_folder(tmp_path):
-    with pytest.raises(CalibrationDataError, match=r"no \.npz, \.npy or image files; .* "
-                       r"images with --preprocess"):
+    with pytest.raises(
+        CalibrationDataError,
+        match=r"no \.npz, \.npy or image files; .* "
+        r"images with --preprocess",
+    ):
         open_source(tmp_path, [X])
 
 
@@ -149,8 +152,11 @@ def test_corrupt_npz_file(tmp_path):
 
 def test_pickled_object_arrays_are_refused(tmp_path):
     np.savez(tmp_path / "0000.npz", x=np.array([{"a": 1}], dtype=object))
-    with pytest.raises(CalibrationDataError, match=r"0000\.npz: holds an object array .* "
-                       "onnxq refuses pickled data"):
+    with pytest.raises(
+        CalibrationDataError,
+        match=r"0000\.npz: holds an object array .* "
+        "onnxq refuses pickled data",
+    ):
         list(open_source(tmp_path, [X]))
 
 

@@ -17,8 +17,9 @@ EXAMPLE = ROOT / "examples" / "digits"
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def _accuracy(output: str, label: str) -> float:
@@ -32,8 +33,19 @@ def test_readme_first_command_quantizes_the_example_and_keeps_its_accuracy(tmp_p
     assert "onnxq quantize examples/digits/digits_cnn.onnx" in readme
     out = tmp_path / "digits_int8.onnx"
     report = tmp_path / "digits_int8.json"
-    q = _run("-m", "onnxq.cli", "quantize", str(EXAMPLE / "digits_cnn.onnx"), "-o", str(out),
-             "--calib", str(EXAMPLE / "calib"), "--report", str(report), cwd=tmp_path)
+    q = _run(
+        "-m",
+        "onnxq.cli",
+        "quantize",
+        str(EXAMPLE / "digits_cnn.onnx"),
+        "-o",
+        str(out),
+        "--calib",
+        str(EXAMPLE / "calib"),
+        "--report",
+        str(report),
+        cwd=tmp_path,
+    )
     assert q.returncode == 0, q.stderr
     assert out.is_file() and report.is_file()
     assert check(onnx.load(str(out)), PROFILES["tensorrt"]) == []
@@ -48,8 +60,9 @@ def test_readme_first_command_quantizes_the_example_and_keeps_its_accuracy(tmp_p
 def test_example_calibration_and_evaluation_splits_do_not_overlap():
     import numpy as np
 
-    calib = np.concatenate([np.load(p, allow_pickle=False)["input"]
-                            for p in sorted((EXAMPLE / "calib").glob("*.npz"))])
+    calib = np.concatenate(
+        [np.load(p, allow_pickle=False)["input"] for p in sorted((EXAMPLE / "calib").glob("*.npz"))]
+    )
     evaluation = np.load(EXAMPLE / "eval.npz", allow_pickle=False)["input"]
     calib_rows = {row.tobytes() for row in calib}
     assert not any(row.tobytes() in calib_rows for row in evaluation)

@@ -67,8 +67,15 @@ REL_L2_BOUND = 0.2
 DEGENERATE_RMS = 1e-3
 CALIB_BATCHES = 4
 # an OnnxqError with one of these in its message blames onnxq, not the (valid) input
-BUG_MARKERS = ("bug in onnxq", "please report", "onnxruntime cannot load", "failed on it",
-               "fails in onnxruntime", "simplify pass", "needs a DAG")
+BUG_MARKERS = (
+    "bug in onnxq",
+    "please report",
+    "onnxruntime cannot load",
+    "failed on it",
+    "fails in onnxruntime",
+    "simplify pass",
+    "needs a DAG",
+)
 
 
 class PropertyViolation(AssertionError):
@@ -91,8 +98,7 @@ def session(model: onnx.ModelProto, optimize: bool = True) -> ort.InferenceSessi
     opts.log_severity_level = 4
     if not optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), opts,
-                                providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
 def error_stem(exc: BaseException) -> str:
@@ -134,8 +140,7 @@ def _quantize_property(case: FuzzCase, backend: str) -> Outcome:
         raise PropertyViolation(f"quantized model fails onnx.checker: {exc}") from exc
     violations = check(q, PROFILES[backend])
     if violations:
-        raise PropertyViolation(f"{len(violations)} {backend} violations, first: "
-                                f"{violations[0]}")
+        raise PropertyViolation(f"{len(violations)} {backend} violations, first: {violations[0]}")
     # what the user runs (optimizations on) must load and run; the error is measured like onnxq
     # measures it: fused int8 kernels for onnxruntime, the Q/DQ graph's own math for TensorRT
     try:
@@ -162,8 +167,7 @@ def _quantize_property(case: FuzzCase, backend: str) -> Outcome:
         f = np.concatenate([w[i].ravel() for w in want])
         g = np.concatenate([o[i].ravel() for o in got])
         if f.shape != g.shape or want[0][i].shape != got[0][i].shape:
-            raise PropertyViolation(f"output {name}: shape {got[0][i].shape} != "
-                                    f"{want[0][i].shape}")
+            raise PropertyViolation(f"output {name}: shape {got[0][i].shape} != {want[0][i].shape}")
         if f.dtype.kind != "f":
             continue
         if not np.isfinite(g).all():
@@ -173,8 +177,14 @@ def _quantize_property(case: FuzzCase, backend: str) -> Outcome:
             continue
         worst = max(worst, rel)
         if rel > REL_L2_BOUND:
-            over.append((name, rel, f"float RMS {rms:.3g}, max |error| "
-                                    f"{np.max(np.abs(g.astype(np.float64) - f)):.3g}"))
+            over.append(
+                (
+                    name,
+                    rel,
+                    f"float RMS {rms:.3g}, max |error| "
+                    f"{np.max(np.abs(g.astype(np.float64) - f)):.3g}",
+                )
+            )
     kind = "ok-flip" if flipped else "ok"
     detail = ""
     if over and not flipped:
@@ -216,9 +226,10 @@ def noise_model(case: FuzzCase, placed, rng: np.random.Generator):
     model = onnx.ModelProto()
     model.CopyFrom(case.model)
     inferred = onnx.shape_inference.infer_shapes(model)
-    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
-              for vi in [*inferred.graph.value_info, *inferred.graph.input,
-                         *inferred.graph.output]}
+    shapes = {
+        vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+    }
     nodes = {n.name: n for n in model.graph.node}
     consts = _const_values(model)
     noises: list[tuple[str, list[int], np.ndarray]] = []
@@ -250,17 +261,28 @@ def noise_model(case: FuzzCase, placed, rng: np.random.Generator):
             zp = float(np.asarray(qp.zero_point).ravel()[0])
             step = float(scale.ravel()[0])
             lo, hi = (lo_q - zp) * step, (hi_q - zp) * step
-            name, clipped, noise = (f"{p.tensor}__sim{k}", f"{p.tensor}__clip{k}",
-                                    f"{p.tensor}__noise{k}")
-            model.graph.initializer.extend([
-                numpy_helper.from_array(np.float32(lo), f"{clipped}_lo"),
-                numpy_helper.from_array(np.float32(hi), f"{clipped}_hi")])
-            model.graph.node.extend([
-                helper.make_node("Clip", [p.tensor, f"{clipped}_lo", f"{clipped}_hi"],
-                                 [clipped]),
-                helper.make_node("Add", [clipped, noise], [name])])
-            model.graph.input.append(helper.make_tensor_value_info(
-                noise, onnx.TensorProto.FLOAT, shape))
+            name, clipped, noise = (
+                f"{p.tensor}__sim{k}",
+                f"{p.tensor}__clip{k}",
+                f"{p.tensor}__noise{k}",
+            )
+            model.graph.initializer.extend(
+                [
+                    numpy_helper.from_array(np.float32(lo), f"{clipped}_lo"),
+                    numpy_helper.from_array(np.float32(hi), f"{clipped}_hi"),
+                ]
+            )
+            model.graph.node.extend(
+                [
+                    helper.make_node(
+                        "Clip", [p.tensor, f"{clipped}_lo", f"{clipped}_hi"], [clipped]
+                    ),
+                    helper.make_node("Add", [clipped, noise], [name]),
+                ]
+            )
+            model.graph.input.append(
+                helper.make_tensor_value_info(noise, onnx.TensorProto.FLOAT, shape)
+            )
             noises.append((noise, shape, np.float32(step)))
         for node, i in edges:
             node.input[i] = name
@@ -280,9 +302,13 @@ def _toposorted(model: onnx.ModelProto) -> onnx.ModelProto:
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
                     reads |= {x for n in attr.g.node for x in n.input}
-            produced_inside = {o for attr in node.attribute
-                               if attr.type == onnx.AttributeProto.GRAPH
-                               for n in attr.g.node for o in n.output}
+            produced_inside = {
+                o
+                for attr in node.attribute
+                if attr.type == onnx.AttributeProto.GRAPH
+                for n in attr.g.node
+                for o in n.output
+            }
             if (reads - produced_inside) <= ready:
                 order.append(node)
                 ready.update(node.output)
@@ -311,8 +337,10 @@ def _explained_by_noise(case: FuzzCase, result, backend: str, calib, want, names
     built = noise_model(case, result.report.placed, rng)
     if built is None:
         name, rel, info = over[0]
-        raise PropertyViolation(f"output {name}: relative L2 error {rel:.3f} > {REL_L2_BOUND} "
-                                f"({info}); noise budget not computable")
+        raise PropertyViolation(
+            f"output {name}: relative L2 error {rel:.3f} > {REL_L2_BOUND} "
+            f"({info}); noise budget not computable"
+        )
     model, noises = built
     sim = session(model, optimize=backend == "onnxruntime")
     sims: dict[str, list[float]] = {n: [] for n in names}
@@ -334,7 +362,8 @@ def _explained_by_noise(case: FuzzCase, result, backend: str, calib, want, names
             raise PropertyViolation(
                 f"output {name}: relative L2 error {rel:.3f} > {REL_L2_BOUND} ({info}), and "
                 f"> {NOISE_FACTOR:g} x {budget:.3f}, the error the same quantization noise "
-                "budget causes")
+                "budget causes"
+            )
         notes.append(f"{name}: error {rel:.3f}, noise budget {budget:.3f}")
     return "; ".join(notes)
 
@@ -367,8 +396,9 @@ def _check_ranges(case: FuzzCase, result, calib) -> None:
     fetch = [t for t in wanted if t not in inputs]
     for t in fetch:
         if t not in outputs:
-            model.graph.output.append(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT,
-                                                                    None))
+            model.graph.output.append(
+                helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None)
+            )
     sess = session(model, optimize=False)
     observed = dict.fromkeys(wanted, 0.0)
     for batch in calib:
@@ -386,8 +416,10 @@ def _check_ranges(case: FuzzCase, result, calib) -> None:
         seen = observed[p.tensor]
         # one step of slack: symmetric int8 reaches -128 steps, asymmetric rounds its zero point
         if seen > 0 and reach > seen * 1.01 + 2 * step:
-            raise PropertyViolation(f"activation {p.tensor}: representable range +-{reach:.4g}"
-                                    f" is wider than anything calibration saw ({seen:.4g})")
+            raise PropertyViolation(
+                f"activation {p.tensor}: representable range +-{reach:.4g}"
+                f" is wider than anything calibration saw ({seen:.4g})"
+            )
 
 
 def _branch_flipped(names: list[str], want, got) -> bool:
@@ -400,9 +432,17 @@ def _branch_flipped(names: list[str], want, got) -> bool:
 
 
 @pytest.mark.parametrize("backend", FUZZ_BACKENDS)
-@settings(max_examples=100, derandomize=True, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                 HealthCheck.data_too_large])
+@settings(
+    max_examples=100,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.data_too_large,
+    ],
+)
 @given(case=fuzz_cases())
 def test_quantize_returns_a_good_model_or_an_onnxq_error(backend, case):
     # 100 examples per backend: 300 quantizations in all
@@ -422,31 +462,50 @@ def if_reads_conv_through(chain: list[str]) -> onnx.ModelProto:
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["t0"], name="conv", pads=[1, 1, 1, 1])]
     for i, op in enumerate(chain):
         a, b = f"t{i}", f"t{i + 1}"
-        nodes.append({
-            "MaxPool": helper.make_node("MaxPool", [a], [b], name=f"op{i}", kernel_shape=[3, 3],
-                                        pads=[1, 1, 1, 1]),
-            "Transpose": helper.make_node("Transpose", [a], [b], name=f"op{i}",
-                                          perm=[0, 1, 3, 2]),
-            "Reshape": helper.make_node("Reshape", [a, "shape"], [b], name=f"op{i}"),
-        }[op])
+        nodes.append(
+            {
+                "MaxPool": helper.make_node(
+                    "MaxPool", [a], [b], name=f"op{i}", kernel_shape=[3, 3], pads=[1, 1, 1, 1]
+                ),
+                "Transpose": helper.make_node(
+                    "Transpose", [a], [b], name=f"op{i}", perm=[0, 1, 3, 2]
+                ),
+                "Reshape": helper.make_node("Reshape", [a, "shape"], [b], name=f"op{i}"),
+            }[op]
+        )
     read = f"t{len(chain)}"
-    then_g = helper.make_graph([helper.make_node("Relu", [read], ["t"])], "then", [],
-                               [vi("t", onnx.TensorProto.FLOAT, shape)])
-    else_g = helper.make_graph([helper.make_node("Sigmoid", [read], ["e"])], "else", [],
-                               [vi("e", onnx.TensorProto.FLOAT, shape)])
+    then_g = helper.make_graph(
+        [helper.make_node("Relu", [read], ["t"])],
+        "then",
+        [],
+        [vi("t", onnx.TensorProto.FLOAT, shape)],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Sigmoid", [read], ["e"])],
+        "else",
+        [],
+        [vi("e", onnx.TensorProto.FLOAT, shape)],
+    )
     nodes += [
         helper.make_node("ReduceSum", ["x"], ["total"], name="sum", keepdims=0),
         helper.make_node("Greater", ["total", "zero"], ["cond"], name="positive"),
-        helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=then_g,
-                         else_branch=else_g),
+        helper.make_node(
+            "If", ["cond"], ["y"], name="branch", then_branch=then_g, else_branch=else_g
+        ),
     ]
-    inits = [numpy_helper.from_array((r.standard_normal((16, 16, 3, 3)) * 0.1).astype(
-                 np.float32), "w"),
-             numpy_helper.from_array(np.zeros(16, np.float32), "b"),
-             numpy_helper.from_array(np.float32(0), "zero"),
-             numpy_helper.from_array(np.asarray(shape, np.int64), "shape")]
-    graph = helper.make_graph(nodes, "if_chain", [vi("x", onnx.TensorProto.FLOAT, shape)],
-                              [vi("y", onnx.TensorProto.FLOAT, shape)], inits)
+    inits = [
+        numpy_helper.from_array((r.standard_normal((16, 16, 3, 3)) * 0.1).astype(np.float32), "w"),
+        numpy_helper.from_array(np.zeros(16, np.float32), "b"),
+        numpy_helper.from_array(np.float32(0), "zero"),
+        numpy_helper.from_array(np.asarray(shape, np.int64), "shape"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "if_chain",
+        [vi("x", onnx.TensorProto.FLOAT, shape)],
+        [vi("y", onnx.TensorProto.FLOAT, shape)],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
@@ -472,16 +531,39 @@ def test_dq_reaching_a_subgraph_read_does_not_abort(tmp_path, backend, chain):
     tmpdir = tmp_path / "tmp"  # an abort skips onnxq's temp-dir cleanup: keep /tmp clean
     tmpdir.mkdir()
     proc = subprocess.run(
-        [sys.executable, "-m", "onnxq.cli", "quantize", str(model), "-o", str(out), "--calib",
-         str(calib), "--backend", backend, "-q"],
-        capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, "TMPDIR": str(tmpdir)})
+        [
+            sys.executable,
+            "-m",
+            "onnxq.cli",
+            "quantize",
+            str(model),
+            "-o",
+            str(out),
+            "--calib",
+            str(calib),
+            "--backend",
+            backend,
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "TMPDIR": str(tmpdir)},
+    )
     assert proc.returncode in (0, 2), f"exit {proc.returncode}: {proc.stderr[-500:]}"
     if proc.returncode == 0:  # the written model must load with optimizations on (a child too)
-        probe = ("import onnxruntime as ort, sys; ort.InferenceSession(sys.argv[1], "
-                 "providers=['CPUExecutionProvider'])")
-        loaded = subprocess.run([sys.executable, "-c", probe, str(out)], capture_output=True,
-                                text=True, timeout=120, check=False)
+        probe = (
+            "import onnxruntime as ort, sys; ort.InferenceSession(sys.argv[1], "
+            "providers=['CPUExecutionProvider'])"
+        )
+        loaded = subprocess.run(
+            [sys.executable, "-c", probe, str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert loaded.returncode == 0, f"exit {loaded.returncode}: {loaded.stderr[-300:]}"
         assert Path(out).is_file()
 
@@ -497,16 +579,25 @@ def softmax_over_one_value() -> onnx.ModelProto:
     Relu -> Sigmoid: between two quantized ops the Softmax gets Q/DQ on both sides."""
     vi = helper.make_tensor_value_info
     r = np.random.default_rng(0)
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
-             helper.make_node("Relu", ["a"], ["ar"], name="relu1"),
-             helper.make_node("Softmax", ["ar"], ["s"], name="softmax", axis=-1),
-             helper.make_node("MatMul", ["s", "w2"], ["b"], name="mm2"),
-             helper.make_node("Relu", ["b"], ["r"], name="relu2"),
-             helper.make_node("Sigmoid", ["r"], ["y"], name="sigmoid")]
-    inits = [numpy_helper.from_array(r.standard_normal((16, 1)).astype(np.float32), "w1"),
-             numpy_helper.from_array(r.standard_normal((1, 32)).astype(np.float32), "w2")]
-    graph = helper.make_graph(nodes, "softmax1", [vi("x", onnx.TensorProto.FLOAT, [1, 16])],
-                              [vi("y", onnx.TensorProto.FLOAT, [1, 32])], inits)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+        helper.make_node("Relu", ["a"], ["ar"], name="relu1"),
+        helper.make_node("Softmax", ["ar"], ["s"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["s", "w2"], ["b"], name="mm2"),
+        helper.make_node("Relu", ["b"], ["r"], name="relu2"),
+        helper.make_node("Sigmoid", ["r"], ["y"], name="sigmoid"),
+    ]
+    inits = [
+        numpy_helper.from_array(r.standard_normal((16, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(r.standard_normal((1, 32)).astype(np.float32), "w2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "softmax1",
+        [vi("x", onnx.TensorProto.FLOAT, [1, 16])],
+        [vi("y", onnx.TensorProto.FLOAT, [1, 32])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)

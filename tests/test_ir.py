@@ -82,19 +82,27 @@ def test_load_model_invalid_graph(model_file):
         ir.load_model(model_file(model))
 
 
-@pytest.mark.parametrize(("op", "opset", "hint"), [
-    ("LayerNormalization", 13, "or export it at opset 17 or later"),
-    ("SimplifiedLayerNormalization", 17, "ONNX does not define SimplifiedLayerNormalization"),
-])
+@pytest.mark.parametrize(
+    ("op", "opset", "hint"),
+    [
+        ("LayerNormalization", 13, "or export it at opset 17 or later"),
+        ("SimplifiedLayerNormalization", 17, "ONNX does not define SimplifiedLayerNormalization"),
+    ],
+)
 def test_an_onnxruntime_optimized_model_is_refused_with_what_to_do(tmp_path, op, opset, hint):
     from onnx import helper
 
     nodes = [helper.make_node(op, ["x", "g"], ["y"], name="ln", axis=-1)]
-    graph = helper.make_graph(nodes, "g", [graphs.tensor("x", [2, 8])],
-                              [graphs.tensor("y", [2, 8])],
-                              [graphs.init("g", np.ones(8, np.float32))])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                              ir_version=8)  # as onnxruntime's optimizer writes it: unchecked
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [graphs.tensor("x", [2, 8])],
+        [graphs.tensor("y", [2, 8])],
+        [graphs.init("g", np.ones(8, np.float32))],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8
+    )  # as onnxruntime's optimizer writes it: unchecked
     path = tmp_path / "optimized.onnx"
     path.write_bytes(model.SerializeToString())
     with pytest.raises(ModelLoadError, match="before that optimization") as err:
@@ -168,9 +176,13 @@ def test_an_opset_6_prelu_keeps_one_slope_per_channel(as_input):
     inputs = [graphs.tensor("x", [2, 3, 4, 3])]
     if as_input:  # IR 3 lists every initializer among the inputs
         inputs.append(graphs.tensor("slope", [3]))
-    model = graphs.model([helper.make_node("PRelu", ["x", "slope"], ["y"], name="prelu")],
-                         inputs, [graphs.tensor("y", [2, 3, 4, 3])],
-                         [numpy_helper.from_array(slope, "slope")], opset=6)
+    model = graphs.model(
+        [helper.make_node("PRelu", ["x", "slope"], ["y"], name="prelu")],
+        inputs,
+        [graphs.tensor("y", [2, 3, 4, 3])],
+        [numpy_helper.from_array(slope, "slope")],
+        opset=6,
+    )
     loaded = ir.upgrade_opset(model, 13)
     onnx.checker.check_model(loaded)
     x = np.random.default_rng(0).standard_normal((2, 3, 4, 3)).astype(np.float32)
@@ -190,8 +202,10 @@ def test_nodes_out_of_topological_order_are_sorted_on_load(model_file):
     notes: list[str] = []
     loaded = ir.load_model(path, notes=notes)
     assert [n.name for n in loaded.graph.node] == [n.name for n in nodes]
-    assert notes == ["the model's nodes were not in topological order (ONNX requires it; "
-                     "onnxruntime sorts them itself): onnxq sorted them"]
+    assert notes == [
+        "the model's nodes were not in topological order (ONNX requires it; "
+        "onnxruntime sorts them itself): onnxq sorted them"
+    ]
     notes.clear()
     ir.load_model(model_file(graphs.conv_relu(), "sorted.onnx"), notes=notes)
     assert notes == []
@@ -354,8 +368,9 @@ def test_in_memory_model_is_never_modified():
 def test_drop_initializer_inputs_makes_weights_plain_and_raises_an_old_ir_version():
     model = graphs.conv_relu()
     graph = model.graph
-    graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                       for t in graph.initializer)
+    graph.input.extend(
+        helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in graph.initializer
+    )
     model.ir_version = 3
     assert ir.drop_initializer_inputs(model) == ["conv.weight", "conv.bias"]
     assert [i.name for i in graph.input] == ["x"]
@@ -384,23 +399,30 @@ def _chain(*ops: tuple[str, dict]) -> ir.Graph:
             inputs.append(attrs.pop("other"))
         nodes.append(helper.make_node(op, inputs, [f"t{i}"], name=f"n{i}", **attrs))
         prev = f"t{i}"
-    graph = helper.make_graph(nodes, "chain", [graphs.tensor("x", [1, 4, 6, 6])],
-                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)],
-                              inits)
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [graphs.tensor("x", [1, 4, 6, 6])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", graphs.OPSET)])
     return ir.Graph(model)
 
 
-@pytest.mark.parametrize("ops, expected", [
-    ([("Relu", {})], True),
-    ([("Sigmoid", {}), ("MaxPool", {"kernel_shape": [2, 2]}), ("Flatten", {})], True),
-    ([("Clip", {"lo": 0.0, "hi": 6.0}), ("GlobalAveragePool", {})], True),
-    ([("Clip", {"lo": -1.0, "hi": 1.0})], False),
-    ([("Tanh", {})], False),
-    ([("Relu", {}), ("Neg", {})], False),
-    ([("Relu", {}), ("Concat", {"axis": 1, "other": "t0"})], True),
-    ([("Relu", {}), ("Concat", {"axis": 1, "other": "x"})], False),  # a graph input: unknown
-])
+@pytest.mark.parametrize(
+    "ops, expected",
+    [
+        ([("Relu", {})], True),
+        ([("Sigmoid", {}), ("MaxPool", {"kernel_shape": [2, 2]}), ("Flatten", {})], True),
+        ([("Clip", {"lo": 0.0, "hi": 6.0}), ("GlobalAveragePool", {})], True),
+        ([("Clip", {"lo": -1.0, "hi": 1.0})], False),
+        ([("Tanh", {})], False),
+        ([("Relu", {}), ("Neg", {})], False),
+        ([("Relu", {}), ("Concat", {"axis": 1, "other": "t0"})], True),
+        ([("Relu", {}), ("Concat", {"axis": 1, "other": "x"})], False),  # a graph input: unknown
+    ],
+)
 def test_nonnegative_follows_producers_that_bound_a_tensor_below_by_zero(ops, expected):
     graph = _chain(*ops)
     assert graph.nonnegative(f"t{len(ops) - 1}") is expected
@@ -410,14 +432,14 @@ def test_nonnegative_follows_producers_that_bound_a_tensor_below_by_zero(ops, ex
 def test_channel_peaks_are_one_output_for_the_block_and_the_model_stays_as_it_was():
     model = ir.infer_shapes(graphs.conv_relu())
     before = model.SerializeToString(deterministic=True)
-    with ir.with_channel_peaks(model, [ir.Graph(model).value_info("conv_out")],
-                               ["y", "conv_out"]) as aug:
+    with ir.with_channel_peaks(
+        model, [ir.Graph(model).value_info("conv_out")], ["y", "conv_out"]
+    ) as aug:
         names = [o.name for o in aug.graph.output]
         assert names == ["conv_out", ir.PEAKS_OUTPUT]
         import onnxruntime as ort
 
-        session = ort.InferenceSession(aug.SerializeToString(),
-                                       providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(aug.SerializeToString(), providers=["CPUExecutionProvider"])
         conv, joined = session.run(names, graphs.random_inputs(model))
     assert joined.shape == (1, 32, 1, 1)
     np.testing.assert_array_equal(joined[:, :16, 0, 0], np.maximum(conv, 0).max(axis=(2, 3)))
@@ -432,10 +454,11 @@ def test_lower_ir_version_only_when_the_model_uses_nothing_newer():
     assert not ir.lower_ir_version(model, 14) and model.ir_version == 14  # not lower
     assert ir.lower_ir_version(model, 10) and model.ir_version == 10
     # a float8 weight (IR 9) or a cast to int4 (IR 10) keeps the model's own version
-    for extra in (numpy_helper.from_array(np.zeros(2, np.float32), "f8"),
-                  helper.make_node("Cast", ["x"], ["x4"], to=TensorProto.INT4, name="c"),
-                  helper.make_node("RandomNormalLike", ["x"], ["r"], name="r",
-                                   dtype=TensorProto.FLOAT8E5M2)):
+    for extra in (
+        numpy_helper.from_array(np.zeros(2, np.float32), "f8"),
+        helper.make_node("Cast", ["x"], ["x4"], to=TensorProto.INT4, name="c"),
+        helper.make_node("RandomNormalLike", ["x"], ["r"], name="r", dtype=TensorProto.FLOAT8E5M2),
+    ):
         newer = graphs.conv_relu()
         newer.ir_version = 14
         if isinstance(extra, onnx.TensorProto):
@@ -448,8 +471,16 @@ def test_lower_ir_version_only_when_the_model_uses_nothing_newer():
     # local functions: their overloads came with IR 10
     with_function = graphs.conv_relu()
     with_function.ir_version = 14
-    with_function.functions.append(helper.make_function("local", "f", ["a"], ["b"], [
-        helper.make_node("Identity", ["a"], ["b"])], [helper.make_opsetid("", 13)]))
+    with_function.functions.append(
+        helper.make_function(
+            "local",
+            "f",
+            ["a"],
+            ["b"],
+            [helper.make_node("Identity", ["a"], ["b"])],
+            [helper.make_opsetid("", 13)],
+        )
+    )
     assert not ir.lower_ir_version(with_function, 9)
     assert ir.lower_ir_version(with_function, 10)
 
@@ -469,8 +500,10 @@ def test_sessions_load_a_model_newer_than_onnxruntime_reads_without_changing_it(
     newer = graphs.conv_relu()
     newer.ir_version = onnx.IR_VERSION
     newer.graph.node.append(helper.make_node("Cast", ["y"], ["y4"], to=TensorProto.INT4))
-    assert onnx.load_from_string(ir.session_bytes_or_path(newer, Path("/nonexistent"))) \
-        .ir_version == onnx.IR_VERSION
+    assert (
+        onnx.load_from_string(ir.session_bytes_or_path(newer, Path("/nonexistent"))).ir_version
+        == onnx.IR_VERSION
+    )
 
 
 def _dynamic_width(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -492,11 +525,14 @@ def test_same_shape_sees_through_fresh_symbols_of_a_dynamic_width():
 def test_same_shape_is_false_for_a_broadcast_and_none_when_unknown():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "H", "W"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], axes=[3], keepdims=1),
-             helper.make_node("Relu", ["x"], ["r"]),
-             helper.make_node("Add", ["r", "m"], ["y"])]
-    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 13)])
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["m"], axes=[3], keepdims=1),
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Add", ["r", "m"], ["y"]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 13)]
+    )
     model.ir_version = 8
     g = ir.Graph(ir.infer_shapes(model))
     assert g.same_shape("r", "m") is False  # [1, 4, H, W] against [1, 4, H, 1]
@@ -512,16 +548,24 @@ def _shared_bias_gemms(identity: bool = False) -> onnx.ModelProto:
 
     r = graphs.rng(6)
     b1, b2 = ("b1", "b2") if identity else ("b", "b")
-    nodes = [helper.make_node("Identity", ["b"], [b], name=f"copy_{b}")
-             for b in (b1, b2) if identity]
-    nodes += [helper.make_node("Gemm", ["x", "w1", b1], ["h"], name="fc1"),
-              helper.make_node("Relu", ["h"], ["r"], name="relu"),
-              helper.make_node("Gemm", ["r", "w2", b2], ["y"], name="fc2")]
-    return graphs.model(nodes, [graphs.tensor("x", [4, 256])],
-                        [graphs.tensor("y", [4, 256])],
-                        [graphs.init("w1", graphs.weight(r, 256, 256, scale=0.02)),
-                         graphs.init("w2", graphs.weight(r, 256, 256, scale=0.12)),
-                         graphs.init("b", graphs.weight(r, 256))])
+    nodes = [
+        helper.make_node("Identity", ["b"], [b], name=f"copy_{b}") for b in (b1, b2) if identity
+    ]
+    nodes += [
+        helper.make_node("Gemm", ["x", "w1", b1], ["h"], name="fc1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("Gemm", ["r", "w2", b2], ["y"], name="fc2"),
+    ]
+    return graphs.model(
+        nodes,
+        [graphs.tensor("x", [4, 256])],
+        [graphs.tensor("y", [4, 256])],
+        [
+            graphs.init("w1", graphs.weight(r, 256, 256, scale=0.02)),
+            graphs.init("w2", graphs.weight(r, 256, 256, scale=0.12)),
+            graphs.init("b", graphs.weight(r, 256)),
+        ],
+    )
 
 
 def test_a_bias_shared_by_two_layers_gets_a_copy_per_layer(model_file):

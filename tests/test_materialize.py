@@ -156,11 +156,14 @@ def test_grouped_conv_transpose_int32_bias():
     # kernel for it; a profile with one, as an execution provider may have, quantizes it.)
     model = ir.infer_shapes(graphs.with_tail(graphs.conv_transpose(group=2)))
     profile = PROFILES["onnxruntime"].replace(
-        integer_kernel_ops=PROFILES["onnxruntime"].integer_kernel_ops | {"ConvTranspose"})
+        integer_kernel_ops=PROFILES["onnxruntime"].integer_kernel_ops | {"ConvTranspose"}
+    )
     cfg = QuantConfig(backend="onnxruntime")
     ann = annotate(ir.Graph(model), profile, cfg)
-    acts = {t.tensor: range_to_qparams(-8.0, 8.0, "uint8", False, "minmax")
-            for t in ann.of_kind("activation")}
+    acts = {
+        t.tensor: range_to_qparams(-8.0, 8.0, "uint8", False, "minmax")
+        for t in ann.of_kind("activation")
+    }
     feed = graphs.random_inputs(model)
     want = run(model, feed)[0]
     placed = materialize(model, ann, acts, profile, cfg)
@@ -168,5 +171,7 @@ def test_grouped_conv_transpose_int32_bias():
     bias = next(p for p in placed if p.kind == "bias")
     assert bias.qparams.scale.shape == (16,)
     got = run(model, feed)[0]
-    assert float(np.dot(want.ravel(), got.ravel())
-                 / (np.linalg.norm(want) * np.linalg.norm(got))) > 0.99
+    assert (
+        float(np.dot(want.ravel(), got.ravel()) / (np.linalg.norm(want) * np.linalg.norm(got)))
+        > 0.99
+    )

@@ -131,8 +131,10 @@ def test_all_zero_tensor_gives_positive_scale_and_a_note(symmetric, method):
 # ------------------------------------------------------------------ statistics
 NATIVE = observers._native  # the compiled histogram update, when it was built at install
 needs_native = pytest.mark.skipif(
-    NATIVE is None, reason="onnxq._histogram is not built (no C compiler at install, or "
-    "ONNXQ_NO_NATIVE=1): only the numpy path can be tested")
+    NATIVE is None,
+    reason="onnxq._histogram is not built (no C compiler at install, or "
+    "ONNXQ_NO_NATIVE=1): only the numpy path can be tested",
+)
 
 
 @contextlib.contextmanager
@@ -255,15 +257,23 @@ def test_nan_or_inf_raises_calibration_data_error(bad):
 
 # the values the two histogram paths must bin alike: both signs, exact zeros and -0, values
 # that underflow when scaled, and magnitudes up to 1e6 (a scale below 1, double precision)
-edgy = st.one_of(finite, st.sampled_from([0.0, -0.0, 1e-30, -1e-30, 2.0**-140, -(2.0**-149),
-                                          1e6, -1e6, 2047.9, 4096.0]))
+edgy = st.one_of(
+    finite,
+    st.sampled_from([0.0, -0.0, 1e-30, -1e-30, 2.0**-140, -(2.0**-149), 1e6, -1e6, 2047.9, 4096.0]),
+)
 
 
 @needs_native
 @SETTINGS
-@given(st.lists(hnp.arrays(np.float32, st.tuples(st.integers(1, 4), st.integers(1, 300)),
-                           elements=edgy), min_size=1, max_size=4),
-       st.sampled_from([1, 2, 3, 7, 64]), st.booleans())
+@given(
+    st.lists(
+        hnp.arrays(np.float32, st.tuples(st.integers(1, 4), st.integers(1, 300)), elements=edgy),
+        min_size=1,
+        max_size=4,
+    ),
+    st.sampled_from([1, 2, 3, 7, 64]),
+    st.booleans(),
+)
 def test_native_and_numpy_histograms_are_identical(batches, stride, nonnegative):
     if nonnegative:
         batches = [np.abs(b) for b in batches]
@@ -497,8 +507,9 @@ def test_entropy_is_not_pulled_down_by_the_exact_zeros_of_a_relu():
 
 def test_channel_peaks_are_exact_merge_across_shards_and_survive_json():
     r = np.random.default_rng(5)
-    x = (r.standard_normal((6, 4, 5, 5)) * np.array([1, 0.01, 3, 0.5])[None, :, None, None]
-         ).astype(np.float32)
+    x = (r.standard_normal((6, 4, 5, 5)) * np.array([1, 0.01, 3, 0.5])[None, :, None, None]).astype(
+        np.float32
+    )
     whole = TensorStats("t", channels=True)
     whole.update(x)
     plain = TensorStats("t")
@@ -538,7 +549,11 @@ def test_a_nonnegative_tensor_reads_only_maxima_and_bins_like_a_signed_one(chann
             slow.update(part, stride=stride)
         np.testing.assert_array_equal(fast.counts, slow.counts)
         assert (fast.min, fast.max, fast.count, fast.samples) == (
-            slow.min, slow.max, slow.count, slow.samples)
+            slow.min,
+            slow.max,
+            slow.count,
+            slow.samples,
+        )
         assert fast.sample_max_sum == slow.sample_max_sum and fast.sample_min_sum == 0.0
         if channels:
             np.testing.assert_array_equal(fast.channel_amax, slow.channel_amax)
@@ -553,11 +568,15 @@ def test_update_peaks_equals_update_on_the_whole_tensor():
     whole.update(x)
     peaks = TensorStats("t", histogram=False, channels=True, nonnegative=True)
     channel_max = x.max(axis=(2, 3))
-    peaks.update_peaks(channel_max.max(axis=1).astype(np.float64), x.size,
-                       channel_max=channel_max)
+    peaks.update_peaks(channel_max.max(axis=1).astype(np.float64), x.size, channel_max=channel_max)
     np.testing.assert_array_equal(peaks.channel_amax, whole.channel_amax)
     assert (peaks.min, peaks.max, peaks.count, peaks.samples, peaks.sample_max_sum) == (
-        whole.min, whole.max, whole.count, whole.samples, whole.sample_max_sum)
+        whole.min,
+        whole.max,
+        whole.count,
+        whole.samples,
+        whole.sample_max_sum,
+    )
 
 
 def test_positions_are_counted_by_their_peak_merge_across_shards_and_survive_json():
@@ -608,8 +627,9 @@ def test_clamped_statistics_move_the_tails_into_the_bounds():
 def test_a_bound_clips_the_range_and_stays_on_the_grid(method):
     # a conv output over [-35, 145] read by a hardswish: only [-3, 145] matters
     rng = np.random.default_rng(1)
-    x = np.concatenate([rng.normal(0.0, 2.0, 50_000), rng.uniform(-35.0, -3.0, 5_000),
-                        [145.0]]).astype(np.float32)
+    x = np.concatenate(
+        [rng.normal(0.0, 2.0, 50_000), rng.uniform(-35.0, -3.0, 5_000), [145.0]]
+    ).astype(np.float32)
     stats = observe("t", [x])
     free = activation_qparams(stats, method, "uint8", symmetric=False)
     qp = activation_qparams(stats, method, "uint8", symmetric=False, bounds=(-3.0, np.inf))
@@ -618,6 +638,5 @@ def test_a_bound_clips_the_range_and_stays_on_the_grid(method):
     assert float(qp.scale) < float(free.scale)
     # the grid's lowest value is at or below the bound: a saturated value stays saturated
     assert (0 - int(qp.zero_point)) * float(qp.scale) <= -3.0
-    symmetric = activation_qparams(stats, method, "int8", symmetric=True,
-                                   bounds=(-3.0, np.inf))
+    symmetric = activation_qparams(stats, method, "int8", symmetric=True, bounds=(-3.0, np.inf))
     assert symmetric.high <= free.high + 1e-6 and symmetric.bound

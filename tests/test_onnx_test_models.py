@@ -46,16 +46,20 @@ def _cases() -> list[tuple[str, Path]]:
     for suite in ("pytorch-converted", "pytorch-operator", "simple"):
         for d in sorted((DATA / suite).glob("*/model.onnx")) if (DATA / suite).is_dir() else []:
             cases.append((f"{suite}/{d.parent.name}", d))
-    cases += [(f"light/{name}", DATA / "light" / f"{name}.onnx") for name in LIGHT
-              if (DATA / "light" / f"{name}.onnx").is_file()]
+    cases += [
+        (f"light/{name}", DATA / "light" / f"{name}.onnx")
+        for name in LIGHT
+        if (DATA / "light" / f"{name}.onnx").is_file()
+    ]
     return cases
 
 
 CASES = _cases()
 
 
-def _test_data(name: str, path: Path, model: onnx.ModelProto
-               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def _test_data(
+    name: str, path: Path, model: onnx.ModelProto
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(inputs, expected outputs) of the model's test data."""
     inits = {t.name for t in model.graph.initializer}
     inputs = [vi for vi in model.graph.input if vi.name not in inits]

@@ -58,13 +58,21 @@ def conv_model(size: int = 8, seed: int = 0) -> onnx.ModelProto:
     w = (r.standard_normal((16, 16, 3, 3)) * 0.1).astype(np.float32)
     b = (r.standard_normal(16) * 0.1).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "conv.weight", "conv.bias"], ["conv_out"], name="conv",
-                          pads=[1, 1, 1, 1]),
-         helper.make_node("Relu", ["conv_out"], ["y"], name="relu")],
+        [
+            helper.make_node(
+                "Conv",
+                ["x", "conv.weight", "conv.bias"],
+                ["conv_out"],
+                name="conv",
+                pads=[1, 1, 1, 1],
+            ),
+            helper.make_node("Relu", ["conv_out"], ["y"], name="relu"),
+        ],
         "conv_relu",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, size, size])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, size, size])],
-        [numpy_helper.from_array(w, "conv.weight"), numpy_helper.from_array(b, "conv.bias")])
+        [numpy_helper.from_array(w, "conv.weight"), numpy_helper.from_array(b, "conv.bias")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -87,16 +95,18 @@ def two_conv_model(size: int = 16, seed: int = 0) -> onnx.ModelProto:
     for t in second.graph.initializer:
         t.name += "2"
         inits.append(t)
-    graph = helper.make_graph(nodes, "two_conv", list(first.graph.input),
-                              list(first.graph.output), inits)
+    graph = helper.make_graph(
+        nodes, "two_conv", list(first.graph.input), list(first.graph.output), inits
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
     return model
 
 
-def batches(n: int, shape=INPUT_SHAPE, seed: int = 0, name: str = "x",
-            dtype=np.float32) -> list[dict[str, np.ndarray]]:
+def batches(
+    n: int, shape=INPUT_SHAPE, seed: int = 0, name: str = "x", dtype=np.float32
+) -> list[dict[str, np.ndarray]]:
     r = np.random.default_rng(seed)
     return [{name: r.standard_normal(shape).astype(dtype)} for _ in range(n)]
 
@@ -108,13 +118,20 @@ def write_calib(folder: Path, items: list[dict[str, np.ndarray]]) -> Path:
     return folder
 
 
-def save_external(model: onnx.ModelProto, path: Path, location: str | None = None,
-                  **fields: str) -> Path:
+def save_external(
+    model: onnx.ModelProto, path: Path, location: str | None = None, **fields: str
+) -> Path:
     """Save with every tensor in ``w.data``; then rewrite ``location`` (and other external-data
     fields, e.g. ``offset``) in the header only."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="w.data", size_threshold=0)
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="w.data",
+        size_threshold=0,
+    )
     if location is None and not fields:
         return path
     header = onnx.load(str(path), load_external_data=False)
@@ -154,10 +171,21 @@ class Workspace:
         self.outside = self.root / "outside"  # a folder next to the model's, never to be read
         self.outside.mkdir()
 
-    def args(self, model: Path | str | None = None, calib: Path | str | None = None,
-             out: Path | str | None = None, extra: tuple[str, ...] = ()) -> list[str]:
-        return [str(model or self.model), "-o", str(out or self.out), "--calib",
-                str(calib or self.calib), *extra]
+    def args(
+        self,
+        model: Path | str | None = None,
+        calib: Path | str | None = None,
+        out: Path | str | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> list[str]:
+        return [
+            str(model or self.model),
+            "-o",
+            str(out or self.out),
+            "--calib",
+            str(calib or self.calib),
+            *extra,
+        ]
 
     def model_variant(self, edit: Callable[[onnx.ModelProto], None], name: str) -> Path:
         model = conv_model()
@@ -400,8 +428,7 @@ CASES = [
     Case("model-is-a-folder", _model_is_a_folder, r"is a folder, not a model file"),
     # external data
     Case("ext-missing-file", _ext_missing, r"w\.data.*not found", subprocess=True),
-    Case("ext-dotdot-etc-passwd", _ext_dotdot_passwd, r"refused", refused=True,
-         subprocess=True),
+    Case("ext-dotdot-etc-passwd", _ext_dotdot_passwd, r"refused", refused=True, subprocess=True),
     Case("ext-dotdot-absent", _ext_dotdot_absent, r"refused", refused=True),
     Case("ext-absolute-absent", _ext_absolute_absent, r"refused", refused=True),
     Case("ext-absolute-existing", _ext_absolute_existing, r"refused", refused=True),
@@ -429,8 +456,12 @@ CASES = [
     Case("output-parent-is-file", _output_parent_is_file, r"plain-file"),
     Case("report-folder-missing", _report_folder_missing, r"report|out/missing", subprocess=True),
     # config
-    Case("config-unknown-key", _config("backend: tensorrt\nbogus_key: 1\n"), r"bogus_key",
-         subprocess=True),
+    Case(
+        "config-unknown-key",
+        _config("backend: tensorrt\nbogus_key: 1\n"),
+        r"bogus_key",
+        subprocess=True,
+    ),
     Case("config-wrong-type", _config("percentile: high\n"), r"percentile.*expected"),
     Case("config-list-for-bool", _config("simplify: [1, 2]\n"), r"simplify"),
     Case("config-invalid-yaml", _config("exclude: [\n"), r"YAML"),
@@ -447,7 +478,8 @@ def assert_one_line_error(code: int, err: str, keyword: str) -> str:
     assert code == 2, f"exit {code}, stderr: {err!r}"
     assert "Traceback" not in err, err
     assert err.endswith("\n") and err.count("\n") == 1 and "\r" not in err, (
-        f"stderr is not exactly one line: {err!r}")
+        f"stderr is not exactly one line: {err!r}"
+    )
     line = err.rstrip("\n")
     assert line.startswith("onnxq: error: "), line
     assert re.search(keyword, line), f"{keyword!r} not in {line!r}"
@@ -465,13 +497,13 @@ def assert_nothing_written(ws: Workspace, before: set[str], case: Case) -> None:
 def visible_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
     """Warnings a plain ``python -m onnxq.cli`` run would print (not Deprecation*)."""
     hidden = (DeprecationWarning, PendingDeprecationWarning, ImportWarning)
-    return [f"{w.category.__name__}: {w.message}" for w in caught
-            if not issubclass(w.category, hidden)]
+    return [
+        f"{w.category.__name__}: {w.message}" for w in caught if not issubclass(w.category, hidden)
+    ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_is_a_one_line_user_error_that_writes_nothing(tmp_path, case, capfd,
-                                                                monkeypatch):
+def test_bad_input_is_a_one_line_user_error_that_writes_nothing(tmp_path, case, capfd, monkeypatch):
     ws = Workspace(tmp_path)
     argv = case.build(ws)
     before = tree(tmp_path)
@@ -501,8 +533,11 @@ def test_bad_input_is_a_one_line_user_error_that_writes_nothing(tmp_path, case, 
     assert not visible_warnings(caught), visible_warnings(caught)
     if case.refused:
         assert "not found" not in line
-        touched = [p for p in opened if Path(p).name in ("w.data", "absent.data", "passwd")
-                   or ws.outside in Path(p).parents]
+        touched = [
+            p
+            for p in opened
+            if Path(p).name in ("w.data", "absent.data", "passwd") or ws.outside in Path(p).parents
+        ]
         assert not touched, touched
     assert_nothing_written(ws, before, case)
 
@@ -510,11 +545,18 @@ def test_bad_input_is_a_one_line_user_error_that_writes_nothing(tmp_path, case, 
 SUBPROCESS_CASES = [c for c in CASES if c.subprocess]
 
 
-def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "onnxq.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, check=False,
-                          env=env)
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "onnxq.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
 
 
 @pytest.mark.parametrize("case", SUBPROCESS_CASES, ids=[c.id for c in SUBPROCESS_CASES])
@@ -541,8 +583,9 @@ def test_user_error_after_progress_started_is_still_one_line(tmp_path):
 # ------------------------------------------------------------------------------- atomic save
 def small_result(seed: int = 0) -> onnxq.QuantizedModel:
     """A quantized conv on 32x32 inputs: its 9 KB weight goes to external data when asked."""
-    return onnxq.quantize(conv_model(size=32, seed=seed), batches(2, shape=(1, 16, 32, 32)),
-                          progress=False)
+    return onnxq.quantize(
+        conv_model(size=32, seed=seed), batches(2, shape=(1, 16, 32, 32)), progress=False
+    )
 
 
 def failing_rename(monkeypatch, suffix: str, calls: list[str]) -> None:
@@ -587,7 +630,8 @@ def test_failed_save_keeps_the_previous_external_data_output_intact(tmp_path, mo
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name, data.name]
     assert out.read_bytes() == first_model
     assert data.read_bytes() == first_data, (
-        "the previous model now reads the new weights; renames: " + ", ".join(calls))
+        "the previous model now reads the new weights; renames: " + ", ".join(calls)
+    )
     got = ort.InferenceSession(str(out)).run(None, inputs)[0]
     np.testing.assert_array_equal(got, expected)
 
@@ -634,13 +678,27 @@ def test_interrupted_quantize_leaves_nothing_behind(tmp_path, slow_job, signum):
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "onnxq.cli", "quantize", str(model), "-o",
-             str(out_dir / "q.onnx"), "--calib", str(calib), "--report",
-             str(out_dir / "r.json")],
-            stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=tmp_path,
+            [
+                sys.executable,
+                "-m",
+                "onnxq.cli",
+                "quantize",
+                str(model),
+                "-o",
+                str(out_dir / "q.onnx"),
+                "--calib",
+                str(calib),
+                "--report",
+                str(out_dir / "r.json"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+            cwd=tmp_path,
             # a shell's background job inherits SIGINT ignored, and Python then installs no
             # KeyboardInterrupt handler: give the child the default disposition, as a terminal
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         try:
             # the progress bar says when calibration runs; without one (stderr is not a
             # terminal here), start-up takes ~1.5 s and calibration minutes: 3 s is inside it
@@ -678,10 +736,28 @@ def test_two_processes_write_byte_identical_model_and_report(tmp_path):
             folder = tmp_path / f"{backend}-{run}"
             folder.mkdir()
             runs[folder] = subprocess.Popen(
-                [sys.executable, "-m", "onnxq.cli", "quantize", str(model), "-o",
-                 str(folder / "q.onnx"), "--calib", str(calib), "--backend", backend,
-                 "--method", "entropy", "--report", str(folder / "report.json"), "-q"],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+                [
+                    sys.executable,
+                    "-m",
+                    "onnxq.cli",
+                    "quantize",
+                    str(model),
+                    "-o",
+                    str(folder / "q.onnx"),
+                    "--calib",
+                    str(calib),
+                    "--backend",
+                    backend,
+                    "--method",
+                    "entropy",
+                    "--report",
+                    str(folder / "report.json"),
+                    "-q",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=tmp_path,
+            )
     for proc in runs.values():
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err.decode()
@@ -719,8 +795,10 @@ def test_external_data_model_quantizes_and_saves_with_external_data(tmp_path):
     assert written == [out, out.with_name("stack.int8.onnx.data")]
     assert out.with_name("stack.int8.onnx.data").stat().st_size > 4 * 2**20
     assert out.stat().st_size < 1 * 2**20
-    assert sorted(p.name for p in out.parent.iterdir()) == ["stack.int8.onnx",
-                                                           "stack.int8.onnx.data"]
+    assert sorted(p.name for p in out.parent.iterdir()) == [
+        "stack.int8.onnx",
+        "stack.int8.onnx.data",
+    ]
     loaded = onnx.load(str(out))
     onnx.checker.check_model(loaded)
     assert check(loaded, PROFILES["tensorrt"]) == []
@@ -732,8 +810,10 @@ def test_external_data_model_quantizes_and_saves_with_external_data(tmp_path):
         want = reference.run(None, batch)[0]
         assert np.linalg.norm(got - want) <= 0.1 * np.linalg.norm(want)
     # the source files are untouched and still self-consistent
-    assert onnx.load(str(model_path), load_external_data=False).graph.initializer[0].data_location \
+    assert (
+        onnx.load(str(model_path), load_external_data=False).graph.initializer[0].data_location
         == TensorProto.EXTERNAL
+    )
 
 
 @pytest.mark.parametrize("backend", ["tensorrt", "onnxruntime"])
@@ -764,9 +844,21 @@ def test_weights_left_on_disk_quantize_to_the_same_bytes(tmp_path, monkeypatch, 
         monkeypatch.setattr(ir.external, "LAZY_BYTES", lazy_bytes)
         out = tmp_path / f"out-{lazy_bytes}"
         out.mkdir()
-        code = main(["quantize", str(model_path), "-o", str(out / "q.onnx"), "--calib",
-                     str(calib), "--report", str(out / "report.json"), "--backend", backend,
-                     "-q"])
+        code = main(
+            [
+                "quantize",
+                str(model_path),
+                "-o",
+                str(out / "q.onnx"),
+                "--calib",
+                str(calib),
+                "--report",
+                str(out / "report.json"),
+                "--backend",
+                backend,
+                "-q",
+            ]
+        )
         assert code == 0
         runs.append([(out / name).read_bytes() for name in ("q.onnx", "report.json")])
         assert sorted(p.name for p in out.iterdir()) == ["q.onnx", "report.json"]
@@ -787,8 +879,10 @@ def package_sources() -> list[Path]:
 
 
 FORBIDDEN = [
-    (re.compile(r"\bpickle\b|\bcPickle\b|\bdill\b|\bjoblib\b|\bshelve\b|\bmarshal\b"),
-     "pickle-style deserialization"),
+    (
+        re.compile(r"\bpickle\b|\bcPickle\b|\bdill\b|\bjoblib\b|\bshelve\b|\bmarshal\b"),
+        "pickle-style deserialization",
+    ),
     (re.compile(r"(?<![\w.])eval\s*\("), "eval("),
     (re.compile(r"(?<![\w.])exec\s*\("), "exec("),
     (re.compile(r"allow_pickle\s*=\s*True"), "allow_pickle=True"),
@@ -810,13 +904,16 @@ def test_every_np_load_passes_allow_pickle_false():
     for path in package_sources():
         tree_ = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for node in ast.walk(tree_):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
-                    "numpy"):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("numpy"):
                 names = {a.name for a in node.names}
                 assert not names & {"load", "*"}, f"{path}: from numpy import load hides calls"
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "load" and isinstance(node.func.value, ast.Name)
-                    and node.func.value.id in ("np", "numpy")):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "load"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in ("np", "numpy")
+            ):
                 continue
             where = f"{path.relative_to(ROOT)}:{node.lineno}"
             kw = {k.arg: k.value for k in node.keywords}

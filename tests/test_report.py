@@ -71,8 +71,17 @@ def test_json_is_deterministic_and_strict(residual_report):
 
 
 def test_json_writes_a_non_finite_number_as_null():
-    report = Report(model="m.onnx", backend="tensorrt", config={}, simplify_passes=[],
-                    decisions=[], placed=[], calibration_batches=1, warnings=[], notes=[])
+    report = Report(
+        model="m.onnx",
+        backend="tensorrt",
+        config={},
+        simplify_passes=[],
+        decisions=[],
+        placed=[],
+        calibration_batches=1,
+        warnings=[],
+        notes=[],
+    )
     report.fidelity = [OutputFidelity("y", float("nan"), float("inf"), 1.0)]
     out = json.loads(report.to_json())["fidelity"]["outputs"][0]
     assert out["cosine"] is None and out["max_abs_error"] is None and out["float_max_abs"] == 1.0
@@ -99,8 +108,9 @@ def test_summary_groups_reasons_and_truncates():
 
 
 def test_summary_groups_reasons_that_differ_only_in_names():
-    decisions = [Decision(f"add{i}", "Add", False, "", f"input 'bias{i}' is a constant")
-                 for i in range(3)]
+    decisions = [
+        Decision(f"add{i}", "Add", False, "", f"input 'bias{i}' is a constant") for i in range(3)
+    ]
     decisions.append(Decision("mm", "MatMul", False, "", "its output 'out0' is a graph output"))
     lines = Report("m.onnx", "tensorrt", {}, decisions=decisions).summary().splitlines()
     assert "     3 x Add: input '…' is a constant" in lines
@@ -165,11 +175,19 @@ def test_notes_and_per_channel_values_are_listed():
 
 
 def test_summary_says_how_each_output_was_compared():
-    report = Report("m.onnx", "tensorrt", {}, fidelity_mode="fusion off", fidelity=[
-        OutputFidelity("probs", 0.99, 0.1, 1.0, top1_agreement=0.875),
-        OutputFidelity("label", 0.75, 0.0, 0.0, "agreement"),
-        OutputFidelity("maps", 0.0, 0.0, 0.0, "not compared: a list output, not a numeric tensor"),
-    ])
+    report = Report(
+        "m.onnx",
+        "tensorrt",
+        {},
+        fidelity_mode="fusion off",
+        fidelity=[
+            OutputFidelity("probs", 0.99, 0.1, 1.0, top1_agreement=0.875),
+            OutputFidelity("label", 0.75, 0.0, 0.0, "agreement"),
+            OutputFidelity(
+                "maps", 0.0, 0.0, 0.0, "not compared: a list output, not a numeric tensor"
+            ),
+        ],
+    )
     lines = [ln for ln in report.summary().splitlines() if ln.startswith("fidelity")]
     assert lines == [
         "fidelity probs (fusion off): cosine 0.990000, max abs error 0.1 (float range 1), "
@@ -185,10 +203,17 @@ def test_summary_says_how_each_output_was_compared():
 
 
 def test_html_lists_quantized_ops_rules_and_violations():
-    decisions = [Decision("conv", "Conv", True, "weighted_op", "", ("x", "w")),
-                 Decision("ln", "LayerNormalization", False, "weighted_op", "kept float")]
-    report = Report("m.onnx", "tensorrt", {"method": "auto <x>"}, decisions=decisions,
-                    violations=[Violation("conv", "zero_point", "0", "3")])
+    decisions = [
+        Decision("conv", "Conv", True, "weighted_op", "", ("x", "w")),
+        Decision("ln", "LayerNormalization", False, "weighted_op", "kept float"),
+    ]
+    report = Report(
+        "m.onnx",
+        "tensorrt",
+        {"method": "auto <x>"},
+        decisions=decisions,
+        violations=[Violation("conv", "zero_point", "0", "3")],
+    )
     html = report.to_html()
     assert "<h2>Quantized ops</h2>" in html
     assert "<td>conv</td><td>Conv</td><td>weighted_op</td><td>x, w</td>" in html
@@ -201,8 +226,13 @@ def test_html_shows_a_range_clipped_at_its_readers_bounds():
     from tests import graphs
 
     model = graphs.conv_hardswish("pair")
-    result = onnxq.quantize(model, graphs.random_batches(model, 4), backend="onnxruntime",
-                            method="minmax", progress=False)
+    result = onnxq.quantize(
+        model,
+        graphs.random_batches(model, 4),
+        backend="onnxruntime",
+        method="minmax",
+        progress=False,
+    )
     html = result.report.to_html()
     assert "<th>bound</th>" in html
     assert "every reader saturates beyond</td>" in html

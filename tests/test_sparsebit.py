@@ -55,14 +55,17 @@ A:
 """
 
 EXPECTED = QuantConfig(
-    backend="tensorrt", method="mse", weight_method="minmax",
+    backend="tensorrt",
+    method="mse",
+    weight_method="minmax",
     exclude=("/img_view_transformer/*",),
     overrides=(
         Override(node="*/features[._/]3[._/]conv/*", bits=4),
         Override(node="*/features[._/]3[._/]conv/*", bits=4, method="minmax"),
         Override(node="*/head/*", exclude=True),
         Override(node="*/*ln*/*", exclude=True),
-    ))
+    ),
+)
 
 
 def _write(tmp_path, text: str, name: str = "qconfig.yaml"):
@@ -77,35 +80,58 @@ def test_sparsebit_qconfig_loads_through_from_yaml(tmp_path):
 
 def test_sparsebit_imagenet_ptq_qconfig_is_plain_tensorrt_minmax(tmp_path):
     # Sparsebit's examples/imagenet_ptq/qconfig.yaml, verbatim.
-    text = ("BACKEND: tensorrt\nSCHEDULE:\n  FUSE_BN: True\nW:\n  QSCHEME: per-channel-symmetric\n"
-            "  QUANTIZER:\n    TYPE: uniform\n    BIT: 8\n  OBSERVER:\n    TYPE: MINMAX\nA:\n"
-            "  QSCHEME: per-tensor-symmetric\n  QUANTIZER:\n    TYPE: uniform\n    BIT: 8\n"
-            "  OBSERVER:\n    TYPE: MINMAX\n    LAYOUT: NCHW\n")
+    text = (
+        "BACKEND: tensorrt\nSCHEDULE:\n  FUSE_BN: True\nW:\n  QSCHEME: per-channel-symmetric\n"
+        "  QUANTIZER:\n    TYPE: uniform\n    BIT: 8\n  OBSERVER:\n    TYPE: MINMAX\nA:\n"
+        "  QSCHEME: per-tensor-symmetric\n  QUANTIZER:\n    TYPE: uniform\n    BIT: 8\n"
+        "  OBSERVER:\n    TYPE: MINMAX\n    LAYOUT: NCHW\n"
+    )
     cfg = QuantConfig.from_yaml(_write(tmp_path, text))
     assert cfg == QuantConfig(backend="tensorrt", method="minmax", weight_method="minmax")
 
 
 def test_onnxruntime_schemes_percentile_and_low_bits():
-    cfg = from_sparsebit({
-        "BACKEND": "ONNXRuntime",
-        "W": {"QSCHEME": "per-tensor-symmetric", "QUANTIZER": {"TYPE": "uniform", "BIT": 6},
-              "OBSERVER": {"TYPE": "MSE"}},
-        "A": {"QSCHEME": "per-tensor-symmetric", "QUANTIZER": {"BIT": 6},
-              "OBSERVER": {"TYPE": "PERCENTILE", "PERCENTILE": {"ALPHA": 0.0001}}},
-    })
+    cfg = from_sparsebit(
+        {
+            "BACKEND": "ONNXRuntime",
+            "W": {
+                "QSCHEME": "per-tensor-symmetric",
+                "QUANTIZER": {"TYPE": "uniform", "BIT": 6},
+                "OBSERVER": {"TYPE": "MSE"},
+            },
+            "A": {
+                "QSCHEME": "per-tensor-symmetric",
+                "QUANTIZER": {"BIT": 6},
+                "OBSERVER": {"TYPE": "PERCENTILE", "PERCENTILE": {"ALPHA": 0.0001}},
+            },
+        }
+    )
     assert (cfg.backend, cfg.method, cfg.percentile, cfg.weight_method) == (
-        "onnxruntime", "percentile", 99.99, "mse")
+        "onnxruntime",
+        "percentile",
+        99.99,
+        "mse",
+    )
     assert cfg.overrides == (
         Override(node="*", bits=6),
-        *(Override(op_type=op, per_channel=False)
-          for op in ("Conv", "ConvTranspose", "Gemm", "MatMul")),
+        *(
+            Override(op_type=op, per_channel=False)
+            for op in ("Conv", "ConvTranspose", "Gemm", "MatMul")
+        ),
         Override(node="*", symmetric=True),
     )
 
 
-@pytest.mark.parametrize(("observer", "method"), [("KL_HISTOGRAM", "entropy"), ("kl", "entropy"),
-                                                  ("ACIQ", "aciq"), ("MOVING_AVERAGE", "ema"),
-                                                  ("MINMAX", "minmax")])
+@pytest.mark.parametrize(
+    ("observer", "method"),
+    [
+        ("KL_HISTOGRAM", "entropy"),
+        ("kl", "entropy"),
+        ("ACIQ", "aciq"),
+        ("MOVING_AVERAGE", "ema"),
+        ("MINMAX", "minmax"),
+    ],
+)
 def test_observer_types_map_to_methods(observer, method):
     doc = {"BACKEND": "tensorrt", "A": {"OBSERVER": {"TYPE": observer}}}
     assert from_sparsebit(doc).method == method
@@ -159,21 +185,38 @@ def _torch_named_model() -> onnx.ModelProto:
     r = graphs.rng(0)
     c = 16
     nodes = [
-        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="/features/features.0/Conv",
-                         pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "Conv", ["x", "w0", "b0"], ["c0"], name="/features/features.0/Conv", pads=[1, 1, 1, 1]
+        ),
         helper.make_node("Relu", ["c0"], ["r0"], name="/features/features.1/Relu"),
-        helper.make_node("Conv", ["r0", "w3", "b3"], ["c3"], name="/features/features.3/conv/Conv",
-                         pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "Conv",
+            ["r0", "w3", "b3"],
+            ["c3"],
+            name="/features/features.3/conv/Conv",
+            pads=[1, 1, 1, 1],
+        ),
         helper.make_node("Relu", ["c3"], ["r3"], name="/features/features.3/act/Relu"),
         helper.make_node("GlobalAveragePool", ["r3"], ["p"], name="/pool/GlobalAveragePool"),
         helper.make_node("Flatten", ["p"], ["f"], name="/Flatten"),
         helper.make_node("Gemm", ["f", "wh", "bh"], ["y"], name="/head/Gemm", transB=1),
     ]
-    shapes = {"w0": (c, c, 3, 3), "b0": (c,), "w3": (c, c, 3, 3), "b3": (c,), "wh": (c, c),
-              "bh": (c,)}
+    shapes = {
+        "w0": (c, c, 3, 3),
+        "b0": (c,),
+        "w3": (c, c, 3, 3),
+        "b3": (c,),
+        "wh": (c, c),
+        "bh": (c,),
+    }
     inits = [graphs.init(name, graphs.weight(r, *shape)) for name, shape in shapes.items()]
-    return graphs.model(nodes, [graphs.tensor("x", ["N", c, 8, 8])],
-                        [graphs.tensor("y", ["N", c])], inits, name="torch_named")
+    return graphs.model(
+        nodes,
+        [graphs.tensor("x", ["N", c, 8, 8])],
+        [graphs.tensor("y", ["N", c])],
+        inits,
+        name="torch_named",
+    )
 
 
 def test_specific_overrides_show_in_the_quantized_models_metadata(tmp_path, capsys):
@@ -185,7 +228,10 @@ def test_specific_overrides_show_in_the_quantized_models_metadata(tmp_path, caps
     assert records is not None
     # features.3.conv: 4-bit weight and input, its input calibrated by MINMAX (SPECIFIC)
     assert (records["w3"]["bits"], records["r0"]["bits"], records["r0"]["method"]) == (
-        4, 4, "minmax")
+        4,
+        4,
+        "minmax",
+    )
     # features.0: the global settings (8 bits, MSE activations)
     assert (records["w0"]["bits"], records["x"]["bits"], records["x"]["method"]) == (8, 8, "mse")
     assert "wh" not in records and "f" not in records  # head: QUANTIZER.DISABLE -> float
@@ -199,45 +245,74 @@ def test_specific_overrides_show_in_the_quantized_models_metadata(tmp_path, caps
 
 # -- what has no post-training equivalent --------------------------------------------------------
 def _base(**sections):
-    doc = {"BACKEND": "tensorrt",
-           "W": {"QSCHEME": "per-channel-symmetric", "QUANTIZER": {"TYPE": "uniform", "BIT": 8}},
-           "A": {"QSCHEME": "per-tensor-symmetric", "QUANTIZER": {"TYPE": "uniform", "BIT": 8}}}
+    doc = {
+        "BACKEND": "tensorrt",
+        "W": {"QSCHEME": "per-channel-symmetric", "QUANTIZER": {"TYPE": "uniform", "BIT": 8}},
+        "A": {"QSCHEME": "per-tensor-symmetric", "QUANTIZER": {"TYPE": "uniform", "BIT": 8}},
+    }
     doc.update(sections)
     return doc
 
 
-@pytest.mark.parametrize(("doc", "names"), [
-    (_base(QAT={"ENABLE": True}), ["QAT", "training-time"]),
-    (_base(LSQ={}), ["LSQ", "post-training"]),
-    (_base(REGULARIZER={"ENABLE": True, "TYPE": "dampen"}), ["REGULARIZER", "training-time"]),
-    (_base(W={"QSCHEME": "per-channel-symmetric", "QUANTIZER": {"TYPE": "lsq", "BIT": 4}},
-           A={"QSCHEME": "per-tensor-symmetric", "QUANTIZER": {"TYPE": "lsq+", "BIT": 4}}),
-     ["W.QUANTIZER.TYPE", "lsq", "training-time"]),
-    (_base(A={"QUANTIZER": {"TYPE": "pact", "BIT": 8}}), ["A.QUANTIZER.TYPE", "pact"]),
-    (_base(W={"QUANTIZER": {"TYPE": "adaround", "BIT": 8}}), ["W.QUANTIZER.TYPE", "AdaRound"]),
-    (_base(W={"QUANTIZER": {"BIT": 8, "TRAINING": {"ENABLE": True}}}),
-     ["W.QUANTIZER.TRAINING.ENABLE"]),
-    (_base(SCHEDULE={"BN_TUNING": True}), ["SCHEDULE.BN_TUNING"]),
-    (_base(BACKEND="virtual"), ["BACKEND", "'virtual'", "tensorrt, onnxruntime"]),
-    (_base(FOO=1), ["'FOO'"]),
-    (_base(SPECIFIC=[]), ["SPECIFIC", "under W: and A:"]),
-    (_base(W={"QSCHEME": "per-channel-affine"}), ["W.QSCHEME", "symmetric"]),
-    (_base(A={"QSCHEME": "per-tensor-affine"}), ["A.QSCHEME", "TensorRT"]),
-    (_base(A={"QSCHEME": "per-channel-symmetric"}), ["A.QSCHEME", "per tensor"]),
-    (_base(W={"QUANTIZER": {"BIT": 4}}), ["W.QUANTIZER.BIT=4", "A.QUANTIZER.BIT=8"]),
-    (_base(W={"QUANTIZER": {"BIT": 9}}), ["W.QUANTIZER.BIT", "2..8"]),
-    (_base(W={"OBSERVER": {"TYPE": "KL_HISTOGRAM"}}), ["W.OBSERVER.TYPE", "MINMAX or MSE"]),
-    (_base(A={"OBSERVER": {"TYPE": "HISTOGRAM"}}), ["A.OBSERVER.TYPE", "'HISTOGRAM'"]),
-    (_base(A={"SPECIFIC": [{"conv1": ["QUANTIZER.FOO", 1]}]}),
-     ["A.SPECIFIC['conv1'].QUANTIZER.FOO"]),
-    (_base(A={"SPECIFIC": [{"conv1": ["QUANTIZER.BIT"]}]}), ["A.SPECIFIC['conv1']", "pairs"]),
-    (_base(A={"OBSERVER": {"TYPE": "PERCENTILE"},
-              "SPECIFIC": [{"conv1": ["OBSERVER.TYPE", "PERCENTILE",
-                                      "OBSERVER.PERCENTILE.ALPHA", 0.01]}]}),
-     ["OBSERVER.PERCENTILE.ALPHA", "one percentile"]),
-    (_base(W={"SPECIFIC": [{"conv1": ["OBSERVER.TYPE", "MSE"]}]}),
-     ["W.SPECIFIC['conv1']", "one weight observer"]),
-])
+@pytest.mark.parametrize(
+    ("doc", "names"),
+    [
+        (_base(QAT={"ENABLE": True}), ["QAT", "training-time"]),
+        (_base(LSQ={}), ["LSQ", "post-training"]),
+        (_base(REGULARIZER={"ENABLE": True, "TYPE": "dampen"}), ["REGULARIZER", "training-time"]),
+        (
+            _base(
+                W={"QSCHEME": "per-channel-symmetric", "QUANTIZER": {"TYPE": "lsq", "BIT": 4}},
+                A={"QSCHEME": "per-tensor-symmetric", "QUANTIZER": {"TYPE": "lsq+", "BIT": 4}},
+            ),
+            ["W.QUANTIZER.TYPE", "lsq", "training-time"],
+        ),
+        (_base(A={"QUANTIZER": {"TYPE": "pact", "BIT": 8}}), ["A.QUANTIZER.TYPE", "pact"]),
+        (_base(W={"QUANTIZER": {"TYPE": "adaround", "BIT": 8}}), ["W.QUANTIZER.TYPE", "AdaRound"]),
+        (
+            _base(W={"QUANTIZER": {"BIT": 8, "TRAINING": {"ENABLE": True}}}),
+            ["W.QUANTIZER.TRAINING.ENABLE"],
+        ),
+        (_base(SCHEDULE={"BN_TUNING": True}), ["SCHEDULE.BN_TUNING"]),
+        (_base(BACKEND="virtual"), ["BACKEND", "'virtual'", "tensorrt, onnxruntime"]),
+        (_base(FOO=1), ["'FOO'"]),
+        (_base(SPECIFIC=[]), ["SPECIFIC", "under W: and A:"]),
+        (_base(W={"QSCHEME": "per-channel-affine"}), ["W.QSCHEME", "symmetric"]),
+        (_base(A={"QSCHEME": "per-tensor-affine"}), ["A.QSCHEME", "TensorRT"]),
+        (_base(A={"QSCHEME": "per-channel-symmetric"}), ["A.QSCHEME", "per tensor"]),
+        (_base(W={"QUANTIZER": {"BIT": 4}}), ["W.QUANTIZER.BIT=4", "A.QUANTIZER.BIT=8"]),
+        (_base(W={"QUANTIZER": {"BIT": 9}}), ["W.QUANTIZER.BIT", "2..8"]),
+        (_base(W={"OBSERVER": {"TYPE": "KL_HISTOGRAM"}}), ["W.OBSERVER.TYPE", "MINMAX or MSE"]),
+        (_base(A={"OBSERVER": {"TYPE": "HISTOGRAM"}}), ["A.OBSERVER.TYPE", "'HISTOGRAM'"]),
+        (
+            _base(A={"SPECIFIC": [{"conv1": ["QUANTIZER.FOO", 1]}]}),
+            ["A.SPECIFIC['conv1'].QUANTIZER.FOO"],
+        ),
+        (_base(A={"SPECIFIC": [{"conv1": ["QUANTIZER.BIT"]}]}), ["A.SPECIFIC['conv1']", "pairs"]),
+        (
+            _base(
+                A={
+                    "OBSERVER": {"TYPE": "PERCENTILE"},
+                    "SPECIFIC": [
+                        {
+                            "conv1": [
+                                "OBSERVER.TYPE",
+                                "PERCENTILE",
+                                "OBSERVER.PERCENTILE.ALPHA",
+                                0.01,
+                            ]
+                        }
+                    ],
+                }
+            ),
+            ["OBSERVER.PERCENTILE.ALPHA", "one percentile"],
+        ),
+        (
+            _base(W={"SPECIFIC": [{"conv1": ["OBSERVER.TYPE", "MSE"]}]}),
+            ["W.SPECIFIC['conv1']", "one weight observer"],
+        ),
+    ],
+)
 def test_keys_without_an_onnxq_equivalent_are_config_errors_naming_the_key(doc, names):
     with pytest.raises(ConfigError) as info:
         from_sparsebit(doc, where="q.yaml")
@@ -249,11 +324,18 @@ def test_keys_without_an_onnxq_equivalent_are_config_errors_naming_the_key(doc, 
 
 def test_inert_sparsebit_defaults_are_accepted():
     # A dumped full yacs config carries defaults for features that are switched off.
-    doc = _base(DEVICE="cuda", REGULARIZER={"ENABLE": False},
-                SCHEDULE={"FUSE_BN": False, "BN_TUNING": False, "DISABLE_UNNECESSARY_QUANT": True})
+    doc = _base(
+        DEVICE="cuda",
+        REGULARIZER={"ENABLE": False},
+        SCHEDULE={"FUSE_BN": False, "BN_TUNING": False, "DISABLE_UNNECESSARY_QUANT": True},
+    )
     doc["A"]["QUANTIZER"]["PACT"] = {"ALPHA_VALUE": 10}
-    doc["A"]["OBSERVER"] = {"TYPE": "MINMAX", "PERCENTILE": {"ALPHA": 0.001},
-                            "MOVING_AVERAGE": {"EMA_RATIO": 0.9}, "LAYOUT": "NLC"}
+    doc["A"]["OBSERVER"] = {
+        "TYPE": "MINMAX",
+        "PERCENTILE": {"ALPHA": 0.001},
+        "MOVING_AVERAGE": {"EMA_RATIO": 0.9},
+        "LAYOUT": "NLC",
+    }
     doc["W"]["QUANTIZER"]["TRAINING"] = {"ENABLE": False, "LR": 4e-5, "ITERS": 20000}
     doc["A"]["SPECIFIC"] = [{"patch_embed_proj": ["OBSERVER.LAYOUT", "NCHW"]}]  # deit example
     cfg = from_sparsebit(doc)

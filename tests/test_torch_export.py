@@ -18,15 +18,15 @@ from onnxq.torch_export import module_pattern
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
-needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed "
-                                 "(pip install -e '.[dev]' pins torch==2.13.0)")
+needs_torch = pytest.mark.skipif(
+    not HAS_TORCH, reason="torch is not installed (pip install -e '.[dev]' pins torch==2.13.0)"
+)
 N_TRAIN = 1437  # digits rows 0..1436 train and calibrate; 1437..1796 are held out
 
 
 def test_module_pattern_follows_torchscript_scope_names():
     assert module_pattern("features.3.conv") == "/features/features.3/conv/*"
-    assert module_pattern("layer1.0.downsample.0") == ("/layer1/layer1.0/downsample/"
-                                                       "downsample.0/*")
+    assert module_pattern("layer1.0.downsample.0") == ("/layer1/layer1.0/downsample/downsample.0/*")
     assert module_pattern("0.1.0") == "/0/0.1/0.1.0/*"  # Sequential root: indices stay whole
     assert module_pattern("features.3*") == "/features/features.3*/*"
     with pytest.raises(ConfigError):
@@ -34,14 +34,17 @@ def test_module_pattern_follows_torchscript_scope_names():
 
 
 def test_import_without_torch_works_and_quantize_torch_says_how_to_install():
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "import onnxq\n"
-            "try:\n"
-            "    onnxq.quantize_torch(object(), None, [])\n"
-            "except onnxq.ConfigError as exc:\n"
-            "    print('ConfigError:', exc)\n")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT)
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import onnxq\n"
+        "try:\n"
+        "    onnxq.quantize_torch(object(), None, [])\n"
+        "except onnxq.ConfigError as exc:\n"
+        "    print('ConfigError:', exc)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert run.returncode == 0, run.stderr
     assert "ConfigError:" in run.stdout and "pip install 'onnxq[torch]'" in run.stdout
 
@@ -73,8 +76,9 @@ def _session(model, optimize: bool) -> ort.InferenceSession:
     options = ort.SessionOptions()
     if not optimize:  # the TensorRT backend's arithmetic: no Q/DQ fusion
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
 
 def _two_input_module(torch):
@@ -83,8 +87,12 @@ def _two_input_module(torch):
     class TwoHeads(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.features = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
-                                          nn.Conv2d(32, 32, 3, padding=1), nn.ReLU())
+            self.features = nn.Sequential(
+                nn.Conv2d(3, 32, 3, padding=1),
+                nn.ReLU(),
+                nn.Conv2d(32, 32, 3, padding=1),
+                nn.ReLU(),
+            )
             self.side = nn.Linear(8, 32)
             self.head = nn.Linear(32, 16)
             self.embed = nn.Linear(32, 24)
@@ -108,10 +116,19 @@ def digits_cnn():
     torch.manual_seed(0)
     x_train, y_train, x_eval, y_eval = _digits()
     model = nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        nn.Linear(64, 10))
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, 10),
+    )
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(0)
     xt, yt = torch.from_numpy(x_train), torch.from_numpy(y_train)
@@ -158,8 +175,9 @@ def test_two_inputs_dict_output_names_and_closeness(torch_cpu, exporter):
     module = _two_input_module(torch).train()  # quantize_torch exports in eval mode
     example = (torch.randn(2, 3, 16, 16), torch.randn(2, 8))
     calib = [{"image": torch.randn(4, 3, 16, 16), "extra": torch.randn(4, 8)} for _ in range(8)]
-    result = onnxq.quantize_torch(module, example, calib, exporter=exporter, progress=False,
-                                  exclude=[module_pattern("embed")])
+    result = onnxq.quantize_torch(
+        module, example, calib, exporter=exporter, progress=False, exclude=[module_pattern("embed")]
+    )
     assert module.training is True  # restored
     graph = result.model.graph
     assert [i.name for i in graph.input] == ["image", "extra"]
@@ -173,8 +191,9 @@ def test_two_inputs_dict_output_names_and_closeness(torch_cpu, exporter):
     module.eval()
     with torch.no_grad():
         ref = module(*test)
-    got = _session(result.model, False).run(None, {"image": test[0].numpy(),
-                                                   "extra": test[1].numpy()})
+    got = _session(result.model, False).run(
+        None, {"image": test[0].numpy(), "extra": test[1].numpy()}
+    )
     for name, value in zip(("logits", "embedding"), got, strict=True):
         expected = ref[name].numpy()
         cosine = float((expected * value).sum() / np.linalg.norm(expected) / np.linalg.norm(value))
@@ -189,13 +208,24 @@ def test_calibration_forms_generator_numpy_and_calibration_fn(torch_cpu):
     module = _two_input_module(torch)
     example = (torch.randn(2, 3, 16, 16), torch.randn(2, 8))
     rng = np.random.default_rng(0)
-    pairs = [(rng.standard_normal((4, 3, 16, 16), dtype=np.float32),
-              rng.standard_normal((4, 8), dtype=np.float32), "label") for _ in range(6)]
+    pairs = [
+        (
+            rng.standard_normal((4, 3, 16, 16), dtype=np.float32),
+            rng.standard_normal((4, 8), dtype=np.float32),
+            "label",
+        )
+        for _ in range(6)
+    ]
     one_pass = (p for p in pairs)  # a generator is read once; numpy arrays are fine too
     r1 = onnxq.quantize_torch(module, example, one_pass, progress=False)
     assert r1.report.calibration_batches == 6
-    r2 = onnxq.quantize_torch(module, example, pairs, progress=False,
-                              calibration_fn=lambda item: {"image": item[0], "extra": item[1]})
+    r2 = onnxq.quantize_torch(
+        module,
+        example,
+        pairs,
+        progress=False,
+        calibration_fn=lambda item: {"image": item[0], "extra": item[1]},
+    )
     assert r2.report.calibration_batches == 6
     with pytest.raises(CalibrationDataError, match="calibration_fn"):
         onnxq.quantize_torch(module, example, [torch.randn(4, 3, 16, 16)], progress=False)
@@ -207,8 +237,15 @@ def test_dynamic_batch_by_default_and_static_on_request(torch_cpu):
     module = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3), torch.nn.ReLU())
     calib = [torch.randn(2, 16, 8, 8) for _ in range(3)]
     dynamic = onnxq.quantize_torch(module, torch.randn(1, 16, 8, 8), calib, progress=False)
-    static = onnxq.quantize_torch(module, torch.randn(2, 16, 8, 8), calib, dynamic_axes={},
-                                  input_names=["x"], output_names=["y"], progress=False)
+    static = onnxq.quantize_torch(
+        module,
+        torch.randn(2, 16, 8, 8),
+        calib,
+        dynamic_axes={},
+        input_names=["x"],
+        output_names=["y"],
+        progress=False,
+    )
     dims = dynamic.model.graph.input[0].type.tensor_type.shape.dim
     assert dims[0].dim_param == "batch" and [d.dim_value for d in dims[1:]] == [16, 8, 8]
     assert static.model.graph.input[0].name == "x" and static.model.graph.output[0].name == "y"
@@ -216,8 +253,9 @@ def test_dynamic_batch_by_default_and_static_on_request(torch_cpu):
 
 
 @needs_torch
-def test_export_that_differs_from_the_module_is_refused_naming_the_output(torch_cpu, tmp_path,
-                                                                          monkeypatch):
+def test_export_that_differs_from_the_module_is_refused_naming_the_output(
+    torch_cpu, tmp_path, monkeypatch
+):
     torch = torch_cpu
 
     class Counter(torch.nn.Module):
@@ -257,8 +295,13 @@ def test_option_errors(torch_cpu):
 def test_pytorch_example_script_runs(tmp_path):
     pytest.importorskip("sklearn")
     script = ROOT / "examples" / "pytorch" / "quantize_resnet_like.py"
-    run = subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--epochs", "6"],
-                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    run = subprocess.run(
+        [sys.executable, str(script), "--out", str(tmp_path), "--epochs", "6"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "resnet_like.int8.onnx").is_file()
     assert (tmp_path / "resnet_like.int8.json").is_file()

@@ -36,9 +36,11 @@ class BasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                         nn.BatchNorm2d(cout))
-                           if stride != 1 or cin != cout else nn.Identity())
+        self.downsample = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.relu(self.bn1(self.conv1(x)))
@@ -50,8 +52,9 @@ class ResNetLike(nn.Module):
 
     def __init__(self, classes: int = 10) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1, bias=False),
-                                  nn.BatchNorm2d(16), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU()
+        )
         self.layer1 = nn.Sequential(BasicBlock(16, 16))
         self.layer2 = nn.Sequential(BasicBlock(16, 32, stride=2))
         self.fc = nn.Linear(32, classes)
@@ -84,8 +87,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("out"))
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--backend", choices=("tensorrt", "onnxruntime"), default="tensorrt")
-    parser.add_argument("--max-drop", type=float, default=1.0,
-                        help="largest accepted INT8 accuracy loss in points (default 1.0)")
+    parser.add_argument(
+        "--max-drop",
+        type=float,
+        default=1.0,
+        help="largest accepted INT8 accuracy loss in points (default 1.0)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -106,9 +113,9 @@ def main() -> int:
     # Calibration: the training rows. Items are (image, label) pairs; quantize_torch takes the
     # first element (the model has one input) and ignores the label.
     loader = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(x_train, y_train), batch_size=64)
-    result = onnxq.quantize_torch(model, x_train[:2], loader, backend=args.backend,
-                                  progress=False)
+        torch.utils.data.TensorDataset(x_train, y_train), batch_size=64
+    )
+    result = onnxq.quantize_torch(model, x_train[:2], loader, backend=args.backend, progress=False)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "resnet_like.int8.onnx"
     result.save(path, report=args.out / "resnet_like.int8.json")

@@ -31,8 +31,9 @@ def check(model: onnx.ModelProto, profile: BackendProfile) -> list[Violation]:
         for node in graph.node:
             name = f"{where}{node.name or node.op_type}"
             if node.op_type in profile.forbidden_ops:
-                out.append(Violation(name, "op_type", f"Q/DQ format (no {node.op_type})",
-                                     node.op_type))
+                out.append(
+                    Violation(name, "op_type", f"Q/DQ format (no {node.op_type})", node.op_type)
+                )
             if node.op_type in ir.QDQ_OPS and node.domain in ir.DEFAULT_DOMAINS:
                 out.extend(_check_qdq(node, name, index, profile, opset))
     return out
@@ -49,8 +50,12 @@ class Scope:
 
     def _local(self, name: str) -> bool:
         g = self.graph
-        return (name in g.initializers or name in g.producer or name in g.graph_inputs
-                or name in g.constant_nodes)
+        return (
+            name in g.initializers
+            or name in g.producer
+            or name in g.graph_inputs
+            or name in g.constant_nodes
+        )
 
     def _owner(self, name: str) -> ir.Graph:
         scope: Scope | None = self
@@ -73,8 +78,11 @@ class Scope:
         return self._owner(name).shape(name)
 
 
-def _graphs(graph: onnx.GraphProto, prefix: str, parent: onnx.GraphProto | None,
-            ) -> Iterator[tuple[onnx.GraphProto, str, onnx.GraphProto | None]]:
+def _graphs(
+    graph: onnx.GraphProto,
+    prefix: str,
+    parent: onnx.GraphProto | None,
+) -> Iterator[tuple[onnx.GraphProto, str, onnx.GraphProto | None]]:
     yield graph, prefix, parent
     for node in graph.node:
         for attr in node.attribute:
@@ -92,8 +100,9 @@ def _as_model(model: onnx.ModelProto, graph: onnx.GraphProto) -> onnx.ModelProto
     return wrapper
 
 
-def _check_qdq(node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfile,
-               opset: int) -> list[Violation]:
+def _check_qdq(
+    node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfile, opset: int
+) -> list[Violation]:
     v: list[Violation] = []
     attrs = ir.node_attrs(node)
     scale_name = node.input[1] if len(node.input) > 1 else ""
@@ -112,14 +121,18 @@ def _check_qdq(node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfil
     v.extend(_check_zero_point(node, name, g, profile, zp_name))
     if scale is not None and scale.ndim == 1 and scale.size > 1:
         v.extend(_check_per_axis(node, name, g, profile, int(attrs.get("axis", 1)), scale.size))
-    if (scale is not None and node.op_type == "DequantizeLinear"
-            and g.elem_type(node.input[0]) == TensorProto.INT32):
+    if (
+        scale is not None
+        and node.op_type == "DequantizeLinear"
+        and g.elem_type(node.input[0]) == TensorProto.INT32
+    ):
         v.extend(_check_bias_scale(node, name, g, scale))
     return v
 
 
-def _check_bias_scale(node: onnx.NodeProto, name: str, g: Scope,
-                      scale: np.ndarray) -> list[Violation]:
+def _check_bias_scale(
+    node: onnx.NodeProto, name: str, g: Scope, scale: np.ndarray
+) -> list[Violation]:
     """An int32 bias must be stored at its layer's scale, input scale x weight scale: the
     integer kernel adds it to the int32 sums as it is (a bias shared by two layers of other
     scales is right for one of them only).  An all-zero bias is zero at any scale."""
@@ -133,16 +146,22 @@ def _check_bias_scale(node: onnx.NodeProto, name: str, g: Scope,
         parts = []
         for tensor in consumer.input[:2]:
             dq = g.producer.get(tensor)
-            part = (g.const_value(dq.input[1]) if dq is not None
-                    and dq.op_type == "DequantizeLinear" and len(dq.input) > 1 else None)
+            part = (
+                g.const_value(dq.input[1])
+                if dq is not None and dq.op_type == "DequantizeLinear" and len(dq.input) > 1
+                else None
+            )
             if part is None:
                 break
             parts.append(np.asarray(part, dtype=np.float64))
         if len(parts) != 2:
             continue
         try:
-            want = np.broadcast_to(parts[0] * parts[1], np.shape(scale)) if scale.ndim \
+            want = (
+                np.broadcast_to(parts[0] * parts[1], np.shape(scale))
+                if scale.ndim
                 else parts[0] * parts[1]
+            )
         except ValueError:
             continue
         if np.shape(want) != np.shape(scale) and np.size(want) != 1:
@@ -150,18 +169,30 @@ def _check_bias_scale(node: onnx.NodeProto, name: str, g: Scope,
         have = np.asarray(scale, dtype=np.float64)
         if not np.allclose(have, want, rtol=1e-5, atol=0.0):
             worst = float(np.max(np.maximum(have / want, want / have)))
-            out.append(Violation(name, "bias scale",
-                                 f"input scale x weight scale of {consumer.name}",
-                                 f"a scale off by up to {worst:.3g}x"))
+            out.append(
+                Violation(
+                    name,
+                    "bias scale",
+                    f"input scale x weight scale of {consumer.name}",
+                    f"a scale off by up to {worst:.3g}x",
+                )
+            )
     return out
 
 
-def _check_zero_point(node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfile,
-                      zp_name: str) -> list[Violation]:
+def _check_zero_point(
+    node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfile, zp_name: str
+) -> list[Violation]:
     if not zp_name:
         if node.op_type == "QuantizeLinear" and "uint8" not in profile.allowed_qdq_dtypes:
-            return [Violation(name, "zero_point", "an int8 zero point",
-                              "absent (QuantizeLinear then produces uint8)")]
+            return [
+                Violation(
+                    name,
+                    "zero_point",
+                    "an int8 zero point",
+                    "absent (QuantizeLinear then produces uint8)",
+                )
+            ]
         return []
     zp = g.const_value(zp_name)
     elem = g.elem_type(zp_name)
@@ -170,39 +201,55 @@ def _check_zero_point(node: onnx.NodeProto, name: str, g: Scope, profile: Backen
     if zp is None:
         out.append(Violation(name, "zero_point", "a constant", f"non-constant {zp_name!r}"))
     if dtype not in profile.allowed_qdq_dtypes:
-        out.append(Violation(name, "zero_point dtype",
-                             " or ".join(sorted(profile.allowed_qdq_dtypes)), dtype))
+        out.append(
+            Violation(
+                name, "zero_point dtype", " or ".join(sorted(profile.allowed_qdq_dtypes)), dtype
+            )
+        )
     if zp is not None and profile.activation_symmetric and np.any(zp != 0):
-        out.append(Violation(name, "zero_point", "0 (symmetric)",
-                             f"{np.unique(zp).ravel()[:3].tolist()}"))
+        out.append(
+            Violation(name, "zero_point", "0 (symmetric)", f"{np.unique(zp).ravel()[:3].tolist()}")
+        )
     return out
 
 
-def _check_per_axis(node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfile,
-                    axis: int, n_scales: int) -> list[Violation]:
+def _check_per_axis(
+    node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfile, axis: int, n_scales: int
+) -> list[Violation]:
     data = node.input[0]
     weight = data
     if not g.is_const(data):
         producer = g.producer.get(data)
-        if producer is not None and producer.op_type == "QuantizeLinear" and g.is_const(
-                producer.input[0]):
+        if (
+            producer is not None
+            and producer.op_type == "QuantizeLinear"
+            and g.is_const(producer.input[0])
+        ):
             weight = producer.input[0]
         elif not profile.per_axis_activations:
-            return [Violation(name, "scale", "per-tensor for an activation",
-                              f"{n_scales} per-axis scales on non-constant {data!r}")]
+            return [
+                Violation(
+                    name,
+                    "scale",
+                    "per-tensor for an activation",
+                    f"{n_scales} per-axis scales on non-constant {data!r}",
+                )
+            ]
     out = []
     shape = g.shape(weight)
     if shape is not None and shape:
         ax = axis % len(shape)
         if isinstance(shape[ax], int) and shape[ax] != n_scales:
-            out.append(Violation(name, "scale count", f"dim[{ax}] = {shape[ax]}",
-                                 f"{n_scales} scales"))
+            out.append(
+                Violation(name, "scale count", f"dim[{ax}] = {shape[ax]}", f"{n_scales} scales")
+            )
         out.extend(_check_weight_axis(node, name, g, profile, ax, len(shape)))
     return out
 
 
-def _check_weight_axis(node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfile,
-                       axis: int, rank: int) -> list[Violation]:
+def _check_weight_axis(
+    node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfile, axis: int, rank: int
+) -> list[Violation]:
     """The axis of a per-channel weight must be the output-channel axis of its consumer."""
     tensor = node.output[0]
     if node.op_type == "QuantizeLinear":  # Q -> DQ on a float weight: look behind the DQ
@@ -217,6 +264,12 @@ def _check_weight_axis(node: onnx.NodeProto, name: str, g: Scope, profile: Backe
             continue
         want = spec.resolve(ir.node_attrs(consumer), rank)  # type: ignore[arg-type]
         if want != axis:
-            out.append(Violation(name, "axis", f"{want} (output channels of {consumer.op_type} "
-                                 f"{consumer.name})", str(axis)))
+            out.append(
+                Violation(
+                    name,
+                    "axis",
+                    f"{want} (output channels of {consumer.op_type} {consumer.name})",
+                    str(axis),
+                )
+            )
     return out

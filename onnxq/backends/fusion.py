@@ -20,8 +20,16 @@ from onnxq.backends.profile import WEIGHT_AXES
 from onnxq.errors import UnsupportedModelError
 
 # onnxruntime's integer kernels besides the QLinear* family
-INTEGER_KERNELS = frozenset({"QGemm", "ConvInteger", "MatMulInteger", "MatMulIntegerToFloat",
-                             "DynamicQuantizeMatMul", "QAttention"})
+INTEGER_KERNELS = frozenset(
+    {
+        "QGemm",
+        "ConvInteger",
+        "MatMulInteger",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeMatMul",
+        "QAttention",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -49,8 +57,9 @@ class FusionReport:
         return self.fused / len(self.candidates) if self.candidates else 1.0
 
 
-def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str],
-                  folded: frozenset[str] = frozenset()) -> FusionReport:
+def fusion_report(
+    model: onnx.ModelProto, kernel_ops: frozenset[str], folded: frozenset[str] = frozenset()
+) -> FusionReport:
     """Optimize ``model`` with onnxruntime (extended level) and compare the graphs.
 
     Candidates are DQ -> op -> Q groups (or weighted ops) whose op is in ``kernel_ops``; other
@@ -65,16 +74,25 @@ def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str],
     dq_outputs = {n.output[0] for n in graph.nodes if n.op_type == "DequantizeLinear"}
     q_inputs = {n.input[0] for n in graph.nodes if n.op_type == "QuantizeLinear"}
     # an activation onnxruntime folds into the Q after it: its input is quantized in effect
-    q_inputs |= {n.input[0] for n in graph.nodes
-                 if n.op_type in folded and n.input and n.output[0] in q_inputs
-                 and len(graph.consumers.get(n.input[0], [])) == 1}
+    q_inputs |= {
+        n.input[0]
+        for n in graph.nodes
+        if n.op_type in folded
+        and n.input
+        and n.output[0] in q_inputs
+        and len(graph.consumers.get(n.input[0], [])) == 1
+    }
 
     def is_group(n: onnx.NodeProto) -> bool:
         # a DQ -> op -> Q group, or a weighted op whose data and weight come out of DQs
         # (onnxruntime has float-output integer kernels for those: QGemm, MatMulIntegerToFloat)
         fed = any(i in dq_outputs for i in n.input)
-        weighted = (n.op_type in WEIGHT_AXES and len(n.input) > 1
-                    and n.input[1] in dq_outputs and n.input[0] in dq_outputs)
+        weighted = (
+            n.op_type in WEIGHT_AXES
+            and len(n.input) > 1
+            and n.input[1] in dq_outputs
+            and n.input[0] in dq_outputs
+        )
         return fed and (weighted or any(o in q_inputs for o in n.output))
 
     def constant(name: str) -> bool:
@@ -91,10 +109,12 @@ def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str],
         return any(i and i not in dq_outputs and not constant(i) for i in n.input)
 
     grouped = [n for n in graph.nodes if n.op_type not in ir.QDQ_OPS and is_group(n)]
-    mixed = tuple((n.name, n.op_type) for n in grouped
-                  if n.op_type in kernel_ops and float_input(n))
-    candidates = [n for n in grouped
-                  if n.op_type in kernel_ops and (n.name, n.op_type) not in mixed]
+    mixed = tuple(
+        (n.name, n.op_type) for n in grouped if n.op_type in kernel_ops and float_input(n)
+    )
+    candidates = [
+        n for n in grouped if n.op_type in kernel_ops and (n.name, n.op_type) not in mixed
+    ]
     float_between = tuple((n.name, n.op_type) for n in grouped if n.op_type not in kernel_ops)
     with tempfile.TemporaryDirectory(prefix="onnxq-fusion-") as tmp:
         out = Path(tmp) / "optimized.onnx"
@@ -103,8 +123,9 @@ def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str],
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         opts.optimized_model_filepath = str(out)
         try:
-            ort.InferenceSession(ir.session_bytes_or_path(model, Path(tmp)), opts,
-                                 providers=["CPUExecutionProvider"])
+            ort.InferenceSession(
+                ir.session_bytes_or_path(model, Path(tmp)), opts, providers=["CPUExecutionProvider"]
+            )
         except Exception as exc:
             raise UnsupportedModelError(f"onnxruntime cannot load the model: {exc}") from None
         optimized = onnx.load(str(out))
@@ -114,14 +135,23 @@ def fusion_report(model: onnx.ModelProto, kernel_ops: frozenset[str],
     opt_dq = {n.output[0] for n in optimized.graph.node if n.op_type == "DequantizeLinear"}
     still_float = {n.name for n in optimized.graph.node if any(i in opt_dq for i in n.input)}
     unfused = tuple((n.name, n.op_type) for n in candidates if n.name in still_float)
-    reasons = {name: why for name, _ in unfused
-               if (why := _shared_constant_dq(graph, graph.node_by_name(name)))}
+    reasons = {
+        name: why
+        for name, _ in unfused
+        if (why := _shared_constant_dq(graph, graph.node_by_name(name)))
+    }
     integer: dict[str, int] = {}
     for n in optimized.graph.node:
         if n.op_type.startswith("QLinear") or n.op_type in INTEGER_KERNELS:
             integer[n.op_type] = integer.get(n.op_type, 0) + 1
-    return FusionReport(tuple(n.name for n in candidates), unfused, dict(sorted(integer.items())),
-                        float_between, mixed, reasons)
+    return FusionReport(
+        tuple(n.name for n in candidates),
+        unfused,
+        dict(sorted(integer.items())),
+        float_between,
+        mixed,
+        reasons,
+    )
 
 
 def _shared_constant_dq(graph: ir.Graph, node: onnx.NodeProto | None) -> str:
@@ -131,13 +161,19 @@ def _shared_constant_dq(graph: ir.Graph, node: onnx.NodeProto | None) -> str:
         return ""
     for index, name in enumerate(node.input):
         dq = graph.producer.get(name)
-        if (index == 0 or dq is None or dq.op_type != "DequantizeLinear"
-                or not graph.is_const(dq.input[0])):
+        if (
+            index == 0
+            or dq is None
+            or dq.op_type != "DequantizeLinear"
+            or not graph.is_const(dq.input[0])
+        ):
             continue
         others = {n.name for n, _ in graph.consumers.get(name, []) if n.name != node.name}
         if others:
-            return (f"its input {index} ({dq.name}) also feeds {len(others)} other node(s), "
-                    f"e.g. {sorted(others)[0]}; one quantized constant holds one scale (an "
-                    "int32 bias must be at each layer's input x weight scale): give each "
-                    "node its own copy")
+            return (
+                f"its input {index} ({dq.name}) also feeds {len(others)} other node(s), "
+                f"e.g. {sorted(others)[0]}; one quantized constant holds one scale (an "
+                "int32 bias must be at each layer's input x weight scale): give each "
+                "node its own copy"
+            )
     return ""

@@ -44,8 +44,23 @@ WEIGHT_AXES: dict[str, WeightAxis] = {
 
 # Ops that only move, select or reorder values: their output can share the input's qparams.
 PASSTHROUGH_OPS: frozenset[str] = frozenset(
-    {"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Relu",
-     "Pad", "Gather", "Split", "DepthToSpace", "SpaceToDepth", "Resize", "Identity"}
+    {
+        "MaxPool",
+        "Reshape",
+        "Transpose",
+        "Flatten",
+        "Squeeze",
+        "Unsqueeze",
+        "Slice",
+        "Relu",
+        "Pad",
+        "Gather",
+        "Split",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "Resize",
+        "Identity",
+    }
 )
 
 # Ops that build shapes and indices: everything downstream of them is never quantized.
@@ -170,10 +185,23 @@ TENSORRT = BackendProfile(
     rule_set="tensorrt",
     quantize_outputs=False,
     bias="float",
-    forbidden_ops=INTEGER_OPS | frozenset(
-        {"QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearConcat",
-         "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearSigmoid", "QLinearLeakyRelu",
-         "QLinearSoftmax", "QLinearReduceMean", "QLinearWhere", "QLinearConvTranspose"}
+    forbidden_ops=INTEGER_OPS
+    | frozenset(
+        {
+            "QLinearConv",
+            "QLinearMatMul",
+            "QLinearAdd",
+            "QLinearMul",
+            "QLinearConcat",
+            "QLinearGlobalAveragePool",
+            "QLinearAveragePool",
+            "QLinearSigmoid",
+            "QLinearLeakyRelu",
+            "QLinearSoftmax",
+            "QLinearReduceMean",
+            "QLinearWhere",
+            "QLinearConvTranspose",
+        }
     ),
     allowed_qdq_dtypes=frozenset({"int8"}),
     fused_validation=False,
@@ -198,9 +226,28 @@ ONNXRUNTIME = BackendProfile(
         # no ConvTranspose: onnxruntime 1.31's CPU provider leaves DQ -> ConvTranspose -> Q
         # unfused (a float ConvTranspose between a DQ and a Q; found on a 1-D segmentation
         # net and a ViT decoder)
-        {"Conv", "MatMul", "Gemm", "Add", "Mul", "Concat", "GlobalAveragePool",
-         "AveragePool", "Sigmoid", "LeakyRelu", "MaxPool", "Reshape", "Transpose", "Resize",
-         "Squeeze", "Unsqueeze", "Flatten", "Gather", "Split", "Where"}
+        {
+            "Conv",
+            "MatMul",
+            "Gemm",
+            "Add",
+            "Mul",
+            "Concat",
+            "GlobalAveragePool",
+            "AveragePool",
+            "Sigmoid",
+            "LeakyRelu",
+            "MaxPool",
+            "Reshape",
+            "Transpose",
+            "Resize",
+            "Squeeze",
+            "Unsqueeze",
+            "Flatten",
+            "Gather",
+            "Split",
+            "Where",
+        }
     ),
     allowed_qdq_dtypes=frozenset({"int8", "uint8", "int32"}),
     fused_validation=True,
@@ -209,8 +256,9 @@ ONNXRUNTIME = BackendProfile(
     channel_alignment=4,
     min_macs_per_output_unaligned=96,
     min_macs=65536,
-    chain_ops=frozenset({"Add", "Mul", "Concat", "GlobalAveragePool", "AveragePool", "Sigmoid",
-                         "LeakyRelu"}),
+    chain_ops=frozenset(
+        {"Add", "Mul", "Concat", "GlobalAveragePool", "AveragePool", "Sigmoid", "LeakyRelu"}
+    ),
     nhwc_only_ops=frozenset({"MaxPool"}),
 )
 
@@ -231,6 +279,8 @@ def profile_for(backend: str, reduce_range: bool | None = None) -> tuple[Backend
         why = "reduce_range set in the config" if reduce_range else ""
     if not reduce_range:
         return profile, ""
-    note = (f"weights limited to +-{profile.reduced_weight_qmax} (7-bit): {why}, and "
-            "onnxruntime's u8s8 kernels would saturate int16 sums with full-range weights")
+    note = (
+        f"weights limited to +-{profile.reduced_weight_qmax} (7-bit): {why}, and "
+        "onnxruntime's u8s8 kernels would saturate int16 sums with full-range weights"
+    )
     return profile.replace(weight_qmax=profile.reduced_weight_qmax), note

@@ -42,8 +42,11 @@ def tensorrt_available() -> str | None:
     return None
 
 
-def build_engine(model_path: str | Path, shapes: dict[str, tuple[int, ...]] | None = None,
-                 workspace_mb: int = 2048) -> EngineReport:
+def build_engine(
+    model_path: str | Path,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+    workspace_mb: int = 2048,
+) -> EngineReport:
     """Parse ``model_path`` with TensorRT's ONNX parser, build an INT8 engine, inspect it.
 
     ``shapes`` fixes dynamic input dimensions (used as min = opt = max of one profile).
@@ -59,12 +62,15 @@ def build_engine(model_path: str | Path, shapes: dict[str, tuple[int, ...]] | No
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(model_path)):
         errors = [parser.get_error(i) for i in range(parser.num_errors)]
-        violations = [Violation(str(e.node_name() or e.node()), "parse", "TensorRT accepts it",
-                                e.desc()) for e in errors]
+        violations = [
+            Violation(str(e.node_name() or e.node()), "parse", "TensorRT accepts it", e.desc())
+            for e in errors
+        ]
         raise BackendConstraintError(
             f"TensorRT's ONNX parser rejects {model_path}: "
             f"{violations[0].got if violations else 'no detail'}",
-            violations)
+            violations,
+        )
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb * 2**20)
     config.set_flag(trt.BuilderFlag.INT8)
@@ -75,22 +81,31 @@ def build_engine(model_path: str | Path, shapes: dict[str, tuple[int, ...]] | No
     if serialized is None:
         raise BackendConstraintError(f"TensorRT failed to build an engine from {model_path}")
     engine = trt.Runtime(logger).deserialize_cuda_engine(serialized)
-    info = json.loads(engine.create_engine_inspector().get_engine_information(
-        trt.LayerInformationFormat.JSON))
+    info = json.loads(
+        engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)
+    )
     layers = []
     for layer in info.get("Layers", []):
         if not isinstance(layer, dict):
             continue
         outputs = layer.get("Outputs") or [{}]
         fmt = str(outputs[0].get("Format/Datatype", "unknown"))
-        precision = "INT8" if "Int8" in fmt else "FP16" if "Half" in fmt else \
-            "FP32" if "Float" in fmt else fmt
+        precision = (
+            "INT8"
+            if "Int8" in fmt
+            else "FP16"
+            if "Half" in fmt
+            else "FP32"
+            if "Float" in fmt
+            else fmt
+        )
         layers.append((str(layer.get("Name", "")), str(layer.get("LayerType", "")), precision))
     return EngineReport(tuple(layers), dict(Counter(p for _, _, p in layers)))
 
 
-def _add_profile(builder: object, network: object, config: object,
-                 shapes: dict[str, tuple[int, ...]]) -> None:
+def _add_profile(
+    builder: object, network: object, config: object, shapes: dict[str, tuple[int, ...]]
+) -> None:
     dynamic = []
     for i in range(network.num_inputs):  # type: ignore[attr-defined]
         tensor = network.get_input(i)  # type: ignore[attr-defined]
@@ -104,6 +119,7 @@ def _add_profile(builder: object, network: object, config: object,
         if shape is None:
             raise UnsupportedModelError(
                 f"input {tensor.name!r} has dynamic dimensions {tuple(tensor.shape)}; give its "
-                "shape for the engine (--shape NAME=1x3x224x224)")
+                "shape for the engine (--shape NAME=1x3x224x224)"
+            )
         profile.set_shape(tensor.name, shape, shape, shape)
     config.add_optimization_profile(profile)  # type: ignore[attr-defined]

@@ -85,21 +85,31 @@ def padding_masks(batches: list[dict[str, Any]]) -> list[np.ndarray | None]:
         found = None
         for name in sorted(batch):
             value = batch[name]
-            if ("mask" in name.lower() and isinstance(value, np.ndarray) and value.ndim == 2
-                    and value.dtype.kind in "iub"):
+            if (
+                "mask" in name.lower()
+                and isinstance(value, np.ndarray)
+                and value.ndim == 2
+                and value.dtype.kind in "iub"
+            ):
                 found = value != 0
                 break
         masks.append(found)
     return masks
 
 
-def _unpadded(arrays: list[np.ndarray], masks: list[np.ndarray | None] | None
-              ) -> tuple[list[np.ndarray], int]:
+def _unpadded(
+    arrays: list[np.ndarray], masks: list[np.ndarray | None] | None
+) -> tuple[list[np.ndarray], int]:
     """``arrays`` without their padded rows, when every batch has a mask that matches the
     output's two leading axes (and some row is padding); else unchanged."""
-    if not masks or len(masks) != len(arrays) or any(
+    if (
+        not masks
+        or len(masks) != len(arrays)
+        or any(
             m is None or a.ndim < 3 or a.shape[:2] != m.shape
-            for a, m in zip(arrays, masks, strict=True)):
+            for a, m in zip(arrays, masks, strict=True)
+        )
+    ):
         return arrays, 0
     dropped = sum(int((~m).sum()) for m in masks if m is not None)
     if dropped == 0:
@@ -120,8 +130,11 @@ def validation_session(model: onnx.ModelProto, fused: bool, what: str = "quantiz
     opts.log_severity_level = 4  # failures reach the user as onnxq errors, not as log lines
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if fused
-                                     else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    opts.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if fused
+        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
     with tempfile.TemporaryDirectory(prefix="onnxq-") as workdir:
         payload = ir.session_bytes_or_path(model, Path(workdir))
         try:
@@ -132,8 +145,9 @@ def validation_session(model: onnx.ModelProto, fused: bool, what: str = "quantiz
             ) from None
 
 
-def run_outputs(model: onnx.ModelProto | Any, batches: list[Batch], fused: bool,
-                what: str) -> list[dict[str, np.ndarray]]:
+def run_outputs(
+    model: onnx.ModelProto | Any, batches: list[Batch], fused: bool, what: str
+) -> list[dict[str, np.ndarray]]:
     """Run ``model`` (a proto or a ready session) on ``batches``.
 
     A session made here is released before this returns (the caller's next session must not
@@ -218,22 +232,31 @@ def _flattened_softmax(graph: ir.Graph, node: onnx.NodeProto, rank: int) -> bool
     if node.op_type != "Reshape" or len(node.input) < 2:
         return False
     soft = graph.producer.get(node.input[0])
-    if soft is None or soft.op_type not in ("Softmax", "LogSoftmax") \
-            or int(ir.node_attrs(soft).get("axis", -1)) not in (-1, 1):
+    if (
+        soft is None
+        or soft.op_type not in ("Softmax", "LogSoftmax")
+        or int(ir.node_attrs(soft).get("axis", -1)) not in (-1, 1)
+    ):
         return False
     flat = graph.producer.get(soft.input[0])
     shape = graph.producer.get(node.input[1])
-    return (flat is not None and flat.op_type == "Flatten"
-            and int(ir.node_attrs(flat).get("axis", 1)) == rank - 1
-            and shape is not None and shape.op_type == "Shape"
-            and not ir.node_attrs(shape)  # no start/end: the whole shape
-            and shape.input[0] == flat.input[0])
+    return (
+        flat is not None
+        and flat.op_type == "Flatten"
+        and int(ir.node_attrs(flat).get("axis", 1)) == rank - 1
+        and shape is not None
+        and shape.op_type == "Shape"
+        and not ir.node_attrs(shape)  # no start/end: the whole shape
+        and shape.input[0] == flat.input[0]
+    )
 
 
-def fidelity(reference: list[dict[str, np.ndarray]],
-             quantized: list[dict[str, np.ndarray]],
-             axes: dict[str, int] | None = None,
-             masks: list[np.ndarray | None] | None = None) -> list[OutputFidelity]:
+def fidelity(
+    reference: list[dict[str, np.ndarray]],
+    quantized: list[dict[str, np.ndarray]],
+    axes: dict[str, int] | None = None,
+    masks: list[np.ndarray | None] | None = None,
+) -> list[OutputFidelity]:
     """Cosine similarity and max absolute error per output, over all batches; for the outputs
     in ``axes`` (name -> class axis, :func:`class_axes`) also the top-1 agreement along it.
     ``masks`` (:func:`padding_masks`, one per batch): an output of rank >= 3 whose leading
@@ -244,13 +267,17 @@ def fidelity(reference: list[dict[str, np.ndarray]],
         got = [_as_array(q[name]) for q in quantized]
         if any(v is None for v in ref + got):
             kind = type(reference[0][name]).__name__
-            out.append(OutputFidelity(name, 0.0, 0.0, 0.0,
-                                      f"not compared: a {kind} output, not a numeric tensor"))
+            out.append(
+                OutputFidelity(
+                    name, 0.0, 0.0, 0.0, f"not compared: a {kind} output, not a numeric tensor"
+                )
+            )
             continue
         ref_arrays, got_arrays = cast(list[np.ndarray], ref), cast(list[np.ndarray], got)
         if not all(np.issubdtype(r.dtype, np.floating) for r in ref_arrays):
-            out.append(OutputFidelity(name, _agreement(ref_arrays, got_arrays), 0.0, 0.0,
-                                      "agreement"))
+            out.append(
+                OutputFidelity(name, _agreement(ref_arrays, got_arrays), 0.0, 0.0, "agreement")
+            )
             continue
         class_axis = (axes or {}).get(name)
         ref_arrays, padded = _unpadded(ref_arrays, masks)
@@ -263,8 +290,15 @@ def fidelity(reference: list[dict[str, np.ndarray]],
         b = np.concatenate([g.astype(np.float64).ravel() for g in got_arrays])
         nonfinite = mismatch = 0
         if a.shape != b.shape:
-            out.append(OutputFidelity(name, 0.0, 0.0, 0.0, f"{SHAPE_CHANGED} gives {b.size} "
-                                      f"values, the float model {a.size}"))
+            out.append(
+                OutputFidelity(
+                    name,
+                    0.0,
+                    0.0,
+                    0.0,
+                    f"{SHAPE_CHANGED} gives {b.size} values, the float model {a.size}",
+                )
+            )
             continue
         finite = np.isfinite(a) & np.isfinite(b)
         if not finite.all():
@@ -274,24 +308,43 @@ def fidelity(reference: list[dict[str, np.ndarray]],
             a, b = a[finite], b[finite]
         cos = _cosine(a, b)
         err = float(np.max(np.abs(a - b))) if a.size else 0.0
-        result = OutputFidelity(name, round(cos, 6), err, float(np.max(np.abs(a), initial=0)),
-                                nonfinite=nonfinite, nonfinite_mismatch=mismatch,
-                                top1_agreement=top1, padding_left_out=padded)
-        per_sample = None if nonfinite or mismatch or padded \
-            else _sample_cosines(ref_arrays, got_arrays)
+        result = OutputFidelity(
+            name,
+            round(cos, 6),
+            err,
+            float(np.max(np.abs(a), initial=0)),
+            nonfinite=nonfinite,
+            nonfinite_mismatch=mismatch,
+            top1_agreement=top1,
+            padding_left_out=padded,
+        )
+        per_sample = (
+            None if nonfinite or mismatch or padded else _sample_cosines(ref_arrays, got_arrays)
+        )
         if per_sample is not None:
-            result = replace(result, sample_cosine_mean=round(float(per_sample.mean()), 6),
-                             worst_sample_cosine=round(float(per_sample.min()), 6))
-        sliced = None if nonfinite or mismatch or top1 is not None \
+            result = replace(
+                result,
+                sample_cosine_mean=round(float(per_sample.mean()), 6),
+                worst_sample_cosine=round(float(per_sample.min()), 6),
+            )
+        sliced = (
+            None
+            if nonfinite or mismatch or top1 is not None
             else _slice_cosines(ref_arrays, got_arrays)
+        )
         if sliced is not None:
             axis, cosines, peaks = sliced
             k = int(np.argmin(cosines))
             nonzero = peaks[peaks > 0]
             ratio = float(nonzero.max() / nonzero.min()) if nonzero.size else 1.0
-            result = replace(result, slice_axis=axis, slices=len(cosines), worst_slice=k,
-                             worst_slice_cosine=round(float(cosines[k]), 6),
-                             slice_peak_ratio=round(ratio, 3))
+            result = replace(
+                result,
+                slice_axis=axis,
+                slices=len(cosines),
+                worst_slice=k,
+                worst_slice_cosine=round(float(cosines[k]), 6),
+                slice_peak_ratio=round(ratio, 3),
+            )
         out.append(result)
     return out
 
@@ -349,14 +402,18 @@ def slice_axis_of(shape: tuple[int, ...]) -> int | None:
     best = None
     for axis in range(1, len(shape)):
         k = shape[axis]
-        if 2 <= k <= MAX_SLICES and per_sample >= MIN_SLICE_REPEAT * k \
-                and (best is None or k < shape[best]):
+        if (
+            2 <= k <= MAX_SLICES
+            and per_sample >= MIN_SLICE_REPEAT * k
+            and (best is None or k < shape[best])
+        ):
             best = axis
     return best
 
 
-def _slice_cosines(ref: list[np.ndarray], got: list[np.ndarray]
-                   ) -> tuple[int, np.ndarray, np.ndarray] | None:
+def _slice_cosines(
+    ref: list[np.ndarray], got: list[np.ndarray]
+) -> tuple[int, np.ndarray, np.ndarray] | None:
     """(axis, cosine of every slice along it over all batches, each slice's peak |x| in the
     float model), or None when the outputs have no slice axis or their shapes disagree between
     batches or models."""
@@ -364,12 +421,13 @@ def _slice_cosines(ref: list[np.ndarray], got: list[np.ndarray]
     if axis is None:
         return None
     k = ref[0].shape[axis]
-    if any(r.shape != g.shape or r.ndim != ref[0].ndim or r.shape[axis] != k
-           for r, g in zip(ref, got, strict=True)):
+    if any(
+        r.shape != g.shape or r.ndim != ref[0].ndim or r.shape[axis] != k
+        for r, g in zip(ref, got, strict=True)
+    ):
         return None
     # one scale for every batch (as in _cosine: squares of values past 1e154 overflow)
-    scale = max((float(np.abs(x).max(initial=0.0)) for x in (*ref, *got)),
-                default=0.0) or 1.0
+    scale = max((float(np.abs(x).max(initial=0.0)) for x in (*ref, *got)), default=0.0) or 1.0
     dot, na, nb, peaks = np.zeros(k), np.zeros(k), np.zeros(k), np.zeros(k)
     for r, g in zip(ref, got, strict=True):
         rm = np.moveaxis(r, axis, 0).reshape(k, -1).astype(np.float64)

@@ -15,8 +15,9 @@ from onnx import helper
 
 
 @contextlib.contextmanager
-def with_outputs(model: onnx.ModelProto,
-                 outputs: Sequence[onnx.ValueInfoProto]) -> Iterator[onnx.ModelProto]:
+def with_outputs(
+    model: onnx.ModelProto, outputs: Sequence[onnx.ValueInfoProto]
+) -> Iterator[onnx.ModelProto]:
     """``model`` with exactly ``outputs`` as its outputs, for the duration of the block."""
     graph = model.graph
     saved = [onnx.ValueInfoProto.FromString(o.SerializeToString()) for o in graph.output]
@@ -33,8 +34,9 @@ PEAKS_OUTPUT = "onnxq_probe/channel_max"
 
 
 @contextlib.contextmanager
-def with_channel_peaks(model: onnx.ModelProto, outputs: Sequence[onnx.ValueInfoProto],
-                       tensors: Sequence[str]) -> Iterator[onnx.ModelProto]:
+def with_channel_peaks(
+    model: onnx.ModelProto, outputs: Sequence[onnx.ValueInfoProto], tensors: Sequence[str]
+) -> Iterator[onnx.ModelProto]:
     """``model`` whose outputs are ``outputs`` and then :data:`PEAKS_OUTPUT`: the per-channel
     maxima of the rank-4 ``tensors`` (a GlobalMaxPool each), joined along axis 1, shape
     (N, sum of their channels, 1, 1); for the duration of the block.  The added nodes are
@@ -47,10 +49,11 @@ def with_channel_peaks(model: onnx.ModelProto, outputs: Sequence[onnx.ValueInfoP
     nodes, shown = [], []
     if tensors:
         pooled = [f"{PEAKS_OUTPUT}/{i}" for i in range(len(tensors))]
-        nodes = [helper.make_node("GlobalMaxPool", [t], [p], name=p)
-                 for t, p in zip(tensors, pooled, strict=True)]
-        nodes.append(helper.make_node("Concat", pooled, [PEAKS_OUTPUT], name=PEAKS_OUTPUT,
-                                      axis=1))
+        nodes = [
+            helper.make_node("GlobalMaxPool", [t], [p], name=p)
+            for t, p in zip(tensors, pooled, strict=True)
+        ]
+        nodes.append(helper.make_node("Concat", pooled, [PEAKS_OUTPUT], name=PEAKS_OUTPUT, axis=1))
         shown = [helper.make_tensor_value_info(PEAKS_OUTPUT, onnx.TensorProto.FLOAT, None)]
     count = len(graph.node)
     graph.node.extend(nodes)

@@ -1,11 +1,8 @@
 """Facts about ONNX protos that every part of ``onnxq.ir`` shares."""
 
-
 # Protobuf cannot serialize a message of 2 GiB or more; stay well below it.
 PROTO_LIMIT = 2**31 - 2**26
 DEFAULT_DOMAINS = ("", "ai.onnx")
-
-
 
 
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
@@ -16,12 +13,24 @@ BIAS_READERS = frozenset({"Conv", "ConvTranspose", "Gemm"})
 
 # onnxruntime's operator-format (and dynamic) quantization: integer ops instead of Q/DQ pairs.
 # TensorRT reads only Q/DQ; onnxq neither re-quantizes these nor checks them as Q/DQ groups.
-INTEGER_OPS = frozenset({
-    "ConvInteger", "MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeLinear",
-    "DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "QGemm", "QAttention",
-    "QEmbedLayerNormalization", "QOrderedMatMul", "QOrderedAttention", "QOrderedLayerNormalization",
-    "QOrderedGelu", "QOrderedLongformerAttention",
-})
+INTEGER_OPS = frozenset(
+    {
+        "ConvInteger",
+        "MatMulInteger",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeLinear",
+        "DynamicQuantizeLSTM",
+        "DynamicQuantizeMatMul",
+        "QGemm",
+        "QAttention",
+        "QEmbedLayerNormalization",
+        "QOrderedMatMul",
+        "QOrderedAttention",
+        "QOrderedLayerNormalization",
+        "QOrderedGelu",
+        "QOrderedLongformerAttention",
+    }
+)
 
 
 def is_integer_op(op_type: str) -> bool:

@@ -31,11 +31,22 @@ from onnxq.errors import ModelLoadError
 LAZY_BYTES = 256 * 2**20
 _CHUNK = 16 * 2**20
 # element types read straight from the file (little-endian, one numpy dtype per element)
-_PLAIN_TYPES = frozenset({
-    TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BOOL,
-    TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
-    TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64,
-})
+_PLAIN_TYPES = frozenset(
+    {
+        TensorProto.FLOAT,
+        TensorProto.DOUBLE,
+        TensorProto.FLOAT16,
+        TensorProto.BOOL,
+        TensorProto.INT8,
+        TensorProto.INT16,
+        TensorProto.INT32,
+        TensorProto.INT64,
+        TensorProto.UINT8,
+        TensorProto.UINT16,
+        TensorProto.UINT32,
+        TensorProto.UINT64,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -96,8 +107,9 @@ def read_bytes(tensor: TensorProto) -> bytes:
             fh.seek(ext.offset)
             data = fh.read(ext.length)
     except OSError as exc:
-        raise ModelLoadError(f"cannot read the weights of {tensor.name!r} from {ext.path}: "
-                             f"{exc.strerror or exc}") from None
+        raise ModelLoadError(
+            f"cannot read the weights of {tensor.name!r} from {ext.path}: {exc.strerror or exc}"
+        ) from None
     if len(data) != ext.length:
         raise _changed(tensor, ext)
     return data
@@ -115,8 +127,9 @@ def tensor_array(tensor: TensorProto) -> np.ndarray:
     try:
         values = np.fromfile(ext.path, dtype=dtype, count=count, offset=ext.offset)
     except OSError as exc:
-        raise ModelLoadError(f"cannot read the weights of {tensor.name!r} from {ext.path}: "
-                             f"{exc.strerror or exc}") from None
+        raise ModelLoadError(
+            f"cannot read the weights of {tensor.name!r} from {ext.path}: {exc.strerror or exc}"
+        ) from None
     if values.size != count:
         raise _changed(tensor, ext)
     return values.astype(dtype.newbyteorder("="), copy=False).reshape(tuple(tensor.dims))
@@ -154,8 +167,9 @@ def copy_bytes(tensor: TensorProto, out: BinaryIO) -> int:
                 out.write(chunk)
                 left -= len(chunk)
     except OSError as exc:
-        raise ModelLoadError(f"cannot read the weights of {tensor.name!r} from {ext.path}: "
-                             f"{exc.strerror or exc}") from None
+        raise ModelLoadError(
+            f"cannot read the weights of {tensor.name!r} from {ext.path}: {exc.strerror or exc}"
+        ) from None
     return ext.length
 
 
@@ -173,4 +187,5 @@ def _changed(tensor: TensorProto, ext: Extent) -> ModelLoadError:
     return ModelLoadError(
         f"the external data of {tensor.name!r} ({ext.path}, {ext.length} bytes at offset "
         f"{ext.offset}) is shorter than when the model was loaded; was the file changed while "
-        "onnxq ran?")
+        "onnxq ran?"
+    )

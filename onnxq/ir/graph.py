@@ -18,14 +18,32 @@ from onnxq.ir.load import _attr_graphs, shapes_for_inputs
 # ------------------------------------------------------------------------------- the index
 _CACHE_LIMIT = 16 * 2**20
 # ops whose output is >= 0 whatever their input (NaN aside)
-_NONNEGATIVE_OPS = frozenset({"Relu", "Sigmoid", "HardSigmoid", "Softmax", "Softplus", "Abs",
-                              "Exp"})
+_NONNEGATIVE_OPS = frozenset(
+    {"Relu", "Sigmoid", "HardSigmoid", "Softmax", "Softplus", "Abs", "Exp"}
+)
 # ops whose output is >= 0 when their first input is (they move or pick values, or take
 # maxima or means of them)
-_SIGN_KEEPING_OPS = frozenset({"Identity", "Reshape", "Flatten", "Transpose", "Squeeze",
-                               "Unsqueeze", "Slice", "Split", "Gather", "MaxPool",
-                               "AveragePool", "GlobalMaxPool", "GlobalAveragePool",
-                               "DepthToSpace", "SpaceToDepth", "Tile", "Expand"})
+_SIGN_KEEPING_OPS = frozenset(
+    {
+        "Identity",
+        "Reshape",
+        "Flatten",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Slice",
+        "Split",
+        "Gather",
+        "MaxPool",
+        "AveragePool",
+        "GlobalMaxPool",
+        "GlobalAveragePool",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "Tile",
+        "Expand",
+    }
+)
 
 
 class Graph:
@@ -148,18 +166,28 @@ class Graph:
             return None
         if sa == sb:  # identical, symbols and unknown dimensions included
             return True
-        if len(sa) != len(sb) or any(isinstance(x, int) and isinstance(y, int) and x != y
-                                     for x, y in zip(sa, sb, strict=True)):
+        if len(sa) != len(sb) or any(
+            isinstance(x, int) and isinstance(y, int) and x != y
+            for x, y in zip(sa, sb, strict=True)
+        ):
             return False
         probes = self._shape_probes()
         if not probes:
             return None
         seen = [(p.get(a), p.get(b)) for p in probes]
-        if all(x is not None and x == y and all(isinstance(d, int) and d > 0 for d in x)
-               for x, y in seen):
+        if all(
+            x is not None and x == y and all(isinstance(d, int) and d > 0 for d in x)
+            for x, y in seen
+        ):
             return True
-        if any(x is not None and y is not None and len(x) == len(y)
-               and all(isinstance(d, int) for d in (*x, *y)) and x != y for x, y in seen):
+        if any(
+            x is not None
+            and y is not None
+            and len(x) == len(y)
+            and all(isinstance(d, int) for d in (*x, *y))
+            and x != y
+            for x, y in seen
+        ):
             return False
         return None
 
@@ -188,13 +216,18 @@ class Graph:
             return self._probes
         self._probes = []
         for base, spread in ((256, 32), (384, 64)):
-            concrete = {name: tuple(d if isinstance(d, int) else base + spread * symbols[str(d)]
-                                    for d in dims) for name, dims in shapes.items()}
+            concrete = {
+                name: tuple(
+                    d if isinstance(d, int) else base + spread * symbols[str(d)] for d in dims
+                )
+                for name, dims in shapes.items()
+            }
             self._probes.append(shapes_for_inputs(self.model, concrete))
         return self._probes
 
-    def walk_up(self, start: Iterable[str],
-                step: Callable[[str, onnx.NodeProto | None], Iterable[str]]) -> None:
+    def walk_up(
+        self, start: Iterable[str], step: Callable[[str, onnx.NodeProto | None], Iterable[str]]
+    ) -> None:
         """Visit every tensor reachable backwards from ``start`` once: ``step(tensor, its
         producer or None)`` returns the tensors to visit next (none: stop there)."""
         seen: set[str] = set()
@@ -239,14 +272,17 @@ class Graph:
         """A Clip's constant (min, max); None where it has none (or it is not constant)."""
         attrs = node_attrs(node)
         if "min" in attrs or "max" in attrs:  # opset < 11: attributes
-            return (float(attrs["min"]) if "min" in attrs else None,
-                    float(attrs["max"]) if "max" in attrs else None)
+            return (
+                float(attrs["min"]) if "min" in attrs else None,
+                float(attrs["max"]) if "max" in attrs else None,
+            )
         bounds: list[float | None] = []
         for i in (1, 2):  # opset >= 11: optional inputs
             name = node.input[i] if len(node.input) > i else ""
             value = self.const_value(name) if name else None
-            bounds.append(float(value.reshape(())) if value is not None and value.size == 1
-                          else None)
+            bounds.append(
+                float(value.reshape(())) if value is not None and value.size == 1 else None
+            )
         return bounds[0], bounds[1]
 
     def value_info(self, name: str) -> onnx.ValueInfoProto:
@@ -299,8 +335,9 @@ class Graph:
                 return
         self.add_initializer(name, value)
 
-    def add_node(self, op_type: str, inputs: list[str], outputs: list[str], name: str,
-                 **attrs: Any) -> onnx.NodeProto:
+    def add_node(
+        self, op_type: str, inputs: list[str], outputs: list[str], name: str, **attrs: Any
+    ) -> onnx.NodeProto:
         """Append a node (the next :meth:`commit` puts it in topological order)."""
         self.proto.node.append(helper.make_node(op_type, inputs, outputs, name=name, **attrs))
         node = self.proto.node[-1]  # the graph's own copy, not the detached original

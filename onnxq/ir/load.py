@@ -18,8 +18,9 @@ from onnxq.ir.constants import BIAS_READERS, DEFAULT_DOMAINS
 
 
 # ------------------------------------------------------------------------------- loading
-def load_model(path: str | os.PathLike[str], min_opset: int = 13,
-               notes: list[str] | None = None) -> onnx.ModelProto:
+def load_model(
+    path: str | os.PathLike[str], min_opset: int = 13, notes: list[str] | None = None
+) -> onnx.ModelProto:
     """Read, check, upgrade (to ``min_opset``) and shape-infer a model file.  An upgrade
     appends a sentence saying so to ``notes``, when given (for the report).
 
@@ -73,8 +74,9 @@ def _load_external_data(model: onnx.ModelProto, base: Path, p: Path) -> None:
         raise ModelLoadError(f"{p}: cannot read external data: {exc}") from None
 
 
-def _lazy_candidates(model: onnx.ModelProto, base: Path,
-                     p: Path) -> list[tuple[TensorProto, Path, int, int]]:
+def _lazy_candidates(
+    model: onnx.ModelProto, base: Path, p: Path
+) -> list[tuple[TensorProto, Path, int, int]]:
     """Top-level external initializers to leave on disk: all of them when they hold at least
     ``LAZY_BYTES``, else none.  Each one's stored length must match its shape and type."""
     found = []
@@ -88,7 +90,8 @@ def _lazy_candidates(model: onnx.ModelProto, base: Path,
         if length != want:
             raise ModelLoadError(
                 f"{p}: initializer {tensor.name!r} holds {length} bytes, its shape "
-                f"{list(tensor.dims)} and type need {want}; the file is truncated or corrupt")
+                f"{list(tensor.dims)} and type need {want}; the file is truncated or corrupt"
+            )
         found.append((tensor, path, offset, length))
     return found if sum(f[3] for f in found) >= external.LAZY_BYTES else []
 
@@ -99,11 +102,18 @@ def _check_opset(model: onnx.ModelProto, where: str) -> None:
     if version > newest:
         raise UnsupportedModelError(
             f"{where}: default-domain opset {version} is newer than this onnx knows "
-            f"(up to {newest}); re-export with opset <= {newest} or upgrade onnx and onnxruntime")
+            f"(up to {newest}); re-export with opset <= {newest} or upgrade onnx and onnxruntime"
+        )
 
 
-_TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data",
-                 "string_data")
+_TYPED_FIELDS = (
+    "float_data",
+    "int32_data",
+    "int64_data",
+    "double_data",
+    "uint64_data",
+    "string_data",
+)
 
 
 def _check_payloads(model: onnx.ModelProto, where: str) -> None:
@@ -117,14 +127,20 @@ def _check_payloads(model: onnx.ModelProto, where: str) -> None:
             if got != want and tensor.data_type not in _PACKED_TYPES:
                 raise ModelLoadError(
                     f"{where}: initializer {tensor.name!r} holds {got} bytes, its shape "
-                    f"{list(tensor.dims)} and type need {want}; the file is truncated or corrupt")
+                    f"{list(tensor.dims)} and type need {want}; the file is truncated or corrupt"
+                )
             continue
         counts = [len(getattr(tensor, f)) for f in _TYPED_FIELDS if len(getattr(tensor, f))]
-        if counts and n > 0 and counts[0] not in (n, 2 * n) and \
-                tensor.data_type not in _PACKED_TYPES:
+        if (
+            counts
+            and n > 0
+            and counts[0] not in (n, 2 * n)
+            and tensor.data_type not in _PACKED_TYPES
+        ):
             raise ModelLoadError(
                 f"{where}: initializer {tensor.name!r} holds {counts[0]} values, its shape "
-                f"{list(tensor.dims)} needs {n}; the file is corrupt")
+                f"{list(tensor.dims)} needs {n}; the file is corrupt"
+            )
 
 
 def check_model(model: onnx.ModelProto, where: str = "model") -> None:
@@ -132,14 +148,19 @@ def check_model(model: onnx.ModelProto, where: str = "model") -> None:
     try:
         onnx.checker.check_model(_weightless_copy(model))
     except onnx.checker.ValidationError as exc:
-        raise ModelLoadError(f"{where}: invalid ONNX graph: {_first_line(exc)}"
-                             f"{_runtime_extension_hint(model, str(exc))}") from None
+        raise ModelLoadError(
+            f"{where}: invalid ONNX graph: {_first_line(exc)}"
+            f"{_runtime_extension_hint(model, str(exc))}"
+        ) from None
 
 
 # onnxruntime's own ops that its transformer optimizer writes into the ONNX domain (where ONNX
 # defines them later or never), found in models from onnxruntime.transformers.optimizer
-_RUNTIME_EXTENSIONS = {"LayerNormalization": 17, "SimplifiedLayerNormalization": None,
-                       "SkipSimplifiedLayerNormalization": None}
+_RUNTIME_EXTENSIONS = {
+    "LayerNormalization": 17,
+    "SimplifiedLayerNormalization": None,
+    "SkipSimplifiedLayerNormalization": None,
+}
 
 
 def _runtime_extension_hint(model: onnx.ModelProto, message: str) -> str:
@@ -147,12 +168,13 @@ def _runtime_extension_hint(model: onnx.ModelProto, message: str) -> str:
     for op, since in _RUNTIME_EXTENSIONS.items():
         if f"No Op registered for {op} " not in message:
             continue
-        defined = (f"ONNX defines {op} from opset {since}" if since
-                   else f"ONNX does not define {op}")
-        return (f" ({defined}: this looks like a model optimized for onnxruntime, e.g. by "
-                "onnxruntime.transformers.optimizer, which only onnxruntime runs; quantize the "
-                "model as exported, before that optimization"
-                + (f", or export it at opset {since} or later)" if since else ")"))
+        defined = f"ONNX defines {op} from opset {since}" if since else f"ONNX does not define {op}"
+        return (
+            f" ({defined}: this looks like a model optimized for onnxruntime, e.g. by "
+            "onnxruntime.transformers.optimizer, which only onnxruntime runs; quantize the "
+            "model as exported, before that optimization"
+            + (f", or export it at opset {since} or later)" if since else ")")
+        )
     return ""
 
 
@@ -180,8 +202,9 @@ def _attr_graphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
     return []
 
 
-def _check_external_location(tensor: TensorProto, base: Path,
-                             model_path: Path) -> tuple[Path, int, int | None]:
+def _check_external_location(
+    tensor: TensorProto, base: Path, model_path: Path
+) -> tuple[Path, int, int | None]:
     """Refuse a location outside ``base`` or a range past the file's end; returns the resolved
     file, the offset and the length (``None`` when not given: to the end of the file)."""
     info = {e.key: e.value for e in tensor.external_data}
@@ -199,8 +222,9 @@ def _check_external_location(tensor: TensorProto, base: Path,
     try:
         resolved = (base / location).resolve()
     except (OSError, ValueError, RuntimeError) as exc:
-        raise ModelLoadError(f"{where}: external data location {location!r} cannot be "
-                             f"resolved ({exc}); refused") from None
+        raise ModelLoadError(
+            f"{where}: external data location {location!r} cannot be resolved ({exc}); refused"
+        ) from None
     if base != resolved and base not in resolved.parents:
         raise ModelLoadError(
             f"{where}: external data location {location!r} leaves the model's folder "
@@ -218,7 +242,8 @@ def _check_external_location(tensor: TensorProto, base: Path,
     except ValueError:
         raise ModelLoadError(
             f"{where}: external data offset/length {info.get('offset')!r}/"
-            f"{info.get('length')!r} are not integers; the model file is corrupt") from None
+            f"{info.get('length')!r} are not integers; the model file is corrupt"
+        ) from None
     if offset < 0 or length < 0 or offset + length > size:
         raise ModelLoadError(
             f"{where}: external data range {offset}+{length} is past the end of {location!r} "
@@ -235,12 +260,15 @@ def sort_nodes(model: onnx.ModelProto, notes: list[str] | None = None) -> None:
 
     available = {vi.name for vi in model.graph.input} | {t.name for t in model.graph.initializer}
     if topological_order(model.graph, available) and notes is not None:
-        notes.append("the model's nodes were not in topological order (ONNX requires it; "
-                     "onnxruntime sorts them itself): onnxq sorted them")
+        notes.append(
+            "the model's nodes were not in topological order (ONNX requires it; "
+            "onnxruntime sorts them itself): onnxq sorted them"
+        )
 
 
-def upgrade_opset(model: onnx.ModelProto, min_opset: int, where: str = "model",
-                  notes: list[str] | None = None) -> onnx.ModelProto:
+def upgrade_opset(
+    model: onnx.ModelProto, min_opset: int, where: str = "model", notes: list[str] | None = None
+) -> onnx.ModelProto:
     """Convert the default-domain opset up to ``min_opset`` (per-axis Q/DQ needs 13); say so
     in ``notes``, when given."""
     current = opset_version(model)
@@ -261,8 +289,10 @@ def upgrade_opset(model: onnx.ModelProto, min_opset: int, where: str = "model",
             f"{min_opset}"
         ) from None
     if notes is not None:
-        notes.append(f"the model's opset {current} was converted to {min_opset} (per-channel "
-                     f"Q/DQ needs it): the output is an opset-{min_opset} model")
+        notes.append(
+            f"the model's opset {current} was converted to {min_opset} (per-channel "
+            f"Q/DQ needs it): the output is an opset-{min_opset} model"
+        )
     return restored
 
 
@@ -271,8 +301,11 @@ def _per_channel_prelu_slopes(model: onnx.ModelProto) -> None:
     opset 7 on it broadcasts against the last axis, and onnx's version converter leaves it as it
     is.  Give such a constant slope the shape [C, 1, ..., 1] of the input's rank, so that the
     converted model computes what the original does."""
-    prelus = [n for n in model.graph.node if n.op_type == "PRelu" and n.domain in ("", "ai.onnx")
-              and len(n.input) == 2]
+    prelus = [
+        n
+        for n in model.graph.node
+        if n.op_type == "PRelu" and n.domain in ("", "ai.onnx") and len(n.input) == 2
+    ]
     if not prelus:
         return
     with _weights_stripped(model) as light:
@@ -280,13 +313,19 @@ def _per_channel_prelu_slopes(model: onnx.ModelProto) -> None:
             inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False)
         except Exception:
             return
-    ranks = {vi.name: len(vi.type.tensor_type.shape.dim)
-             for vi in (*inferred.graph.input, *inferred.graph.value_info)
-             if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
+    ranks = {
+        vi.name: len(vi.type.tensor_type.shape.dim)
+        for vi in (*inferred.graph.input, *inferred.graph.value_info)
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")
+    }
     constants = {t.name: t for t in model.graph.initializer}
-    constants.update({n.output[0]: n.attribute[0].t for n in model.graph.node
-                      if n.op_type == "Constant" and n.attribute
-                      and n.attribute[0].name == "value"})
+    constants.update(
+        {
+            n.output[0]: n.attribute[0].t
+            for n in model.graph.node
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"
+        }
+    )
     declared = {vi.name: vi for vi in model.graph.input}  # IR < 4 lists weights as inputs
     for node in prelus:
         slope, rank = constants.get(node.input[1]), ranks.get(node.input[0], 0)
@@ -324,12 +363,26 @@ def drop_initializer_inputs(model: onnx.ModelProto) -> list[str]:
 
 
 # element types every IR version from 4 on knows (newer IR versions add 8-, 4- and 2-bit types)
-_CLASSIC_TYPES = frozenset({
-    TensorProto.FLOAT, TensorProto.UINT8, TensorProto.INT8, TensorProto.UINT16,
-    TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.STRING,
-    TensorProto.BOOL, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.UINT32,
-    TensorProto.UINT64, TensorProto.COMPLEX64, TensorProto.COMPLEX128, TensorProto.BFLOAT16,
-})
+_CLASSIC_TYPES = frozenset(
+    {
+        TensorProto.FLOAT,
+        TensorProto.UINT8,
+        TensorProto.INT8,
+        TensorProto.UINT16,
+        TensorProto.INT16,
+        TensorProto.INT32,
+        TensorProto.INT64,
+        TensorProto.STRING,
+        TensorProto.BOOL,
+        TensorProto.FLOAT16,
+        TensorProto.DOUBLE,
+        TensorProto.UINT32,
+        TensorProto.UINT64,
+        TensorProto.COMPLEX64,
+        TensorProto.COMPLEX128,
+        TensorProto.BFLOAT16,
+    }
+)
 
 
 def lower_ir_version(model: onnx.ModelProto, version: int) -> bool:
@@ -377,8 +430,12 @@ def opset_version(model: onnx.ModelProto) -> int:
 
 # ai.onnx.ml ops whose output has their input's shape (element type: None = the input's),
 # for which onnx has no shape inference: a scikit-learn pipeline's shapes stop at its Scaler
-_ML_SAME_SHAPE = {"Scaler": onnx.TensorProto.FLOAT, "Normalizer": onnx.TensorProto.FLOAT,
-                  "Binarizer": None, "Imputer": None}
+_ML_SAME_SHAPE = {
+    "Scaler": onnx.TensorProto.FLOAT,
+    "Normalizer": onnx.TensorProto.FLOAT,
+    "Binarizer": None,
+    "Imputer": None,
+}
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -395,8 +452,9 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
                 break
             inferred.graph.value_info.extend(extra)
             try:
-                inferred = onnx.shape_inference.infer_shapes(inferred, strict_mode=False,
-                                                             data_prop=True)
+                inferred = onnx.shape_inference.infer_shapes(
+                    inferred, strict_mode=False, data_prop=True
+                )
             except Exception:  # keep what the first pass and the ML shapes gave
                 break
     del model.graph.value_info[:]
@@ -409,23 +467,35 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 def _ml_same_shapes(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
     """Value infos for the outputs of :data:`_ML_SAME_SHAPE` ops whose input shape is known and
     whose own is not."""
-    known = {vi.name: vi for vi in (*graph.input, *graph.value_info, *graph.output)
-             if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
+    known = {
+        vi.name: vi
+        for vi in (*graph.input, *graph.value_info, *graph.output)
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")
+    }
     extra = []
     for node in graph.node:
-        if (node.domain != "ai.onnx.ml" or node.op_type not in _ML_SAME_SHAPE or not node.input
-                or node.input[0] not in known or not node.output or node.output[0] in known):
+        if (
+            node.domain != "ai.onnx.ml"
+            or node.op_type not in _ML_SAME_SHAPE
+            or not node.input
+            or node.input[0] not in known
+            or not node.output
+            or node.output[0] in known
+        ):
             continue
         source = known[node.input[0]].type.tensor_type
         elem = _ML_SAME_SHAPE[node.op_type] or source.elem_type
-        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                for d in source.shape.dim]
+        dims = [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in source.shape.dim
+        ]
         extra.append(onnx.helper.make_tensor_value_info(node.output[0], elem, dims))
     return extra
 
 
-def shapes_for_inputs(model: onnx.ModelProto,
-                      inputs: dict[str, tuple[int, ...]]) -> dict[str, tuple[int | str, ...]]:
+def shapes_for_inputs(
+    model: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]
+) -> dict[str, tuple[int | str, ...]]:
     """Every tensor's shape when the graph inputs have these concrete shapes (best effort)."""
     with _weights_stripped(model) as light:
         for vi in light.graph.input:
@@ -445,8 +515,10 @@ def shapes_for_inputs(model: onnx.ModelProto,
     out: dict[str, tuple[int | str, ...]] = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
-            out[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or "?"
-                                 for d in vi.type.tensor_type.shape.dim)
+            out[vi.name] = tuple(
+                d.dim_value if d.HasField("dim_value") else d.dim_param or "?"
+                for d in vi.type.tensor_type.shape.dim
+            )
     return out
 
 
@@ -557,8 +629,12 @@ def unshare_biases(graph: onnx.GraphProto) -> int:
     taken = set(inits) | {o for n in graph.node for o in n.output}
     made = 0
     for node in graph.node:
-        if (node.op_type not in BIAS_READERS or node.domain not in DEFAULT_DOMAINS
-                or len(node.input) < 3 or uses.get(node.input[2], 0) < 2):
+        if (
+            node.op_type not in BIAS_READERS
+            or node.domain not in DEFAULT_DOMAINS
+            or len(node.input) < 3
+            or uses.get(node.input[2], 0) < 2
+        ):
             continue
         source = inits[node.input[2]]
         if source.data_location == TensorProto.EXTERNAL:
@@ -604,5 +680,3 @@ def name_nodes(graph: onnx.GraphProto) -> None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
-
-

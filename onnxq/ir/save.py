@@ -27,8 +27,10 @@ def model_nbytes(model: onnx.ModelProto) -> int:
 
 def inline_nbytes(model: onnx.ModelProto) -> int:
     """Approximate size of what the proto itself holds (weights left on disk excluded)."""
-    return sum(_nbytes(t) for t in model.graph.initializer
-               if t.data_location != TensorProto.EXTERNAL) + 1_000_000
+    return (
+        sum(_nbytes(t) for t in model.graph.initializer if t.data_location != TensorProto.EXTERNAL)
+        + 1_000_000
+    )
 
 
 def serialize(model: onnx.ModelProto, load_lazy: bool = True) -> bytes:
@@ -43,12 +45,14 @@ def serialize(model: onnx.ModelProto, load_lazy: bool = True) -> bytes:
     full = copy_without_initializers(model)
     for tensor in model.graph.initializer:
         full.graph.initializer.append(
-            external.loaded_copy(tensor) if external.is_lazy(tensor) else tensor)
+            external.loaded_copy(tensor) if external.is_lazy(tensor) else tensor
+        )
     return full.SerializeToString(deterministic=True)
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike[str],
-               external_data: bool | None = None) -> list[Path]:
+def save_model(
+    model: onnx.ModelProto, path: str | os.PathLike[str], external_data: bool | None = None
+) -> list[Path]:
     """Write ``model`` atomically; returns the files written.
 
     ``external_data=None`` stores weights in a ``<name>.data`` file beside the model only when
@@ -92,8 +96,9 @@ def _save_external(model: onnx.ModelProto, out: Path, link_lazy: bool = False) -
                     if lazy and _nbytes(tensor) < 1024:
                         header.graph.initializer.append(external.loaded_copy(tensor))
                         continue
-                    if not lazy and (_nbytes(tensor) < 1024
-                                     or tensor.data_location == TensorProto.EXTERNAL):
+                    if not lazy and (
+                        _nbytes(tensor) < 1024 or tensor.data_location == TensorProto.EXTERNAL
+                    ):
                         header.graph.initializer.append(tensor)
                         continue
                     if lazy and link_lazy:
@@ -122,8 +127,9 @@ def _save_external(model: onnx.ModelProto, out: Path, link_lazy: bool = False) -
                 tmp_model.write_bytes(body)
                 _swap_in(tmp_model, out, tmp_data, data_path)
     except OSError as exc:
-        raise OutputError(f"cannot write {out} and its external data: "
-                          f"{exc.strerror or exc}") from None
+        raise OutputError(
+            f"cannot write {out} and its external data: {exc.strerror or exc}"
+        ) from None
     return [out, data_path]
 
 
@@ -150,8 +156,9 @@ def _linked(source: str, out: Path, links: dict[str, str | None]) -> str | None:
     return links[source]
 
 
-def _add_ref(header: onnx.ModelProto, tensor: TensorProto, location: str, offset: int,
-             length: int) -> None:
+def _add_ref(
+    header: onnx.ModelProto, tensor: TensorProto, location: str, offset: int, length: int
+) -> None:
     ref = header.graph.initializer.add()
     ref.name, ref.data_type = tensor.name, tensor.data_type
     ref.dims.extend(tensor.dims)
@@ -220,10 +227,13 @@ def runtime_ir_version() -> int:
 
     probe = onnx.helper.make_model(
         onnx.helper.make_graph(
-            [onnx.helper.make_node("Identity", ["x"], ["y"])], "probe",
+            [onnx.helper.make_node("Identity", ["x"], ["y"])],
+            "probe",
             [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
-            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]),
-        opset_imports=[onnx.helper.make_opsetid("", 13)])
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 13)],
+    )
     probe.ir_version = onnx.IR_VERSION
     opts = ort.SessionOptions()
     opts.log_severity_level = 4

@@ -33,16 +33,20 @@ def fold_channel_mul(graph: ir.Graph) -> bool:
     return _fold_all(graph, _fold_mul)
 
 
-def _fold_all(graph: ir.Graph,
-              fold: Callable[[ir.Graph, onnx.NodeProto], onnx.NodeProto | None]) -> bool:
+def _fold_all(
+    graph: ir.Graph, fold: Callable[[ir.Graph, onnx.NodeProto], onnx.NodeProto | None]
+) -> bool:
     """Apply ``fold`` to every node; the nodes it folded away are removed."""
     doomed = [node for node in graph.nodes if fold(graph, node) is not None]
     graph.remove_nodes(doomed)
     return bool(doomed)
 
 
-def _conv_operands(graph: ir.Graph, node: onnx.NodeProto, op_type: str,
-                   ) -> Iterator[tuple[int, onnx.NodeProto, np.ndarray]]:
+def _conv_operands(
+    graph: ir.Graph,
+    node: onnx.NodeProto,
+    op_type: str,
+) -> Iterator[tuple[int, onnx.NodeProto, np.ndarray]]:
     """(i, conv, c) for each way ``node`` (an ``op_type`` of two inputs) reads a Conv's output
     as input ``i``, which only it reads, and a per-channel constant ``c`` as the other."""
     if node.op_type != op_type or node.domain not in ir.DEFAULT_DOMAINS or len(node.input) != 2:
@@ -70,13 +74,15 @@ def _fold_mul(graph: ir.Graph, mul: onnx.NodeProto) -> onnx.NodeProto | None:
         scaled = scaled_weight(conv, weight.astype(np.float64), scale.astype(np.float64))
         if scaled is None:
             continue
-        conv.input[1] = graph.add_initializer(graph.unique_name(f"{conv.input[1]}_mul"),
-                                              scaled.astype(weight.dtype))
+        conv.input[1] = graph.add_initializer(
+            graph.unique_name(f"{conv.input[1]}_mul"), scaled.astype(weight.dtype)
+        )
         if old:
             assert bias is not None
             conv.input[2] = graph.add_initializer(
                 graph.unique_name(f"{conv.name}_bias_mul"),
-                (bias.astype(np.float64) * scale).astype(bias.dtype))
+                (bias.astype(np.float64) * scale).astype(bias.dtype),
+            )
         conv.output[0] = mul.output[0]
         return conv
     return None
@@ -85,8 +91,12 @@ def _fold_mul(graph: ir.Graph, mul: onnx.NodeProto) -> onnx.NodeProto | None:
 def _sole_reader(graph: ir.Graph, conv: onnx.NodeProto, out: str) -> bool:
     """True when ``out`` is ``conv``'s output and read by one node only (not by a subgraph, not
     a graph output): the Conv may then produce the reader's tensor instead."""
-    return (len(graph.consumers.get(out, [])) == 1 and out not in graph.graph_outputs
-            and out not in graph.subgraph_reads and out == conv.output[0])
+    return (
+        len(graph.consumers.get(out, [])) == 1
+        and out not in graph.graph_outputs
+        and out not in graph.subgraph_reads
+        and out == conv.output[0]
+    )
 
 
 def scaled_weight(node: onnx.NodeProto, w: np.ndarray, scale: np.ndarray) -> np.ndarray | None:
@@ -131,8 +141,11 @@ def _fold(graph: ir.Graph, add: onnx.NodeProto) -> onnx.NodeProto | None:
     return None
 
 
-def _channel_vector(graph: ir.Graph, tensor: str, conv: onnx.NodeProto | None,
-                    ) -> np.ndarray | None:
+def _channel_vector(
+    graph: ir.Graph,
+    tensor: str,
+    conv: onnx.NodeProto | None,
+) -> np.ndarray | None:
     """``tensor`` as a ``[C]`` bias for ``conv``'s output, if it only varies along channels."""
     if conv is None or conv.op_type not in _WITH_BIAS or conv.domain not in ir.DEFAULT_DOMAINS:
         return None
@@ -142,8 +155,11 @@ def _channel_vector(graph: ir.Graph, tensor: str, conv: onnx.NodeProto | None,
     if value is None or weight is None or shape is None or value.dtype != weight.dtype:
         return None
     rank = len(shape)
-    channels = (weight.shape[0] if conv.op_type == "Conv"
-                else weight.shape[1] * int(ir.node_attrs(conv).get("group", 1)))
+    channels = (
+        weight.shape[0]
+        if conv.op_type == "Conv"
+        else weight.shape[1] * int(ir.node_attrs(conv).get("group", 1))
+    )
     if value.ndim > rank:
         return None
     dims = (1,) * (rank - value.ndim) + value.shape

@@ -37,8 +37,11 @@ from onnxq.rewrites.pattern import Context, Decline, Match
 def from_integer_kernel(ctx: Context, tensor: str) -> bool:
     """True if ``tensor`` is quantized as the output of an op already placed in int8."""
     producer = ctx.graph.producer.get(tensor)
-    return (producer is not None and producer.name in ctx.claimed
-            and ctx.quantized.get(tensor) in ("activation", "shared"))
+    return (
+        producer is not None
+        and producer.name in ctx.claimed
+        and ctx.quantized.get(tensor) in ("activation", "shared")
+    )
 
 
 def macs_per_sample(ctx: Context, output: str, macs_per_output: int) -> int | None:
@@ -128,34 +131,46 @@ def chain_decline(m: Match, ctx: Context, inputs: list[str]) -> Decline | None:
         return Decline(
             f"{ctx.profile.name}'s integer {m.node.op_type} pays only inside a chain of integer "
             "kernels, and not every input comes quantized out of one: Q/DQ around it would "
-            "cost more than it saves, it stays float")
+            "cost more than it saves, it stays float"
+        )
     if not _continues_chain(ctx, m.node.output[0]):
         # the chain ends here: its output is dequantized at once, so int8 saves nothing and
         # adds a rounding, often of a model's final scores (a detector's objectness Sigmoid)
         return Decline(
             f"{ctx.profile.name}'s integer {m.node.op_type} pays only inside a chain of integer "
-            "kernels, and no reader of its output continues one: it stays float")
+            "kernels, and no reader of its output continues one: it stays float"
+        )
     return None
 
 
-def _cost_reason(ctx: Context, output: str, macs_per_output: int, grouped: bool,
-                 unaligned: bool) -> str | None:
+def _cost_reason(
+    ctx: Context, output: str, macs_per_output: int, grouped: bool, unaligned: bool
+) -> str | None:
     """Why the profile's cost thresholds say int8 loses for this op by itself, or None."""
     p = ctx.profile
     if grouped and p.float_grouped_convs:
         return f"a grouped conv: {p.name}'s int8 grouped/depthwise kernel is slower than float"
     if p.min_macs_per_output and macs_per_output < p.min_macs_per_output:
-        return (f"{macs_per_output} multiply-adds per output element (< min_macs_per_output="
-                f"{p.min_macs_per_output}): {p.name}'s int8 kernel is slower than float here")
+        return (
+            f"{macs_per_output} multiply-adds per output element (< min_macs_per_output="
+            f"{p.min_macs_per_output}): {p.name}'s int8 kernel is slower than float here"
+        )
     if unaligned and macs_per_output < p.min_macs_per_output_unaligned:
-        return (f"{macs_per_output} multiply-adds per output element over input channels that "
-                f"are not a multiple of {p.channel_alignment} (< min_macs_per_output_unaligned="
-                f"{p.min_macs_per_output_unaligned}): {p.name}'s int8 kernel is slower than "
-                "float here")
-    if p.min_macs and (macs := macs_per_sample(ctx, output, macs_per_output)) is not None \
-            and macs < p.min_macs:
-        return (f"{macs} multiply-adds per sample (< min_macs={p.min_macs}): too small to pay "
-                "for the Q/DQ around it")
+        return (
+            f"{macs_per_output} multiply-adds per output element over input channels that "
+            f"are not a multiple of {p.channel_alignment} (< min_macs_per_output_unaligned="
+            f"{p.min_macs_per_output_unaligned}): {p.name}'s int8 kernel is slower than "
+            "float here"
+        )
+    if (
+        p.min_macs
+        and (macs := macs_per_sample(ctx, output, macs_per_output)) is not None
+        and macs < p.min_macs
+    ):
+        return (
+            f"{macs} multiply-adds per sample (< min_macs={p.min_macs}): too small to pay "
+            "for the Q/DQ around it"
+        )
     return None
 
 
@@ -170,8 +185,11 @@ def kernel_terms(ctx: Context, node: onnx.NodeProto) -> tuple[int, bool, bool] |
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if node.op_type == "Conv" and w.ndim >= 3:
         area, align = math.prod(w.shape[2:]), ctx.profile.channel_alignment
-        return (int(w.shape[1] * area), int(attrs.get("group", 1)) > 1,
-                area > 1 and align > 0 and w.shape[1] % align != 0)
+        return (
+            int(w.shape[1] * area),
+            int(attrs.get("group", 1)) > 1,
+            area > 1 and align > 0 and w.shape[1] % align != 0,
+        )
     if node.op_type == "Gemm" and w.ndim == 2:
         return int(w.shape[1] if attrs.get("transB", 0) else w.shape[0]), False, False
     if node.op_type == "MatMul":
@@ -185,8 +203,9 @@ def _pays_alone(ctx: Context, node: onnx.NodeProto) -> bool:
     return terms is not None and _cost_reason(ctx, node.output[0], *terms) is None
 
 
-def cost_decline(m: Match, ctx: Context, macs_per_output: int, grouped: bool = False,
-                 unaligned: bool = False) -> Decline | None:
+def cost_decline(
+    m: Match, ctx: Context, macs_per_output: int, grouped: bool = False, unaligned: bool = False
+) -> Decline | None:
     """For Conv/Gemm/MatMul: decline when the profile's cost rules say int8 loses here.
 
     ``macs_per_output`` is the number of products summed into each output element; ``grouped``
@@ -201,9 +220,12 @@ def cost_decline(m: Match, ctx: Context, macs_per_output: int, grouped: bool = F
     if _reaches_nhwc_only_op(ctx, m.node.output[0]):
         return None
     if not from_integer_kernel(ctx, m.input(0)):
-        return Decline(f"{why}, and its input does not come quantized out of an integer kernel; "
-                       "it stays float")
+        return Decline(
+            f"{why}, and its input does not come quantized out of an integer kernel; it stays float"
+        )
     if not _continues_chain(ctx, m.node.output[0]):
-        return Decline(f"{why}, and no reader continues the chain of integer kernels (the "
-                       "DequantizeLinear goes on its input instead); it stays float")
+        return Decline(
+            f"{why}, and no reader continues the chain of integer kernels (the "
+            "DequantizeLinear goes on its input instead); it stays float"
+        )
     return None

@@ -37,14 +37,22 @@ def fuse_hardswish(graph: ir.Graph) -> bool:
             graph.add_node("HardSwish", [x], [out], graph.unique_name(f"{name}_hardswish"))
             continue
         gate = graph.unique_name(f"{out}_hardsigmoid")
-        graph.add_node("HardSigmoid", [x], [gate], graph.unique_name(f"{name}_hardsigmoid"),
-                       alpha=1.0 / 6.0, beta=0.5)
+        graph.add_node(
+            "HardSigmoid",
+            [x],
+            [gate],
+            graph.unique_name(f"{name}_hardsigmoid"),
+            alpha=1.0 / 6.0,
+            beta=0.5,
+        )
         graph.add_node("Mul", [x, gate], [out], graph.unique_name(f"{name}_mul"))
     return True
 
 
-def _match(graph: ir.Graph, last: onnx.NodeProto,
-           ) -> tuple[str, str, list[onnx.NodeProto]] | None:
+def _match(
+    graph: ir.Graph,
+    last: onnx.NodeProto,
+) -> tuple[str, str, list[onnx.NodeProto]] | None:
     """``(x, output, nodes)`` when ``last`` ends a decomposed hardswish, else ``None``.
 
     Accepted shapes, with ``c = Clip(x + 3, 0, 6)`` and the operands of Add and Mul in either
@@ -57,8 +65,10 @@ def _match(graph: ir.Graph, last: onnx.NodeProto,
     return _scaled_product(graph, last) or _product_of_scaled(graph, last)
 
 
-def _scaled_product(graph: ir.Graph, last: onnx.NodeProto,
-                    ) -> tuple[str, str, list[onnx.NodeProto]] | None:
+def _scaled_product(
+    graph: ir.Graph,
+    last: onnx.NodeProto,
+) -> tuple[str, str, list[onnx.NodeProto]] | None:
     """``(x * c) / 6`` or ``(x * c) * (1/6)``."""
     product = _by_sixth(graph, last)
     inner = graph.producer.get(product) if product is not None else None
@@ -72,8 +82,10 @@ def _scaled_product(graph: ir.Graph, last: onnx.NodeProto,
     return None
 
 
-def _product_of_scaled(graph: ir.Graph, last: onnx.NodeProto,
-                       ) -> tuple[str, str, list[onnx.NodeProto]] | None:
+def _product_of_scaled(
+    graph: ir.Graph,
+    last: onnx.NodeProto,
+) -> tuple[str, str, list[onnx.NodeProto]] | None:
     """``x * (c / 6)`` or ``x * (c * (1/6))``."""
     if last.op_type != "Mul":
         return None
@@ -101,8 +113,10 @@ def _by_sixth(graph: ir.Graph, node: onnx.NodeProto) -> str | None:
     return None
 
 
-def _clip_of_x_plus_3(graph: ir.Graph, tensor: str,
-                      ) -> tuple[str, list[onnx.NodeProto]] | None:
+def _clip_of_x_plus_3(
+    graph: ir.Graph,
+    tensor: str,
+) -> tuple[str, list[onnx.NodeProto]] | None:
     """``(x, [add, clip])`` when ``tensor = Clip(x + 3, 0, 6)``."""
     clip = graph.producer.get(tensor)
     if clip is None or clip.op_type != "Clip" or clip.domain not in ir.DEFAULT_DOMAINS:
@@ -127,8 +141,11 @@ def _clip_of_x_plus_3(graph: ir.Graph, tensor: str,
 
 def _private(graph: ir.Graph, tensor: str) -> bool:
     """Read by exactly one node, and neither a graph output nor read by a subgraph."""
-    return (len(graph.consumers.get(tensor, [])) == 1 and tensor not in graph.graph_outputs
-            and tensor not in graph.subgraph_reads)
+    return (
+        len(graph.consumers.get(tensor, [])) == 1
+        and tensor not in graph.graph_outputs
+        and tensor not in graph.subgraph_reads
+    )
 
 
 def _scalar_is(graph: ir.Graph, tensor: str, value: float) -> bool:

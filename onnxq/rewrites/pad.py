@@ -34,15 +34,20 @@ def fold_pad(graph: ir.Graph) -> bool:
             continue
         readers = graph.consumers.get(out, [])
         rank = len(pads) // 2
-        if (rank < 3 or any(pads[i] or pads[rank + i] for i in (0, 1)) or not readers
-                or not all(_conv_reads_data(graph, r, i, rank) for r, i in readers)):
+        if (
+            rank < 3
+            or any(pads[i] or pads[rank + i] for i in (0, 1))
+            or not readers
+            or not all(_conv_reads_data(graph, r, i, rank) for r, i in readers)
+        ):
             continue
-        begins, ends = pads[2:rank], pads[rank + 2:]
+        begins, ends = pads[2:rank], pads[rank + 2 :]
         for conv, _ in readers:
             old = list(ir.node_attrs(conv).get("pads", [0] * (2 * (rank - 2))))
             spatial = rank - 2
-            new = [old[k] + begins[k] for k in range(spatial)] + \
-                  [old[spatial + k] + ends[k] for k in range(spatial)]
+            new = [old[k] + begins[k] for k in range(spatial)] + [
+                old[spatial + k] + ends[k] for k in range(spatial)
+            ]
             graph.set_attr(conv, "pads", new)
             graph.set_input(conv, 0, src)
         doomed.append(node)
@@ -109,5 +114,8 @@ def _conv_reads_data(graph: ir.Graph, node: onnx.NodeProto, index: int, rank: in
     if (auto.decode() if isinstance(auto, bytes) else auto) != "NOTSET":
         return False
     weight = graph.shape(node.input[1]) if len(node.input) > 1 else None
-    return weight is not None and len(weight) == rank and len(attrs.get("pads", [])) in (
-        0, 2 * (rank - 2))
+    return (
+        weight is not None
+        and len(weight) == rank
+        and len(attrs.get("pads", [])) in (0, 2 * (rank - 2))
+    )

@@ -57,7 +57,7 @@ def decompose_prelu(graph: ir.Graph) -> bool:
 
 
 def _form(graph: ir.Graph, node: onnx.NodeProto) -> str | None:
-    """"max" or "relu" for a PRelu worth rewriting, else None."""
+    """ "max" or "relu" for a PRelu worth rewriting, else None."""
     if node.op_type != "PRelu" or node.domain not in ir.DEFAULT_DOMAINS or len(node.input) != 2:
         return None
     slope = graph.const_value(node.input[1])

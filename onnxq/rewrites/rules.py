@@ -19,8 +19,10 @@ from onnxq.rewrites.pattern import Context, Decline, Match, Rule, Spec, rule
 
 CONV_LIKE = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 # why a float tensor on the shape path (``annotate.shape_path``) is not quantized
-SHAPE_ONLY_DATA = ("computed from constants and the input's shape alone, not from its values "
-                   "(e.g. a zero initial state, or a position embedding resized to the input)")
+SHAPE_ONLY_DATA = (
+    "computed from constants and the input's shape alone, not from its values "
+    "(e.g. a zero initial state, or a position embedding resized to the input)"
+)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -86,14 +88,19 @@ def output_problem(m: Match, ctx: Context, output: str) -> str | None:
     if not _quantized_readers(ctx, output):
         return f"no reader of its output {output!r} takes int8"
     if _dq_would_reach_subgraph(ctx, output):  # a DQ there aborts onnxruntime's optimizer
-        return (f"a DequantizeLinear on its output {output!r} could end up next to a tensor a "
-                "control-flow subgraph reads")
+        return (
+            f"a DequantizeLinear on its output {output!r} could end up next to a tensor a "
+            "control-flow subgraph reads"
+        )
     return None
 
 
 def _quantized_readers(ctx: Context, output: str) -> tuple[tuple[str, int], ...]:
-    return tuple((n.name, i) for n, i in ctx.graph.consumers.get(output, [])
-                 if n.op_type not in ctx.profile.float_readers)
+    return tuple(
+        (n.name, i)
+        for n, i in ctx.graph.consumers.get(output, [])
+        if n.op_type not in ctx.profile.float_readers
+    )
 
 
 def _dq_would_reach_subgraph(ctx: Context, tensor: str) -> bool:
@@ -151,9 +158,15 @@ def small_decline(op: str, k: int, n: int, ctx: Context) -> Decline | None:
     return None
 
 
-def weighted_op(m: Match, ctx: Context, k: int, n: int,
-                macs_per_output: int | None = None, grouped: bool = False,
-                unaligned: bool = False) -> list[Spec] | Decline:
+def weighted_op(
+    m: Match,
+    ctx: Context,
+    k: int,
+    n: int,
+    macs_per_output: int | None = None,
+    grouped: bool = False,
+    unaligned: bool = False,
+) -> list[Spec] | Decline:
     """Activation input 0 + weight input 1 (+ int32 bias, output Q/DQ where the profile asks).
 
     ``macs_per_output`` (products summed per output element), ``grouped`` and ``unaligned``
@@ -163,15 +176,15 @@ def weighted_op(m: Match, ctx: Context, k: int, n: int,
     if kernels and m.node.op_type not in kernels:
         return Decline(
             f"{ctx.profile.name} has no integer {m.node.op_type} kernel: Q/DQ around it would "
-            "only add work and rounding error")
+            "only add work and rounding error"
+        )
     problem = activation_problem(m, ctx, m.input(0))
     if problem:
         return Decline(problem)
     small = small_decline(m.node.op_type, k, n, ctx)
     if small:
         return small
-    costly = cost_decline(m, ctx, macs_per_output, grouped, unaligned) if macs_per_output \
-        else None
+    costly = cost_decline(m, ctx, macs_per_output, grouped, unaligned) if macs_per_output else None
     if costly:
         return costly
     w = weight_spec(m, ctx, 1)
@@ -189,7 +202,8 @@ def weighted_op(m: Match, ctx: Context, k: int, n: int,
             why = output_problem(m, ctx, tensor) or "its output cannot be quantized"
             return Decline(
                 f"{why}, and {ctx.profile.name} has no integer {m.node.op_type} with a float "
-                "output: Q/DQ on its inputs alone would only add work")
+                "output: Q/DQ on its inputs alone would only add work"
+            )
         specs += outs
     return specs
 
@@ -217,10 +231,12 @@ def _shared_weight_scale(w: np.ndarray, group: int) -> str | None:
             worst = max(worst, float(nonzero.max() / nonzero.min()))
     if worst * WEAK_SHARE <= 1.0:
         return None
-    return (f"grouped ConvTranspose (group={group}): its per-channel weight axis (1, "
-            f"{w.shape[1]} scales) shares each scale across the {group} groups, whose kernels' "
-            f"peaks differ up to {worst:.0f}x (> {round(1 / WEAK_SHARE)}x): int8 would leave the "
-            "small ones under 8 levels, so it stays float")
+    return (
+        f"grouped ConvTranspose (group={group}): its per-channel weight axis (1, "
+        f"{w.shape[1]} scales) shares each scale across the {group} groups, whose kernels' "
+        f"peaks differ up to {worst:.0f}x (> {round(1 / WEAK_SHARE)}x): int8 would leave the "
+        "small ones under 8 levels, so it stays float"
+    )
 
 
 # --------------------------------------------------------------------------- rules
@@ -267,9 +283,7 @@ def matmul(m: Match, ctx: Context) -> list[Spec] | Decline:
     """MatMul with a constant right-hand side [K, N]: weight per column (axis 1)."""
     b = ctx.graph.const_value(m.input(1))
     if b is None:
-        return Decline(
-            "activation x activation MatMul (attention core) stays float by default"
-        )
+        return Decline("activation x activation MatMul (attention core) stays float by default")
     if b.ndim < 2:
         return Decline("right-hand side is a vector (GEMV): INT8 does not pay")
     return weighted_op(m, ctx, b.shape[-2], b.shape[-1], b.shape[-2])
@@ -292,22 +306,31 @@ def residual_add(m: Match, ctx: Context) -> list[Spec] | Decline:
             return Decline(problem)
     same = g.same_shape(a, b)
     if g.shape(a) is not None and not same:
-        differ = "have different shapes" if same is False else \
-            "have shapes that cannot be shown equal"
-        return Decline(f"inputs {differ}, {_shape_text(g.shape(a))} and "
-                       f"{_shape_text(g.shape(b))} (a broadcast Add is not a residual)")
+        differ = (
+            "have different shapes" if same is False else "have shapes that cannot be shown equal"
+        )
+        return Decline(
+            f"inputs {differ}, {_shape_text(g.shape(a))} and "
+            f"{_shape_text(g.shape(b))} (a broadcast Add is not a residual)"
+        )
 
     def fusable(t: str) -> bool:
         producer = g.producer.get(t)
-        return (producer is not None and producer.op_type in CONV_LIKE
-                and producer.name in ctx.claimed and len(g.consumers.get(t, [])) == 1)
+        return (
+            producer is not None
+            and producer.op_type in CONV_LIKE
+            and producer.name in ctx.claimed
+            and len(g.consumers.get(t, [])) == 1
+        )
 
     if fusable(a):
         return [activation(m, 1)]
     if fusable(b):
         return [activation(m, 0)]
-    return Decline("neither input comes straight from a quantized Conv/Gemm/MatMul, so the Add "
-                   "cannot fuse as a residual; it stays float")
+    return Decline(
+        "neither input comes straight from a quantized Conv/Gemm/MatMul, so the Add "
+        "cannot fuse as a residual; it stays float"
+    )
 
 
 @rule("binary", "Add", "Mul")
@@ -357,8 +380,18 @@ def unary(m: Match, ctx: Context) -> list[Spec] | Decline:
     return [activation(m, 0), *outs]
 
 
-@rule("passthrough", "MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
-      "Resize", "DepthToSpace", "SpaceToDepth")
+@rule(
+    "passthrough",
+    "MaxPool",
+    "Reshape",
+    "Flatten",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Resize",
+    "DepthToSpace",
+    "SpaceToDepth",
+)
 def passthrough(m: Match, ctx: Context) -> list[Spec] | Decline:
     """An op that only moves values, on a quantized input: its output shares the input's
     qparams, so onnxruntime drops the Q/DQ pair and runs it on int8 data."""

@@ -22,8 +22,16 @@ from onnxq.rewrites.prelu import decompose_prelu
 
 Pass = Callable[[ir.Graph], bool]
 
-NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
-                              "RandomUniformLike", "Multinomial", "Bernoulli"})
+NONDETERMINISTIC = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
 FOLD_LIMIT_BYTES = 64 * 2**20
 
 
@@ -69,8 +77,12 @@ def sum_to_add(graph: ir.Graph) -> bool:
     broadcasting, same single rounding, and the residual and integer-Add rules match Add."""
     changed = False
     for node in graph.nodes:
-        if (node.op_type == "Sum" and node.domain in ir.DEFAULT_DOMAINS
-                and len(node.input) == 2 and all(node.input)):
+        if (
+            node.op_type == "Sum"
+            and node.domain in ir.DEFAULT_DOMAINS
+            and len(node.input) == 2
+            and all(node.input)
+        ):
             node.op_type = "Add"
             changed = True
     return changed
@@ -82,8 +94,12 @@ def fold_constants(graph: ir.Graph) -> bool:
 
     folded = []
     for node in graph.nodes:
-        if (node.domain not in ir.DEFAULT_DOMAINS or node.op_type in NONDETERMINISTIC
-                or ir.has_subgraph(node) or node.op_type == "Constant"):
+        if (
+            node.domain not in ir.DEFAULT_DOMAINS
+            or node.op_type in NONDETERMINISTIC
+            or ir.has_subgraph(node)
+            or node.op_type == "Constant"
+        ):
             continue
         if any(o in graph.graph_outputs for o in node.output):
             continue
@@ -116,8 +132,9 @@ def fold_constants(graph: ir.Graph) -> bool:
     return bool(folded)
 
 
-def _evaluate(evaluator: type, graph: ir.Graph, node: onnx.NodeProto,
-              values: dict[str, np.ndarray]) -> list[np.ndarray]:
+def _evaluate(
+    evaluator: type, graph: ir.Graph, node: onnx.NodeProto, values: dict[str, np.ndarray]
+) -> list[np.ndarray]:
     inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in values.items()]
     outs = [helper.make_value_info(o, onnx.TypeProto()) for o in node.output if o]
     sub = helper.make_graph([node], "fold", [], outs, inits)
@@ -177,8 +194,11 @@ def fold_matmul_batchnorm(graph: ir.Graph) -> bool:
     Add of a constant where the BatchNormalization was."""
     doomed = []
     for bn in graph.nodes:
-        if (bn.op_type != "BatchNormalization" or bn.domain not in ir.DEFAULT_DOMAINS
-                or len([o for o in bn.output if o]) != 1):
+        if (
+            bn.op_type != "BatchNormalization"
+            or bn.domain not in ir.DEFAULT_DOMAINS
+            or len([o for o in bn.output if o]) != 1
+        ):
             continue
         src = bn.input[0]
         between = graph.producer.get(src)
@@ -196,9 +216,12 @@ def fold_matmul_batchnorm(graph: ir.Graph) -> bool:
         if matmul is None or matmul.op_type != "MatMul" or matmul.domain not in ir.DEFAULT_DOMAINS:
             continue
         # the product changes (scaled columns): only the next op and Shape ops may read it
-        if any(t in graph.graph_outputs or t in graph.subgraph_reads
-               or sum(r.op_type != "Shape" for r, _ in graph.consumers.get(t, [])) != 1
-               for t in chain):
+        if any(
+            t in graph.graph_outputs
+            or t in graph.subgraph_reads
+            or sum(r.op_type != "Shape" for r, _ in graph.consumers.get(t, [])) != 1
+            for t in chain
+        ):
             continue
         weight = graph.const_value(matmul.input[1])
         params = [graph.const_value(t) for t in bn.input[1:5]]
@@ -238,8 +261,9 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
 )
 
 
-def simplify(model: onnx.ModelProto, passes: tuple[Pass, ...] = DEFAULT_PASSES,
-             max_rounds: int = 8) -> tuple[onnx.ModelProto, list[str]]:
+def simplify(
+    model: onnx.ModelProto, passes: tuple[Pass, ...] = DEFAULT_PASSES, max_rounds: int = 8
+) -> tuple[onnx.ModelProto, list[str]]:
     """Run ``passes`` to a fixed point; returns the model and the names of passes that fired."""
     graph = ir.Graph(model)
     fired: list[str] = []

@@ -332,22 +332,30 @@ def test_an_int32_bias_at_another_layers_scale_is_a_violation():
     from onnx import numpy_helper
 
     def model(bias: np.ndarray, bias_scale: float) -> onnx.ModelProto:
-        inits = [numpy_helper.from_array(np.int8(np.ones((4, 4))), "w"),
-                 numpy_helper.from_array(np.float32(0.5), "sx"),
-                 numpy_helper.from_array(np.uint8(0), "zx"),
-                 numpy_helper.from_array(np.full(4, 0.1, np.float32), "sw"),
-                 numpy_helper.from_array(np.zeros(4, np.int8), "zw"),
-                 numpy_helper.from_array(bias.astype(np.int32), "b"),
-                 numpy_helper.from_array(np.full(4, bias_scale, np.float32), "sb"),
-                 numpy_helper.from_array(np.zeros(4, np.int32), "zb")]
-        nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
-                 helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
-                 helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wd"], axis=0),
-                 helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["bd"], name="bdq",
-                                  axis=0),
-                 helper.make_node("Gemm", ["xd", "wd", "bd"], ["y"], name="fc", transB=1)]
-        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [2, 4])],
-                              [helper.make_tensor_value_info("y", 1, [2, 4])], inits)
+        inits = [
+            numpy_helper.from_array(np.int8(np.ones((4, 4))), "w"),
+            numpy_helper.from_array(np.float32(0.5), "sx"),
+            numpy_helper.from_array(np.uint8(0), "zx"),
+            numpy_helper.from_array(np.full(4, 0.1, np.float32), "sw"),
+            numpy_helper.from_array(np.zeros(4, np.int8), "zw"),
+            numpy_helper.from_array(bias.astype(np.int32), "b"),
+            numpy_helper.from_array(np.full(4, bias_scale, np.float32), "sb"),
+            numpy_helper.from_array(np.zeros(4, np.int32), "zb"),
+        ]
+        nodes = [
+            helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+            helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+            helper.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wd"], axis=0),
+            helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["bd"], name="bdq", axis=0),
+            helper.make_node("Gemm", ["xd", "wd", "bd"], ["y"], name="fc", transB=1),
+        ]
+        g = helper.make_graph(
+            nodes,
+            "g",
+            [helper.make_tensor_value_info("x", 1, [2, 4])],
+            [helper.make_tensor_value_info("y", 1, [2, 4])],
+            inits,
+        )
         return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
     profile = PROFILES["onnxruntime"]

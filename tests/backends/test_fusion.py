@@ -15,9 +15,12 @@ KERNELS = PROFILES["onnxruntime"].integer_kernel_ops
 
 
 def _qdq(name: str, src: str, scale: str = "s", zp: str = "zp") -> list[onnx.NodeProto]:
-    return [helper.make_node("QuantizeLinear", [src, scale, zp], [f"{name}_q"], name=f"{name}_Q"),
-            helper.make_node("DequantizeLinear", [f"{name}_q", scale, zp], [f"{name}_dq"],
-                             name=f"{name}_DQ")]
+    return [
+        helper.make_node("QuantizeLinear", [src, scale, zp], [f"{name}_q"], name=f"{name}_Q"),
+        helper.make_node(
+            "DequantizeLinear", [f"{name}_q", scale, zp], [f"{name}_dq"], name=f"{name}_DQ"
+        ),
+    ]
 
 
 def _swish_model(with_float_input: bool) -> onnx.ModelProto:
@@ -32,10 +35,17 @@ def _swish_model(with_float_input: bool) -> onnx.ModelProto:
     nodes.append(helper.make_node("Mul", ["x_dq", other], ["m"], name="mul"))
     nodes += _qdq("m", "m")
     nodes.append(helper.make_node("Identity", ["m_dq"], ["y"], name="out"))
-    inits = [numpy_helper.from_array(np.float32(0.05), "s"),
-             numpy_helper.from_array(np.uint8(128), "zp")]
-    return graphs.model(nodes, [graphs.tensor("x", [1, 8, 4, 4])],
-                        [graphs.tensor("y", [1, 8, 4, 4])], inits, name="swish")
+    inits = [
+        numpy_helper.from_array(np.float32(0.05), "s"),
+        numpy_helper.from_array(np.uint8(128), "zp"),
+    ]
+    return graphs.model(
+        nodes,
+        [graphs.tensor("x", [1, 8, 4, 4])],
+        [graphs.tensor("y", [1, 8, 4, 4])],
+        inits,
+        name="swish",
+    )
 
 
 def test_a_mul_with_every_input_dequantized_is_a_group_and_fuses():
@@ -56,8 +66,9 @@ def test_a_mul_reading_a_float_input_is_not_counted_as_an_unfused_group():
 def test_an_onnxq_output_fuses_every_conv_group():
     # the final Add reads two dequantized tensors but writes the float graph output: no group
     model = graphs.residual_add(channels=32)
-    out = onnxq.quantize(model, graphs.random_batches(model, 3), backend="onnxruntime",
-                         progress=False).model
+    out = onnxq.quantize(
+        model, graphs.random_batches(model, 3), backend="onnxruntime", progress=False
+    ).model
     report = fusion_report(out, KERNELS)
     assert report.candidates == ("conv1", "conv2") and report.ratio == 1.0
     assert report.integer_ops == {"QLinearConv": 2}
@@ -67,8 +78,9 @@ def test_a_conv_that_became_a_float_fusedconv_counts_as_unfused():
     # tensorrt's placement (Q/DQ on the conv's input and weight only): onnxruntime fuses Conv +
     # Relu into a float FusedConv that still reads the DequantizeLinear
     model = graphs.conv_relu(channels=32, out_channels=32, size=16)
-    out = onnxq.quantize(model, graphs.random_batches(model, 3), backend="tensorrt",
-                         progress=False).model
+    out = onnxq.quantize(
+        model, graphs.random_batches(model, 3), backend="tensorrt", progress=False
+    ).model
     report = fusion_report(out, KERNELS)
     assert report.candidates == ("conv",) and report.unfused == (("conv", "Conv"),)
 
@@ -81,11 +93,18 @@ def test_an_add_whose_relu_folds_into_the_q_after_it_is_a_group():
     nodes.append(helper.make_node("Relu", ["sum"], ["r"], name="relu"))
     nodes += _qdq("r", "r", zp="zp0")  # zero point 0: the Relu adds nothing to the Q
     nodes.append(helper.make_node("Identity", ["r_dq"], ["y"], name="out"))
-    inits = [numpy_helper.from_array(np.float32(0.05), "s"),
-             numpy_helper.from_array(np.uint8(128), "zp"),
-             numpy_helper.from_array(np.uint8(0), "zp0")]
-    model = graphs.model(nodes, [graphs.tensor(n, [1, 8, 4, 4]) for n in ("a", "b")],
-                         [graphs.tensor("y", [1, 8, 4, 4])], inits, name="add_relu")
+    inits = [
+        numpy_helper.from_array(np.float32(0.05), "s"),
+        numpy_helper.from_array(np.uint8(128), "zp"),
+        numpy_helper.from_array(np.uint8(0), "zp0"),
+    ]
+    model = graphs.model(
+        nodes,
+        [graphs.tensor(n, [1, 8, 4, 4]) for n in ("a", "b")],
+        [graphs.tensor("y", [1, 8, 4, 4])],
+        inits,
+        name="add_relu",
+    )
     report = fusion_report(model, KERNELS, PROFILES["onnxruntime"].folded_activations)
     assert report.candidates == ("add",) and report.unfused == ()
     assert report.integer_ops == {"QLinearAdd": 1}
@@ -99,8 +118,13 @@ def test_a_bias_read_through_an_identity_of_an_initializer_is_a_constant():
     from tests.test_ir import _shared_bias_gemms
 
     model = _shared_bias_gemms(identity=True)
-    out = onnxq.quantize(model, graphs.random_batches(model, 3), backend="onnxruntime",
-                         simplify=False, progress=False).model
+    out = onnxq.quantize(
+        model,
+        graphs.random_batches(model, 3),
+        backend="onnxruntime",
+        simplify=False,
+        progress=False,
+    ).model
     report = fusion_report(out, KERNELS)
     assert not report.float_inputs and report.candidates == ("fc1", "fc2")
     assert report.integer_ops == {"QGemm": len(report.candidates) - len(report.unfused)}
@@ -112,20 +136,29 @@ def test_an_unfused_group_that_shares_a_bias_dequantize_says_so(monkeypatch):
     # the first (any other bias value is a bias-scale violation, which quantize refuses)
     r = graphs.rng(2)
     nodes = [helper.make_node("Identity", ["b"], [f"b{i}"], name=f"copy{i}") for i in (1, 2)]
-    nodes += [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1] * 4),
-              helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-              helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1] * 4),
-              helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
-              helper.make_node("Identity", ["r2"], ["y"], name="out")]
-    model = graphs.model(nodes, [graphs.tensor("x", [1, 16, 8, 8])],
-                         [graphs.tensor("y", [1, 16, 8, 8])],
-                         [graphs.init("w1", graphs.weight(r, 16, 16, 3, 3)),
-                          graphs.init("w2", graphs.weight(r, 16, 16, 3, 3, scale=0.6)),
-                          graphs.init("b", np.zeros(16, np.float32))])
+    nodes += [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1] * 4),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1] * 4),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("Identity", ["r2"], ["y"], name="out"),
+    ]
+    model = graphs.model(
+        nodes,
+        [graphs.tensor("x", [1, 16, 8, 8])],
+        [graphs.tensor("y", [1, 16, 8, 8])],
+        [
+            graphs.init("w1", graphs.weight(r, 16, 16, 3, 3)),
+            graphs.init("w2", graphs.weight(r, 16, 16, 3, 3, scale=0.6)),
+            graphs.init("b", np.zeros(16, np.float32)),
+        ],
+    )
     monkeypatch.setattr("onnxq.rewrites.simplify.ir.unshare_biases", lambda graph: 0)
-    out = onnxq.quantize(model, graphs.random_batches(model, 3), backend="onnxruntime",
-                         progress=False).model
+    out = onnxq.quantize(
+        model, graphs.random_batches(model, 3), backend="onnxruntime", progress=False
+    ).model
     report = fusion_report(out, KERNELS)
     assert report.unfused == (("conv2", "Conv"),)
-    assert report.reasons["conv2"].startswith("its input 2 (b_DequantizeLinear) also feeds 1 "
-                                              "other node(s), e.g. conv1")
+    assert report.reasons["conv2"].startswith(
+        "its input 2 (b_DequantizeLinear) also feeds 1 other node(s), e.g. conv1"
+    )

@@ -49,8 +49,10 @@ def test_validation_sessions_run_nodes_in_the_models_priority_order():
         opts = validation_session(graphs.conv_relu(), fused).get_session_options()
         assert opts.execution_order == ort.ExecutionOrder.PRIORITY_BASED
         assert opts.graph_optimization_level == (
-            ort.GraphOptimizationLevel.ORT_ENABLE_ALL if fused
-            else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            if fused
+            else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        )
 
 
 def test_validation_session_load_failure_names_the_model():
@@ -99,8 +101,11 @@ def test_fidelity_of_label_maps_compares_their_values_and_skips_other_outputs():
     ref = [{"p": [{0: 0.9, 1: 0.1}, {0: 0.2, 1: 0.8}], "s": [np.zeros(2, np.float32)]}]
     got = [{"p": [{0: 0.8, 1: 0.2}, {0: 0.2, 1: 0.8}], "s": [np.ones(2, np.float32)]}]
     maps, other = fidelity(ref, got)
-    want = np.array([0.9, 0.1, 0.2, 0.8]) @ np.array([0.8, 0.2, 0.2, 0.8]) / (
-        np.linalg.norm([0.9, 0.1, 0.2, 0.8]) * np.linalg.norm([0.8, 0.2, 0.2, 0.8]))
+    want = (
+        np.array([0.9, 0.1, 0.2, 0.8])
+        @ np.array([0.8, 0.2, 0.2, 0.8])
+        / (np.linalg.norm([0.9, 0.1, 0.2, 0.8]) * np.linalg.norm([0.8, 0.2, 0.2, 0.8]))
+    )
     assert maps.compared == "cosine" and maps.cosine == pytest.approx(want, abs=1e-6)
     assert maps.max_abs_error == pytest.approx(0.1) and maps.float_max_abs == 0.9
     assert other.compared == "not compared: a list output, not a numeric tensor"
@@ -130,16 +135,19 @@ def test_top1_agreement_along_the_class_axis_of_softmax_outputs():
     assert fidelity(ref, got)[0].top1_agreement is None
 
 
-@pytest.mark.parametrize("shape, axis", [
-    ((1, 3549, 6), 2),  # YOLOX: anchors x (4 box + objectness + classes)
-    ((1, 22, 2100), 1),  # YOLOv8: (4 box + classes) x anchors
-    ((2, 16, 32, 32), 1),  # a segmentation map's channels
-    ((1, 16, 16, 16), 1),  # a tie: the first
-    ((1, 2, 1, 1), None),  # too few values per slice
-    ((1, 1, 736, 736), None),  # one channel, large spatial axes
-    ((8, 10), None),  # rank 2: a classifier
-    ((1, 300, 200), None),  # no axis of 2..128
-])
+@pytest.mark.parametrize(
+    "shape, axis",
+    [
+        ((1, 3549, 6), 2),  # YOLOX: anchors x (4 box + objectness + classes)
+        ((1, 22, 2100), 1),  # YOLOv8: (4 box + classes) x anchors
+        ((2, 16, 32, 32), 1),  # a segmentation map's channels
+        ((1, 16, 16, 16), 1),  # a tie: the first
+        ((1, 2, 1, 1), None),  # too few values per slice
+        ((1, 1, 736, 736), None),  # one channel, large spatial axes
+        ((8, 10), None),  # rank 2: a classifier
+        ((1, 300, 200), None),  # no axis of 2..128
+    ],
+)
 def test_the_slice_axis_is_the_smallest_small_axis_after_the_batch(shape, axis):
     assert slice_axis_of(shape) == axis
 
@@ -173,8 +181,9 @@ def test_a_lost_column_shows_in_the_worst_slice_while_the_whole_cosine_stays_hig
 def test_class_axes_are_the_softmax_outputs_and_their_axis():
     model = graphs.conv_relu()
     model.graph.node.append(onnx.helper.make_node("Softmax", ["y"], ["p"], name="sm", axis=1))
-    model.graph.output.append(onnx.helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT,
-                                                                 [1, 16, 8, 8]))
+    model.graph.output.append(
+        onnx.helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT, [1, 16, 8, 8])
+    )
     assert class_axes(model) == {"p": 1}  # the Relu output 'y' has no class axis
 
 
@@ -185,8 +194,11 @@ def test_class_axis_of_an_opset_11_softmax_upgraded_to_13():
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, None)
     p = onnx.helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT, ["n", "t", 7])
     old = onnx.helper.make_model(
-        onnx.helper.make_graph([onnx.helper.make_node("Softmax", ["x"], ["p"], axis=2)], "g",
-                               [x], [p]), opset_imports=[onnx.helper.make_opsetid("", 11)])
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Softmax", ["x"], ["p"], axis=2)], "g", [x], [p]
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 11)],
+    )
     new = ir.upgrade_opset(old, 13)
     assert [n.op_type for n in new.graph.node] == ["Shape", "Flatten", "Softmax", "Reshape"]
     assert class_axes(new) == {"p": -1}

@@ -41,17 +41,28 @@ def mixed_types() -> onnx.ModelProto:
         helper.make_node("Add", ["g", "half_f"], ["a"], name="add"),
         helper.make_node("Reshape", ["a", "shape"], ["y"], name="reshape"),
     ]
-    inits = [graphs.init("w", w), graphs.init("b", b), graphs.init("half", half),
-             graphs.init("shape", shape)]
-    return graphs.model(nodes, [graphs.tensor("x", [1, 32])], [graphs.tensor("y", [1, 8, 8])],
-                        inits)
+    inits = [
+        graphs.init("w", w),
+        graphs.init("b", b),
+        graphs.init("half", half),
+        graphs.init("shape", shape),
+    ]
+    return graphs.model(
+        nodes, [graphs.tensor("x", [1, 32])], [graphs.tensor("y", [1, 8, 8])], inits
+    )
 
 
 def save_external(model: onnx.ModelProto, folder: Path, name: str = "m.onnx") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="weights.bin", size_threshold=0)
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
     return path
 
 
@@ -101,8 +112,7 @@ def test_lazy_tensor_whose_length_disagrees_with_its_shape_is_refused(tmp_path, 
         ir.load_model(path)
 
 
-def test_lazy_location_outside_the_folder_is_refused_before_reading(tmp_path, lazy,
-                                                                      monkeypatch):
+def test_lazy_location_outside_the_folder_is_refused_before_reading(tmp_path, lazy, monkeypatch):
     outside = save_external(mixed_types(), tmp_path / "outside")
     folder = tmp_path / "model"
     folder.mkdir()

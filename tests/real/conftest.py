@@ -75,6 +75,7 @@ def real_models() -> dict[str, Path]:
 
 # -- photos, text and preprocessing ------------------------------------------------------------
 
+
 @cache
 def photo(name: str) -> np.ndarray:
     """One of scikit-learn's sample photos (``china.jpg`` or ``flower.jpg``), RGB uint8."""
@@ -105,7 +106,7 @@ def phrase(words: tuple[str, ...], rng: np.random.Generator, max_chars: int) -> 
     """Consecutive words from a random place in ``words``, at most ``max_chars`` long."""
     start = int(rng.integers(0, len(words)))
     out = words[start][:max_chars]
-    for word in words[start + 1:]:
+    for word in words[start + 1 :]:
         if len(out) + 1 + len(word) > max_chars:
             break
         out += " " + word
@@ -127,8 +128,13 @@ def resize_bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:
     return top * (1 - wy) + bottom * wy
 
 
-def random_crop(image: np.ndarray, height: int, width: int, rng: np.random.Generator,
-                scale: tuple[float, float] = (0.3, 1.0)) -> np.ndarray:
+def random_crop(
+    image: np.ndarray,
+    height: int,
+    width: int,
+    rng: np.random.Generator,
+    scale: tuple[float, float] = (0.3, 1.0),
+) -> np.ndarray:
     """A random crop of roughly the target aspect ratio, resized to ``height x width``."""
     h0, w0 = image.shape[:2]
     aspect = width / height * rng.uniform(0.8, 1.25)
@@ -137,7 +143,7 @@ def random_crop(image: np.ndarray, height: int, width: int, rng: np.random.Gener
     cw = min(w0, round(ch * aspect))
     y = int(rng.integers(0, h0 - ch + 1))
     x = int(rng.integers(0, w0 - cw + 1))
-    return resize_bilinear(image[y:y + ch, x:x + cw], height, width)
+    return resize_bilinear(image[y : y + ch, x : x + cw], height, width)
 
 
 @cache
@@ -147,8 +153,9 @@ def _font(size: int) -> Any:
     return ImageFont.load_default(size=size)
 
 
-def draw_text(canvas: np.ndarray, text: str, x: int, y: int, size: int,
-              rng: np.random.Generator) -> np.ndarray:
+def draw_text(
+    canvas: np.ndarray, text: str, x: int, y: int, size: int, rng: np.random.Generator
+) -> np.ndarray:
     """Draw ``text`` on an RGB float image, dark on light background or light on dark."""
     from PIL import Image, ImageDraw
 
@@ -156,7 +163,7 @@ def draw_text(canvas: np.ndarray, text: str, x: int, y: int, size: int,
     draw = ImageDraw.Draw(image)
     font = _font(size)
     left, top, right, bottom = draw.textbbox((x, y), text, font=font)
-    region = canvas[max(top, 0):max(bottom, 1), max(left, 0):max(right, 1)]
+    region = canvas[max(top, 0) : max(bottom, 1), max(left, 0) : max(right, 1)]
     base = 20 if (region.mean() if region.size else 128.0) > 110 else 235
     color = tuple(int(np.clip(base + rng.integers(-20, 21), 0, 255)) for _ in range(3))
     draw.text((x, y), text, fill=color, font=font)
@@ -169,8 +176,9 @@ def to_input(rgb: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None], dtype=np.float32)
 
 
-def cls_sample(image: np.ndarray, words: tuple[str, ...], rng: np.random.Generator,
-               turned: bool) -> np.ndarray:
+def cls_sample(
+    image: np.ndarray, words: tuple[str, ...], rng: np.random.Generator, turned: bool
+) -> np.ndarray:
     """A 48x192 text line for the direction classifier, turned by 180 degrees if ``turned``."""
     canvas = random_crop(image, 48, 192, rng, scale=(0.15, 0.6))
     size = int(rng.integers(24, 32))
@@ -179,8 +187,9 @@ def cls_sample(image: np.ndarray, words: tuple[str, ...], rng: np.random.Generat
     return to_input(canvas[::-1, ::-1] if turned else canvas)
 
 
-def rec_sample(image: np.ndarray, words: tuple[str, ...],
-               rng: np.random.Generator) -> tuple[np.ndarray, str]:
+def rec_sample(
+    image: np.ndarray, words: tuple[str, ...], rng: np.random.Generator
+) -> tuple[np.ndarray, str]:
     """A 48x320 text line for the recognizer and the text drawn on it."""
     canvas = random_crop(image, 48, 320, rng, scale=(0.15, 0.6))
     size = int(rng.integers(26, 34))
@@ -192,19 +201,32 @@ def rec_sample(image: np.ndarray, words: tuple[str, ...],
     return to_input(canvas), text
 
 
-def det_sample(image: np.ndarray, words: tuple[str, ...], rng: np.random.Generator,
-               height: int, width: int, lines: int) -> np.ndarray:
+def det_sample(
+    image: np.ndarray,
+    words: tuple[str, ...],
+    rng: np.random.Generator,
+    height: int,
+    width: int,
+    lines: int,
+) -> np.ndarray:
     """A ``height x width`` scene crop with ``lines`` lines of text (0: the bare photo)."""
     canvas = random_crop(image, height, width, rng)
     for _ in range(lines):
         size = int(rng.integers(14, 28))
         text = phrase(words, rng, int(width / (size * 0.55)))
-        canvas = draw_text(canvas, text, int(rng.integers(2, width // 5)),
-                           int(rng.integers(0, height - size - 4)), size, rng)
+        canvas = draw_text(
+            canvas,
+            text,
+            int(rng.integers(2, width // 5)),
+            int(rng.integers(0, height - size - 4)),
+            size,
+            rng,
+        )
     return to_input(canvas)
 
 
 # -- data sets ----------------------------------------------------------------------------------
+
 
 @dataclass
 class Split:
@@ -221,9 +243,11 @@ def _need_pillow() -> None:
         import sklearn  # noqa: F401
         from PIL import features
     except ImportError as exc:
-        unavailable(f"{exc.name} is not installed: scikit-learn ships the sample photos, Pillow "
-                    "reads them and draws the text lines (pip install 'pillow>=10.1' "
-                    "scikit-learn)")
+        unavailable(
+            f"{exc.name} is not installed: scikit-learn ships the sample photos, Pillow "
+            "reads them and draws the text lines (pip install 'pillow>=10.1' "
+            "scikit-learn)"
+        )
         raise
     if tuple(int(p) for p in PIL.__version__.split(".")[:2]) < (10, 1):
         unavailable("Pillow >= 10.1 is needed for ImageFont.load_default(size=...)")
@@ -231,15 +255,21 @@ def _need_pillow() -> None:
         unavailable("Pillow was built without FreeType: its scalable default font is missing")
 
 
-def _split(make: Callable[[np.ndarray, tuple[str, ...], np.random.Generator, int, bool], Any],
-           n_calibration: int, n_evaluation: int) -> tuple[list[Any], list[Any]]:
+def _split(
+    make: Callable[[np.ndarray, tuple[str, ...], np.random.Generator, int, bool], Any],
+    n_calibration: int,
+    n_evaluation: int,
+) -> tuple[list[Any], list[Any]]:
     """``make(photo, words, rng, index, evaluation)`` for each calibration/evaluation sample."""
     _need_pillow()
     calib_rng, eval_rng = np.random.default_rng(0), np.random.default_rng(1)
-    calib = [make(photo("china.jpg"), corpus("breast_cancer"), calib_rng, i, False)
-             for i in range(n_calibration)]
-    evals = [make(photo("flower.jpg"), corpus("wine"), eval_rng, i, True)
-             for i in range(n_evaluation)]
+    calib = [
+        make(photo("china.jpg"), corpus("breast_cancer"), calib_rng, i, False)
+        for i in range(n_calibration)
+    ]
+    evals = [
+        make(photo("flower.jpg"), corpus("wine"), eval_rng, i, True) for i in range(n_evaluation)
+    ]
     return calib, evals
 
 
@@ -247,16 +277,16 @@ def _split(make: Callable[[np.ndarray, tuple[str, ...], np.random.Generator, int
 def cls_data() -> Split:
     """Direction classifier: 32 calibration and 64 evaluation lines; labels 0 (0 deg) / 1 (180)."""
     calib, evals = _split(lambda img, w, r, i, _: cls_sample(img, w, r, turned=i % 2 == 1), 32, 64)
-    return Split([{"x": x} for x in calib], [{"x": x} for x in evals],
-                 [i % 2 for i in range(len(evals))])
+    return Split(
+        [{"x": x} for x in calib], [{"x": x} for x in evals], [i % 2 for i in range(len(evals))]
+    )
 
 
 @pytest.fixture(scope="session")
 def rec_data() -> Split:
     """Recognizer: 16 calibration and 32 evaluation lines; labels are the drawn texts."""
     calib, evals = _split(lambda img, w, r, i, _: rec_sample(img, w, r), 16, 32)
-    return Split([{"x": x} for x, _ in calib], [{"x": x} for x, _ in evals],
-                 [t for _, t in evals])
+    return Split([{"x": x} for x, _ in calib], [{"x": x} for x, _ in evals], [t for _, t in evals])
 
 
 def _det_lines(index: int, evaluation: bool) -> int:
@@ -272,9 +302,14 @@ def det_data() -> Split:
     """
     calib, evals = _split(
         lambda img, w, r, i, ev: det_sample(img, w, r, *DET_SHAPES[i % 2], _det_lines(i, ev)),
-        16, 12)
-    return Split([{"x": x} for x in calib], [{"x": x} for x in evals],
-                 [_det_lines(i, True) for i in range(len(evals))])
+        16,
+        12,
+    )
+    return Split(
+        [{"x": x} for x in calib],
+        [{"x": x} for x in evals],
+        [_det_lines(i, True) for i in range(len(evals))],
+    )
 
 
 def vad_chunks(seed: int, n: int) -> list[Batch]:
@@ -288,9 +323,13 @@ def vad_chunks(seed: int, n: int) -> list[Batch]:
         phases = rng.uniform(0.0, 2 * np.pi, 3)[:, None]
         wave = (amps * np.sin(2 * np.pi * freqs * t + phases)).sum(axis=0)
         wave += rng.normal(0.0, rng.uniform(0.001, 0.05), t.size)
-        chunks.append({"input": wave[None].astype(np.float32),
-                       "state": np.zeros((2, 1, 128), np.float32),
-                       "sr": np.array(16000, dtype=np.int64)})
+        chunks.append(
+            {
+                "input": wave[None].astype(np.float32),
+                "state": np.zeros((2, 1, 128), np.float32),
+                "sr": np.array(16000, dtype=np.int64),
+            }
+        )
     return chunks
 
 

@@ -47,13 +47,18 @@ pytestmark = pytest.mark.slow
 
 BACKENDS = ("tensorrt", "onnxruntime")
 OCR_MODELS = ("ppocr_mobile_v2_cls", "ppocrv4_det", "ppocrv4_rec")
-DATA_FIXTURE = {"ppocr_mobile_v2_cls": "cls_data", "ppocrv4_det": "det_data",
-                "ppocrv4_rec": "rec_data", "silero_vad": "vad_data"}
+DATA_FIXTURE = {
+    "ppocr_mobile_v2_cls": "cls_data",
+    "ppocrv4_det": "det_data",
+    "ppocrv4_rec": "rec_data",
+    "silero_vad": "vad_data",
+}
 DET_THRESHOLD = 0.3  # RapidOCR's DB binarization threshold (config.yaml: Det.thresh)
 CLS_THRESHOLD = 0.9  # RapidOCR turns a line only when the 180-degree score passes this
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
 
 @dataclass
 class Quantized:
@@ -116,8 +121,9 @@ def char_accuracy(predicted: list[str], truth: list[str]) -> float:
 
 def rec_characters(model_path: Path) -> list[str]:
     """PP-OCRv4 rec's alphabet (stored in the model's metadata), with blank and space added."""
-    meta = {p.key: p.value for p in onnx.load(str(model_path), load_external_data=False)
-            .metadata_props}
+    meta = {
+        p.key: p.value for p in onnx.load(str(model_path), load_external_data=False).metadata_props
+    }
     return ["blank", *meta["character"].splitlines(), " "]
 
 
@@ -139,7 +145,7 @@ def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
     out = [graph]
     for node in graph.node:
         for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
                 out.extend(_graphs(sub))
     return out
 
@@ -158,8 +164,10 @@ def count_ops(model: onnx.ModelProto, *op_types: str) -> int:
 # model with all activation scales multiplied by 10 (a broken quantizer).  The bounds are the
 # same for both backends: the reference's level minus a margin, far above x10.
 
-def cls_metrics(ref: list[np.ndarray], got: list[np.ndarray],
-                labels: list[int]) -> dict[str, float]:
+
+def cls_metrics(
+    ref: list[np.ndarray], got: list[np.ndarray], labels: list[int]
+) -> dict[str, float]:
     p_ref, p_got = np.concatenate(ref), np.concatenate(got)
     confident = p_ref.max(axis=1) >= CLS_THRESHOLD
     agree = p_ref.argmax(axis=1) == p_got.argmax(axis=1)
@@ -185,8 +193,7 @@ def cls_metrics(ref: list[np.ndarray], got: list[np.ndarray],
 CLS_BOUNDS = {"cosine": 0.99, "argmax_agreement": 0.85, "confident_agreement": 0.97}
 
 
-def det_metrics(ref: list[np.ndarray], got: list[np.ndarray],
-                lines: list[int]) -> dict[str, float]:
+def det_metrics(ref: list[np.ndarray], got: list[np.ndarray], lines: list[int]) -> dict[str, float]:
     text = [i for i, n in enumerate(lines) if n]
     bare = [i for i, n in enumerate(lines) if not n]
     ious = []
@@ -220,8 +227,9 @@ DET_BOUNDS = {"mean_cosine": 0.94, "mean_mask_iou": 0.86, "min_mask_iou": 0.75}
 DET_MAX_FALSE_TEXT = 0.002
 
 
-def rec_metrics(ref: list[np.ndarray], got: list[np.ndarray], texts: list[str],
-                characters: list[str]) -> dict[str, float]:
+def rec_metrics(
+    ref: list[np.ndarray], got: list[np.ndarray], texts: list[str], characters: list[str]
+) -> dict[str, float]:
     p_ref, p_got = np.concatenate(ref), np.concatenate(got)
     a_ref, a_got = p_ref.argmax(axis=-1), p_got.argmax(axis=-1)
     nonblank = (a_ref != 0) | (a_got != 0)
@@ -233,8 +241,9 @@ def rec_metrics(ref: list[np.ndarray], got: list[np.ndarray], texts: list[str],
         "nonblank_step_agreement": float((a_ref == a_got)[nonblank].mean()),
         "float_char_accuracy": char_accuracy(read_ref, texts),
         "quant_char_accuracy": char_accuracy(read_got, texts),
-        "same_reading": float(np.mean([a.strip() == b.strip()
-                                       for a, b in zip(read_ref, read_got, strict=True)])),
+        "same_reading": float(
+            np.mean([a.strip() == b.strip() for a, b in zip(read_ref, read_got, strict=True)])
+        ),
     }
 
 
@@ -265,8 +274,10 @@ def ocr_failures(name: str, metrics: dict[str, float]) -> list[str]:
     if name == "ppocrv4_det":
         out = failures(metrics, DET_BOUNDS)
         if metrics["bare_false_text_pixels"] > DET_MAX_FALSE_TEXT:
-            out.append(f"bare_false_text_pixels {metrics['bare_false_text_pixels']:.4f} > "
-                       f"{DET_MAX_FALSE_TEXT}")
+            out.append(
+                f"bare_false_text_pixels {metrics['bare_false_text_pixels']:.4f} > "
+                f"{DET_MAX_FALSE_TEXT}"
+            )
         return out
     out = failures(metrics, REC_BOUNDS)
     drop = metrics["float_char_accuracy"] - metrics["quant_char_accuracy"]
@@ -275,8 +286,9 @@ def ocr_failures(name: str, metrics: dict[str, float]) -> list[str]:
     return out
 
 
-def ocr_metrics(name: str, ref: list[np.ndarray], got: list[np.ndarray], data: Split,
-                model_path: Path) -> dict[str, float]:
+def ocr_metrics(
+    name: str, ref: list[np.ndarray], got: list[np.ndarray], data: Split, model_path: Path
+) -> dict[str, float]:
     if name == "ppocr_mobile_v2_cls":
         return cls_metrics(ref, got, data.labels)
     if name == "ppocrv4_det":
@@ -286,9 +298,11 @@ def ocr_metrics(name: str, ref: list[np.ndarray], got: list[np.ndarray], data: S
 
 # -- fixtures ---------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
-def quantize_cached(real_models: dict[str, Path], request: pytest.FixtureRequest
-                    ) -> Callable[[str, str, str | None], Quantized]:
+def quantize_cached(
+    real_models: dict[str, Path], request: pytest.FixtureRequest
+) -> Callable[[str, str, str | None], Quantized]:
     """``quantize_cached(model, backend, method=None)``: each configuration quantized once."""
     cache: dict[tuple[str, str, str | None], Quantized] = {}
 
@@ -296,8 +310,9 @@ def quantize_cached(real_models: dict[str, Path], request: pytest.FixtureRequest
         if (name, backend, method) not in cache:
             data: Split = request.getfixturevalue(DATA_FIXTURE[name])
             start = time.perf_counter()
-            result = onnxq.quantize(real_models[name], data.calibration, backend=backend,
-                                    method=method, progress=False)
+            result = onnxq.quantize(
+                real_models[name], data.calibration, backend=backend, method=method, progress=False
+            )
             cache[name, backend, method] = Quantized(result, time.perf_counter() - start)
         return cache[name, backend, method]
 
@@ -305,8 +320,9 @@ def quantize_cached(real_models: dict[str, Path], request: pytest.FixtureRequest
 
 
 @pytest.fixture(scope="session")
-def float_outputs(real_models: dict[str, Path],
-                  request: pytest.FixtureRequest) -> Callable[[str], list[list[np.ndarray]]]:
+def float_outputs(
+    real_models: dict[str, Path], request: pytest.FixtureRequest
+) -> Callable[[str], list[list[np.ndarray]]]:
     """``float_outputs(model)``: the float model's outputs on the evaluation batches."""
     cache: dict[str, list[list[np.ndarray]]] = {}
 
@@ -321,11 +337,18 @@ def float_outputs(real_models: dict[str, Path],
 
 # -- tests ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", OCR_MODELS)
-def test_quantized_model_is_valid(name: str, backend: str, quantize_cached: Any,
-                                  float_outputs: Any, request: pytest.FixtureRequest,
-                                  tmp_path: Path, real_models: dict[str, Path]) -> None:
+def test_quantized_model_is_valid(
+    name: str,
+    backend: str,
+    quantize_cached: Any,
+    float_outputs: Any,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    real_models: dict[str, Path],
+) -> None:
     q = quantize_cached(name, backend)
     model = q.result.model
     assert check(model, PROFILES[backend]) == [], "the model breaks backend constraints"
@@ -351,8 +374,9 @@ def test_quantized_model_is_valid(name: str, backend: str, quantize_cached: Any,
 
 
 def _fidelity_case(name: str, backend: str, method: str | None = None) -> Any:
-    return pytest.param(name, backend, method,
-                        id=f"{name}-{backend}" + (f"-{method}" if method else ""))
+    return pytest.param(
+        name, backend, method, id=f"{name}-{backend}" + (f"-{method}" if method else "")
+    )
 
 
 FIDELITY_CASES = [
@@ -362,25 +386,36 @@ FIDELITY_CASES = [
 
 
 @pytest.mark.parametrize(("name", "backend", "method"), FIDELITY_CASES)
-def test_fidelity_on_evaluation_data(name: str, backend: str, method: str | None,
-                                     quantize_cached: Any, float_outputs: Any,
-                                     request: pytest.FixtureRequest,
-                                     real_models: dict[str, Path]) -> None:
+def test_fidelity_on_evaluation_data(
+    name: str,
+    backend: str,
+    method: str | None,
+    quantize_cached: Any,
+    float_outputs: Any,
+    request: pytest.FixtureRequest,
+    real_models: dict[str, Path],
+) -> None:
     data: Split = request.getfixturevalue(DATA_FIXTURE[name])
     q = quantize_cached(name, backend, method)
     got = [o[0] for o in run(quantized_session(q.result.model, backend), data.evaluation)]
     ref = [o[0] for o in float_outputs(name)]
     metrics = ocr_metrics(name, ref, got, data, real_models[name])
-    print(f"\n{name} [{backend}{', ' + method if method else ''}] quantize {q.seconds:.1f} s "
-          + json.dumps({k: round(v, 4) for k, v in metrics.items()}))
+    print(
+        f"\n{name} [{backend}{', ' + method if method else ''}] quantize {q.seconds:.1f} s "
+        + json.dumps({k: round(v, 4) for k, v in metrics.items()})
+    )
     missed = ocr_failures(name, metrics)
     assert not missed, f"{name} [{backend}] fidelity on evaluation data: {missed}"
 
 
 @pytest.mark.parametrize("name", OCR_MODELS)
-def test_bounds_reject_coarse_scales(name: str, quantize_cached: Any, float_outputs: Any,
-                                     request: pytest.FixtureRequest,
-                                     real_models: dict[str, Path]) -> None:
+def test_bounds_reject_coarse_scales(
+    name: str,
+    quantize_cached: Any,
+    float_outputs: Any,
+    request: pytest.FixtureRequest,
+    real_models: dict[str, Path],
+) -> None:
     """The fidelity bounds are not vacuous: all activation scales x10 must fail them."""
     data: Split = request.getfixturevalue(DATA_FIXTURE[name])
     broken, changed = scale_activations(quantize_cached(name, "tensorrt").result.model, 10.0)
@@ -388,21 +423,35 @@ def test_bounds_reject_coarse_scales(name: str, quantize_cached: Any, float_outp
     got = [o[0] for o in run(quantized_session(broken, "tensorrt"), data.evaluation)]
     ref = [o[0] for o in float_outputs(name)]
     metrics = ocr_metrics(name, ref, got, data, real_models[name])
-    print(f"\n{name} [tensorrt, scales x10] "
-          + json.dumps({k: round(v, 4) for k, v in metrics.items()}))
+    print(
+        f"\n{name} [tensorrt, scales x10] "
+        + json.dumps({k: round(v, 4) for k, v in metrics.items()})
+    )
     assert ocr_failures(name, metrics), f"{name}: scales x10 still pass the bounds: {metrics}"
 
 
-def test_cli_quantize_from_npz_folder(tmp_path: Path, real_models: dict[str, Path],
-                                     cls_data: Split, float_outputs: Any) -> None:
+def test_cli_quantize_from_npz_folder(
+    tmp_path: Path, real_models: dict[str, Path], cls_data: Split, float_outputs: Any
+) -> None:
     """``onnxq quantize MODEL -o OUT --calib FOLDER --report R`` then ``onnxq check OUT``."""
     calib = tmp_path / "calib"
     calib.mkdir()
     for i, batch in enumerate(cls_data.calibration):
         np.savez(calib / f"{i:04d}.npz", **batch)
     out, report = tmp_path / "cls.int8.onnx", tmp_path / "cls.report.json"
-    argv = ["quantize", str(real_models["ppocr_mobile_v2_cls"]), "-o", str(out), "--calib",
-            str(calib), "--backend", "tensorrt", "--report", str(report), "-q"]
+    argv = [
+        "quantize",
+        str(real_models["ppocr_mobile_v2_cls"]),
+        "-o",
+        str(out),
+        "--calib",
+        str(calib),
+        "--backend",
+        "tensorrt",
+        "--report",
+        str(report),
+        "-q",
+    ]
     assert cli.main(argv) == 0
     assert cli.main(["check", str(out), "--backend", "tensorrt"]) == 0
     written = json.loads(report.read_text(encoding="utf-8"))
@@ -416,8 +465,9 @@ def test_cli_quantize_from_npz_folder(tmp_path: Path, real_models: dict[str, Pat
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_silero_vad_stays_float_and_exact(backend: str, quantize_cached: Any,
-                                          real_models: dict[str, Path], vad_data: Split) -> None:
+def test_silero_vad_stays_float_and_exact(
+    backend: str, quantize_cached: Any, real_models: dict[str, Path], vad_data: Split
+) -> None:
     q = quantize_cached("silero_vad", backend)
     model, report = q.result.model, q.result.report
     assert check(model, PROFILES[backend]) == []
@@ -440,8 +490,11 @@ def test_silero_vad_stays_float_and_exact(backend: str, quantize_cached: Any,
         ref_prob, ref_state = ref_session.run(None, {**chunk, "state": ref_state})
         got_prob, got_state = got_session.run(None, {**chunk, "state": got_state})
         assert got_prob.shape == ref_prob.shape == (1, 1)
-        worst = max(worst, float(np.abs(ref_prob - got_prob).max()),
-                    float(np.abs(ref_state - got_state).max()))
+        worst = max(
+            worst,
+            float(np.abs(ref_prob - got_prob).max()),
+            float(np.abs(ref_state - got_state).max()),
+        )
     print(f"\nsilero_vad [{backend}] quantize {q.seconds:.2f} s, stream max abs diff {worst:.3g}")
     # float vs float: only kernel choice differs (measured <= 2.4e-6 over 16 chunks)
     assert worst < 1e-4

@@ -18,21 +18,30 @@ from tests.rewrites.test_simplify import apply, assert_same_outputs
 C = 8
 
 
-def conv_add(bias_shape: tuple[int, ...] = (1, C, 1, 1), conv_bias: bool = False,
-             const_first: bool = False, second_reader: bool = False,
-             transpose: bool = False, op_type: str = "Add") -> onnx.ModelProto:
+def conv_add(
+    bias_shape: tuple[int, ...] = (1, C, 1, 1),
+    conv_bias: bool = False,
+    const_first: bool = False,
+    second_reader: bool = False,
+    transpose: bool = False,
+    op_type: str = "Add",
+) -> onnx.ModelProto:
     """x -> Conv(/ConvTranspose) -> Add (``op_type``) constant of ``bias_shape`` -> Relu -> y."""
     r = graphs.rng(1)
     op = "ConvTranspose" if transpose else "Conv"
     conv_inputs = ["x", "w", "b"] if conv_bias else ["x", "w"]
-    inits = [graphs.init("w", graphs.weight(r, C, C, 3, 3)),
-             graphs.init("k", graphs.weight(r, *bias_shape, scale=1.0))]
+    inits = [
+        graphs.init("w", graphs.weight(r, C, C, 3, 3)),
+        graphs.init("k", graphs.weight(r, *bias_shape, scale=1.0)),
+    ]
     if conv_bias:
         inits.append(graphs.init("b", graphs.weight(r, C)))
     add_inputs = ["k", "conv_out"] if const_first else ["conv_out", "k"]
-    nodes = [helper.make_node(op, conv_inputs, ["conv_out"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node(op_type, add_inputs, ["add_out"], name="add"),
-             helper.make_node("Relu", ["add_out"], ["y"], name="relu")]
+    nodes = [
+        helper.make_node(op, conv_inputs, ["conv_out"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node(op_type, add_inputs, ["add_out"], name="add"),
+        helper.make_node("Relu", ["add_out"], ["y"], name="relu"),
+    ]
     outputs = [graphs.tensor("y", [1, C, 6, 6])]
     if second_reader:
         nodes.append(helper.make_node("Sigmoid", ["conv_out"], ["side"], name="side"))
@@ -42,9 +51,15 @@ def conv_add(bias_shape: tuple[int, ...] = (1, C, 1, 1), conv_bias: bool = False
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"conv_bias": True}, {"const_first": True}, {"bias_shape": (C, 1, 1)},
-     {"bias_shape": (1,)}, {"bias_shape": (1, 1, 1, 1), "conv_bias": True},
-     {"transpose": True, "conv_bias": True}],
+    [
+        {},
+        {"conv_bias": True},
+        {"const_first": True},
+        {"bias_shape": (C, 1, 1)},
+        {"bias_shape": (1,)},
+        {"bias_shape": (1, 1, 1, 1), "conv_bias": True},
+        {"transpose": True, "conv_bias": True},
+    ],
 )
 def test_fold_bias_add_folds_a_per_channel_constant(options):
     before = conv_add(**options)
@@ -88,8 +103,13 @@ def test_fold_bias_add_keeps_the_bias_dtype_and_values():
     np.testing.assert_allclose(folded, original["b"] + original["k"].reshape(-1), rtol=0)
 
 
-MUL_FOLDS = [{}, {"conv_bias": True}, {"const_first": True}, {"bias_shape": (C, 1, 1)},
-             {"transpose": True, "conv_bias": True}]
+MUL_FOLDS = [
+    {},
+    {"conv_bias": True},
+    {"const_first": True},
+    {"bias_shape": (C, 1, 1)},
+    {"transpose": True, "conv_bias": True},
+]
 
 
 @pytest.mark.parametrize("options", MUL_FOLDS)
@@ -122,15 +142,20 @@ def test_fold_channel_mul_declines(options, why):
 def test_conv_mul_add_batch_norm_folds_into_one_conv():
     # Caffe2 / frozen-batch-norm exports: Conv -> Mul(s) -> Add(b) -> Relu
     r = graphs.rng(2)
-    inits = [graphs.init("w", graphs.weight(r, C, C, 3, 3)),
-             graphs.init("s", graphs.weight(r, 1, C, 1, 1, scale=2.0)),
-             graphs.init("b", graphs.weight(r, 1, C, 1, 1))]
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Mul", ["c", "s"], ["m"], name="scale"),
-             helper.make_node("Add", ["m", "b"], ["a"], name="shift"),
-             helper.make_node("Relu", ["a"], ["y"], name="relu")]
-    before = graphs.model(nodes, [graphs.tensor("x", [1, C, 6, 6])],
-                          [graphs.tensor("y", [1, C, 6, 6])], inits)
+    inits = [
+        graphs.init("w", graphs.weight(r, C, C, 3, 3)),
+        graphs.init("s", graphs.weight(r, 1, C, 1, 1, scale=2.0)),
+        graphs.init("b", graphs.weight(r, 1, C, 1, 1)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", ["c", "s"], ["m"], name="scale"),
+        helper.make_node("Add", ["m", "b"], ["a"], name="shift"),
+        helper.make_node("Relu", ["a"], ["y"], name="relu"),
+    ]
+    before = graphs.model(
+        nodes, [graphs.tensor("x", [1, C, 6, 6])], [graphs.tensor("y", [1, C, 6, 6])], inits
+    )
     after, passes = simplify(ir.infer_shapes(before))  # as onnxq.ir.load_model leaves it
     assert graphs.op_types(after) == ["Conv", "Relu"]
     assert {"fold_channel_mul", "fold_bias_add"} <= set(passes)

@@ -17,9 +17,17 @@ from tests.rewrites.test_simplify import apply, assert_same_outputs, run
 SHAPE = [1, 8, 4, 4]
 
 
-def decomposed(form: str = "div", opset: int = 13, swap: bool = False, three: float = 3.0,
-               high: float = 6.0, six: float = 6.0, mul_x: str = "x",
-               extra_output: str | None = None, conv: bool = True) -> onnx.ModelProto:
+def decomposed(
+    form: str = "div",
+    opset: int = 13,
+    swap: bool = False,
+    three: float = 3.0,
+    high: float = 6.0,
+    six: float = 6.0,
+    mul_x: str = "x",
+    extra_output: str | None = None,
+    conv: bool = True,
+) -> onnx.ModelProto:
     """x -> Conv -> hardswish written as Add, Clip, Mul and a division by ``six`` -> Relu -> y
     (without ``conv``, the hardswish reads the graph input ``x`` itself).
 
@@ -35,26 +43,36 @@ def decomposed(form: str = "div", opset: int = 13, swap: bool = False, three: fl
     inits = [graphs.init("w", graphs.weight(r, 8, 8, 3, 3, scale=0.5))]
     if not conv:
         nodes, inits = [], []
-    inits += [graphs.init("three", np.array(three, np.float32)),
-             graphs.init("six", np.array(six, np.float32)),
-             graphs.init("sixth", np.array(1.0 / six, np.float32))]
+    inits += [
+        graphs.init("three", np.array(three, np.float32)),
+        graphs.init("six", np.array(six, np.float32)),
+        graphs.init("sixth", np.array(1.0 / six, np.float32)),
+    ]
     nodes.append(helper.make_node("Add", pair("x", "three"), ["plus3"], name="add"))
     if opset >= 11:
-        inits += [graphs.init("lo", np.array(0.0, np.float32)),
-                  graphs.init("hi", np.array(high, np.float32))]
+        inits += [
+            graphs.init("lo", np.array(0.0, np.float32)),
+            graphs.init("hi", np.array(high, np.float32)),
+        ]
         nodes.append(helper.make_node("Clip", ["plus3", "lo", "hi"], ["clipped"], name="clip"))
     else:
-        nodes.append(helper.make_node("Clip", ["plus3"], ["clipped"], name="clip", min=0.0,
-                                      max=high))
+        nodes.append(
+            helper.make_node("Clip", ["plus3"], ["clipped"], name="clip", min=0.0, max=high)
+        )
     if form in ("div", "mul"):
         nodes.append(helper.make_node("Mul", pair(mul_x, "clipped"), ["prod"], name="mul"))
-        last = (helper.make_node("Div", ["prod", "six"], ["hs"], name="div") if form == "div"
-                else helper.make_node("Mul", pair("prod", "sixth"), ["hs"], name="scale"))
+        last = (
+            helper.make_node("Div", ["prod", "six"], ["hs"], name="div")
+            if form == "div"
+            else helper.make_node("Mul", pair("prod", "sixth"), ["hs"], name="scale")
+        )
         nodes.append(last)
     else:
-        scale = (helper.make_node("Div", ["clipped", "six"], ["gate"], name="div")
-                 if form == "gate_div"
-                 else helper.make_node("Mul", pair("clipped", "sixth"), ["gate"], name="scale"))
+        scale = (
+            helper.make_node("Div", ["clipped", "six"], ["gate"], name="div")
+            if form == "gate_div"
+            else helper.make_node("Mul", pair("clipped", "sixth"), ["gate"], name="scale")
+        )
         nodes += [scale, helper.make_node("Mul", pair(mul_x, "gate"), ["hs"], name="mul")]
     nodes.append(helper.make_node("Relu", ["hs"], ["y"], name="relu"))
     outputs = [graphs.tensor("y", SHAPE)]
@@ -130,9 +148,12 @@ def test_fuse_hardswish_declines_near_misses(options, why):
 def test_fuse_hardswish_declines_when_an_intermediate_has_another_reader():
     before = decomposed()
     extra = helper.make_node("Sigmoid", ["plus3"], ["side"], name="side")
-    model = graphs.model([*before.graph.node, extra], before.graph.input,
-                         [*before.graph.output, graphs.tensor("side", SHAPE)],
-                         before.graph.initializer)
+    model = graphs.model(
+        [*before.graph.node, extra],
+        before.graph.input,
+        [*before.graph.output, graphs.tensor("side", SHAPE)],
+        before.graph.initializer,
+    )
     after, modified = apply(fuse_hardswish, model)
     assert not modified and graphs.count_ops(after, "Clip") == 1
 

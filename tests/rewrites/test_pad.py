@@ -14,10 +14,18 @@ from tests import graphs
 from tests.rewrites.test_simplify import apply, run
 
 
-def padded_conv(pads: list[int], *, fill: float | None = None, mode: str = "constant",
-                conv_pads: list[int] | None = None, auto_pad: str | None = None,
-                extra_reader: str | None = None, opset: int = 17,
-                axes: list[int] | None = None, pad_is_output: bool = False) -> onnx.ModelProto:
+def padded_conv(
+    pads: list[int],
+    *,
+    fill: float | None = None,
+    mode: str = "constant",
+    conv_pads: list[int] | None = None,
+    auto_pad: str | None = None,
+    extra_reader: str | None = None,
+    opset: int = 17,
+    axes: list[int] | None = None,
+    pad_is_output: bool = False,
+) -> onnx.ModelProto:
     """x[1, 4, 9, 9] -> Pad -> Conv(3x3, 4 -> 6, stride 2) -> y (and optionally another
     reader of the padded tensor)."""
     r = graphs.rng(3)

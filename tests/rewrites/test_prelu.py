@@ -14,16 +14,22 @@ from tests import graphs
 from tests.rewrites.test_simplify import apply, run
 
 
-def prelu(shape: list[int | str], slope_shape: tuple[int, ...] = (16, 1, 1),
-          const_slope: bool = True, top: float = 0.8) -> onnx.ModelProto:
+def prelu(
+    shape: list[int | str],
+    slope_shape: tuple[int, ...] = (16, 1, 1),
+    const_slope: bool = True,
+    top: float = 0.8,
+) -> onnx.ModelProto:
     """x -> PRelu(slope from -0.5 to ``top``, some channels negative) -> Sigmoid -> y."""
     slope = np.linspace(-0.5, top, int(np.prod(slope_shape)), dtype=np.float32)
     inits = [graphs.init("slope", slope.reshape(slope_shape))] if const_slope else []
     inputs = [graphs.tensor("x", shape)]
     if not const_slope:
         inputs.append(graphs.tensor("slope", list(slope_shape)))
-    nodes = [helper.make_node("PRelu", ["x", "slope"], ["p"], name="prelu"),
-             helper.make_node("Sigmoid", ["p"], ["y"], name="tail")]
+    nodes = [
+        helper.make_node("PRelu", ["x", "slope"], ["p"], name="prelu"),
+        helper.make_node("Sigmoid", ["p"], ["y"], name="tail"),
+    ]
     return graphs.model(nodes, inputs, [graphs.tensor("y", shape)], inits)
 
 
@@ -38,8 +44,13 @@ def assert_bit_exact(before: onnx.ModelProto, after: onnx.ModelProto, shape: lis
 
 @pytest.mark.parametrize(
     ("shape", "slope_shape"),
-    [([1, 16, 24, 24], (16, 1, 1)), (["n", 16, "h", "w"], (16, 1, 1)), (["n", 8192], (8192,)),
-     ([1, 16, 24, 24], (1,)), ([1, 16, 8, 8], (16, 1, 1))],
+    [
+        ([1, 16, 24, 24], (16, 1, 1)),
+        (["n", 16, "h", "w"], (16, 1, 1)),
+        (["n", 8192], (8192,)),
+        ([1, 16, 24, 24], (1,)),
+        ([1, 16, 8, 8], (16, 1, 1)),
+    ],
 )
 def test_slopes_up_to_one_become_max_of_x_and_its_product_exactly(shape, slope_shape):
     before = prelu(shape, slope_shape, top=1.0)
@@ -76,8 +87,9 @@ def test_decompose_prelu_keeps_a_small_static_tensor(shape, top):
 
 def test_decompose_prelu_keeps_a_slope_that_is_not_finite():
     before = prelu([1, 16, 24, 24])
-    before.graph.initializer[0].CopyFrom(graphs.init(
-        "slope", np.full((16, 1, 1), np.nan, dtype=np.float32)))
+    before.graph.initializer[0].CopyFrom(
+        graphs.init("slope", np.full((16, 1, 1), np.nan, dtype=np.float32))
+    )
     after, modified = apply(decompose_prelu, before)
     assert not modified and graphs.op_types(after) == ["PRelu", "Sigmoid"]
 

@@ -92,7 +92,8 @@ def test_conv_whose_output_cannot_be_quantized_stays_float_for_onnxruntime():
     d = decision(annotated(graphs.conv_relu(), "onnxruntime"), "conv")
     assert not d.quantized and d.reason.startswith(
         "its output 'y' is a graph output (never quantized), and onnxruntime has no integer "
-        "Conv with a float output")
+        "Conv with a float output"
+    )
 
 
 def test_conv_transpose_stays_float_for_onnxruntime_which_has_no_integer_kernel_for_it():
@@ -101,17 +102,23 @@ def test_conv_transpose_stays_float_for_onnxruntime_which_has_no_integer_kernel_
     ort = decision(annotated(model, "onnxruntime"), "convt")
     assert not ort.quantized and ort.reason == (
         "onnxruntime has no integer ConvTranspose kernel: Q/DQ around it would only add work "
-        "and rounding error")
+        "and rounding error"
+    )
     assert decision(annotated(model, "tensorrt"), "convt").quantized
 
 
 def test_a_conv_whose_output_stays_float_for_a_data_reason_gives_that_reason():
     graph = ir.Graph(ir.infer_shapes(graphs.with_tail(graphs.conv_relu())))
-    ann = annotate(graph, PROFILES["onnxruntime"], QuantConfig(backend="onnxruntime"),
-                   float_tensors={"y": "tensor 'y' reaches |x| = 2e+05"})
+    ann = annotate(
+        graph,
+        PROFILES["onnxruntime"],
+        QuantConfig(backend="onnxruntime"),
+        float_tensors={"y": "tensor 'y' reaches |x| = 2e+05"},
+    )
     d = decision(ann, "conv")
     assert not d.quantized and d.reason.startswith(
-        "tensor 'y' reaches |x| = 2e+05, and onnxruntime has no integer Conv")
+        "tensor 'y' reaches |x| = 2e+05, and onnxruntime has no integer Conv"
+    )
 
 
 def test_relu_is_not_reported_fused_when_no_output_qdq_is_placed():
@@ -294,12 +301,17 @@ def test_residual_add_decline_broadcast():
 
 def test_residual_add_with_differently_named_symbolic_sizes_says_they_cannot_be_shown_equal():
     m = graphs.residual_add()
-    m.graph.value_info.extend([graphs.tensor("skip", [1, 16, "h1", "w1"]),
-                               graphs.tensor("conv2_out", [1, 16, "h2", "w2"])])
+    m.graph.value_info.extend(
+        [
+            graphs.tensor("skip", [1, 16, "h1", "w1"]),
+            graphs.tensor("conv2_out", [1, 16, "h2", "w2"]),
+        ]
+    )
     ann = annotate(ir.Graph(m), PROFILES["tensorrt"], QuantConfig(backend="tensorrt"))
     d = decision(ann, "add")
     assert not d.quantized and d.reason.startswith(
-        "inputs have shapes that cannot be shown equal, [1, 16, h2, w2] and [1, 16, h1, w1]")
+        "inputs have shapes that cannot be shown equal, [1, 16, h2, w2] and [1, 16, h1, w1]"
+    )
 
 
 def test_residual_add_decline_when_the_conv_is_float():
@@ -332,13 +344,18 @@ def test_binary_folds_a_following_relu_into_its_output_quantization():
     # ResNet's join: Add -> Relu -> Conv.  onnxruntime drops a Relu before a Q whose zero
     # point is the type's minimum, so the Q/DQ goes on the Relu's output and QLinearAdd fuses
     r = graphs.rng(4)
-    nodes = [helper.make_node("Add", ["a", "b"], ["s"], name="binary"),
-             helper.make_node("Relu", ["s"], ["r"], name="relu"),
-             helper.make_node("Conv", ["r", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["s"], name="binary"),
+        helper.make_node("Relu", ["s"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w"], ["y"], name="conv", pads=[1, 1, 1, 1]),
+    ]
     shape = [1, 16, 8, 8]
-    model = graphs.model(nodes, [graphs.tensor("a", shape), graphs.tensor("b", shape)],
-                         [graphs.tensor("y", shape)],
-                         [graphs.init("w", graphs.weight(r, 16, 16, 3, 3))])
+    model = graphs.model(
+        nodes,
+        [graphs.tensor("a", shape), graphs.tensor("b", shape)],
+        [graphs.tensor("y", shape)],
+        [graphs.init("w", graphs.weight(r, 16, 16, 3, 3))],
+    )
     ann = annotated(model, "onnxruntime")
     assert decision(ann, "binary").quantized
     assert decision(ann, "relu").rule == "fused"
@@ -428,8 +445,11 @@ def test_shape_subgraph_tensors_are_never_annotated(backend):
     assert kinds(ann) == {
         "x4d": ("activation", None),
         "conv.weight": ("weight", 0),
-        **({"conv.bias": ("bias", 0), "y": ("activation", None)}
-           if backend == "onnxruntime" else {}),
+        **(
+            {"conv.bias": ("bias", 0), "y": ("activation", None)}
+            if backend == "onnxruntime"
+            else {}
+        ),
     }
     for node in ("shape", "gather", "concat"):
         d = decision(ann, node)

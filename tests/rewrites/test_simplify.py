@@ -72,11 +72,16 @@ def test_constants_to_initializers_reports_no_change_without_constants():
 def sum_model(n_inputs: int) -> onnx.ModelProto:
     """x -> Conv, then Sum(Conv out, x[, x]) -> y: a Caffe2-style residual join."""
     r = graphs.rng(3)
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Sum", ["c", "x", "x"][:n_inputs], ["y"], name="join")]
-    return graphs.model(nodes, [graphs.tensor("x", [1, 8, 6, 6])],
-                        [graphs.tensor("y", [1, 8, 6, 6])],
-                        [graphs.init("w", graphs.weight(r, 8, 8, 3, 3))])
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Sum", ["c", "x", "x"][:n_inputs], ["y"], name="join"),
+    ]
+    return graphs.model(
+        nodes,
+        [graphs.tensor("x", [1, 8, 6, 6])],
+        [graphs.tensor("y", [1, 8, 6, 6])],
+        [graphs.init("w", graphs.weight(r, 8, 8, 3, 3))],
+    )
 
 
 def test_sum_to_add_rewrites_a_two_input_sum_only():
@@ -282,24 +287,32 @@ def _matmul_bn(x_shape: list[int], flatten_axis: int | None) -> onnx.ModelProto:
     from onnx import helper
 
     r = graphs.rng(2)
-    inits = [graphs.init("w", graphs.weight(r, 8, 6)),
-             graphs.init("g", (r.random(6) + 0.5).astype(np.float32)),
-             graphs.init("b", graphs.weight(r, 6)), graphs.init("m", graphs.weight(r, 6)),
-             graphs.init("v", (r.random(6) + 0.2).astype(np.float32))]
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"], name="mm"),
-             helper.make_node("Shape", ["p"], ["s"], name="shape")]
+    inits = [
+        graphs.init("w", graphs.weight(r, 8, 6)),
+        graphs.init("g", (r.random(6) + 0.5).astype(np.float32)),
+        graphs.init("b", graphs.weight(r, 6)),
+        graphs.init("m", graphs.weight(r, 6)),
+        graphs.init("v", (r.random(6) + 0.2).astype(np.float32)),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["p"], name="mm"),
+        helper.make_node("Shape", ["p"], ["s"], name="shape"),
+    ]
     src = "p"
     if flatten_axis is not None:
         nodes.append(helper.make_node("Flatten", ["p"], ["f"], name="flat", axis=flatten_axis))
         src = "f"
-    nodes.append(helper.make_node("BatchNormalization", [src, "g", "b", "m", "v"], ["y"],
-                                  name="bn"))
+    nodes.append(
+        helper.make_node("BatchNormalization", [src, "g", "b", "m", "v"], ["y"], name="bn")
+    )
     rows = int(np.prod(x_shape[:-1])) if flatten_axis == len(x_shape) - 1 else None
     out = [rows, 6] if rows else ["a", "b", "c"][: len(x_shape)]
-    return graphs.model(nodes, [graphs.tensor("x", x_shape)],
-                        [graphs.tensor("y", out), graphs.tensor("s", [len(x_shape)],
-                                                                onnx.TensorProto.INT64)],
-                        inits)
+    return graphs.model(
+        nodes,
+        [graphs.tensor("x", x_shape)],
+        [graphs.tensor("y", out), graphs.tensor("s", [len(x_shape)], onnx.TensorProto.INT64)],
+        inits,
+    )
 
 
 @pytest.mark.parametrize(("x_shape", "axis"), [([2, 3, 8], 2), ([2, 3, 8], -1), ([4, 8], None)])
