@@ -5,6 +5,8 @@
 >>> result.save("model.int8.onnx")                                       # doctest: +SKIP
 """
 
+from onnxq.api import QuantizedModel, quantize
+from onnxq.config import Override, QuantConfig
 from onnxq.errors import (
     AccuracyError,
     BackendConstraintError,
@@ -17,12 +19,9 @@ from onnxq.errors import (
     UnsupportedModelError,
     Violation,
 )
-
-__version__ = "0.1.0"
-
-from onnxq.api import QuantizedModel, quantize
-from onnxq.config import Override, QuantConfig
-from onnxq.torch_export import module_pattern, quantize_torch  # imports torch only when called
+from onnxq.scopes import module_pattern
+from onnxq.torch_export import quantize_torch  # imports torch only when called
+from onnxq.version import __version__
 
 __all__ = [
     "AccuracyError",

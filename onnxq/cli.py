@@ -36,8 +36,8 @@ constraints: nothing written, an onnxq bug), 2 user error (bad input, options or
 
 
 def _parser() -> argparse.ArgumentParser:
-    from onnxq import __version__
     from onnxq.observers import METHODS
+    from onnxq.version import __version__
 
     p = argparse.ArgumentParser(
         prog="onnxq",

@@ -2,84 +2,80 @@
 
 The same object is built from CLI flags, from Python keyword arguments and from a YAML file
 (:meth:`QuantConfig.from_yaml`); ``to_yaml`` writes it back so a run can be reproduced.
+
+A field is declared once, in :class:`QuantConfig`: its type annotation says which Python
+values it takes (what YAML and ``from_dict`` accept, and what a wrong value's error names), and
+:func:`option` adds a value check and, for the few fields that take another form too, a
+parser.  A stage reads the fields it uses through its options view (:mod:`onnxq.options`).
+
+To add a field: declare it here with its check, document it in the docstring below and in
+``docs/config.md`` (a test holds the two together), and list it in the options view of the
+stage that reads it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
+import functools
 import os
-from dataclasses import dataclass
+import types
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onnxq.backends.profile import BACKENDS
 from onnxq.errors import ConfigError
+from onnxq.observers import WEIGHT_METHODS
+from onnxq.options import CalibrationOptions, PlacementOptions, WeightOptions, view
+from onnxq.overrides import Override, TensorSettings, check_method, parse_override
 
-BACKENDS = ("tensorrt", "onnxruntime")
 WEIGHT_STORAGE = ("int8", "qdq")
 
-
-@dataclass(frozen=True)
-class Override:
-    """Per-node settings, matched by glob over node name, op type or tensor name.
-
-    A field left at ``None`` keeps the global setting.  ``exclude=True`` keeps the matched nodes
-    (or, with ``tensor``, the matched tensors) in float.  ``bits`` (2-8) narrows the integer
-    range inside the int8/uint8 storage; ``per_channel`` (weights) and ``symmetric``
-    (activations; the TensorRT backend only allows symmetric) change the scheme.
-    When several overrides match, the later one wins field by field.
-    """
-
-    node: str | None = None
-    op_type: str | None = None
-    tensor: str | None = None
-    method: str | None = None
-    exclude: bool = False
-    bits: int | None = None
-    per_channel: bool | None = None
-    symmetric: bool | None = None
-
-    def __post_init__(self) -> None:
-        if self.node is None and self.op_type is None and self.tensor is None:
-            raise ConfigError(
-                "overrides: each entry needs at least one of 'node', 'op_type' or 'tensor' "
-                "(a glob pattern); got an entry with none"
-            )
-        if self.method is not None:
-            _check_method(self.method, "overrides[].method")
-        if self.bits is not None and (isinstance(self.bits, bool) or not 2 <= self.bits <= 8):
-            raise ConfigError(f"overrides[].bits: must be an integer 2..8, got {self.bits!r}")
-
-    def matches_node(self, node_name: str, op_type: str) -> bool:
-        """True if this override's node/op_type patterns (those given) all match."""
-        if self.tensor is not None and self.node is None and self.op_type is None:
-            return False
-        if self.node is not None and not fnmatch.fnmatchcase(node_name, self.node):
-            return False
-        return self.op_type is None or fnmatch.fnmatchcase(op_type, self.op_type)
-
-    def matches_tensor(self, tensor_name: str) -> bool:
-        """True if this override names tensors and ``tensor_name`` matches."""
-        return self.tensor is not None and fnmatch.fnmatchcase(tensor_name, self.tensor)
+# a field's value check: (field name, value) -> raises ConfigError when the value is wrong
+Validate = Callable[[str, Any], None]
 
 
-def _check_method(name: str, where: str) -> None:
-    from onnxq.observers import METHODS
+def must(test: Callable[[Any], bool], text: str) -> Validate:
+    """A check that ``test`` holds (``None`` passes): ``"<field>: must <text>, got <value>"``."""
 
-    if name not in METHODS:
-        raise ConfigError(
-            f"{where}: unknown calibration method {name!r}; valid: {', '.join(sorted(METHODS))}"
-        )
+    def validate(name: str, value: Any) -> None:
+        if value is not None and not test(value):
+            raise ConfigError(f"{name}: must {text}, got {value!r}")
+
+    return validate
 
 
-@dataclass(frozen=True)
-class TensorSettings:
-    """The resolved per-tensor settings (``None``: the backend's default)."""
+def one_of(values: Callable[[], Sequence[str]], what: str) -> Validate:
+    """A check that the value is one of ``values()``: ``"<field>: unknown <what> ..."``."""
 
-    method: str
-    bits: int = 8
-    per_channel: bool = True
-    symmetric: bool | None = None
+    def validate(name: str, value: Any) -> None:
+        if value not in values():
+            raise ConfigError(f"{name}: unknown {what} {value!r}; valid: {', '.join(values())}")
+
+    return validate
+
+
+def option(
+    default: Any,
+    validate: Validate | None = None,
+    *,
+    also: tuple[type, ...] = (),
+    parse: Callable[[Any], Any] | None = None,
+) -> Any:
+    """A :class:`QuantConfig` field: its default, its value check, other Python types it
+    takes (``also``) besides its annotation's, and ``parse``, which turns such a value into
+    the annotated type."""
+    return field(default=default, metadata={"validate": validate, "also": also, "parse": parse})
+
+
+def _preprocess_spec(value: Any) -> Any:
+    if isinstance(value, dict):  # a mapping (YAML, Python) becomes its spec string
+        from onnxq.images import Preprocess
+
+        return Preprocess.from_spec(value).to_spec()
+    return value
 
 
 @dataclass(frozen=True)
@@ -135,144 +131,70 @@ class QuantConfig:
         progress: show progress bars on stderr.
     """
 
-    backend: str = "tensorrt"
-    method: str = "auto"
-    percentile: float = 99.99
-    exclude: tuple[str, ...] = ()
-    overrides: tuple[Override, ...] = ()
-    max_batches: int | None = None
-    fidelity_batches: int = 4
-    weight_storage: str = "int8"
-    weight_method: str = "mse"
-    bias_correction: bool = False
-    min_channels: int | None = None
-    mask_threshold: float = 1e4
-    concat_range_ratio: float = 8.0
-    weak_channel_fraction: float = 0.25
-    weak_position_fraction: float = 0.25
-    reduce_range: bool | None = None
-    memory_budget_mb: int = 4096
-    histogram_sample: int = 65536
-    histogram_budget: int = 2**24
-    preprocess: str | None = None
-    simplify: bool = True
-    progress: bool = True
+    backend: str = option("tensorrt", one_of(lambda: BACKENDS, "backend"))
+    method: str = option("auto", lambda name, value: check_method(value, name))
+    percentile: float = option(99.99, must(lambda v: 0.0 < v <= 100.0, "be in (0, 100]"))
+    exclude: tuple[str, ...] = option(())
+    overrides: tuple[Override, ...] = option(())
+    max_batches: int | None = option(None, must(lambda v: v >= 1, "be >= 1"))
+    fidelity_batches: int = option(4, must(lambda v: v >= 0, "be >= 0"))
+    weight_storage: str = option("int8", one_of(lambda: WEIGHT_STORAGE, "weight storage"))
+    weight_method: str = option("mse", one_of(lambda: WEIGHT_METHODS, "weight method"))
+    bias_correction: bool = option(False)
+    min_channels: int | None = option(None, must(lambda v: v >= 0, "be >= 0"))
+    mask_threshold: float = option(1e4, must(lambda v: v > 0, "be > 0"))
+    concat_range_ratio: float = option(8.0, must(lambda v: v >= 1, "be >= 1"))
+    weak_channel_fraction: float = option(0.25, must(lambda v: 0.0 < v <= 1.0, "be in (0, 1]"))
+    weak_position_fraction: float = option(0.25, must(lambda v: 0.0 < v <= 1.0, "be in (0, 1]"))
+    reduce_range: bool | None = option(None)
+    memory_budget_mb: int = option(4096, must(lambda v: v >= 1, "be >= 1"))
+    histogram_sample: int = option(65536, must(lambda v: v >= 0, "be >= 0"))
+    histogram_budget: int = option(2**24, must(lambda v: v >= 0, "be >= 0"))
+    preprocess: str | None = option(None, also=(dict,), parse=_preprocess_spec)
+    simplify: bool = option(True)
+    progress: bool = option(True)
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):  # dict overrides and preprocess specs from Python too
+        # values from Python are checked like those from YAML: type first, then value
+        for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name), "config"))
-        if self.backend not in BACKENDS:
-            raise ConfigError(
-                f"backend: unknown backend {self.backend!r}; valid: {', '.join(BACKENDS)}"
-            )
-        _check_method(self.method, "method")
-        if not (0.0 < float(self.percentile) <= 100.0):
-            raise ConfigError(f"percentile: must be in (0, 100], got {self.percentile!r}")
-        if self.weight_storage not in WEIGHT_STORAGE:
-            raise ConfigError(
-                f"weight_storage: got {self.weight_storage!r}; valid: {', '.join(WEIGHT_STORAGE)}"
-            )
-        if self.weight_method not in ("minmax", "mse"):
-            raise ConfigError(f"weight_method: got {self.weight_method!r}; valid: minmax, mse")
-        if self.max_batches is not None and self.max_batches < 1:
-            raise ConfigError(f"max_batches: must be >= 1, got {self.max_batches}")
-        if self.fidelity_batches < 0:
-            raise ConfigError(f"fidelity_batches: must be >= 0, got {self.fidelity_batches}")
-        if not self.mask_threshold > 0:
-            raise ConfigError(f"mask_threshold: must be > 0, got {self.mask_threshold}")
-        if not self.concat_range_ratio >= 1:
-            raise ConfigError(f"concat_range_ratio: must be >= 1, got {self.concat_range_ratio}")
-        if not 0.0 < self.weak_channel_fraction <= 1.0:
-            raise ConfigError(
-                f"weak_channel_fraction: must be in (0, 1], got {self.weak_channel_fraction}"
-            )
-        if not 0.0 < self.weak_position_fraction <= 1.0:
-            raise ConfigError(
-                f"weak_position_fraction: must be in (0, 1], got {self.weak_position_fraction}"
-            )
-        if self.memory_budget_mb < 1:
-            raise ConfigError(f"memory_budget_mb: must be >= 1, got {self.memory_budget_mb}")
-        if self.histogram_sample < 0:
-            raise ConfigError(f"histogram_sample: must be >= 0, got {self.histogram_sample}")
-        if self.histogram_budget < 0:
-            raise ConfigError(f"histogram_budget: must be >= 0, got {self.histogram_budget}")
-        if self.min_channels is not None and self.min_channels < 0:
-            raise ConfigError(f"min_channels: must be >= 0, got {self.min_channels}")
-        # Normalise lists given from Python or YAML into tuples so the config stays hashable.
-        object.__setattr__(self, "exclude", tuple(self.exclude))
-        object.__setattr__(self, "overrides", tuple(self.overrides))
+        for f in dataclasses.fields(self):
+            validate = f.metadata.get("validate")
+            if validate is not None:
+                validate(f.name, getattr(self, f.name))
 
-    # -- queries used by the pipeline -------------------------------------------------------
+    # -- what the stages read -----------------------------------------------------------------
+    @property
+    def placement(self) -> PlacementOptions:
+        """The options placement reads."""
+        return view(PlacementOptions, self)
+
+    @property
+    def calibration(self) -> CalibrationOptions:
+        """The options calibration reads."""
+        return view(CalibrationOptions, self)
+
+    @property
+    def weights(self) -> WeightOptions:
+        """The options the weight passes (materialize, bias correction) read."""
+        return view(WeightOptions, self)
+
+    # -- queries (PlacementOptions answers them) ---------------------------------------------
     def node_excluded(self, node_name: str, op_type: str) -> str | None:
         """The pattern that keeps this node float, or ``None``."""
-        for pattern in self.exclude:
-            if fnmatch.fnmatchcase(node_name, pattern):
-                return f"--exclude {pattern}"
-        for ov in self.overrides:
-            if ov.exclude and ov.matches_node(node_name, op_type):
-                return f"override {_describe(ov)} exclude"
-        return None
-
-    def unmatched(self, nodes: list[tuple[str, str]], tensors: set[str]) -> list[str]:
-        """The exclude patterns and overrides that match none of ``nodes`` ((name, op_type)
-        pairs) and ``tensors``: a typo that would silently change nothing."""
-        out = [
-            f"--exclude {p!r}"
-            for p in self.exclude
-            if not any(fnmatch.fnmatchcase(name, p) for name, _ in nodes)
-        ]
-
-        def key(ov: Override) -> tuple[object, ...]:
-            # `--method-for GLOB=M` is two overrides, node=GLOB and tensor=GLOB: one suffices
-            return (
-                {ov.node, ov.op_type, ov.tensor} - {None},
-                ov.method,
-                ov.exclude,
-                ov.bits,
-                ov.per_channel,
-                ov.symmetric,
-            )
-
-        hit = [
-            (
-                (ov.node is not None or ov.op_type is not None)
-                and any(ov.matches_node(name, op) for name, op in nodes)
-            )
-            or any(ov.matches_tensor(t) for t in tensors)
-            for ov in self.overrides
-        ]
-        matched = [key(ov) for ov, h in zip(self.overrides, hit, strict=True) if h]
-        for ov, h in zip(self.overrides, hit, strict=True):
-            if not h and key(ov) not in matched:
-                matched.append(key(ov))  # said once
-                out.append(f"override {_describe(ov)}")
-        return out
+        return self.placement.node_excluded(node_name, op_type)
 
     def tensor_excluded(self, tensor_name: str) -> str | None:
         """The override that keeps this tensor float, or ``None``."""
-        for ov in self.overrides:
-            if ov.exclude and ov.matches_tensor(tensor_name):
-                return f"override {_describe(ov)} exclude"
-        return None
+        return self.placement.tensor_excluded(tensor_name)
 
     def settings_for(self, tensor_name: str, consumers: list[tuple[str, str]]) -> TensorSettings:
-        """Method, bits and scheme of a tensor: overrides apply in order, field by field.
+        """Method, bits and scheme of a tensor (:meth:`PlacementOptions.settings_for`)."""
+        return self.placement.settings_for(tensor_name, consumers)
 
-        ``consumers`` lists ``(node_name, op_type)`` of the nodes that read the tensor.
-        """
-        out = TensorSettings(self.method)
-        for ov in self.overrides:
-            if not (
-                ov.matches_tensor(tensor_name) or any(ov.matches_node(n, t) for n, t in consumers)
-            ):
-                continue
-            out = TensorSettings(
-                ov.method if ov.method is not None else out.method,
-                ov.bits if ov.bits is not None else out.bits,
-                ov.per_channel if ov.per_channel is not None else out.per_channel,
-                ov.symmetric if ov.symmetric is not None else out.symmetric,
-            )
-        return out
+    def unmatched(self, nodes: list[tuple[str, str]], tensors: set[str]) -> list[str]:
+        """The exclude patterns and overrides that match nothing (a typo)."""
+        return self.placement.unmatched(nodes, tensors)
 
     # -- (de)serialisation ------------------------------------------------------------------
     def replace(self, **changes: Any) -> QuantConfig:
@@ -298,7 +220,7 @@ class QuantConfig:
         """Build from a dict, naming unknown keys and wrong types."""
         if not isinstance(data, dict):
             raise ConfigError(f"{where}: expected a mapping of options, got {type(data).__name__}")
-        known = {f.name: f for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             if key not in known:
@@ -315,9 +237,19 @@ class QuantConfig:
             ) from None
 
     @classmethod
+    def from_sparsebit(cls, doc: dict[str, Any], where: str = "config") -> QuantConfig:
+        """Map a Sparsebit qconfig (the parsed YAML mapping; :mod:`onnxq.sparsebit`)."""
+        from onnxq.sparsebit import sparsebit_options
+
+        return cls(**sparsebit_options(doc, where))
+
+    @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> QuantConfig:
-        """Load a YAML config file (safe loader: no code runs)."""
+        """Load a YAML config file (safe loader: no code runs); a Sparsebit qconfig (top-level
+        ``BACKEND`` / ``W`` / ``A``) is read as :meth:`from_sparsebit` reads it."""
         import yaml
+
+        from onnxq.sparsebit import is_sparsebit
 
         p = Path(path)
         try:
@@ -328,10 +260,8 @@ class QuantConfig:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{p}: not valid YAML: {exc}".replace("\n", " ")) from None
-        from onnxq.sparsebit import from_sparsebit, is_sparsebit
-
-        if is_sparsebit(data):  # a Sparsebit qconfig (top-level BACKEND / W / A)
-            return from_sparsebit(data, where=str(p))
+        if is_sparsebit(data):
+            return cls.from_sparsebit(data, where=str(p))
         return cls.from_dict(data or {}, where=str(p))
 
     def to_yaml(self) -> str:
@@ -341,84 +271,48 @@ class QuantConfig:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
-_TYPES: dict[str, tuple[type, ...]] = {
-    "backend": (str,),
-    "method": (str,),
-    "percentile": (int, float),
-    "exclude": (list, tuple),
-    "overrides": (list, tuple),
-    "max_batches": (int, type(None)),
-    "fidelity_batches": (int,),
-    "weight_storage": (str,),
-    "weight_method": (str,),
-    "bias_correction": (bool,),
-    "min_channels": (int, type(None)),
-    "mask_threshold": (int, float),
-    "concat_range_ratio": (int, float),
-    "weak_channel_fraction": (int, float),
-    "weak_position_fraction": (int, float),
-    "reduce_range": (bool, type(None)),
-    "memory_budget_mb": (int,),
-    "histogram_sample": (int,),
-    "histogram_budget": (int,),
-    "preprocess": (str, dict, type(None)),
-    "simplify": (bool,),
-    "progress": (bool,),
-}
+@functools.cache
+def _fields() -> dict[str, tuple[Any, dataclasses.Field[Any]]]:
+    """Field name -> (its resolved type annotation, the field)."""
+    hints = typing.get_type_hints(QuantConfig)
+    return {f.name: (hints[f.name], f) for f in dataclasses.fields(QuantConfig)}
+
+
+def _accepted(hint: Any) -> tuple[type, ...]:
+    """The Python types a value of annotation ``hint`` may have (before parsing)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return tuple(t for arg in typing.get_args(hint) for t in _accepted(arg))
+    if hint is float:
+        return (int, float)
+    if typing.get_origin(hint) is tuple:
+        return (list, tuple)
+    return (hint,)
 
 
 def _coerce(key: str, value: Any, where: str) -> Any:
-    expected = _TYPES[key]
+    """``value`` checked against field ``key``'s type and brought to it (a list becomes a
+    tuple, a mapping of overrides an :class:`Override`, a preprocess mapping its spec)."""
+    hint, spec = _fields()[key]
+    expected = _accepted(hint) + spec.metadata["also"]
     if isinstance(value, bool) and bool not in expected:
         raise ConfigError(f"{where}: {key}: expected {_names(expected)}, got a boolean")
     if not isinstance(value, expected):
         raise ConfigError(
             f"{where}: {key}: expected {_names(expected)}, got {type(value).__name__} {value!r}"
         )
-    if key == "preprocess" and isinstance(value, dict):
-        from onnxq.images import Preprocess
-
-        return Preprocess.from_spec(value).to_spec()
-    if key == "exclude":
-        assert isinstance(value, (list, tuple))
-        if not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{where}: exclude: expected a list of glob strings")
+    if spec.metadata["parse"] is not None:
+        return spec.metadata["parse"](value)
+    if typing.get_origin(hint) is tuple:
+        item = typing.get_args(hint)[0]
+        if item is Override:
+            return tuple(parse_override(i, v, where) for i, v in enumerate(value))
+        if not all(isinstance(v, item) for v in value):
+            raise ConfigError(f"{where}: {key}: expected a list of {_names((item,))}s")
         return tuple(value)
-    if key == "overrides":
-        assert isinstance(value, (list, tuple))
-        return tuple(_override(i, v, where) for i, v in enumerate(value))
     return value
 
 
-def _override(index: int, value: Any, where: str) -> Override:
-    if isinstance(value, Override):
-        return value
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: overrides[{index}]: expected a mapping")
-    valid = {f.name for f in dataclasses.fields(Override)}
-    for key in value:
-        if key not in valid:
-            raise ConfigError(
-                f"{where}: overrides[{index}]: unknown key {key!r}; "
-                f"valid: {', '.join(sorted(valid))}"
-            )
-    for key in ("node", "op_type", "tensor", "method"):
-        if value.get(key) is not None and not isinstance(value[key], str):
-            raise ConfigError(f"{where}: overrides[{index}].{key}: expected a string")
-    for key in ("exclude", "per_channel", "symmetric"):
-        if value.get(key) is not None and not isinstance(value[key], bool):
-            raise ConfigError(f"{where}: overrides[{index}].{key}: expected true or false")
-    bits = value.get("bits")
-    if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int)):
-        raise ConfigError(f"{where}: overrides[{index}].bits: expected an integer 2..8")
-    try:
-        return Override(**value)
-    except ConfigError as exc:
-        text = str(exc).replace("overrides[].", f"overrides[{index}].")
-        raise ConfigError(f"{where}: {text}") from None
-
-
-def _names(types: tuple[type, ...]) -> str:
+def _names(types_: tuple[type, ...]) -> str:
     names = {
         int: "integer",
         float: "number",
@@ -426,14 +320,10 @@ def _names(types: tuple[type, ...]) -> str:
         bool: "boolean",
         list: "list",
         tuple: "list",
+        dict: "mapping",
         type(None): "null",
     }
-    return " or ".join(dict.fromkeys(names[t] for t in types))
+    return " or ".join(dict.fromkeys(names.get(t, t.__name__) for t in types_))
 
 
-def _describe(ov: Override) -> str:
-    parts = [f"{k}={getattr(ov, k)}" for k in ("node", "op_type", "tensor") if getattr(ov, k)]
-    return "(" + ", ".join(parts) + ")"
-
-
-__all__ = ["BACKENDS", "Override", "QuantConfig"]
+__all__ = ["BACKENDS", "WEIGHT_METHODS", "WEIGHT_STORAGE", "Override", "QuantConfig"]

@@ -16,35 +16,14 @@ import os
 import zipfile
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from onnx import helper
 
 from onnxq.errors import CalibrationDataError
-
-Batch = dict[str, np.ndarray]
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """What the model expects of one input."""
-
-    name: str
-    dtype: np.dtype  # type: ignore[type-arg]
-    shape: tuple[int | str | None, ...] | None
-
-
-def model_inputs(graph: Any) -> list[InputSpec]:
-    """The model's (non-initializer) inputs, from an ``onnxq.ir.Graph``."""
-    specs = []
-    for name in graph.graph_inputs:
-        elem = graph.elem_type(name)
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem)) if elem else np.dtype("float32")
-        specs.append(InputSpec(name, dtype, graph.shape(name)))
-    return specs
+from onnxq.inputs import Batch, InputSpec
+from onnxq.inputs import model_inputs as model_inputs  # re-exported: sources and inputs go together
 
 
 class NpzFolder:

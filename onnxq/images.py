@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from onnxq.data import Batch, InputSpec
 from onnxq.errors import CalibrationDataError, ConfigError
+from onnxq.inputs import Batch, InputSpec
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 ORDERS, LAYOUTS, DTYPES = ("RGB", "BGR"), ("NCHW", "NHWC"), ("float32", "float16", "uint8")

@@ -98,7 +98,7 @@ def write_metadata(model: onnx.ModelProto, placed: list[Placed]) -> None:
     """
     import json
 
-    from onnxq import __version__
+    from onnxq.version import __version__
 
     tensors = {
         p.tensor: {

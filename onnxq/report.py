@@ -54,7 +54,7 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        from onnxq import __version__
+        from onnxq.version import __version__
 
         return {
             "onnxq_version": __version__,

@@ -1,4 +1,5 @@
-"""Read a Sparsebit qconfig (megvii-research/Sparsebit ``qconfig.yaml``) as a QuantConfig.
+"""Read a Sparsebit qconfig (megvii-research/Sparsebit ``qconfig.yaml``) as QuantConfig options
+(``QuantConfig.from_sparsebit``, and ``QuantConfig.from_yaml`` on such a file).
 
 Sparsebit's format (``sparsebit/quantization/quant_config.py``)::
 
@@ -37,10 +38,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from onnxq.backends.profile import PROFILES
-from onnxq.config import BACKENDS, Override, QuantConfig
+from onnxq.backends.profile import BACKENDS, PROFILES
 from onnxq.errors import ConfigError
-from onnxq.torch_export import module_pattern
+from onnxq.observers import WEIGHT_METHODS
+from onnxq.overrides import Override
+from onnxq.scopes import module_pattern
 
 WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 OBSERVERS = {
@@ -52,7 +54,6 @@ OBSERVERS = {
     "ACIQ": "aciq",
     "MOVING_AVERAGE": "ema",
 }
-WEIGHT_METHODS = ("minmax", "mse")  # QuantConfig.weight_method
 QAT_QUANTIZERS = ("lsq", "lsq+", "lsq_plus", "dorefa", "pact", "quadapter", "dq")
 _QAT = (
     "is training-time; onnxq does post-training quantization: drop the key (onnxq "
@@ -97,8 +98,9 @@ def is_sparsebit(doc: Any) -> bool:
     return isinstance(doc, dict) and any(k in doc for k in ("BACKEND", "W", "A"))
 
 
-def from_sparsebit(doc: dict[str, Any], where: str = "config") -> QuantConfig:
-    """Map a Sparsebit qconfig (the parsed YAML mapping) to a :class:`QuantConfig`.
+def sparsebit_options(doc: dict[str, Any], where: str = "config") -> dict[str, Any]:
+    """Map a Sparsebit qconfig (the parsed YAML mapping) to the :class:`~onnxq.QuantConfig`
+    fields it sets (``QuantConfig.from_sparsebit`` builds the config).
 
     Raises:
         ConfigError: a key or value with no onnxq equivalent; the message names the key and
@@ -177,7 +179,7 @@ def from_sparsebit(doc: dict[str, Any], where: str = "config") -> QuantConfig:
     }
     if percentile is not None:
         options["percentile"] = percentile
-    return QuantConfig(**options)
+    return options
 
 
 def name_glob(pattern: str) -> str:
@@ -391,4 +393,4 @@ def _specific(
     return (Override(node=node, **fields) if fields else None), percentile
 
 
-__all__ = ["from_sparsebit", "is_sparsebit", "name_glob"]
+__all__ = ["is_sparsebit", "name_glob", "sparsebit_options"]

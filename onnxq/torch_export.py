@@ -23,39 +23,11 @@ import onnx
 
 from onnxq.api import QuantizedModel, quantize
 from onnxq.errors import CalibrationDataError, ConfigError, UnsupportedModelError
+from onnxq.scopes import module_pattern, scope_name
 
 INSTALL_HINT = "pip install 'onnxq[torch]'"
 EXPORTERS = ("torchscript", "dynamo")
 DEFAULT_OPSET = {"torchscript": 17, "dynamo": 18}
-_NUMERIC = re.compile(r"[0-9*?\[\]!-]+")  # an index atom, possibly a glob over indices
-
-
-def module_pattern(name: str) -> str:
-    """The node-name glob for every node inside torch module ``name`` (globs allowed).
-
-    The exporter gives each module one scope level: its qualified name from the last
-    non-numeric part on, so children of Sequential/ModuleList keep their index.  Module
-    ``features.3.conv`` is scope ``/features/features.3/conv``, its Conv node
-    ``/features/features.3/conv/Conv``; functional ops sit in the caller's scope
-    (``/features/features.3/Add``).  Use the glob in ``exclude`` or ``Override(node=...)``.
-
-    >>> module_pattern("features.3.conv")
-    '/features/features.3/conv/*'
-    >>> module_pattern("layer*.0")
-    '/layer*/layer*.0/*'
-    """
-    if not name or name.startswith(".") or name.endswith(".") or ".." in name:
-        raise ConfigError(f"module_pattern: {name!r} is not a module name like 'features.3.conv'")
-    atoms = name.split(".")
-    return "/" + "/".join(_unqualified(atoms[: k + 1]) for k in range(len(atoms))) + "/*"
-
-
-def _unqualified(atoms: Sequence[str]) -> str:
-    """A module's scope name: its qualified name from the last non-numeric atom on."""
-    for i in range(len(atoms) - 1, -1, -1):
-        if not _NUMERIC.fullmatch(atoms[i]):
-            return ".".join(atoms[i:])
-    return ".".join(atoms)
 
 
 def _import_torch() -> Any:
@@ -299,7 +271,7 @@ def _scope_node_names(model: onnx.ModelProto) -> None:
     for node in model.graph.node:
         meta = {p.key: p.value for p in node.metadata_props}
         scopes = re.findall(r"'([^']*)'", meta.get("pkg.torch.onnx.name_scopes", ""))[1:-1]
-        base = "/" + "".join(f"{_unqualified(s.split('.'))}/" for s in scopes) + node.op_type
+        base = "/" + "".join(f"{scope_name(s.split('.'))}/" for s in scopes) + node.op_type
         count = seen.get(base, 0)
         seen[base] = count + 1
         node.name = base if count == 0 else f"{base}_{count}"

@@ -99,7 +99,7 @@ def test_from_dict_bad_overrides(overrides, match):
         ("method", "median", "unknown calibration method 'median'; valid: .*entropy, minmax, mse"),
         ("percentile", 0.0, r"percentile: must be in \(0, 100\]"),
         ("percentile", 100.5, r"percentile: must be in \(0, 100\]"),
-        ("weight_storage", "fp8", "weight_storage: got 'fp8'"),
+        ("weight_storage", "fp8", "weight_storage: unknown weight storage 'fp8'; valid: int8, qdq"),
         ("max_batches", 0, "max_batches: must be >= 1"),
         ("fidelity_batches", -1, "fidelity_batches: must be >= 0"),
         ("min_channels", -2, "min_channels: must be >= 0"),

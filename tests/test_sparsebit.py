@@ -15,7 +15,7 @@ from onnxq import Override, QuantConfig
 from onnxq.cli import main as cli_main
 from onnxq.errors import ConfigError
 from onnxq.materialize import read_metadata
-from onnxq.sparsebit import from_sparsebit, is_sparsebit, name_glob
+from onnxq.sparsebit import is_sparsebit, name_glob
 from onnxq.torch_export import export_module
 from tests import graphs
 
@@ -91,7 +91,7 @@ def test_sparsebit_imagenet_ptq_qconfig_is_plain_tensorrt_minmax(tmp_path):
 
 
 def test_onnxruntime_schemes_percentile_and_low_bits():
-    cfg = from_sparsebit(
+    cfg = QuantConfig.from_sparsebit(
         {
             "BACKEND": "ONNXRuntime",
             "W": {
@@ -134,7 +134,7 @@ def test_onnxruntime_schemes_percentile_and_low_bits():
 )
 def test_observer_types_map_to_methods(observer, method):
     doc = {"BACKEND": "tensorrt", "A": {"OBSERVER": {"TYPE": observer}}}
-    assert from_sparsebit(doc).method == method
+    assert QuantConfig.from_sparsebit(doc).method == method
 
 
 def test_onnxq_yaml_is_not_taken_for_sparsebit(tmp_path):
@@ -315,7 +315,7 @@ def _base(**sections):
 )
 def test_keys_without_an_onnxq_equivalent_are_config_errors_naming_the_key(doc, names):
     with pytest.raises(ConfigError) as info:
-        from_sparsebit(doc, where="q.yaml")
+        QuantConfig.from_sparsebit(doc, where="q.yaml")
     message = str(info.value)
     assert message.startswith("q.yaml: ")
     for name in names:
@@ -338,5 +338,5 @@ def test_inert_sparsebit_defaults_are_accepted():
     }
     doc["W"]["QUANTIZER"]["TRAINING"] = {"ENABLE": False, "LR": 4e-5, "ITERS": 20000}
     doc["A"]["SPECIFIC"] = [{"patch_embed_proj": ["OBSERVER.LAYOUT", "NCHW"]}]  # deit example
-    cfg = from_sparsebit(doc)
+    cfg = QuantConfig.from_sparsebit(doc)
     assert cfg == QuantConfig(backend="tensorrt", method="minmax", weight_method="minmax")

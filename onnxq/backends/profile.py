@@ -263,6 +263,7 @@ ONNXRUNTIME = BackendProfile(
 )
 
 PROFILES: dict[str, BackendProfile] = {p.name: p for p in (TENSORRT, ONNXRUNTIME)}
+BACKENDS: tuple[str, ...] = tuple(PROFILES)  # the --backend values
 
 
 def profile_for(backend: str, reduce_range: bool | None = None) -> tuple[BackendProfile, str]:

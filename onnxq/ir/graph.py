@@ -13,7 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxq.errors import UnsupportedModelError
 from onnxq.ir import external
 from onnxq.ir.constants import DEFAULT_DOMAINS
-from onnxq.ir.load import _attr_graphs, shapes_for_inputs
+from onnxq.ir.load import shapes_for_inputs
+from onnxq.ir.order import attr_graphs, node_reads, outer_reads, topological_order
 
 # ------------------------------------------------------------------------------- the index
 _CACHE_LIMIT = 16 * 2**20
@@ -76,8 +77,8 @@ class Graph:
         self.subgraph_reads: set[str] = set()
         for node in g.node:
             for attr in node.attribute:
-                for sub in _attr_graphs(attr):
-                    self.subgraph_reads |= _outer_reads(sub)
+                for sub in attr_graphs(attr):
+                    self.subgraph_reads |= outer_reads(sub)
         self.graph_inputs = [i.name for i in g.input if i.name not in self.initializers]
         self.graph_outputs = [o.name for o in g.output]
         self.types: dict[str, onnx.TypeProto] = {}
@@ -400,7 +401,7 @@ class Graph:
         for node in reversed(list(self.proto.node)):
             if any(o in live for o in node.output if o):
                 keep.append(node)
-                live |= _node_reads(node)
+                live |= node_reads(node)
         keep.reverse()
         del self.proto.node[:]
         self.proto.node.extend(keep)
@@ -417,28 +418,6 @@ class Graph:
         if len(inputs) != len(self.proto.input):
             del self.proto.input[:]
             self.proto.input.extend(inputs)
-
-
-def _node_reads(node: onnx.NodeProto) -> set[str]:
-    reads = {x for x in node.input if x}
-    for attr in node.attribute:
-        for sub in _attr_graphs(attr):
-            reads |= _outer_reads(sub)
-    return reads
-
-
-def _outer_reads(graph: onnx.GraphProto) -> set[str]:
-    """Names a subgraph reads from enclosing scopes."""
-    local = {t.name for t in graph.initializer} | {i.name for i in graph.input}
-    for node in graph.node:
-        local |= {o for o in node.output if o}
-    reads: set[str] = set()
-    for node in graph.node:
-        reads |= {x for x in _node_reads(node) if x not in local}
-    for out in graph.output:
-        if out.name not in local:
-            reads.add(out.name)
-    return reads
 
 
 def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
@@ -469,14 +448,14 @@ def node_attrs(node: onnx.NodeProto) -> dict[str, Any]:
 
 def has_subgraph(node: onnx.NodeProto) -> bool:
     """True for If/Loop/Scan and any node with a graph attribute."""
-    return any(_attr_graphs(a) for a in node.attribute)
+    return any(attr_graphs(a) for a in node.attribute)
 
 
 def inner_op_types(node: onnx.NodeProto) -> set[str]:
     """The op types inside ``node``'s subgraphs, at any depth (empty for a plain op)."""
     found: set[str] = set()
     for attr in node.attribute:
-        for sub in _attr_graphs(attr):
+        for sub in attr_graphs(attr):
             for inner in sub.node:
                 found.add(inner.op_type)
                 found |= inner_op_types(inner)
@@ -490,43 +469,3 @@ def set_opset(model: onnx.ModelProto, version: int) -> None:
             imp.version = max(int(imp.version), version)
             return
     model.opset_import.add(domain="", version=version)
-
-
-def topological_order(graph: onnx.GraphProto, available: set[str]) -> bool | None:
-    """Put ``graph``'s nodes in topological order, keeping the original order where it allows
-    (Kahn's algorithm, lowest original index first).  ``available``: the names that need no
-    producer (graph inputs, initializers).  Returns whether the order changed, or None (the
-    graph left as it was) when some node can never run: a cycle."""
-    import heapq
-
-    nodes = list(graph.node)
-    needs = [_node_reads(n) for n in nodes]  # with the outer-scope names subgraphs read
-    produced_by = {out: i for i, n in enumerate(nodes) for out in n.output}
-    done = set(available) | {""}
-    waiting: dict[int, set[str]] = {}
-    readers: dict[str, list[int]] = {}
-    ready: list[int] = []
-    for i in range(len(nodes)):
-        missing = {x for x in needs[i] if x not in done and x in produced_by}
-        waiting[i] = missing
-        for x in missing:
-            readers.setdefault(x, []).append(i)
-        if not missing:
-            heapq.heappush(ready, i)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for out in nodes[i].output:
-            for j in readers.pop(out, []):
-                waiting[j].discard(out)
-                if not waiting[j]:
-                    heapq.heappush(ready, j)
-    if len(order) != len(nodes):
-        return None
-    if order == list(range(len(nodes))):
-        return False
-    sorted_nodes = [nodes[i] for i in order]
-    del graph.node[:]
-    graph.node.extend(sorted_nodes)
-    return True

@@ -15,6 +15,7 @@ from onnx import TensorProto, external_data_helper, helper
 from onnxq.errors import ModelLoadError, UnsupportedModelError
 from onnxq.ir import external
 from onnxq.ir.constants import BIAS_READERS, DEFAULT_DOMAINS
+from onnxq.ir.order import attr_graphs, topological_order
 
 
 # ------------------------------------------------------------------------------- loading
@@ -190,16 +191,8 @@ def _all_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.TENSOR:
                 yield attr.t
-            for sub in _attr_graphs(attr):
+            for sub in attr_graphs(attr):
                 yield from _all_tensors(sub)
-
-
-def _attr_graphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
-    if attr.type == onnx.AttributeProto.GRAPH:
-        return [attr.g]
-    if attr.type == onnx.AttributeProto.GRAPHS:
-        return list(attr.graphs)
-    return []
 
 
 def _check_external_location(
@@ -256,8 +249,6 @@ def sort_nodes(model: onnx.ModelProto, notes: list[str] | None = None) -> None:
     """Put the top-level nodes in topological order, as ONNX requires and some exporters do
     not (onnxruntime sorts on its own and runs such a model); say so in ``notes``.  A graph
     that cannot be sorted is left for the checker to name."""
-    from onnxq.ir.graph import topological_order  # graph.py reads this module
-
     available = {vi.name for vi in model.graph.input} | {t.name for t in model.graph.initializer}
     if topological_order(model.graph, available) and notes is not None:
         notes.append(
@@ -415,7 +406,7 @@ def _element_types(graph: onnx.GraphProto) -> set[int]:
                 found.add(attr.t.data_type)
             elif attr.name in _TYPE_ATTRS and attr.type == onnx.AttributeProto.INT:
                 found.add(int(attr.i))
-            for sub in _attr_graphs(attr):
+            for sub in attr_graphs(attr):
                 found |= _element_types(sub)
     return found
 

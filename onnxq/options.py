@@ -1,0 +1,140 @@
+"""What each stage of the pipeline reads of a :class:`~onnxq.config.QuantConfig`.
+
+A stage takes the small value it uses, not the whole config: placement a
+:class:`PlacementOptions`, calibration a :class:`CalibrationOptions`, the weight passes
+(materialize, bias correction) a :class:`WeightOptions`.  Each is a view over QuantConfig
+fields of the same names and types (``QuantConfig.placement`` and friends build them; a test
+holds the two declarations together), so a field is declared once, in QuantConfig, and a stage
+that needs it lists it here.  They have no defaults of their own: the defaults are
+QuantConfig's (``QuantConfig().placement``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from onnxq.overrides import Override, TensorSettings
+
+
+@dataclass(frozen=True)
+class PlacementOptions:
+    """What placement reads: which nodes and tensors stay float, the per-tensor settings, the
+    small-op threshold and the thresholds of the data-driven exclusions
+    (:data:`onnxq.place.exclusions.EXCLUSIONS` names each by its field)."""
+
+    method: str
+    exclude: tuple[str, ...]
+    overrides: tuple[Override, ...]
+    min_channels: int | None
+    mask_threshold: float
+    concat_range_ratio: float
+    weak_channel_fraction: float
+    weak_position_fraction: float
+
+    def node_excluded(self, node_name: str, op_type: str) -> str | None:
+        """The pattern that keeps this node float, or ``None``."""
+        for pattern in self.exclude:
+            if fnmatch.fnmatchcase(node_name, pattern):
+                return f"--exclude {pattern}"
+        for ov in self.overrides:
+            if ov.exclude and ov.matches_node(node_name, op_type):
+                return f"override {ov.describe()} exclude"
+        return None
+
+    def tensor_excluded(self, tensor_name: str) -> str | None:
+        """The override that keeps this tensor float, or ``None``."""
+        for ov in self.overrides:
+            if ov.exclude and ov.matches_tensor(tensor_name):
+                return f"override {ov.describe()} exclude"
+        return None
+
+    def settings_for(self, tensor_name: str, consumers: list[tuple[str, str]]) -> TensorSettings:
+        """Method, bits and scheme of a tensor: overrides apply in order, field by field.
+
+        ``consumers`` lists ``(node_name, op_type)`` of the nodes that read the tensor.
+        """
+        out = TensorSettings(self.method)
+        for ov in self.overrides:
+            if not (
+                ov.matches_tensor(tensor_name) or any(ov.matches_node(n, t) for n, t in consumers)
+            ):
+                continue
+            out = TensorSettings(
+                ov.method if ov.method is not None else out.method,
+                ov.bits if ov.bits is not None else out.bits,
+                ov.per_channel if ov.per_channel is not None else out.per_channel,
+                ov.symmetric if ov.symmetric is not None else out.symmetric,
+            )
+        return out
+
+    def unmatched(self, nodes: list[tuple[str, str]], tensors: set[str]) -> list[str]:
+        """The exclude patterns and overrides that match none of ``nodes`` ((name, op_type)
+        pairs) and ``tensors``: a typo that would silently change nothing."""
+        out = [
+            f"--exclude {p!r}"
+            for p in self.exclude
+            if not any(fnmatch.fnmatchcase(name, p) for name, _ in nodes)
+        ]
+
+        def key(ov: Override) -> tuple[object, ...]:
+            # `--method-for GLOB=M` is two overrides, node=GLOB and tensor=GLOB: one suffices
+            return (
+                {ov.node, ov.op_type, ov.tensor} - {None},
+                ov.method,
+                ov.exclude,
+                ov.bits,
+                ov.per_channel,
+                ov.symmetric,
+            )
+
+        hit = [
+            (
+                (ov.node is not None or ov.op_type is not None)
+                and any(ov.matches_node(name, op) for name, op in nodes)
+            )
+            or any(ov.matches_tensor(t) for t in tensors)
+            for ov in self.overrides
+        ]
+        matched = [key(ov) for ov, h in zip(self.overrides, hit, strict=True) if h]
+        for ov, h in zip(self.overrides, hit, strict=True):
+            if not h and key(ov) not in matched:
+                matched.append(key(ov))  # said once
+                out.append(f"override {ov.describe()}")
+        return out
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """What calibration reads: how many batches, how much memory, how histograms sample, and
+    the percentile that turns statistics into a range."""
+
+    max_batches: int | None
+    fidelity_batches: int
+    memory_budget_mb: int
+    histogram_sample: int
+    histogram_budget: int
+    percentile: float
+    progress: bool
+
+
+@dataclass(frozen=True)
+class WeightOptions:
+    """What the weight passes read (materialize, bias correction): how weights are stored and
+    how their per-channel range is chosen."""
+
+    weight_storage: str
+    weight_method: str
+
+
+View = TypeVar("View", PlacementOptions, CalibrationOptions, WeightOptions)
+
+
+def view(cls: type[View], config: Any) -> View:
+    """The stage options ``cls`` with the values of ``config``'s fields of the same names."""
+    return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+
+__all__ = ["CalibrationOptions", "PlacementOptions", "WeightOptions", "view"]

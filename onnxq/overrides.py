@@ -1,0 +1,119 @@
+"""Per-node settings (:class:`Override`) and what they resolve to for one tensor.
+
+``exclude`` globs and overrides select nodes by name or op type, or tensors by name; the
+placement stage asks them which nodes and tensors stay float and which method, bit width and
+scheme each tensor gets (:class:`onnxq.options.PlacementOptions`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from dataclasses import dataclass
+from typing import Any
+
+from onnxq.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Override:
+    """Per-node settings, matched by glob over node name, op type or tensor name.
+
+    A field left at ``None`` keeps the global setting.  ``exclude=True`` keeps the matched nodes
+    (or, with ``tensor``, the matched tensors) in float.  ``bits`` (2-8) narrows the integer
+    range inside the int8/uint8 storage; ``per_channel`` (weights) and ``symmetric``
+    (activations; the TensorRT backend only allows symmetric) change the scheme.
+    When several overrides match, the later one wins field by field.
+    """
+
+    node: str | None = None
+    op_type: str | None = None
+    tensor: str | None = None
+    method: str | None = None
+    exclude: bool = False
+    bits: int | None = None
+    per_channel: bool | None = None
+    symmetric: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.node is None and self.op_type is None and self.tensor is None:
+            raise ConfigError(
+                "overrides: each entry needs at least one of 'node', 'op_type' or 'tensor' "
+                "(a glob pattern); got an entry with none"
+            )
+        if self.method is not None:
+            check_method(self.method, "overrides[].method")
+        if self.bits is not None and (isinstance(self.bits, bool) or not 2 <= self.bits <= 8):
+            raise ConfigError(f"overrides[].bits: must be an integer 2..8, got {self.bits!r}")
+
+    def matches_node(self, node_name: str, op_type: str) -> bool:
+        """True if this override's node/op_type patterns (those given) all match."""
+        if self.tensor is not None and self.node is None and self.op_type is None:
+            return False
+        if self.node is not None and not fnmatch.fnmatchcase(node_name, self.node):
+            return False
+        return self.op_type is None or fnmatch.fnmatchcase(op_type, self.op_type)
+
+    def matches_tensor(self, tensor_name: str) -> bool:
+        """True if this override names tensors and ``tensor_name`` matches."""
+        return self.tensor is not None and fnmatch.fnmatchcase(tensor_name, self.tensor)
+
+    def describe(self) -> str:
+        """``(node=..., op_type=..., tensor=...)``: how messages name this override."""
+        parts = [
+            f"{k}={getattr(self, k)}" for k in ("node", "op_type", "tensor") if getattr(self, k)
+        ]
+        return "(" + ", ".join(parts) + ")"
+
+
+@dataclass(frozen=True)
+class TensorSettings:
+    """The resolved per-tensor settings (``None``: the backend's default)."""
+
+    method: str
+    bits: int = 8
+    per_channel: bool = True
+    symmetric: bool | None = None
+
+
+def check_method(name: str, where: str) -> None:
+    """Raise :class:`ConfigError` unless ``name`` is a registered range method."""
+    from onnxq.observers import METHODS
+
+    if name not in METHODS:
+        raise ConfigError(
+            f"{where}: unknown calibration method {name!r}; valid: {', '.join(sorted(METHODS))}"
+        )
+
+
+def parse_override(index: int, value: Any, where: str) -> Override:
+    """An :class:`Override` from a mapping (YAML, a dict) or an Override; errors name
+    ``overrides[index]`` in ``where``."""
+    if isinstance(value, Override):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: overrides[{index}]: expected a mapping")
+    valid = {f.name for f in dataclasses.fields(Override)}
+    for key in value:
+        if key not in valid:
+            raise ConfigError(
+                f"{where}: overrides[{index}]: unknown key {key!r}; "
+                f"valid: {', '.join(sorted(valid))}"
+            )
+    for key in ("node", "op_type", "tensor", "method"):
+        if value.get(key) is not None and not isinstance(value[key], str):
+            raise ConfigError(f"{where}: overrides[{index}].{key}: expected a string")
+    for key in ("exclude", "per_channel", "symmetric"):
+        if value.get(key) is not None and not isinstance(value[key], bool):
+            raise ConfigError(f"{where}: overrides[{index}].{key}: expected true or false")
+    bits = value.get("bits")
+    if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int)):
+        raise ConfigError(f"{where}: overrides[{index}].bits: expected an integer 2..8")
+    try:
+        return Override(**value)
+    except ConfigError as exc:
+        text = str(exc).replace("overrides[].", f"overrides[{index}].")
+        raise ConfigError(f"{where}: {text}") from None
+
+
+__all__ = ["Override", "TensorSettings", "check_method", "parse_override"]
