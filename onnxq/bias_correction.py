@@ -26,17 +26,20 @@ doing it layer by layer costs one pass per layer.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import onnx
 
 from onnxq import ir
-from onnxq.annotate import Annotations
 from onnxq.backends.profile import BackendProfile
-from onnxq.config import QuantConfig
-from onnxq.data import Batch, InputSpec, check_batch
+from onnxq.data import check_batch
+from onnxq.errors import InternalError
+from onnxq.inputs import Batch, InputSpec
 from onnxq.observers import dequantize_weight, quantize_weight, weight_qparams
+from onnxq.options import WeightOptions
+from onnxq.place.annotations import Annotations
 
 CORRECTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 MIN_SIGNIFICANCE = 2.0  # a channel's shift must exceed this many standard errors
@@ -66,13 +69,42 @@ class _Target:
     quantized_weight: np.ndarray  # dequantized W_q, exactly what materialize will store
 
 
+@dataclass(frozen=True)
+class BiasCorrectionPass:
+    """What the bias correction pass did: its corrections, or why it did not run."""
+
+    corrections: list[BiasCorrection] = field(default_factory=list)
+    skipped: Literal["source read once", "model too large"] | None = None
+
+
+def bias_correction_pass(
+    model: onnx.ModelProto,
+    annotations: Annotations,
+    profile: BackendProfile,
+    weights: WeightOptions,
+    data: Iterable[Batch],
+    inputs: list[InputSpec],
+    max_batches: int | None = None,
+) -> BiasCorrectionPass:
+    """:func:`correct_biases` when the calibration data can be read again and the model's
+    quantized weights fit next to its float ones; else the reason it is skipped."""
+    if iter(data) is data:
+        return BiasCorrectionPass(skipped="source read once")
+    if ir.model_nbytes(model) >= ir.PROTO_LIMIT:
+        return BiasCorrectionPass(skipped="model too large")
+    return BiasCorrectionPass(
+        correct_biases(model, annotations, profile, weights, data, inputs, max_batches)
+    )
+
+
 def correct_biases(
     model: onnx.ModelProto,
     annotations: Annotations,
     profile: BackendProfile,
-    config: QuantConfig,
+    weights: WeightOptions,
     data: Iterable[Batch],
     inputs: list[InputSpec],
+    max_batches: int | None = None,
 ) -> list[BiasCorrection]:
     """Subtract each quantized layer's mean output shift ``E[(W_q - W) x]``, measured on
     ``data``, from its float bias in ``model`` (edited in place); returns what was corrected.
@@ -81,11 +113,11 @@ def correct_biases(
     MatMul not followed by a constant Add) are left alone.
     """
     graph = ir.Graph(model)
-    targets = _targets(graph, annotations, profile, config)
+    targets = _targets(graph, annotations, profile, weights)
     if not targets:
         return []
     probe, outputs = _probe_model(model, targets)
-    shifts = _measure(probe, outputs, data, inputs, config.max_batches)
+    shifts = _measure(probe, outputs, data, inputs, max_batches)
     corrections = []
     for target, (shift, keep) in zip(targets, shifts, strict=True):
         if not keep.any():
@@ -112,7 +144,7 @@ def correct_biases(
 
 # --------------------------------------------------------------------------- targets
 def _targets(
-    graph: ir.Graph, annotations: Annotations, profile: BackendProfile, config: QuantConfig
+    graph: ir.Graph, annotations: Annotations, profile: BackendProfile, options: WeightOptions
 ) -> list[_Target]:
     """Quantized weighted layers whose bias is a float initializer of their own."""
     from onnxq.materialize import weight_qmax
@@ -134,7 +166,7 @@ def _targets(
             continue
         bias, axis, rank, scale = where
         qmax = weight_qmax(ann, profile)
-        qp = weight_qparams(w, ann.axis, qmax, config.weight_method)
+        qp = weight_qparams(w, ann.axis, qmax, options.weight_method)
         dequantized = dequantize_weight(quantize_weight(w, qp, qmax), qp)
         out.append(_Target(node, bias, scale, axis, rank, dequantized))
     return out
@@ -254,7 +286,16 @@ def _measure(
     for index, raw in enumerate(data):
         if max_batches is not None and index >= max_batches:
             break
-        values = session.run(names, check_batch(raw, inputs, index))
+        batch = check_batch(raw, inputs, index)
+        try:
+            values = session.run(names, batch)
+        except Exception as exc:  # the float model ran on this batch during calibration
+            raise InternalError(
+                f"onnxruntime fails on onnxq's bias-correction copy of the model (each "
+                f"corrected layer with a twin) on calibration batch {index}: "
+                f"{' '.join(str(exc).split())[:300]}",
+                onnxruntime_failed=True,
+            ) from None
         for i in range(len(outputs)):
             mean = np.asarray(values[2 * i], dtype=np.float64).reshape(-1)
             count = float(values[2 * i + 1]) / max(mean.size, 1)

@@ -30,8 +30,9 @@ import numpy as np
 import onnx
 
 from onnxq import ir
-from onnxq.data import Batch, InputSpec, batches_total, check_batch
-from onnxq.errors import CalibrationDataError, UnsupportedModelError
+from onnxq.data import batches_total, check_batch
+from onnxq.errors import CalibrationDataError, InternalError, UnsupportedModelError
+from onnxq.inputs import Batch, InputSpec
 from onnxq.observers import TensorStats
 
 DEFAULT_MEMORY_BUDGET = 4 * 2**30
@@ -52,6 +53,8 @@ class CalibrationResult:
     # samples in the data: each batch's first input of rank >= 2 along its first axis (a batch
     # without one: 1 sample); from a cache: the samples its statistics saw
     samples: int = 0
+    # tensors asked for but not observed -> why (the data could be read only once)
+    unobservable: dict[str, str] = field(default_factory=dict)
 
 
 def make_session(
@@ -96,7 +99,8 @@ def make_session(
                 failure = exc
         raise UnsupportedModelError(
             f"onnxruntime cannot load the model: {_one_line(failure)}; onnxq calibrates with "
-            "onnxruntime, so the model must run there"
+            "onnxruntime, so the model must run there",
+            onnxruntime_failed=True,
         ) from None
 
 
@@ -224,7 +228,12 @@ def calibrate(
         for gi, group in enumerate(groups):
             plans = [peaks[name] for name in group if name in peaks]
             exposed = [name for name in group if name not in peaks]
-            session = _peaks_session(model, graph, exposed, plans, workers == 0) if group else None
+            try:
+                session = (
+                    _peaks_session(model, graph, exposed, plans, workers == 0) if group else None
+                )
+            except UnsupportedModelError as exc:
+                raise _blamed(model, None, exc) from None
             outputs = exposed + ([ir.PEAKS_OUTPUT] if plans else [])
             starts = np.cumsum([0] + [plan.channels for plan in plans])  # in the joined output
             order = sorted(range(len(exposed)), key=lambda k: -sizes[exposed[k]])  # big first
@@ -241,7 +250,10 @@ def calibrate(
                 if gi == 0:
                     samples += _batch_samples(batch, inputs)
                 if buffers is not None:
-                    values = buffers.run(batch, index)
+                    try:
+                        values = buffers.run(batch, index)
+                    except UnsupportedModelError as exc:
+                        raise _blamed(model, batch, exc) from None
                     outs = dict(zip(outputs, values, strict=True))
                     if pending is not None:
                         pending.finish()  # re-raises a NaN/Inf error of the previous batch
@@ -396,15 +408,38 @@ def _executor(workers: int) -> Any:
 def run_batch(
     session: Any, names: list[str], batch: Batch, index: int, what: str = ""
 ) -> list[np.ndarray]:
-    """``session.run``, with onnxruntime's failure as a :class:`CalibrationDataError` that
-    names the batch (and ``what`` model, when given)."""
+    """``session.run`` on a batch already checked against the model's inputs, with
+    onnxruntime's failure as an :class:`UnsupportedModelError` that names the batch (and
+    ``what`` model, when given): the data matches what the model declares, so the model does
+    not run on it."""
     try:
         return list(session.run(names, batch))
     except Exception as exc:
         model = f" (the {what} model)" if what else ""
-        raise CalibrationDataError(
-            f"calibration batch {index}{model}: onnxruntime failed on it: {_one_line(exc)}"
+        raise UnsupportedModelError(
+            f"calibration batch {index}{model}: onnxruntime failed on it: {_one_line(exc)}; "
+            "the batch matches the model's declared inputs, so the model itself does not run "
+            "on such data in onnxruntime (a size its graph cannot take, say): check the "
+            "model on this batch",
+            onnxruntime_failed=True,
         ) from None
+
+
+def _blamed(model: onnx.ModelProto, batch: Batch | None, error: UnsupportedModelError) -> Exception:
+    """The error for onnxruntime failing on onnxq's calibration copy of ``model`` (the
+    observed tensors exposed as outputs): the model's own ``error`` when the model itself
+    fails too (to load, or on ``batch``), else an :class:`InternalError`."""
+    try:
+        session = make_session(model)
+        if batch is not None:
+            session.run(None, batch)
+    except Exception:
+        return error
+    return InternalError(
+        "onnxruntime fails on onnxq's calibration copy of the model (the observed tensors "
+        f"exposed as outputs), though it runs the model itself: {error}",
+        onnxruntime_failed=True,
+    )
 
 
 class _OutputBuffers:

@@ -1,7 +1,8 @@
 """``onnxq``: quantize ONNX models to INT8 Q/DQ, check them against a backend, explain placement.
 
-Exit codes: 0 success; 1 a check found violations; 2 a user error (one line on stderr, no
-traceback, nothing written).
+Exit codes (:data:`EXIT_CODES`): 0 success; 1 a check found violations, or an accuracy target
+was missed; 2 a user error (one line on stderr, no traceback, nothing written); 3 an internal
+error, a bug in onnxq (the traceback, then one line asking for a report); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -10,12 +11,33 @@ import argparse
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from onnxq.config import BACKENDS
-from onnxq.errors import BackendConstraintError, OnnxqError
+from onnxq.backends.profile import BACKENDS
+from onnxq.errors import (
+    REPORT_REQUEST,
+    AccuracyError,
+    BackendConstraintError,
+    InternalError,
+    OnnxqError,
+)
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the run worked and its result falls short: violations, a missed target
+EXIT_USER_ERROR = 2
+EXIT_INTERNAL_ERROR = 3
+EXIT_INTERRUPTED = 130
+# what the CLI exits with for each kind of error (the first class that matches)
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (AccuracyError, EXIT_FAILED),
+    (OnnxqError, EXIT_USER_ERROR),
+    (InternalError, EXIT_INTERNAL_ERROR),
+    (KeyboardInterrupt, EXIT_INTERRUPTED),
+    (Exception, EXIT_INTERNAL_ERROR),  # any other exception is a bug in onnxq too
+)
 
 EPILOG = """\
 calibration data (--calib):
@@ -30,8 +52,9 @@ examples:
   onnxq check model.int8.onnx --backend tensorrt
   onnxq explain model.onnx --backend tensorrt
 
-exit codes: 0 ok, 1 check found violations (or quantize's output would break the backend's
-constraints: nothing written, an onnxq bug), 2 user error (bad input, options or data).
+exit codes: 0 ok, 1 check found violations (or an accuracy target was missed), 2 user
+error (bad input, options or data), 3 internal error (a bug in onnxq: please report it),
+130 interrupted.
 """
 
 
@@ -237,12 +260,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _analyze(args)
         return _explain(args)
     except OnnxqError as exc:
-        print(f"onnxq: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        # an output that breaks named backend constraints is onnxq's fault, not the user's
-        return 1 if isinstance(exc, BackendConstraintError) and exc.violations else 2
+        print(f"onnxq: error: {one_line(exc)}", file=sys.stderr)
+        return exit_code(exc)
     except KeyboardInterrupt:
         print("onnxq: interrupted; nothing was written", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # a reader that stopped early (`onnxq explain M | head`)
+        raise
+    except Exception as exc:  # InternalError, or any other bug: the traceback helps the report
+        traceback.print_exc(file=sys.stderr)
+        what = (
+            one_line(exc)
+            if isinstance(exc, InternalError)
+            else (f"{type(exc).__name__}: {one_line(exc)}; {REPORT_REQUEST}")
+        )
+        print(f"onnxq: internal error: {what}", file=sys.stderr)
+        return exit_code(exc)
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code for ``exc`` (:data:`EXIT_CODES`): 1 for a backend constraint error that
+    lists violations, as for a failed check."""
+    if isinstance(exc, BackendConstraintError) and exc.violations:
+        return EXIT_FAILED
+    return next((code for kind, code in EXIT_CODES if isinstance(exc, kind)), EXIT_INTERNAL_ERROR)
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc``'s message and the notes added to it (``add_note``), on one line."""
+    text = "; ".join([str(exc), *getattr(exc, "__notes__", ())])
+    return " ".join(text.split())
 
 
 def _positive(text: str) -> int:
@@ -369,10 +416,7 @@ def _check(args: argparse.Namespace) -> int:
             "float original with onnxq quantize"
         )
     elif qdq == 0:
-        print(
-            "note: the model has no Q/DQ nodes, so there was nothing to check; quantize it "
-            "first (onnxq quantize)"
-        )
+        print(_no_qdq_note(model, profile.name))
     if profile.fused_validation and qdq:  # the backend runs fused integer kernels: which fused
         from onnxq.backends.fusion import fusion_report
 
@@ -403,6 +447,24 @@ def _check(args: argparse.Namespace) -> int:
 
         print(build_engine(args.model, shapes).summary())
     return 1 if violations else 0
+
+
+def _no_qdq_note(model: Any, backend: str) -> str:
+    """What a model without Q/DQ nodes means: onnxq's own output where INT8 paid for no op (its
+    metadata says onnxq wrote it), or a float model to quantize first."""
+    from onnxq.materialize import read_metadata
+
+    if read_metadata(model) is None:
+        return (
+            "note: the model has no Q/DQ nodes, so there was nothing to check; quantize it "
+            "first (onnxq quantize)"
+        )
+    return (
+        "note: onnxq quantized this model (its metadata says so) and placed no Q/DQ: INT8 "
+        "paid for none of its ops on the backend it was quantized for, so it computes what "
+        "the float model does; the quantize report (--report) gives each op's reason, and "
+        f"`onnxq explain FLOAT.onnx --backend {backend}` shows them for the float model"
+    )
 
 
 def _shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
@@ -492,10 +554,12 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _explain(args: argparse.Namespace) -> int:
     from onnxq import ir
-    from onnxq.annotate import annotate
-    from onnxq.api import refuse_quantized, resolve_config
+    from onnxq.api import resolve_config
     from onnxq.backends.profile import PROFILES
     from onnxq.errors import UnsupportedModelError
+    from onnxq.place.engine import annotate
+    from onnxq.place.facts import GraphFacts
+    from onnxq.prepare import refuse_quantized
     from onnxq.rewrites.simplify import simplify
 
     cfg = resolve_config(
@@ -508,7 +572,7 @@ def _explain(args: argparse.Namespace) -> int:
     except UnsupportedModelError as exc:  # explain what is there, but say quantize refuses
         print(f"onnxq: warning: `onnxq quantize` refuses this model: {exc}", file=sys.stderr)
     model, _ = simplify(loaded)
-    ann = annotate(ir.Graph(model), profile, cfg)
+    ann = annotate(GraphFacts.of(ir.Graph(model), profile), profile, cfg.placement)
     width = max((len(d.node) for d in ann.decisions), default=10)
     for d in ann.decisions:
         if d.quantized:

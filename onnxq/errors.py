@@ -1,8 +1,10 @@
 """One exception family for everything a user can cause, and one for bugs.
 
 Every message says what happened, where (node, tensor, batch, file) and what to do about it.
-The CLI prints ``str(error)`` on one line and exits 2 for an :class:`OnnxqError`.
-:class:`InternalError` is deliberately *not* a subclass: it means onnxq itself is wrong.
+The CLI prints ``str(error)`` on one line and exits 2 for an :class:`OnnxqError` (1 for an
+:class:`AccuracyError`, and for a :class:`BackendConstraintError` that lists violations, as
+for a failed check).  :class:`InternalError` is deliberately *not* a subclass: it means onnxq
+itself is wrong, and the CLI exits 3 for it (``onnxq.cli.EXIT_CODES``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,15 @@ from dataclasses import dataclass
 
 
 class OnnxqError(Exception):
-    """Base class of every error a user can cause and fix."""
+    """Base class of every error a user can cause and fix.
+
+    ``onnxruntime_failed``: onnxruntime refused or failed on a model; the pipeline then adds
+    what onnxq changed in the model before (an opset conversion) as a note on the error.
+    """
+
+    def __init__(self, *args: object, onnxruntime_failed: bool = False) -> None:
+        super().__init__(*args)
+        self.onnxruntime_failed = onnxruntime_failed
 
 
 class ModelLoadError(OnnxqError):
@@ -19,7 +29,8 @@ class ModelLoadError(OnnxqError):
 
 
 class UnsupportedModelError(OnnxqError):
-    """The model is valid ONNX but uses something onnxq cannot quantize safely."""
+    """The model is valid ONNX but uses something onnxq cannot quantize safely, or does not run
+    in onnxruntime (on the calibration data)."""
 
 
 class ConfigError(OnnxqError):
@@ -31,7 +42,11 @@ class CalibrationDataError(OnnxqError):
 
 
 class AccuracyError(OnnxqError):
-    """The quantized model misses an accuracy target the user asked for."""
+    """The quantized model misses an accuracy target the user asked for.
+
+    Raised by the step that compares the quantized model with its target; the CLI exits 1 for
+    it, as for a check that finds violations: the run worked, its result falls short.
+    """
 
 
 class OutputError(OnnxqError):
@@ -52,12 +67,29 @@ class Violation:
 
 
 class BackendConstraintError(OnnxqError):
-    """The quantized model breaks constraints of the target backend."""
+    """A model breaks constraints of the target backend (``violations``, when known)."""
 
-    def __init__(self, message: str, violations: list[Violation] | tuple[Violation, ...] = ()):
-        super().__init__(message)
+    def __init__(
+        self,
+        message: str,
+        violations: list[Violation] | tuple[Violation, ...] = (),
+        *,
+        onnxruntime_failed: bool = False,
+    ) -> None:
+        super().__init__(message, onnxruntime_failed=onnxruntime_failed)
         self.violations = tuple(violations)
 
 
+REPORT_REQUEST = (
+    "this is a bug in onnxq, not in your model or data: please report it with the model (or "
+    "its name and where it comes from), the node or op named above and the command"
+)
+
+
 class InternalError(Exception):
-    """A bug in onnxq (not a user error): please report it with the model and the command."""
+    """A bug in onnxq (not a user error): its own pass crashed, or its own output breaks the
+    backend's constraints or fails in onnxruntime.  The message ends asking for a report."""
+
+    def __init__(self, message: str, *, onnxruntime_failed: bool = False) -> None:
+        super().__init__(f"{message}; {REPORT_REQUEST}")
+        self.onnxruntime_failed = onnxruntime_failed

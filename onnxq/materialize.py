@@ -15,11 +15,11 @@ import numpy as np
 import onnx
 
 from onnxq import ir
-from onnxq.annotate import Annotations, TensorAnnotation
 from onnxq.backends.profile import BackendProfile
-from onnxq.config import QuantConfig
 from onnxq.errors import InternalError
 from onnxq.observers import QParams, quantize_weight, weight_qparams
+from onnxq.options import WeightOptions
+from onnxq.place.annotations import Annotations, TensorAnnotation
 
 QDQ_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear
 
@@ -40,7 +40,7 @@ def materialize(
     annotations: Annotations,
     activation_qparams: dict[str, QParams],
     profile: BackendProfile,
-    config: QuantConfig,
+    weights_options: WeightOptions,
 ) -> list[Placed]:
     """Insert Q/DQ into ``model`` (edited in place); returns what was placed, in order."""
     graph = ir.Graph(model)
@@ -53,7 +53,7 @@ def materialize(
             if value is None:
                 raise InternalError(f"weight {ann.tensor!r} lost its constant value")
             weights[ann.tensor] = weight_qparams(
-                value, ann.axis, weight_qmax(ann, profile), config.weight_method
+                value, ann.axis, weight_qmax(ann, profile), weights_options.weight_method
             )
     resolved = dict(activation_qparams)
     for ann in annotations.tensors.values():
@@ -68,7 +68,7 @@ def materialize(
             out = _qdq(graph, ann.tensor, qp)
         elif ann.kind == "weight":
             qp = weights[ann.tensor]
-            out = _weight(graph, ann.tensor, qp, weight_qmax(ann, profile), config)
+            out = _weight(graph, ann.tensor, qp, weight_qmax(ann, profile), weights_options)
         else:
             bias = _bias_qparams(graph, ann, resolved, weights)
             if bias is None:
@@ -166,8 +166,8 @@ def weight_qmax(ann: TensorAnnotation, profile: BackendProfile) -> int:
     return min(profile.weight_qmax, 2 ** (ann.settings.bits - 1) - 1)
 
 
-def _weight(graph: ir.Graph, tensor: str, qp: QParams, qmax: int, config: QuantConfig) -> str:
-    if config.weight_storage == "qdq":
+def _weight(graph: ir.Graph, tensor: str, qp: QParams, qmax: int, options: WeightOptions) -> str:
+    if options.weight_storage == "qdq":
         return _qdq(graph, tensor, qp)
     value = graph.const_value(tensor)
     assert value is not None

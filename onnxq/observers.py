@@ -701,8 +701,8 @@ def activation_qparams(
     """Per-tensor qparams of an activation from its statistics.
 
     ``bounds``: (low, high) beyond which the tensor's readers saturate
-    (:func:`onnxq.annotate.saturation_bounds`); the method then sees the values clipped to
-    them, and the range never passes them."""
+    (:meth:`onnxq.place.facts.GraphFacts.saturation_bounds`); the method then sees the values
+    clipped to them, and the range never passes them."""
     opts = replace(opts or MethodOptions(), num_quant_levels=2 ** (bits - 1))
     seen = stats if bounds is None else stats.clamped(*bounds)
     if method == "auto":

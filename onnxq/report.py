@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from onnxq.annotate import Decision
 from onnxq.backends.validate import OutputFidelity
 from onnxq.bias_correction import BiasCorrection
 from onnxq.errors import Violation
 from onnxq.materialize import Placed
+from onnxq.place.annotations import Decision
 
 
 @dataclass

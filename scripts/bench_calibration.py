@@ -279,22 +279,20 @@ def child_ort(model: str, calib: str, method: str, out: str) -> None:
 
 
 def _observed_tensors(annotations: Any) -> dict[str, bool]:
-    from onnxq import api
+    from onnxq.place.loop import observed_tensors
 
-    if hasattr(api, "_observed"):
-        return api._observed(annotations)
-    from onnxq.observers import HISTOGRAM_METHODS as HIST
-
-    return {a.tensor: a.method in HIST for a in annotations.of_kind("activation")}
+    return observed_tensors(annotations)
 
 
 def _prepare(model: str, calib: str, method: str) -> tuple[Any, ...]:
     """What onnxq.api.quantize does before its first calibrate() call."""
     from onnxq import ir
-    from onnxq.annotate import annotate
-    from onnxq.api import load, resolve_config
+    from onnxq.api import resolve_config
     from onnxq.backends.profile import profile_for
     from onnxq.data import model_inputs, open_source
+    from onnxq.place.engine import annotate
+    from onnxq.place.facts import GraphFacts
+    from onnxq.prepare import load
     from onnxq.rewrites.simplify import simplify
 
     cfg = resolve_config(None, method=method, progress=False)
@@ -306,7 +304,7 @@ def _prepare(model: str, calib: str, method: str) -> tuple[Any, ...]:
     graph = ir.Graph(loaded)
     inputs = model_inputs(graph)
     data = open_source(calib, inputs, 1)
-    annotations = annotate(graph, profile, cfg, {}, {})
+    annotations = annotate(GraphFacts.of(graph, profile), profile, cfg.placement)
     wanted = _observed_tensors(annotations)
     return cfg, loaded, data, inputs, wanted, reference
 

@@ -730,6 +730,41 @@ def spectrogram(bins: int = 32, mels: int = 16, seed: int = 0) -> onnx.ModelProt
     )
 
 
+def two_head_detector(channels: int = 32, squash: str = "Sigmoid") -> onnx.ModelProto:
+    """x -> body Conv -> Relu -> (cls Conv, box Conv) -> Concat -> Reshape -> Split ->
+    (``squash``ed scores, boxes) -> Concat -> y, and a second output through an Add of two
+    computed tensors."""
+    r = rng(1)
+    c = channels
+    nodes = [
+        helper.make_node("Conv", ["x", "wb"], ["b"], name="body", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["b"], ["br"], name="relu"),
+        helper.make_node("Conv", ["br", "wc"], ["cls"], name="cls"),
+        helper.make_node("Conv", ["br", "wx"], ["box"], name="box"),
+        helper.make_node("Concat", ["box", "cls"], ["cat"], name="cat", axis=1),
+        helper.make_node("Reshape", ["cat", "shape"], ["flat"], name="reshape"),
+        helper.make_node("Split", ["flat", "sizes"], ["boxes", "logits"], name="split", axis=1),
+        helper.make_node(squash, ["logits"], ["scores"], name="sigmoid"),
+        helper.make_node("Concat", ["boxes", "scores"], ["y"], name="out", axis=1),
+        helper.make_node("Conv", ["br", "wm"], ["m"], name="mixed"),
+        helper.make_node("Add", ["m", "br"], ["z"], name="add"),
+    ]
+    inits = [
+        init("wb", weight(r, c, c, 3, 3)),
+        init("wc", weight(r, c, c, 1, 1)),
+        init("wx", weight(r, c, c, 1, 1)),
+        init("wm", weight(r, c, c, 1, 1)),
+        init("shape", np.array([1, 2 * c, -1])),
+        init("sizes", np.array([c, c])),
+    ]
+    return model(
+        nodes,
+        [tensor("x", [1, c, 8, 8])],
+        [tensor("y", [1, 2 * c, 64]), tensor("z", [1, c, 8, 8])],
+        inits,
+    )
+
+
 BUILDERS = {
     "conv_relu": conv_relu,
     "conv_small": conv_small,

@@ -21,6 +21,7 @@ from onnxq.errors import (
     UnsupportedModelError,
 )
 from onnxq.observers import METHODS
+from onnxq.place.facts import GraphFacts
 from tests import graphs
 
 
@@ -336,25 +337,25 @@ def test_an_onnxruntime_failure_after_an_opset_upgrade_says_so():
     batches = [{"x": np.ones((1, 6), np.float32)}] * 2
     with pytest.raises(OnnxqError) as caught:
         onnxq.quantize(model, batches, progress=False)
-    message = str(caught.value)
-    assert "fails in onnxruntime" in message
-    assert (
-        "; the model's opset 11 was converted to 13 before onnxruntime ran it: if the "
+    assert "fails in onnxruntime" in str(caught.value)
+    # the hint is a note on the error (PEP 678), which the CLI prints after the message
+    assert caught.value.__notes__ == [
+        "the model's opset 11 was converted to 13 before onnxruntime ran it: if the "
         "original runs, the conversion is at fault; re-export the model with opset >= 13"
-    ) in message
+    ]
     # the same failure at opset 13 has nothing to blame on a conversion
     model.opset_import[0].version = 13
     with pytest.raises(OnnxqError) as caught:
         onnxq.quantize(model, batches, progress=False)
     assert "fails in onnxruntime" in str(caught.value)
-    assert "converted" not in str(caught.value)
+    assert "converted" not in str(caught.value) and not getattr(caught.value, "__notes__", [])
     # nor has a model whose nodes onnxq only sorted
     model.graph.node.insert(0, onnx.helper.make_node("Relu", ["y"], ["z"], name="relu"))
     model.graph.output[0].name = "z"
     with pytest.raises(OnnxqError) as caught:
         onnxq.quantize(model, batches, progress=False)
     assert "fails in onnxruntime" in str(caught.value)
-    assert "converted" not in str(caught.value)
+    assert "converted" not in str(caught.value) and not getattr(caught.value, "__notes__", [])
 
 
 @pytest.mark.parametrize("first", ["onnxruntime", "tensorrt"])
@@ -498,16 +499,16 @@ def test_batches_without_samples_are_refused():
 
 
 def test_an_error_larger_than_the_float_range_is_warned_about_despite_a_high_cosine(monkeypatch):
-    from onnxq import api
+    from onnxq import verify
     from onnxq.backends.validate import OutputFidelity
 
     model = graphs.conv_relu()
-    monkeypatch.setattr(api, "fidelity", lambda *_a: [OutputFidelity("y", 0.993, 149.6, 90.5)])
+    monkeypatch.setattr(verify, "fidelity", lambda *_a: [OutputFidelity("y", 0.993, 149.6, 90.5)])
     warnings = onnxq.quantize(
         model, graphs.random_batches(model, 32), progress=False
     ).report.warnings
     assert any("off by 150, more than the largest float value (90.5)" in w for w in warnings)
-    monkeypatch.setattr(api, "fidelity", lambda *_a: [OutputFidelity("y", 0.993, 9.6, 90.5)])
+    monkeypatch.setattr(verify, "fidelity", lambda *_a: [OutputFidelity("y", 0.993, 9.6, 90.5)])
     warnings = onnxq.quantize(
         model, graphs.random_batches(model, 32), progress=False
     ).report.warnings
@@ -547,12 +548,14 @@ def test_convs_before_a_layer_norm_stay_float_when_many_frames_are_quiet(
 
 
 def test_an_output_of_another_size_is_warned_about(monkeypatch):
-    from onnxq import api
+    from onnxq import verify
     from onnxq.backends.validate import OutputFidelity
 
     model = graphs.conv_relu()
     changed = "not compared: the quantized model gives 243 values, the float model 231"
-    monkeypatch.setattr(api, "fidelity", lambda *_a: [OutputFidelity("y", 0.0, 0.0, 0.0, changed)])
+    monkeypatch.setattr(
+        verify, "fidelity", lambda *_a: [OutputFidelity("y", 0.0, 0.0, 0.0, changed)]
+    )
     warnings = onnxq.quantize(
         model, graphs.random_batches(model, 32), progress=False
     ).report.warnings
@@ -603,7 +606,7 @@ def test_a_conv_output_read_by_a_hardswish_is_clipped_where_the_hardswish_satura
     entry, cosine = run()
     assert entry["range"][0] <= -3.0 < entry["range"][0] + entry["scale"]
     assert entry["bound"].endswith("every reader saturates beyond")
-    monkeypatch.setattr("onnxq.annotate.saturation_bounds", lambda *a: None)
+    monkeypatch.setattr(GraphFacts, "saturation_bounds", lambda self, consumers: None)
     free, free_cosine = run()
     assert free["range"][0] < -10 and "bound" not in free
     assert 1 - cosine < 0.8 * (1 - free_cosine)
@@ -644,7 +647,7 @@ def test_an_output_lost_on_most_samples_gets_a_warning_though_the_whole_agrees(m
             )
         ]
 
-    monkeypatch.setattr("onnxq.api.fidelity", dominated)
+    monkeypatch.setattr("onnxq.verify.fidelity", dominated)
     report = quantize(graphs.conv_relu()).report
     (warning,) = [w for w in report.warnings if w.startswith("output 'y'")]
     assert "cosine 0.962 over all held samples together, but at 0.476 per sample" in warning

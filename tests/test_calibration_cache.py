@@ -38,7 +38,7 @@ def test_a_failed_run_leaves_no_cache(tmp_path, monkeypatch):
     def fail(*_args, **_kwargs):
         raise onnxq.errors.AccuracyError("validation failed")
 
-    monkeypatch.setattr(onnxq.api, "_validate", fail)
+    monkeypatch.setattr(onnxq.api, "verify", fail)
     model = graphs.residual_add()
     cache = tmp_path / "calib.json"
     with pytest.raises(onnxq.errors.AccuracyError):

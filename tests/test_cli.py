@@ -162,14 +162,14 @@ def test_report_write_failure_leaves_no_model(tmp_path, conv_files, capsys):
     assert not out.exists()
 
 
-def test_an_output_that_breaks_the_backend_exits_1_and_writes_nothing(
+def test_an_output_that_breaks_the_backend_is_an_internal_error_that_writes_nothing(
     tmp_path, conv_files, capsys, monkeypatch
 ):
     # quantize checks its own output: a violation there is onnxq's bug, not a user error
     from onnxq.errors import Violation
 
     monkeypatch.setattr(
-        "onnxq.api.check",
+        "onnxq.verify.check",
         lambda model, profile: [
             Violation("conv", "bias scale", "input scale x weight scale", "2x off")
         ],
@@ -178,9 +178,13 @@ def test_an_output_that_breaks_the_backend_exits_1_and_writes_nothing(
     out = tmp_path / "out.onnx"
     code = main(["quantize", str(model), "-o", str(out), "--calib", str(calib), "-q"])
     err = capsys.readouterr().err
-    assert code == 1 and "Traceback" not in err
-    assert err.startswith("onnxq: error: the quantized model breaks 1 tensorrt constraint(s)")
-    assert "please report it" in err and not out.exists()
+    assert code == 3
+    (last,) = err.strip().splitlines()[-1:]
+    assert last.startswith(
+        "onnxq: internal error: the quantized model breaks 1 tensorrt constraint(s), first: conv"
+    )
+    assert "this is a bug in onnxq" in last and "please report it" in last
+    assert "Traceback" in err and not out.exists()  # the traceback goes with the report
 
 
 @pytest.mark.parametrize("batch_size", ["0", "-1"])

@@ -199,16 +199,13 @@ def test_nodes_out_of_topological_order_are_sorted_on_load(model_file):
     del model.graph.node[:]
     model.graph.node.extend(reversed(nodes))
     path = model_file(model)
-    notes: list[str] = []
-    loaded = ir.load_model(path, notes=notes)
+    record = ir.LoadRecord()
+    loaded = ir.load_model(path, record=record)
     assert [n.name for n in loaded.graph.node] == [n.name for n in nodes]
-    assert notes == [
-        "the model's nodes were not in topological order (ONNX requires it; "
-        "onnxruntime sorts them itself): onnxq sorted them"
-    ]
-    notes.clear()
-    ir.load_model(model_file(graphs.conv_relu(), "sorted.onnx"), notes=notes)
-    assert notes == []
+    assert record == ir.LoadRecord(sorted_nodes=True)
+    record = ir.LoadRecord()
+    ir.load_model(model_file(graphs.conv_relu(), "sorted.onnx"), record=record)
+    assert record == ir.LoadRecord()
 
 
 def test_upgrade_failure_is_an_unsupported_model_error():

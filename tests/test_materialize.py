@@ -8,13 +8,13 @@ import onnxruntime as ort
 import pytest
 
 from onnxq import ir
-from onnxq.annotate import annotate
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
 from onnxq.config import QuantConfig
 from onnxq.materialize import materialize
 from onnxq.observers import quantize_weight, range_to_qparams, weight_qparams
 from tests import graphs
+from tests.placement import annotate_graph
 
 
 def place(model: onnx.ModelProto, backend: str = "tensorrt", acts=None, **options):
@@ -22,7 +22,7 @@ def place(model: onnx.ModelProto, backend: str = "tensorrt", acts=None, **option
     model = ir.infer_shapes(model)
     profile = PROFILES[backend]
     cfg = QuantConfig(backend=backend, **options)
-    ann = annotate(ir.Graph(model), profile, cfg)
+    ann = annotate_graph(ir.Graph(model), profile, cfg)
     if acts is None:
         acts = {
             t.tensor: range_to_qparams(
@@ -30,7 +30,7 @@ def place(model: onnx.ModelProto, backend: str = "tensorrt", acts=None, **option
             )
             for t in ann.of_kind("activation")
         }
-    placed = materialize(model, ann, acts, profile, cfg)
+    placed = materialize(model, ann, acts, profile, cfg.weights)
     return model, placed
 
 
@@ -159,14 +159,14 @@ def test_grouped_conv_transpose_int32_bias():
         integer_kernel_ops=PROFILES["onnxruntime"].integer_kernel_ops | {"ConvTranspose"}
     )
     cfg = QuantConfig(backend="onnxruntime")
-    ann = annotate(ir.Graph(model), profile, cfg)
+    ann = annotate_graph(ir.Graph(model), profile, cfg)
     acts = {
         t.tensor: range_to_qparams(-8.0, 8.0, "uint8", False, "minmax")
         for t in ann.of_kind("activation")
     }
     feed = graphs.random_inputs(model)
     want = run(model, feed)[0]
-    placed = materialize(model, ann, acts, profile, cfg)
+    placed = materialize(model, ann, acts, profile, cfg.weights)
     assert check(model, profile) == []
     bias = next(p for p in placed if p.kind == "bias")
     assert bias.qparams.scale.shape == (16,)

@@ -87,6 +87,12 @@ class BackendProfile:
         allowed_qdq_dtypes: element types a Q/DQ node may produce or read.
         per_axis_activations: whether per-axis scales are allowed on non-constant tensors.
         min_channels: Conv/Gemm/MatMul with fewer input or output channels stay float.
+        grouped_channel_multiple, grouped_min_kernel: with that small-op rule on
+            (``min_channels`` > 0, the profile's or the config's), a grouped conv takes INT8
+            only when its output channels are a multiple of the first and its smallest kernel
+            side at least the second: TensorRT's figures (8 and 3; ModelOpt skips the others,
+            ``BACKENDS.md``), which an onnxruntime run applies too when its config turns the
+            small-op rule on.
         output_method: the range method that ``auto`` means for Q/DQ on an op's raw output (the
             requantization of an integer kernel, not a folded ReLU/Clip): clipping there
             saturates the outliers the next op (hardswish, sigmoid, add) still needs, so
@@ -94,11 +100,11 @@ class BackendProfile:
             outliers dominate the range (max |x| > 2.5x the 99.99th percentile; ISNet's and
             magika's conv outputs, none of the zoo's).
         head_method: the range method that ``auto`` means for the activation inputs of a
-            model's heads (:func:`onnxq.annotate.head_nodes`: the weighted ops an output is read
+            model's heads (:func:`onnxq.place.heads.head_nodes`: the weighted ops an output is read
             from through data movement, a constant bias and Sigmoid/Softmax only).  Their
             outputs (scores, boxes, logits) are read at their extremes and no later layer
             averages a clipped input out.  A model whose outputs are per-element sigmoid
-            scores (:func:`onnxq.annotate.score_maps`: detectors, segmentation maps) gets it
+            scores (:func:`onnxq.place.heads.score_maps`: detectors, segmentation maps) gets it
             for every activation: on YOLOv8n, YOLOX and PP-OCRv4 det, clipping anywhere moved
             the scores (docs/benchmarks.md).  ``None``: no special case.
         folded_activations: activations right after a weighted op that the backend drops when
@@ -110,6 +116,9 @@ class BackendProfile:
             fuzzing), so no Softmax is ever put between Q/DQ pairs.
         integer_kernel_ops: ops the backend runs as integer kernels when wrapped in DQ -> op -> Q
             (what ``onnxq check`` counts as fusable groups).
+        unary_kernel_ops: the single-input ops among them that the ``unary`` rule quantizes
+            (input and output Q/DQ); the others have rules of their own (conv, binary,
+            concat, passthrough) or none.
         float_output_kernel_ops: weighted ops that still fuse when their output stays float
             (onnxruntime: Gemm -> QGemm, MatMul -> MatMulIntegerToFloat); with
             ``quantize_outputs``, other weighted ops whose
@@ -154,8 +163,11 @@ class BackendProfile:
     per_axis_activations: bool = False
     fused_validation: bool = False
     min_channels: int = 0
+    grouped_channel_multiple: int = 8
+    grouped_min_kernel: int = 3
     reduced_weight_qmax: int | None = None
     integer_kernel_ops: frozenset[str] = frozenset()
+    unary_kernel_ops: frozenset[str] = frozenset()
     output_method: str | None = None
     head_method: str | None = "minmax"
     folded_activations: frozenset[str] = frozenset()
@@ -208,6 +220,9 @@ TENSORRT = BackendProfile(
     min_channels=16,
 )
 
+# QLinearGlobalAveragePool, QLinearAveragePool, QLinearSigmoid, QLinearLeakyRelu
+_ORT_UNARY_KERNELS = frozenset({"GlobalAveragePool", "AveragePool", "Sigmoid", "LeakyRelu"})
+
 ONNXRUNTIME = BackendProfile(
     name="onnxruntime",
     activation_dtype="uint8",
@@ -222,21 +237,17 @@ ONNXRUNTIME = BackendProfile(
     output_method="robust_minmax",
     folded_activations=frozenset({"Relu", "Clip"}),
     float_readers=frozenset({"Softmax"}),
+    # no ConvTranspose: onnxruntime 1.31's CPU provider leaves DQ -> ConvTranspose -> Q unfused
+    # (a float ConvTranspose between a DQ and a Q; found on a 1-D segmentation net and a ViT
+    # decoder)
     integer_kernel_ops=frozenset(
-        # no ConvTranspose: onnxruntime 1.31's CPU provider leaves DQ -> ConvTranspose -> Q
-        # unfused (a float ConvTranspose between a DQ and a Q; found on a 1-D segmentation
-        # net and a ViT decoder)
-        {
+        [
             "Conv",
             "MatMul",
             "Gemm",
             "Add",
             "Mul",
             "Concat",
-            "GlobalAveragePool",
-            "AveragePool",
-            "Sigmoid",
-            "LeakyRelu",
             "MaxPool",
             "Reshape",
             "Transpose",
@@ -247,8 +258,10 @@ ONNXRUNTIME = BackendProfile(
             "Gather",
             "Split",
             "Where",
-        }
-    ),
+        ]
+    )
+    | _ORT_UNARY_KERNELS,
+    unary_kernel_ops=_ORT_UNARY_KERNELS,
     allowed_qdq_dtypes=frozenset({"int8", "uint8", "int32"}),
     fused_validation=True,
     float_grouped_convs=True,

@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 
 from onnxq import ir
-from onnxq.data import Batch
-from onnxq.errors import BackendConstraintError, UnsupportedModelError
+from onnxq.errors import InternalError, UnsupportedModelError
+from onnxq.inputs import Batch
 
 
 @dataclass(frozen=True)
@@ -117,12 +117,16 @@ def _unpadded(
     return [a[m] for a, m in zip(arrays, masks, strict=True)], dropped
 
 
-def validation_session(model: onnx.ModelProto, fused: bool, what: str = "quantized") -> Any:
+def validation_session(
+    model: onnx.ModelProto, fused: bool, what: str = "quantized", ours: bool = False
+) -> Any:
     """An onnxruntime CPU session for ``model``, with Q/DQ fusion (all optimizations) or none.
 
     Nodes run in the model's priority order, not onnxruntime's default order: the default
     runs every weight's DequantizeLinear first, so an unfused model would hold all its weights
-    dequantized to float at once (4x the int8 model) during each run.
+    dequantized to float at once (4x the int8 model) during each run.  ``ours``: the model is
+    onnxq's output, so onnxruntime refusing it is an :class:`InternalError` (else the model's
+    own :class:`UnsupportedModelError`).
     """
     import onnxruntime as ort
 
@@ -140,37 +144,55 @@ def validation_session(model: onnx.ModelProto, fused: bool, what: str = "quantiz
         try:
             return ort.InferenceSession(payload, opts, providers=["CPUExecutionProvider"])
         except Exception as exc:
-            raise UnsupportedModelError(
-                f"onnxruntime cannot load the {what} model: {' '.join(str(exc).split())[:400]}"
-            ) from None
+            message = f"onnxruntime cannot load the {what} model: {_one_line(exc, 400)}"
+            if ours:
+                raise InternalError(message, onnxruntime_failed=True) from None
+            raise UnsupportedModelError(message, onnxruntime_failed=True) from None
 
 
 def run_outputs(
-    model: onnx.ModelProto | Any, batches: list[Batch], fused: bool, what: str
+    model: onnx.ModelProto | Any,
+    batches: list[Batch],
+    fused: bool,
+    what: str,
+    ours: bool = False,
 ) -> list[dict[str, np.ndarray]]:
     """Run ``model`` (a proto or a ready session) on ``batches``.
 
     A session made here is released before this returns (the caller's next session must not
-    find this one's weights still in memory).
+    find this one's weights still in memory).  A failure is the model's
+    (:class:`UnsupportedModelError`: the batches match its declared inputs, so the model
+    does not run on such data in onnxruntime), or onnxq's when ``ours`` (its own output:
+    :class:`InternalError`).
     """
     if not isinstance(model, onnx.ModelProto):
-        return _run_all(model, batches, what)
-    return _run_all(validation_session(model, fused, what), batches, what)
+        return _run_all(model, batches, what, ours)
+    return _run_all(validation_session(model, fused, what, ours), batches, what, ours)
 
 
-def _run_all(session: Any, batches: list[Batch], what: str) -> list[dict[str, np.ndarray]]:
+def _run_all(
+    session: Any, batches: list[Batch], what: str, ours: bool
+) -> list[dict[str, np.ndarray]]:
     names = [o.name for o in session.get_outputs()]
     results = []
     for i, batch in enumerate(batches):
         try:
             values = session.run(names, batch)
         except Exception as exc:
-            raise BackendConstraintError(
-                f"the {what} model fails in onnxruntime on held batch {i}: "
-                f"{' '.join(str(exc).split())[:300]}"
+            message = f"the {what} model fails in onnxruntime on held batch {i}: {_one_line(exc)}"
+            if ours:
+                raise InternalError(message, onnxruntime_failed=True) from None
+            raise UnsupportedModelError(
+                f"{message}; the batch matches the model's declared inputs, so the model itself "
+                "does not run on such data in onnxruntime: check the float model on it",
+                onnxruntime_failed=True,
             ) from None
         results.append(dict(zip(names, values, strict=True)))
     return results
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    return " ".join(str(exc).split())[:limit]
 
 
 def class_axes(model: onnx.ModelProto) -> dict[str, int]:

@@ -27,6 +27,8 @@ from onnxq.ir.graph import (
     set_opset,
 )
 from onnxq.ir.load import (
+    LoadRecord,
+    OpsetUpgrade,
     check_model,
     copy_without_initializers,
     drop_initializer_inputs,
@@ -58,6 +60,8 @@ __all__ = [
     "PROTO_LIMIT",
     "QDQ_OPS",
     "Graph",
+    "LoadRecord",
+    "OpsetUpgrade",
     "atomic_write_bytes",
     "check_model",
     "constant_node_value",

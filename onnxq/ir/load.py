@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,27 @@ from onnxq.ir.order import attr_graphs, topological_order
 
 
 # ------------------------------------------------------------------------------- loading
+@dataclass(frozen=True)
+class OpsetUpgrade:
+    """The default-domain opset a model came with and the one onnxq converted it to."""
+
+    from_opset: int
+    to_opset: int
+
+
+@dataclass
+class LoadRecord:
+    """What loading changed in a model, as data (the report's notes say it in words)."""
+
+    sorted_nodes: bool = False  # the nodes were not in topological order; onnxq sorted them
+    opset_upgrade: OpsetUpgrade | None = None
+
+
 def load_model(
-    path: str | os.PathLike[str], min_opset: int = 13, notes: list[str] | None = None
+    path: str | os.PathLike[str], min_opset: int = 13, record: LoadRecord | None = None
 ) -> onnx.ModelProto:
     """Read, check, upgrade (to ``min_opset``) and shape-infer a model file.  An upgrade
-    appends a sentence saying so to ``notes``, when given (for the report).
+    and a topological sort are written into ``record``, when given (for the report).
 
     External data must lie inside the model's folder; anything else (``..``, absolute paths,
     symlinks that leave the folder) is refused before a byte of it is read.  From
@@ -50,9 +67,9 @@ def load_model(
     _load_external_data(model, base, p)
     _check_opset(model, str(p))
     _check_payloads(model, str(p))
-    sort_nodes(model, notes)
+    sort_nodes(model, record)
     check_model(model, where=str(p))
-    model = upgrade_opset(model, min_opset, where=str(p), notes=notes)
+    model = upgrade_opset(model, min_opset, where=str(p), record=record)
     name_nodes(model.graph)
     unshare_biases(model.graph)
     return infer_shapes(model)
@@ -245,23 +262,20 @@ def _check_external_location(
     return resolved, offset, (length if info.get("length") else None)
 
 
-def sort_nodes(model: onnx.ModelProto, notes: list[str] | None = None) -> None:
+def sort_nodes(model: onnx.ModelProto, record: LoadRecord | None = None) -> None:
     """Put the top-level nodes in topological order, as ONNX requires and some exporters do
-    not (onnxruntime sorts on its own and runs such a model); say so in ``notes``.  A graph
+    not (onnxruntime sorts on its own and runs such a model); say so in ``record``.  A graph
     that cannot be sorted is left for the checker to name."""
     available = {vi.name for vi in model.graph.input} | {t.name for t in model.graph.initializer}
-    if topological_order(model.graph, available) and notes is not None:
-        notes.append(
-            "the model's nodes were not in topological order (ONNX requires it; "
-            "onnxruntime sorts them itself): onnxq sorted them"
-        )
+    if topological_order(model.graph, available) and record is not None:
+        record.sorted_nodes = True
 
 
 def upgrade_opset(
-    model: onnx.ModelProto, min_opset: int, where: str = "model", notes: list[str] | None = None
+    model: onnx.ModelProto, min_opset: int, where: str = "model", record: LoadRecord | None = None
 ) -> onnx.ModelProto:
     """Convert the default-domain opset up to ``min_opset`` (per-axis Q/DQ needs 13); say so
-    in ``notes``, when given."""
+    in ``record``, when given."""
     current = opset_version(model)
     if current >= min_opset:
         return model
@@ -279,11 +293,8 @@ def upgrade_opset(
             f"the upgrade failed ({_first_line(exc)}); re-export the model with opset >= "
             f"{min_opset}"
         ) from None
-    if notes is not None:
-        notes.append(
-            f"the model's opset {current} was converted to {min_opset} (per-channel "
-            f"Q/DQ needs it): the output is an opset-{min_opset} model"
-        )
+    if record is not None:
+        record.opset_upgrade = OpsetUpgrade(current, min_opset)
     return restored
 
 

@@ -15,10 +15,10 @@ import onnx
 from onnx import TensorProto
 
 from onnxq.rewrites.cost import chain_decline, cost_decline, kernel_terms
-from onnxq.rewrites.pattern import Context, Decline, Match, Rule, Spec, rule
+from onnxq.rewrites.pattern import Claim, Context, Decline, Match, Rule, Spec, claim, rule
 
 CONV_LIKE = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
-# why a float tensor on the shape path (``annotate.shape_path``) is not quantized
+# why a float tensor on the shape path (``GraphFacts.shape_path``) is not quantized
 SHAPE_ONLY_DATA = (
     "computed from constants and the input's shape alone, not from its values "
     "(e.g. a zero initial state, or a position embedding resized to the input)"
@@ -40,7 +40,7 @@ def activation_problem(m: Match, ctx: Context, tensor: str) -> str | None:
         if elem == TensorProto.FLOAT:
             return f"tensor {tensor!r} is {SHAPE_ONLY_DATA}"
         return f"tensor {tensor!r} is part of a shape/index computation"
-    excluded = ctx.config.tensor_excluded(tensor)
+    excluded = ctx.options.tensor_excluded(tensor)
     if excluded:
         return f"tensor {tensor!r} excluded by {excluded}"
     return ctx.float_tensors.get(tensor)
@@ -68,11 +68,11 @@ def weight_spec(m: Match, ctx: Context, index: int) -> Spec | Decline:
     return Spec(name, "weight", ((m.name, index),), axis=axis)
 
 
-def output_specs(m: Match, ctx: Context, output: str) -> list[Spec]:
+def output_specs(m: Match, ctx: Context, output: str) -> Claim:
     """Q/DQ on the node's output (read by all consumers), unless :func:`output_problem`."""
     if output_problem(m, ctx, output):
-        return []
-    return [Spec(output, "activation", _quantized_readers(ctx, output), output=True)]
+        return Claim()
+    return claim(Spec(output, "activation", _quantized_readers(ctx, output), output=True))
 
 
 def output_problem(m: Match, ctx: Context, output: str) -> str | None:
@@ -122,17 +122,17 @@ def _dq_would_reach_subgraph(ctx: Context, tensor: str) -> bool:
     return False
 
 
-def quantized_output(m: Match, ctx: Context) -> list[Spec]:
+def quantized_output(m: Match, ctx: Context) -> Claim:
     """Output Q/DQ of a weighted op or an integer Add/Mul; a single following ReLU/Clip is
-    folded in (onnxruntime drops it when the Q's range already clips), in which case its output
-    gets the Q/DQ."""
+    folded in (onnxruntime drops it when the Q's range already clips): the claim then takes
+    that node too, and its output gets the Q/DQ."""
     folded = _folded_activation(m, ctx)
     if folded is not None:
-        specs = output_specs(m, ctx, folded.output[0])
-        if specs:
-            ctx.claimed.add(folded.name)
+        outs = output_specs(m, ctx, folded.output[0])
+        if not outs:
+            return Claim()
         # a ReLU/Clip output is bounded by the activation itself: not a raw requantization
-        return [replace(s, output=False) for s in specs]
+        return Claim(tuple(replace(s, output=False) for s in outs.specs), (folded.name,))
     return output_specs(m, ctx, m.node.output[0])
 
 
@@ -166,7 +166,7 @@ def weighted_op(
     macs_per_output: int | None = None,
     grouped: bool = False,
     unaligned: bool = False,
-) -> list[Spec] | Decline:
+) -> Claim | Decline:
     """Activation input 0 + weight input 1 (+ int32 bias, output Q/DQ where the profile asks).
 
     ``macs_per_output`` (products summed per output element), ``grouped`` and ``unaligned``
@@ -190,10 +190,10 @@ def weighted_op(
     w = weight_spec(m, ctx, 1)
     if isinstance(w, Decline):
         return w
-    specs = [activation(m, 0), w]
+    taken = claim(activation(m, 0), w)
     bias = m.input(2)
     if bias and ctx.profile.bias == "int32" and ctx.graph.const_value(bias) is not None:
-        specs.append(Spec(bias, "bias", ((m.name, 2),), axis=0, inputs=(m.input(0), m.input(1))))
+        taken += claim(Spec(bias, "bias", ((m.name, 2),), axis=0, inputs=(m.input(0), m.input(1))))
     if ctx.profile.quantize_outputs:
         outs = quantized_output(m, ctx)
         if not outs and m.node.op_type not in ctx.profile.float_output_kernel_ops:
@@ -204,8 +204,8 @@ def weighted_op(
                 f"{why}, and {ctx.profile.name} has no integer {m.node.op_type} with a float "
                 "output: Q/DQ on its inputs alone would only add work"
             )
-        specs += outs
-    return specs
+        taken += outs
+    return taken
 
 
 # a channel (or kernel) peaking below this share of the largest one under the same int8 scale
@@ -241,7 +241,7 @@ def _shared_weight_scale(w: np.ndarray, group: int) -> str | None:
 
 # --------------------------------------------------------------------------- rules
 @rule("conv", "Conv", "ConvTranspose")
-def conv(m: Match, ctx: Context) -> list[Spec] | Decline:
+def conv(m: Match, ctx: Context) -> Claim | Decline:
     """Conv/ConvTranspose: activation per-tensor, weight per output channel."""
     w = ctx.graph.const_value(m.input(1))
     if w is None or w.ndim < 3:
@@ -256,19 +256,20 @@ def conv(m: Match, ctx: Context) -> list[Spec] | Decline:
         shared = _shared_weight_scale(w, group)
         if shared is not None:
             return Decline(shared)
-    if group > 1 and ctx.min_channels:
+    if group > 1 and ctx.min_channels:  # the small-op rule's grouped case (the profile's)
         kernel = min(w.shape[2:])
-        if out_c % 8 or kernel < 3:
+        multiple, min_kernel = ctx.profile.grouped_channel_multiple, ctx.profile.grouped_min_kernel
+        if out_c % multiple or kernel < min_kernel:
             return Decline(
                 f"grouped conv (group={group}) with {out_c} output channels and kernel {kernel}: "
-                "INT8 pays only when out_channels % 8 == 0 and kernel >= 3"
+                f"INT8 pays only when out_channels % {multiple} == 0 and kernel >= {min_kernel}"
             )
         return weighted_op(m, ctx, max(in_c, ctx.min_channels), out_c, per_output, True)
     return weighted_op(m, ctx, in_c, out_c, per_output, group > 1, unaligned)
 
 
 @rule("gemm", "Gemm")
-def gemm(m: Match, ctx: Context) -> list[Spec] | Decline:
+def gemm(m: Match, ctx: Context) -> Claim | Decline:
     """Gemm with a constant B: A per-tensor, B per output channel (axis from transB)."""
     b = ctx.graph.const_value(m.input(1))
     if b is None or b.ndim != 2:
@@ -279,7 +280,7 @@ def gemm(m: Match, ctx: Context) -> list[Spec] | Decline:
 
 
 @rule("matmul", "MatMul")
-def matmul(m: Match, ctx: Context) -> list[Spec] | Decline:
+def matmul(m: Match, ctx: Context) -> Claim | Decline:
     """MatMul with a constant right-hand side [K, N]: weight per column (axis 1)."""
     b = ctx.graph.const_value(m.input(1))
     if b is None:
@@ -296,7 +297,7 @@ def _shape_text(shape: tuple[int | str | None, ...] | None) -> str:
 
 
 @rule("residual_add", "Add")
-def residual_add(m: Match, ctx: Context) -> list[Spec] | Decline:
+def residual_add(m: Match, ctx: Context) -> Claim | Decline:
     """Residual Add: Q/DQ on the skip input only, so the Add fuses into the conv's epilogue."""
     g = ctx.graph
     a, b = m.input(0), m.input(1)
@@ -324,9 +325,9 @@ def residual_add(m: Match, ctx: Context) -> list[Spec] | Decline:
         )
 
     if fusable(a):
-        return [activation(m, 1)]
+        return claim(activation(m, 1))
     if fusable(b):
-        return [activation(m, 0)]
+        return claim(activation(m, 0))
     return Decline(
         "neither input comes straight from a quantized Conv/Gemm/MatMul, so the Add "
         "cannot fuse as a residual; it stays float"
@@ -334,7 +335,7 @@ def residual_add(m: Match, ctx: Context) -> list[Spec] | Decline:
 
 
 @rule("binary", "Add", "Mul")
-def binary(m: Match, ctx: Context) -> list[Spec] | Decline:
+def binary(m: Match, ctx: Context) -> Claim | Decline:
     """Add/Mul of two activations with input and output Q/DQ (QLinearAdd/QLinearMul)."""
     for index in (0, 1):
         problem = activation_problem(m, ctx, m.input(index))
@@ -346,11 +347,11 @@ def binary(m: Match, ctx: Context) -> list[Spec] | Decline:
     # a ReLU after the Add (ResNet's residual join) folds into its output quantization, unless
     # the ReLU's output is a graph output: then the Q/DQ goes between the two
     outs = quantized_output(m, ctx) or output_specs(m, ctx, m.node.output[0])
-    return [activation(m, 0), activation(m, 1), *outs]
+    return claim(activation(m, 0), activation(m, 1)) + outs
 
 
-@rule("concat", "Concat")
-def concat(m: Match, ctx: Context) -> list[Spec] | Decline:
+@rule("concat", "Concat", shares_scale=True)
+def concat(m: Match, ctx: Context) -> Claim | Decline:
     """Concat of activations with input and output Q/DQ (QLinearConcat)."""
     for index in range(len(m.node.input)):
         problem = activation_problem(m, ctx, m.input(index))
@@ -362,12 +363,13 @@ def concat(m: Match, ctx: Context) -> list[Spec] | Decline:
     outs = output_specs(m, ctx, m.node.output[0])
     if not outs:
         return Decline("its output is a graph output or unread; the concat stays float")
-    return [activation(m, i) for i in range(len(m.node.input))] + outs
+    return claim(*(activation(m, i) for i in range(len(m.node.input)))) + outs
 
 
-@rule("unary", "GlobalAveragePool", "AveragePool", "Sigmoid", "LeakyRelu")
-def unary(m: Match, ctx: Context) -> list[Spec] | Decline:
-    """Ops onnxruntime runs as QLinear kernels: input and output Q/DQ."""
+@rule("unary", profile_ops=lambda profile: profile.unary_kernel_ops)
+def unary(m: Match, ctx: Context) -> Claim | Decline:
+    """Single-input ops the backend runs as integer kernels (the profile's
+    ``unary_kernel_ops``: QLinearSigmoid, ...): input and output Q/DQ."""
     problem = activation_problem(m, ctx, m.input(0))
     if problem:
         return Decline(problem)
@@ -377,7 +379,7 @@ def unary(m: Match, ctx: Context) -> list[Spec] | Decline:
     outs = output_specs(m, ctx, m.node.output[0])
     if not outs:
         return Decline("its output is a graph output or unread; no integer kernel to fuse")
-    return [activation(m, 0), *outs]
+    return claim(activation(m, 0)) + outs
 
 
 @rule(
@@ -392,7 +394,7 @@ def unary(m: Match, ctx: Context) -> list[Spec] | Decline:
     "DepthToSpace",
     "SpaceToDepth",
 )
-def passthrough(m: Match, ctx: Context) -> list[Spec] | Decline:
+def passthrough(m: Match, ctx: Context) -> Claim | Decline:
     """An op that only moves values, on a quantized input: its output shares the input's
     qparams, so onnxruntime drops the Q/DQ pair and runs it on int8 data."""
     x = m.input(0)
@@ -404,7 +406,7 @@ def passthrough(m: Match, ctx: Context) -> list[Spec] | Decline:
     outs = output_specs(m, ctx, out)
     if not outs:
         return Decline("its output is a graph output or unread")
-    return [activation(m, 0), Spec(out, "shared", outs[0].consumers, inputs=(x,))]
+    return claim(activation(m, 0), Spec(out, "shared", outs.specs[0].consumers, inputs=(x,)))
 
 
 RULE_SETS: dict[str, tuple[Rule, ...]] = {

@@ -17,7 +17,7 @@ from onnxq.backends.validate import (
     validation_session,
 )
 from onnxq.calibrate import make_session
-from onnxq.errors import BackendConstraintError, UnsupportedModelError
+from onnxq.errors import InternalError, UnsupportedModelError
 from tests import graphs
 
 
@@ -31,13 +31,21 @@ def test_run_outputs_per_batch_from_a_model_or_a_session():
         np.testing.assert_allclose(a["y"], b["y"], rtol=1e-5, atol=1e-6)
 
 
-def test_run_outputs_failure_names_the_model_and_batch():
+def test_run_outputs_failure_names_the_model_and_batch_and_whose_fault_it_is():
     model = graphs.conv_relu()
     batches = [graphs.random_inputs(model), {"x": np.zeros((1, 16, 4, 4), np.float32)}]
+    # the user's model failing on data that matches its inputs: the model's error
     with pytest.raises(
-        BackendConstraintError, match="the quantized model fails in onnxruntime on held batch 1"
-    ):
-        run_outputs(model, batches, fused=False, what="quantized")
+        UnsupportedModelError, match="the float model fails in onnxruntime on held batch 1"
+    ) as caught:
+        run_outputs(model, batches, fused=False, what="float")
+    assert caught.value.onnxruntime_failed
+    # onnxq's own output failing where the float model ran: a bug in onnxq
+    with pytest.raises(
+        InternalError, match="the quantized model fails in onnxruntime on held batch 1"
+    ) as internal:
+        run_outputs(model, batches, fused=False, what="quantized", ours=True)
+    assert "this is a bug in onnxq" in str(internal.value)
 
 
 def test_validation_sessions_run_nodes_in_the_models_priority_order():
@@ -58,8 +66,10 @@ def test_validation_sessions_run_nodes_in_the_models_priority_order():
 def test_validation_session_load_failure_names_the_model():
     model = graphs.conv_relu()
     model.graph.node[0].op_type = "NoSuchOp"
-    with pytest.raises(UnsupportedModelError, match="cannot load the quantized model"):
-        validation_session(model, fused=False)
+    with pytest.raises(UnsupportedModelError, match="cannot load the float model"):
+        validation_session(model, fused=False, what="float")
+    with pytest.raises(InternalError, match="cannot load the quantized model"):
+        validation_session(model, fused=False, ours=True)
 
 
 def test_fidelity_of_identical_outputs_is_perfect():

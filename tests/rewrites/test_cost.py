@@ -9,10 +9,11 @@ from onnx import helper
 
 import onnxq
 from onnxq import ir
-from onnxq.annotate import Annotations, annotate
 from onnxq.backends.profile import PROFILES
 from onnxq.config import QuantConfig
+from onnxq.place.annotations import Annotations
 from tests import graphs
+from tests.placement import annotate_graph
 
 
 def net(layers: list[tuple], shape: tuple[int, ...] = (1, 16, 16, 16)) -> onnx.ModelProto:
@@ -62,7 +63,7 @@ def net(layers: list[tuple], shape: tuple[int, ...] = (1, 16, 16, 16)) -> onnx.M
 
 def annotated(model: onnx.ModelProto, backend: str = "onnxruntime") -> Annotations:
     graph = ir.Graph(ir.infer_shapes(model))
-    return annotate(graph, PROFILES[backend], QuantConfig(backend=backend))
+    return annotate_graph(graph, PROFILES[backend])
 
 
 def decision(ann: Annotations, node: str):
@@ -196,7 +197,7 @@ def test_the_threshold_is_profile_data():
     profile = PROFILES["onnxruntime"].replace(
         min_macs_per_output=0, min_macs_per_output_unaligned=0
     )
-    ann = annotate(graph, profile, QuantConfig(backend="onnxruntime"))
+    ann = annotate_graph(graph, profile, QuantConfig(backend="onnxruntime"))
     assert decision(ann, "l0").quantized
 
 

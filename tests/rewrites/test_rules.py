@@ -8,11 +8,12 @@ from onnx import helper
 
 import onnxq
 from onnxq import ir
-from onnxq.annotate import Annotations, annotate
 from onnxq.backends.profile import PROFILES
 from onnxq.config import QuantConfig
+from onnxq.place.annotations import Annotations, Excluded
 from onnxq.rewrites.rules import RULE_SETS
 from tests import graphs
+from tests.placement import annotate_graph
 from tests.profiles import ONNXRUNTIME_NO_COST
 
 # These tests check what each rule places once it applies, so the onnxruntime profile's cost
@@ -26,7 +27,7 @@ def _onnxruntime_without_cost_rules(monkeypatch):
 
 def annotated(model: onnx.ModelProto, backend: str = "tensorrt", **options) -> Annotations:
     graph = ir.Graph(ir.infer_shapes(model))
-    return annotate(graph, PROFILES[backend], QuantConfig(backend=backend, **options))
+    return annotate_graph(graph, PROFILES[backend], QuantConfig(backend=backend, **options))
 
 
 def decision(ann: Annotations, node: str):
@@ -109,11 +110,10 @@ def test_conv_transpose_stays_float_for_onnxruntime_which_has_no_integer_kernel_
 
 def test_a_conv_whose_output_stays_float_for_a_data_reason_gives_that_reason():
     graph = ir.Graph(ir.infer_shapes(graphs.with_tail(graphs.conv_relu())))
-    ann = annotate(
+    ann = annotate_graph(
         graph,
         PROFILES["onnxruntime"],
-        QuantConfig(backend="onnxruntime"),
-        float_tensors={"y": "tensor 'y' reaches |x| = 2e+05"},
+        excluded=Excluded(tensors={"y": "tensor 'y' reaches |x| = 2e+05"}),
     )
     d = decision(ann, "conv")
     assert not d.quantized and d.reason.startswith(
@@ -307,7 +307,7 @@ def test_residual_add_with_differently_named_symbolic_sizes_says_they_cannot_be_
             graphs.tensor("conv2_out", [1, 16, "h2", "w2"]),
         ]
     )
-    ann = annotate(ir.Graph(m), PROFILES["tensorrt"], QuantConfig(backend="tensorrt"))
+    ann = annotate_graph(ir.Graph(m), PROFILES["tensorrt"])
     d = decision(ann, "add")
     assert not d.quantized and d.reason.startswith(
         "inputs have shapes that cannot be shown equal, [1, 16, h2, w2] and [1, 16, h1, w1]"

@@ -1,4 +1,4 @@
-"""annotate(): one decision per node, merged tensor specs, exclusions and overrides."""
+"""The rule engine: one decision per node, merged tensor specs, exclusions and overrides."""
 
 from __future__ import annotations
 
@@ -8,15 +8,14 @@ import pytest
 from onnx import helper
 
 from onnxq import ir
-from onnxq.annotate import Annotations, annotate, shape_path
 from onnxq.backends.profile import PROFILES
 from onnxq.config import Override, QuantConfig
+from onnxq.place.annotations import Annotations
+from onnxq.place.engine import annotate
+from onnxq.place.facts import GraphFacts
+from onnxq.place.heads import head_nodes, score_maps
 from tests import graphs
-
-
-def annotated(model: onnx.ModelProto, backend: str = "tensorrt", **options) -> Annotations:
-    graph = ir.Graph(ir.infer_shapes(model))
-    return annotate(graph, PROFILES[backend], QuantConfig(backend=backend, **options))
+from tests.placement import annotated
 
 
 def reasons(ann: Annotations) -> dict[str, str]:
@@ -36,7 +35,9 @@ def test_every_node_gets_exactly_one_decision_in_graph_order():
 def test_annotation_does_not_edit_the_graph():
     model = ir.infer_shapes(graphs.residual_add())
     before = ir.serialize(model)
-    annotate(ir.Graph(model), PROFILES["onnxruntime"], QuantConfig(backend="onnxruntime"))
+    profile = PROFILES["onnxruntime"]
+    facts = GraphFacts.of(ir.Graph(model), profile)
+    annotate(facts, profile, QuantConfig(backend="onnxruntime").placement)
     assert ir.serialize(model) == before
 
 
@@ -112,12 +113,6 @@ def test_custom_domain_ops_stay_float():
     assert ann.tensors["conv.weight"].axis == 0
 
 
-def test_shape_path_follows_shape_ops_and_stops_at_data():
-    model = ir.infer_shapes(graphs.shape_subgraph())
-    path = shape_path(ir.Graph(model), PROFILES["tensorrt"])
-    assert path == {"x_shape", "batch", "new_shape"}
-
-
 def test_float_data_from_the_shape_alone_is_not_called_a_shape_computation():
     # an RNN's zero initial state: ConstantOfShape(Shape(x)) -> MatMul (recurrent weight)
     # -> Add with the data path
@@ -160,50 +155,10 @@ def test_fused_relu_is_reported_as_folded_into_its_producer():
     assert ann.tensors["skip"].consumers == [("conv2", 0), ("add", 1)]
 
 
-def _detector(channels: int = 32, squash: str = "Sigmoid") -> onnx.ModelProto:
-    """x -> body Conv -> Relu -> (cls Conv, box Conv) -> Concat -> Reshape -> Split ->
-    (``squash``ed scores, boxes) -> Concat -> y, and a second output through an Add of two
-    computed tensors."""
-    r = graphs.rng(1)
-    c = channels
-    nodes = [
-        helper.make_node("Conv", ["x", "wb"], ["b"], name="body", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["b"], ["br"], name="relu"),
-        helper.make_node("Conv", ["br", "wc"], ["cls"], name="cls"),
-        helper.make_node("Conv", ["br", "wx"], ["box"], name="box"),
-        helper.make_node("Concat", ["box", "cls"], ["cat"], name="cat", axis=1),
-        helper.make_node("Reshape", ["cat", "shape"], ["flat"], name="reshape"),
-        helper.make_node("Split", ["flat", "sizes"], ["boxes", "logits"], name="split", axis=1),
-        helper.make_node(squash, ["logits"], ["scores"], name="sigmoid"),
-        helper.make_node("Concat", ["boxes", "scores"], ["y"], name="out", axis=1),
-        helper.make_node("Conv", ["br", "wm"], ["m"], name="mixed"),
-        helper.make_node("Add", ["m", "br"], ["z"], name="add"),
-    ]
-    inits = [
-        graphs.init("wb", graphs.weight(r, c, c, 3, 3)),
-        graphs.init("wc", graphs.weight(r, c, c, 1, 1)),
-        graphs.init("wx", graphs.weight(r, c, c, 1, 1)),
-        graphs.init("wm", graphs.weight(r, c, c, 1, 1)),
-        graphs.init("shape", np.array([1, 2 * c, -1])),
-        graphs.init("sizes", np.array([c, c])),
-    ]
-    return graphs.model(
-        nodes,
-        [graphs.tensor("x", [1, c, 8, 8])],
-        [graphs.tensor("y", [1, 2 * c, 64]), graphs.tensor("z", [1, c, 8, 8])],
-        inits,
-    )
-
-
-def test_heads_are_the_weighted_ops_an_output_is_read_from_without_mixing():
-    from onnxq.annotate import head_nodes
-
-    graph = ir.Graph(ir.infer_shapes(_detector()))
-    assert head_nodes(graph) == frozenset({"cls", "box"})  # not body; not mixed (an Add)
-
-
 def test_auto_means_minmax_for_the_inputs_of_heads():
-    model = _detector(squash="Softmax")  # scores over classes: no per-element score map
+    model = graphs.two_head_detector(
+        squash="Softmax"
+    )  # scores over classes: no per-element score map
     ann = annotated(model)
     assert ann.tensors["br"].method == "minmax"  # read by the heads cls and box
     assert ann.tensors["x"].method == "auto"  # the body's input
@@ -213,9 +168,7 @@ def test_auto_means_minmax_for_the_inputs_of_heads():
 
 
 def test_auto_means_minmax_everywhere_for_per_element_sigmoid_scores():
-    from onnxq.annotate import score_maps
-
-    model = _detector()
+    model = graphs.two_head_detector()
     assert score_maps(ir.Graph(ir.infer_shapes(model))) == ["y"]  # not z: no sigmoid
     ann = annotated(model)
     assert {t.method for t in ann.of_kind("activation")} == {"minmax"}
@@ -225,8 +178,6 @@ def test_auto_means_minmax_everywhere_for_per_element_sigmoid_scores():
 
 def test_a_score_map_upsampled_before_its_sigmoid_is_a_score_map():
     # a saliency/segmentation head: Conv -> Resize (to the input's size) -> Sigmoid
-    from onnxq.annotate import head_nodes, score_maps
-
     r = graphs.rng(2)
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["f"], name="body", pads=[1, 1, 1, 1]),
@@ -297,54 +248,6 @@ def test_a_residual_add_of_a_dynamic_width_model_is_quantized():
         vi.type.tensor_type.shape.dim[3].dim_param = "W"  # the inferred widths get fresh names
     add = next(d for d in annotated(model).decisions if d.node == "add")
     assert add.quantized and add.rule == "residual_add", add.reason
-
-
-def test_position_norm_convs_are_the_1d_convs_a_layer_norm_reads_through_pointwise_ops():
-    from onnxq.annotate import position_norm_convs
-
-    def found(model):
-        return position_norm_convs(ir.Graph(ir.infer_shapes(model)))
-
-    assert found(graphs.feature_encoder()) == {"conv0": "x", "conv1": "r0", "conv2": "r1"}
-    # a normalisation on the way resets the question: the first conv is not found
-    assert found(graphs.feature_encoder(norm_after_first=True)) == {"conv1": "n0", "conv2": "r1"}
-    assert found(graphs.grouped_conv()) == {}  # 2-D convs, no LayerNormalization
-
-
-def test_saturation_bounds_are_where_every_quantized_reader_stops_changing():
-    from onnxq.annotate import saturation_bounds
-
-    def bounds(op: str) -> tuple[float, float] | None:
-        graph = ir.Graph(ir.infer_shapes(graphs.conv_hardswish(op)))
-        readers = [(n.name, list(n.input).index("c1_out")) for n, _ in graph.consumers["c1_out"]]
-        return saturation_bounds(graph, "c1_out", readers)
-
-    # x * HardSigmoid(x, 1/6, 1/2): 0 below -3 (-0.5 / float32(1/6))
-    assert bounds("pair") == pytest.approx((-3.0, float("inf")))
-    assert bounds("HardSwish") == (-3.0, float("inf"))
-    assert bounds("Relu") == (0.0, float("inf"))
-    assert bounds("Sigmoid") is None  # never exactly constant
-    graph = ir.Graph(ir.infer_shapes(graphs.conv_hardswish("pair")))
-    assert saturation_bounds(graph, "c1_out", [("gate", 0)]) == pytest.approx((-3.0, 3.0))
-    # a reader without a bound (the next conv reading the same tensor) lifts it
-    assert saturation_bounds(graph, "c1_out", [("gate", 0), ("c2", 0)]) is None
-
-
-def test_a_clip_reader_bounds_both_sides():
-    from onnxq.annotate import saturation_bounds
-
-    m = graphs.conv_hardswish("Relu")
-    relu = next(n for n in m.graph.node if n.op_type == "Relu")
-    relu.op_type = "Clip"
-    relu.input.extend(["lo", "hi"])
-    m.graph.initializer.extend(
-        [
-            helper.make_tensor("lo", onnx.TensorProto.FLOAT, [], [-1.0]),
-            helper.make_tensor("hi", onnx.TensorProto.FLOAT, [], [6.0]),
-        ]
-    )
-    graph = ir.Graph(ir.infer_shapes(m))
-    assert saturation_bounds(graph, "c1_out", [("act", 0)]) == (-1.0, 6.0)
 
 
 def test_the_onnxruntime_profile_bounds_a_conv_output_read_by_a_hardswish():

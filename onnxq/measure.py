@@ -1,0 +1,132 @@
+"""The two ways the placement loop (:func:`onnxq.place.loop.place`) gets statistics: calibrate
+on data (:class:`Calibration`) or read a calibration cache (:class:`CachedStatistics`).
+
+Each is a callable ``measure(wanted) -> CalibrationResult`` over the activation tensors a
+placement quantizes (name -> whether its method needs a histogram).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from onnxq import ir
+from onnxq.calibrate import CalibrationResult, calibrate, load_calibration
+from onnxq.inputs import Batch, InputSpec
+from onnxq.options import CalibrationOptions
+from onnxq.place.facts import GraphFacts
+
+
+class Calibration:
+    """Statistics from running the model on calibration data.
+
+    The first call observes every wanted tensor and holds the first batches for the fidelity
+    check; a later call observes only the tensors not observed yet, in one more pass when the
+    data can be read again.  When it cannot (a generator), those tensors are
+    ``unobservable``: they stay float.  ``all_histograms``: every tensor gets a histogram (a
+    calibration cache then serves any method).
+    """
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        data: Iterable[Any],
+        inputs: list[InputSpec],
+        options: CalibrationOptions,
+        facts: GraphFacts,
+        all_histograms: bool = False,
+    ) -> None:
+        self._model, self._data, self._inputs = model, data, inputs
+        self._options, self._all_histograms = options, all_histograms
+        self._channels = frozenset(facts.grouped_convs.values())
+        self._positions = frozenset(facts.position_norm_convs.values())
+        self._reiterable = iter(data) is not data
+        self.result: CalibrationResult | None = None
+
+    def __call__(self, wanted: Mapping[str, bool]) -> CalibrationResult:
+        result = self.result
+        missing = {
+            t: self._all_histograms or hist
+            for t, hist in wanted.items()
+            if result is None or t not in result.stats
+        }
+        if result is not None and missing and not self._reiterable:
+            why = "was not observed (the calibration source can be read only once)"
+            unobservable = {t: f"tensor {t!r} {why}" for t in missing}
+            return _with(result, unobservable=unobservable)
+        if result is None or missing:
+            fresh = self._observe(missing, hold=result is None)
+            result = fresh if result is None else _merged(result, fresh)
+        self.result = result
+        return result
+
+    def _observe(self, tensors: dict[str, bool], hold: bool) -> CalibrationResult:
+        o = self._options
+        return calibrate(
+            self._model,
+            tensors,
+            self._data,
+            self._inputs,
+            max_batches=o.max_batches,
+            hold=o.fidelity_batches if hold else 0,
+            memory_budget=o.memory_budget_mb * 2**20,
+            histogram_sample=o.histogram_sample,
+            histogram_budget=o.histogram_budget,
+            progress=o.progress,
+            channels=self._channels,
+            positions=self._positions,
+        )
+
+
+class CachedStatistics:
+    """Statistics read from a calibration cache (``--load-calibration``); ``held``: batches
+    of data kept for the fidelity check (none without data)."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], graph: ir.Graph, backend: str, held: list[Batch]
+    ) -> None:
+        self._path, self._graph, self._backend, self._held = Path(path), graph, backend, held
+
+    def __call__(self, wanted: Mapping[str, bool]) -> CalibrationResult:
+        stats = load_calibration(self._path, self._graph, dict(wanted), self._backend)
+        samples = max((s.samples for s in stats.values()), default=0)
+        # no batch was calibrated here: the statistics come from the cache
+        return CalibrationResult(stats, 0, self._held, samples=samples)
+
+
+def held_batches(
+    model: onnx.ModelProto, data: Iterable[Any] | None, inputs: list[InputSpec], count: int
+) -> list[Batch]:
+    """The first ``count`` batches of ``data``, checked against the model's inputs, for the
+    fidelity check of a run whose statistics come from a cache (none without data)."""
+    if data is None or not count:
+        return []
+    return calibrate(model, {}, data, inputs, max_batches=count, hold=count, progress=False).held
+
+
+def _merged(first: CalibrationResult, extra: CalibrationResult) -> CalibrationResult:
+    """``first`` with the statistics of a later pass over other tensors."""
+    return CalibrationResult(
+        {**first.stats, **extra.stats},
+        first.batches_seen,
+        first.held,
+        first.sample_share,
+        first.budget_sampled + extra.budget_sampled,
+        first.samples,
+    )
+
+
+def _with(result: CalibrationResult, unobservable: dict[str, str]) -> CalibrationResult:
+    return CalibrationResult(
+        result.stats,
+        result.batches_seen,
+        result.held,
+        result.sample_share,
+        result.budget_sampled,
+        result.samples,
+        unobservable,
+    )

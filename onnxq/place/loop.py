@@ -1,0 +1,108 @@
+"""The placement loop: place, measure, and place again while the data keeps more float.
+
+Data-driven exclusions only remove Q/DQ, but a removal can make another rule choose a
+different tensor (a residual Add whose conv stayed float), which then needs statistics too.
+So :func:`place` alternates the rule engine with a ``measure`` callable until the exclusions
+add nothing.  ``measure`` is the only thing that differs between calibrating from data and
+loading a calibration cache (``onnxq.measure``); a test drives the loop with a fake one.
+
+``measure(wanted)`` takes the activation tensors the placement quantizes (name -> whether its
+method needs a histogram) and returns statistics for each of them, or, in ``unobservable``, the
+reason it has none (the data could be read only once); those tensors stay float and the loop
+places again.  The loop never returns a placement with a quantized tensor it has no statistics
+for, and does not stop silently: past ``max_rounds`` it raises :class:`InternalError` naming
+what kept changing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from onnxq.backends.profile import BackendProfile
+from onnxq.errors import InternalError
+from onnxq.observers import HISTOGRAM_METHODS, TensorStats
+from onnxq.options import PlacementOptions
+from onnxq.place.annotations import Annotations, Excluded
+from onnxq.place.engine import annotate
+from onnxq.place.exclusions import Evidence, find_exclusions
+from onnxq.place.facts import GraphFacts
+
+# each round excludes at least one more tensor or node; real models settle in 2 or 3 rounds
+MAX_ROUNDS = 8
+
+
+class Statistics(Protocol):
+    """What a measure returns: statistics per observed tensor, and the wanted tensors it could
+    not observe (tensor -> why)."""
+
+    @property
+    def stats(self) -> Mapping[str, TensorStats]: ...
+
+    @property
+    def unobservable(self) -> Mapping[str, str]: ...
+
+
+S = TypeVar("S", bound=Statistics)
+
+
+@dataclass(frozen=True)
+class Placement(Generic[S]):
+    """The settled placement, the statistics of every activation tensor it quantizes, and how
+    many rounds it took."""
+
+    annotations: Annotations
+    statistics: S
+    rounds: int
+
+
+def observed_tensors(annotations: Annotations) -> dict[str, bool]:
+    """The activation tensors a placement needs statistics for -> whether their range method
+    needs a histogram."""
+    return {
+        ann.tensor: ann.method in HISTOGRAM_METHODS for ann in annotations.of_kind("activation")
+    }
+
+
+def place(
+    facts: GraphFacts,
+    profile: BackendProfile,
+    options: PlacementOptions,
+    measure: Callable[[Mapping[str, bool]], S],
+    max_rounds: int = MAX_ROUNDS,
+) -> Placement[S]:
+    """Place Q/DQ over ``facts.graph`` with the statistics ``measure`` gives, until the
+    data-driven exclusions keep nothing more float."""
+    excluded = Excluded()
+    added = Excluded()
+    for rounds in range(1, max_rounds + 1):
+        annotations = annotate(facts, profile, options, excluded)
+        wanted = observed_tensors(annotations)
+        measured = measure(wanted)
+        missing = sorted(t for t in wanted if t not in measured.stats)
+        unobservable = {t: measured.unobservable[t] for t in missing if t in measured.unobservable}
+        if len(unobservable) != len(missing):
+            lost = [t for t in missing if t not in unobservable]
+            raise InternalError(
+                f"the measure gave no statistics and no reason for {len(lost)} tensor(s) the "
+                f"placement quantizes, e.g. {', '.join(repr(t) for t in lost[:5])}"
+            )
+        if unobservable:
+            added = Excluded(tensors=unobservable)
+        else:
+            added = find_exclusions(annotations, Evidence(measured.stats, facts), options)
+            if not added.adds_to(excluded):
+                return Placement(annotations, measured, rounds)
+        excluded = excluded | added
+    raise InternalError(_unsettled(max_rounds, added))
+
+
+def _unsettled(rounds: int, added: Excluded) -> str:
+    """Why the loop gave up: what its last round still kept float."""
+    names = [*(repr(t) for t in added.tensors), *(f"node {n!r}" for n in added.nodes)]
+    return (
+        f"placement did not settle in {rounds} rounds: each round the calibration data kept "
+        f"more float, the last {len(names)}: {', '.join(names[:8])}"
+        + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    )
