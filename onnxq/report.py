@@ -112,15 +112,7 @@ class Report:
                 else "statistics from a calibration cache"
             ),
         ]
-        # one line per op type and reason, with the quoted tensor/node names left out (they
-        # would give every op its own line); a reason that only one op has keeps its names
-        groups: dict[str, list[str]] = {}
-        for d in self.float_ops:
-            generic = _QUOTED.sub("'…'", d.reason)
-            groups.setdefault(f"{d.op_type}: {generic}", []).append(f"{d.op_type}: {d.reason}")
-        reasons = {
-            (texts[0] if len(set(texts)) == 1 else key): len(texts) for key, texts in groups.items()
-        }
+        reasons = _reason_lines(self.float_ops)
         if reasons:
             lines.append("left float:")
             for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:12]:
@@ -290,6 +282,35 @@ def _placed(p: Placed) -> dict[str, Any]:
 
 
 _QUOTED = re.compile(r"'[^']*'")
+NAME_LIMIT = 60  # a quoted name longer than this is shown by its start and its end
+
+
+def _reason_lines(float_ops: list[Decision]) -> dict[str, int]:
+    """One line per op type and reason -> its count.  Reasons that differ only in the names
+    they quote (a tensor, a node) share a line, which shows the first op's names and says how
+    many more there are: a line per op would bury the reasons."""
+    groups: dict[str, list[str]] = {}
+    for d in float_ops:
+        generic = _QUOTED.sub("''", d.reason)
+        groups.setdefault(f"{d.op_type}: {generic}", []).append(d.reason)
+    lines: dict[str, int] = {}
+    for key, texts in groups.items():
+        op_type = key.split(":", 1)[0]
+        line = f"{op_type}: {_QUOTED.sub(_short_name, texts[0])}"
+        others = len(texts) - 1
+        if len(set(texts)) > 1:
+            line += f" (and {others} more with other names)"
+        lines[line] = len(texts)
+    return lines
+
+
+def _short_name(quoted: re.Match[str]) -> str:
+    """A quoted name, shortened past :data:`NAME_LIMIT` to its start and its end (the end of
+    an exported name, ``.../MatMul_output_0``, is its most specific part)."""
+    name = quoted.group(0)[1:-1]
+    if len(name) <= NAME_LIMIT:
+        return quoted.group(0)
+    return f"'{name[:24]}…{name[-(NAME_LIMIT - 25) :]}'"
 
 
 def _short(value: Any) -> str:

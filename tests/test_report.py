@@ -113,8 +113,23 @@ def test_summary_groups_reasons_that_differ_only_in_names():
     ]
     decisions.append(Decision("mm", "MatMul", False, "", "its output 'out0' is a graph output"))
     lines = Report("m.onnx", "tensorrt", {}, decisions=decisions).summary().splitlines()
-    assert "     3 x Add: input '…' is a constant" in lines
+    # the real names of the first, and how many more: no name elided
+    assert "     3 x Add: input 'bias0' is a constant (and 2 more with other names)" in lines
     assert "     1 x MatMul: its output 'out0' is a graph output" in lines  # alone: names kept
+
+
+def test_summary_shortens_only_very_long_names_keeping_both_ends():
+    long = "/model/encoder/layers.11/self_attention/key_projection/MatMul_output_0"
+    same = [
+        Decision(f"mm{i}", "MatMul", False, "", f"input {long!r} is a constant") for i in (1, 2)
+    ]
+    short = Decision("add", "Add", False, "", "input 'onnx::Add_12' is a constant")
+    lines = Report("m.onnx", "tensorrt", {}, decisions=[*same, short]).summary().splitlines()
+    (mm,) = [line for line in lines if "MatMul" in line]
+    shown = "'/model/encoder/layers.11…tion/key_projection/MatMul_output_0'"
+    assert mm == f"     2 x MatMul: input {shown} is a constant"
+    assert len(mm.split("'")[1]) == 60 and "…" in mm
+    assert "     1 x Add: input 'onnx::Add_12' is a constant" in lines
 
 
 def test_html_is_escaped_and_self_contained(tmp_path):

@@ -19,6 +19,7 @@ from onnxq.ir.constants import (
     is_integer_op,
 )
 from onnxq.ir.graph import (
+    ConstInfo,
     Graph,
     constant_node_value,
     has_subgraph,
@@ -59,6 +60,7 @@ __all__ = [
     "PEAKS_OUTPUT",
     "PROTO_LIMIT",
     "QDQ_OPS",
+    "ConstInfo",
     "Graph",
     "LoadRecord",
     "OpsetUpgrade",

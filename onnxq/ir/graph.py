@@ -4,6 +4,7 @@ needs (add/replace/remove, then ``commit``: topological sort, dead-code removal)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,19 @@ _SIGN_KEEPING_OPS = frozenset(
         "Expand",
     }
 )
+
+
+@dataclass(frozen=True)
+class ConstInfo:
+    """What a constant is without its values: shape and element type."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype  # type: ignore[type-arg]
+
+    @property
+    def ndim(self) -> int:
+        """The constant's rank."""
+        return len(self.shape)
 
 
 class Graph:
@@ -122,6 +136,19 @@ class Graph:
         if value is not None and value.nbytes <= _CACHE_LIMIT:
             self._const_cache[name] = value  # big weights are decoded again when asked for:
         return value  # holding a second copy of a 2 GB model costs more than decoding
+
+    def const_info(self, name: str) -> ConstInfo | None:
+        """Shape and element type of a constant tensor (``None`` where :meth:`const_value` is
+        None), read from an initializer's header: its data is neither decoded nor read from
+        disk."""
+        if name in self.graph_inputs_set():
+            return None
+        init = self.initializers.get(name)
+        if init is not None:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type))
+            return ConstInfo(tuple(int(d) for d in init.dims), dtype)
+        value = self.const_value(name)
+        return None if value is None else ConstInfo(tuple(value.shape), value.dtype)
 
     # -- types ---------------------------------------------------------------------------
     def elem_type(self, name: str) -> int | None:

@@ -179,7 +179,7 @@ def kernel_terms(ctx: Context, node: onnx.NodeProto) -> tuple[int, bool, bool] |
     constant weight; None for anything else.  ``unaligned``: a conv with a kernel larger than
     1x1 whose input channels per group are not a multiple of the profile's
     ``channel_alignment``."""
-    w = ctx.graph.const_value(node.input[1]) if len(node.input) > 1 else None
+    w = ctx.graph.const_info(node.input[1]) if len(node.input) > 1 else None
     if w is None or w.ndim < 2:
         return None
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}

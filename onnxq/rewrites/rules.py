@@ -53,7 +53,7 @@ def activation(m: Match, index: int) -> Spec:
 def weight_spec(m: Match, ctx: Context, index: int) -> Spec | Decline:
     """Per-channel spec of the constant weight at input ``index`` (axis from the profile)."""
     name = m.input(index)
-    value = ctx.graph.const_value(name)
+    value = ctx.graph.const_info(name)
     if value is None:
         return Decline(f"weight {name!r} is not a constant")
     if value.dtype != "float32":
@@ -192,7 +192,7 @@ def weighted_op(
         return w
     taken = claim(activation(m, 0), w)
     bias = m.input(2)
-    if bias and ctx.profile.bias == "int32" and ctx.graph.const_value(bias) is not None:
+    if bias and ctx.profile.bias == "int32" and ctx.graph.const_info(bias) is not None:
         taken += claim(Spec(bias, "bias", ((m.name, 2),), axis=0, inputs=(m.input(0), m.input(1))))
     if ctx.profile.quantize_outputs:
         outs = quantized_output(m, ctx)
@@ -243,7 +243,7 @@ def _shared_weight_scale(w: np.ndarray, group: int) -> str | None:
 @rule("conv", "Conv", "ConvTranspose")
 def conv(m: Match, ctx: Context) -> Claim | Decline:
     """Conv/ConvTranspose: activation per-tensor, weight per output channel."""
-    w = ctx.graph.const_value(m.input(1))
+    w = ctx.graph.const_info(m.input(1))
     if w is None or w.ndim < 3:
         return Decline(f"weight {m.input(1)!r} is not a constant of rank >= 3")
     group = int(m.attrs().get("group", 1))  # type: ignore[call-overload]
@@ -253,7 +253,9 @@ def conv(m: Match, ctx: Context) -> Claim | Decline:
         per_output, _, unaligned = kernel_terms(ctx, m.node) or (None, False, False)
     else:
         in_c, out_c = w.shape[0], w.shape[1] * group
-        shared = _shared_weight_scale(w, group)
+        values = ctx.graph.const_value(m.input(1))
+        assert values is not None
+        shared = _shared_weight_scale(values, group)
         if shared is not None:
             return Decline(shared)
     if group > 1 and ctx.min_channels:  # the small-op rule's grouped case (the profile's)
@@ -271,7 +273,7 @@ def conv(m: Match, ctx: Context) -> Claim | Decline:
 @rule("gemm", "Gemm")
 def gemm(m: Match, ctx: Context) -> Claim | Decline:
     """Gemm with a constant B: A per-tensor, B per output channel (axis from transB)."""
-    b = ctx.graph.const_value(m.input(1))
+    b = ctx.graph.const_info(m.input(1))
     if b is None or b.ndim != 2:
         return Decline("B is not a constant matrix (activation x activation Gemm stays float)")
     trans_b = int(m.attrs().get("transB", 0))  # type: ignore[call-overload]
@@ -282,7 +284,7 @@ def gemm(m: Match, ctx: Context) -> Claim | Decline:
 @rule("matmul", "MatMul")
 def matmul(m: Match, ctx: Context) -> Claim | Decline:
     """MatMul with a constant right-hand side [K, N]: weight per column (axis 1)."""
-    b = ctx.graph.const_value(m.input(1))
+    b = ctx.graph.const_info(m.input(1))
     if b is None:
         return Decline("activation x activation MatMul (attention core) stays float by default")
     if b.ndim < 2:

@@ -254,3 +254,61 @@ def test_the_onnxruntime_profile_bounds_a_conv_output_read_by_a_hardswish():
     ann = annotated(graphs.conv_hardswish("pair"), "onnxruntime")
     assert ann.tensors["c1_out"].bounds == pytest.approx((-3.0, float("inf")))
     assert annotated(graphs.conv_hardswish("pair")).tensors["act"].bounds is None
+
+
+# ----------------------------------------------------------- claims are applied only on success
+def _sigmoid_conv_relu() -> onnx.ModelProto:
+    """x -> Sigmoid -> s -> Conv -> c -> Relu -> y."""
+    nodes = [
+        helper.make_node("Sigmoid", ["x"], ["s"], name="sigmoid"),
+        helper.make_node("Conv", ["s", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+    ]
+    w = graphs.init("w", graphs.weight(graphs.rng(0), 16, 16, 3, 3))
+    shape = [1, 16, 8, 8]
+    return graphs.model(nodes, [graphs.tensor("x", shape)], [graphs.tensor("y", shape)], [w])
+
+
+def test_a_claim_that_clashes_leaves_nothing_behind_and_the_next_rule_is_asked(monkeypatch):
+    from onnxq.rewrites.pattern import Claim, Spec, rule
+    from onnxq.rewrites.rules import RULE_SETS
+
+    @rule("odd_sigmoid", "Sigmoid")
+    def odd_sigmoid(m, ctx):
+        return Claim((Spec("s", "weight", (("conv", 0),), axis=0),))
+
+    @rule("greedy_conv", "Conv")
+    def greedy_conv(m, ctx):  # reads s as an activation (a clash) and folds the relu in
+        return Claim((Spec("s", "activation", (("conv", 0),)),), folded=("relu",))
+
+    @rule("plain_conv", "Conv")
+    def plain_conv(m, ctx):
+        return Claim((Spec("w", "weight", (("conv", 1),), axis=0),))
+
+    monkeypatch.setitem(RULE_SETS, "tensorrt", (odd_sigmoid, greedy_conv, plain_conv))
+    decided = {d.node: d for d in annotated(_sigmoid_conv_relu()).decisions}
+    assert decided["conv"].quantized and decided["conv"].rule == "plain_conv"
+    # the clashing claim's folded Relu was not taken: the Relu is decided on its own
+    assert not decided["relu"].quantized
+    assert decided["relu"].reason == "no tensorrt rule quantizes Relu: it stays float"
+
+    monkeypatch.setitem(RULE_SETS, "tensorrt", (odd_sigmoid, greedy_conv))
+    decided = {d.node: d for d in annotated(_sigmoid_conv_relu()).decisions}
+    assert not decided["conv"].quantized and decided["conv"].rule == "greedy_conv"
+    assert decided["conv"].reason.startswith("tensor 's' is already quantized as weight (axis 0)")
+    assert not decided["relu"].quantized
+
+
+def test_a_successful_claim_takes_its_folded_nodes(monkeypatch):
+    from onnxq.rewrites.pattern import Claim, Spec, rule
+    from onnxq.rewrites.rules import RULE_SETS
+
+    @rule("folding_conv", "Conv")
+    def folding_conv(m, ctx):
+        return Claim((Spec("s", "activation", (("conv", 0),)),), folded=("relu",))
+
+    monkeypatch.setitem(RULE_SETS, "tensorrt", (folding_conv,))
+    decided = {d.node: d for d in annotated(_sigmoid_conv_relu()).decisions}
+    assert decided["conv"].quantized and decided["relu"].quantized
+    assert decided["relu"].rule == "fused"
+    assert decided["relu"].reason == "folded into conv's output quantization"

@@ -181,6 +181,18 @@ def test_grouped_conv_decline_small_kernel_and_match_3x3():
     assert kinds(ann)["conv.weight"] == ("weight", 0)
 
 
+def test_the_grouped_conv_figures_are_the_profiles():
+    graph = ir.Graph(ir.infer_shapes(graphs.grouped_conv(kernel=3)))
+    strict = PROFILES["tensorrt"].replace(grouped_min_kernel=5, grouped_channel_multiple=32)
+    d = decision(annotate_graph(graph, strict, QuantConfig()), "conv")
+    assert not d.quantized and d.reason.endswith(
+        "INT8 pays only when out_channels % 32 == 0 and kernel >= 5"
+    )
+    lenient = PROFILES["tensorrt"].replace(grouped_min_kernel=1)
+    graph = ir.Graph(ir.infer_shapes(graphs.grouped_conv(kernel=1)))
+    assert decision(annotate_graph(graph, lenient, QuantConfig()), "conv").quantized
+
+
 @pytest.mark.parametrize(
     ("builder", "backend", "expected"),
     [
@@ -415,6 +427,18 @@ def test_unary_match_input_and_output(op_type):
     ann = annotated(graphs.unary(op_type), "onnxruntime")
     assert kinds(ann) == {"x": ("activation", None), "unary_out": ("activation", None)}
     assert decision(ann, "unary").rule == "unary"
+
+
+def test_unary_ops_are_the_profiles_unary_kernels():
+    # the rule repeats no op list: a profile without an integer Sigmoid leaves it to no rule
+    (unary,) = [r for r in RULE_SETS["onnxruntime"] if r.name == "unary"]
+    assert unary.op_types == frozenset()
+    assert unary.anchors(PROFILES["onnxruntime"]) == PROFILES["onnxruntime"].unary_kernel_ops
+    assert PROFILES["onnxruntime"].unary_kernel_ops <= PROFILES["onnxruntime"].integer_kernel_ops
+    graph = ir.Graph(ir.infer_shapes(graphs.unary("Sigmoid")))
+    profile = PROFILES["onnxruntime"].replace(unary_kernel_ops=frozenset({"AveragePool"}))
+    d = decision(annotate_graph(graph, profile, QuantConfig(backend="onnxruntime")), "unary")
+    assert not d.quantized and d.reason == "no onnxruntime rule quantizes Sigmoid: it stays float"
 
 
 def test_unary_decline_when_output_is_a_graph_output():
