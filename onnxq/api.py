@@ -32,7 +32,7 @@ from onnxq.data import model_inputs, open_source
 from onnxq.errors import CalibrationDataError, ConfigError, InternalError, OnnxqError, OutputError
 from onnxq.materialize import materialize
 from onnxq.measure import CachedStatistics, Calibration, held_batches
-from onnxq.messages import Outcome, messages, opset_conversion_hint
+from onnxq.messages import GraphView, Outcome, messages, opset_conversion_hint
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
 from onnxq.prepare import ModelLike, prepare
@@ -164,90 +164,95 @@ def quantize(
     Returns:
         A :class:`QuantizedModel` with ``.model``, ``.report`` and ``.save(path)``.
     """
-    if isinstance(exclude, (str, os.PathLike)):
-        exclude = [str(exclude)]  # one pattern, not its characters
-    cfg = resolve_config(
-        config,
-        backend=backend,
-        method=method,
-        exclude=tuple(exclude) if exclude is not None else None,
-        **options,
-    )
+    cfg = _config(config, backend, method, exclude, options)
     _check_sources(model, calibration, save_calibration, load_calibration)
     profile, profile_note = profile_for(cfg.backend, cfg.reduce_range)
     prepared = prepare(model, profile, cfg.simplify)
     with _blame_conversion(prepared.load.opset_upgrade):
         graph = ir.Graph(prepared.model)
         inputs = model_inputs(graph)
-        data = (
-            open_source(calibration, inputs, batch_size, cfg.preprocess)
-            if calibration is not None
-            else None
-        )
-        facts = GraphFacts.of(graph, profile)
+        data = None
+        if calibration is not None:
+            data = open_source(calibration, inputs, batch_size, cfg.preprocess)
+        facts, view = GraphFacts.of(graph, profile), GraphView.of(graph, profile)
         if load_calibration is not None:
             held = held_batches(prepared.model, data, inputs, cfg.fidelity_batches)
-            measure: Any = CachedStatistics(load_calibration, graph, profile.name, held)
+            measure: Calibration | CachedStatistics = CachedStatistics(
+                load_calibration, graph, profile.name, held
+            )
         else:
             assert data is not None
             saving = save_calibration is not None
             measure = Calibration(prepared.model, data, inputs, cfg.calibration, facts, saving)
         placement = place(facts, profile, cfg.placement, measure)
         annotations, statistics = placement.annotations, placement.statistics
-        # written last: a run that fails or is interrupted leaves no file behind
-        cache = (
-            calibration_cache(statistics.stats, graph, profile.name)
-            if save_calibration is not None and load_calibration is None
-            else None
-        )
+        cache = None  # written last: a run that fails or is interrupted leaves no file
+        if save_calibration is not None and load_calibration is None:
+            cache = calibration_cache(statistics.stats, graph, profile.name)
         ranges = activation_ranges(annotations, statistics.stats, profile, cfg.percentile)
-        bias = (
-            bias_correction_pass(
+        bias = None
+        if cfg.bias_correction and data is not None:
+            bias = bias_correction_pass(
                 prepared.model, annotations, profile, cfg.weights, data, inputs, cfg.max_batches
             )
-            if cfg.bias_correction and data is not None
-            else None
-        )
         # the float outputs first: their session is gone before the quantized model is built
         reference = float_outputs(prepared.take_reference(), statistics.held, profile)
         placed = materialize(prepared.model, annotations, ranges.qparams, profile, cfg.weights)
         if ir.external.lazy_nbytes(prepared.model) < ir.external.LAZY_BYTES:
             ir.external.load_all(prepared.model)  # float weights that stayed float (biases)
         verification = verify(prepared.model, reference, statistics.held, profile)
-        said = messages(
-            Outcome(
-                profile,
-                profile_note,
-                prepared,
-                graph,
-                inputs,
-                cfg.placement,
-                cfg.calibration,
-                annotations,
-                statistics,
-                ranges.remarks,
-                bias,
-                len(placed),
-                verification,
-            )
-        )
-    report = Report(
-        model=prepared.source.name if prepared.source else "<in-memory model>",
-        backend=profile.name,
-        config=cfg.to_dict(),
-        simplify_passes=prepared.passes,
-        decisions=annotations.decisions,
+    outcome = Outcome(
+        config=cfg,
+        profile=profile,
+        profile_note=profile_note,
+        prepared=prepared,
+        graph=view,
+        inputs=inputs,
+        annotations=annotations,
+        statistics=statistics,
+        remarks=ranges.remarks,
+        bias=bias,
         placed=placed,
-        calibration_batches=statistics.batches_seen,
-        fidelity=verification.fidelity,
-        fidelity_mode=verification.mode,
-        warnings=said.warnings,
-        notes=said.notes,
-        bias_corrections=bias.corrections if bias is not None else [],
+        verification=verification,
     )
+    report = _report(outcome)
     if save_calibration is not None and cache is not None:
         ir.atomic_write_bytes(save_calibration, cache)
     return QuantizedModel(prepared.model, report, prepared.source)
+
+
+def _config(
+    config: QuantConfig | str | os.PathLike[str] | dict[str, Any] | None,
+    backend: str | None,
+    method: str | None,
+    exclude: Iterable[str] | None,
+    options: dict[str, Any],
+) -> QuantConfig:
+    """The run's config: ``config`` with the keyword arguments of :func:`quantize` on top."""
+    if isinstance(exclude, (str, os.PathLike)):
+        exclude = [str(exclude)]  # one pattern, not its characters
+    patterns = tuple(exclude) if exclude is not None else None
+    return resolve_config(config, backend=backend, method=method, exclude=patterns, **options)
+
+
+def _report(outcome: Outcome) -> Report:
+    """The report of a run: its decisions, its Q/DQ, its fidelity, and its messages."""
+    o = outcome
+    said = messages(o)
+    return Report(
+        model=o.prepared.source.name if o.prepared.source else "<in-memory model>",
+        backend=o.profile.name,
+        config=o.config.to_dict(),
+        simplify_passes=o.prepared.passes,
+        decisions=o.annotations.decisions,
+        placed=o.placed,
+        calibration_batches=o.statistics.batches_seen,
+        fidelity=o.verification.fidelity,
+        fidelity_mode=o.verification.mode,
+        warnings=said.warnings,
+        notes=said.notes,
+        bias_corrections=o.bias.corrections if o.bias is not None else [],
+    )
 
 
 def _check_sources(

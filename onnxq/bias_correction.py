@@ -35,7 +35,7 @@ import onnx
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.data import check_batch
-from onnxq.errors import InternalError
+from onnxq.errors import InternalError, UnsupportedModelError
 from onnxq.inputs import Batch, InputSpec
 from onnxq.observers import dequantize_weight, quantize_weight, weight_qparams
 from onnxq.options import WeightOptions
@@ -277,7 +277,13 @@ def _measure(
     from onnxq.calibrate import augmented_session
 
     names = [n for pair in outputs for n in pair]
-    session = augmented_session(probe, ir.Graph(probe), names, optimize=False)
+    try:
+        session = augmented_session(probe, ir.Graph(probe), names, optimize=False)
+    except UnsupportedModelError as exc:  # the float model itself loaded for calibration
+        raise InternalError(
+            f"onnxruntime cannot load onnxq's bias-correction copy of the model: {exc}",
+            onnxruntime_failed=True,
+        ) from None
     weighted = [np.zeros(0)] * len(outputs)
     weights = [0.0] * len(outputs)
     sums = [np.zeros(0)] * len(outputs)

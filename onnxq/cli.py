@@ -60,6 +60,7 @@ error (bad input, options or data), 3 internal error (a bug in onnxq: please rep
 
 def _parser() -> argparse.ArgumentParser:
     from onnxq.observers import METHODS
+    from onnxq.place.exclusions import EXCLUSIONS
     from onnxq.version import __version__
 
     p = argparse.ArgumentParser(
@@ -232,8 +233,7 @@ def _parser() -> argparse.ArgumentParser:
         help="per op: quantized (which rule) or why not",
         description="Show where onnxq would place Q/DQ and why each op stays "
         "float, without calibrating. Rules that read the calibration data "
-        "(mask_threshold, concat_range_ratio, weak_channel_fraction, "
-        "weak_position_fraction) can keep "
+        f"({', '.join(e.option for e in EXCLUSIONS)}) can keep "
         "more ops float in `onnxq quantize`; its report gives those reasons.",
     )
     e.add_argument("model")

@@ -19,7 +19,7 @@ from onnxq.calibrate import (
     sample_share,
 )
 from onnxq.data import model_inputs
-from onnxq.errors import CalibrationDataError, UnsupportedModelError
+from onnxq.errors import CalibrationDataError, InternalError, UnsupportedModelError
 from onnxq.observers import BINS, TensorStats
 from tests import graphs
 
@@ -184,6 +184,48 @@ def test_make_session_wraps_onnxruntime_failures():
     model.graph.node[0].op_type = "NoSuchOp"
     with pytest.raises(UnsupportedModelError, match="onnxruntime cannot load the model"):
         make_session(model)
+
+
+def test_a_failure_on_the_calibration_copy_blames_onnxq_only_when_the_model_itself_runs(
+    monkeypatch,
+):
+    import onnxq.calibrate
+
+    model, _ = prepared(graphs.conv_relu())
+    inputs = model_inputs(ir.Graph(model))
+    batches = graphs.random_batches(model, 2)
+
+    def refused(*_args, **_kwargs):
+        raise UnsupportedModelError("onnxruntime cannot load the model: Failed to find node")
+
+    monkeypatch.setattr(onnxq.calibrate, "_peaks_session", refused)
+    with pytest.raises(InternalError, match="calibration copy of the model") as caught:
+        calibrate(model, {"x": True}, batches, inputs, progress=False)
+    assert "this is a bug in onnxq" in str(caught.value)
+    # a model onnxruntime cannot run either way: the model's own error
+    broken = onnx.ModelProto()
+    broken.CopyFrom(model)
+    broken.graph.node[0].op_type = "NoSuchOp"
+    with pytest.raises(UnsupportedModelError, match="cannot load the model"):
+        calibrate(broken, {"x": True}, batches, inputs, progress=False)
+
+
+def test_a_batch_the_model_fails_on_is_the_models_error_not_the_datas():
+    # the data matches the declared input [N, 6]; the model's fixed Reshape cannot take it
+    nodes = [
+        onnx.helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+        onnx.helper.make_node("Relu", ["r"], ["y"], name="relu"),
+    ]
+    shape = graphs.init("shape", np.array([4, 4], np.int64))
+    model = graphs.model(
+        nodes, [graphs.tensor("x", ["N", 6])], [graphs.tensor("y", [4, 4])], [shape]
+    )
+    model, inputs = prepared(model)
+    batches = [{"x": np.ones((1, 6), np.float32)}] * 2
+    with pytest.raises(UnsupportedModelError, match="batch 0: onnxruntime failed on it") as caught:
+        calibrate(model, {"r": True}, batches, inputs, progress=False)
+    assert "matches the model's declared inputs" in str(caught.value)
+    assert caught.value.onnxruntime_failed
 
 
 # --------------------------------------------------------------- in-graph statistics, sampling

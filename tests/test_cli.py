@@ -229,6 +229,22 @@ def test_check_of_a_float_model_says_there_was_nothing_to_check(conv_files, caps
     assert len(lines) == 2  # no "fused 0 of 0 groups" line for onnxruntime
 
 
+def test_check_of_onnxqs_own_output_that_kept_every_op_float_says_so(
+    tmp_path, model_file, calib_dir, capsys
+):
+    # a 3-channel conv: INT8 does not pay on TensorRT, so onnxq's output has no Q/DQ at all
+    small = graphs.conv_small()
+    model, calib = model_file(small), calib_dir(small, n=2)
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(model), "-o", str(out), "--calib", str(calib), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(out), "--backend", "tensorrt"]) == 0
+    note = capsys.readouterr().out.strip().splitlines()[1]
+    assert note.startswith("note: onnxq quantized this model (its metadata says so) and placed")
+    assert "INT8 paid for none of its ops" in note and "quantize it first" not in note
+    assert "`onnxq explain FLOAT.onnx --backend tensorrt`" in note and "--report" in note
+
+
 @pytest.fixture
 def dynamic_quantized(model_file, tmp_path) -> Path:
     """A model quantized by onnxruntime's quantize_dynamic: operator format, no Q/DQ."""

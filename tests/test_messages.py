@@ -12,10 +12,10 @@ from onnxq.backends.validate import OutputFidelity
 from onnxq.bias_correction import BiasCorrectionPass
 from onnxq.calibrate import CalibrationResult
 from onnxq.config import QuantConfig
+from onnxq.fidelity_messages import FIDELITY_WARNINGS, LOW_FIDELITY_HINT, verification_messages
 from onnxq.inputs import InputSpec
 from onnxq.messages import (
-    FIDELITY_WARNINGS,
-    LOW_FIDELITY_HINT,
+    GraphView,
     Outcome,
     bias_correction_skipped,
     budget_note,
@@ -27,7 +27,6 @@ from onnxq.messages import (
     opset_conversion_hint,
     range_warnings,
     unmatched_patterns,
-    verification_messages,
     weight_inputs,
 )
 from onnxq.observers import TensorStats
@@ -94,17 +93,17 @@ def test_weight_inputs_are_named_up_to_three():
 
 
 def test_patterns_that_match_nothing_are_warned_about():
-    graph = ir.Graph(graphs.conv_relu())
+    graph = GraphView.of(ir.Graph(graphs.conv_relu()), TRT)
     assert unmatched_patterns(graph, QuantConfig(exclude=("conv",)).placement) == []
     (warning,) = unmatched_patterns(graph, QuantConfig(exclude=("cnv*",)).placement)
     assert warning.startswith("--exclude 'cnv*' matches no node or tensor of the model")
 
 
 def test_half_precision_ops_are_named():
-    assert half_precision(ir.Graph(graphs.conv_relu()), TRT) == []
+    assert half_precision(GraphView.of(ir.Graph(graphs.conv_relu()), TRT), TRT) == []
     model = graphs.conv_relu()
     model.graph.input[0].type.tensor_type.elem_type = 10  # float16
-    (warning,) = half_precision(ir.Graph(model), TRT)
+    (warning,) = half_precision(GraphView.of(ir.Graph(model), TRT), TRT)
     assert warning.startswith("1 Conv/ConvTranspose/Gemm/MatMul op(s) compute in float16")
     assert "(first: 'conv')" in warning
 
@@ -283,18 +282,17 @@ def test_messages_come_in_the_reports_order():
     model = graphs.conv_relu()
     cfg = QuantConfig(exclude=("nothing*",))
     outcome = Outcome(
+        config=cfg,
         profile=TRT,
         profile_note="weights limited to +-63",
         prepared=prepared(weight_inputs=["w"], load=ir.LoadRecord(sorted_nodes=True)),
-        graph=ir.Graph(model),
+        graph=GraphView.of(ir.Graph(model), TRT),
         inputs=[IMAGE],
-        placement=cfg.placement,
-        calibration=cfg.calibration,
         annotations=Annotations({}, [], notes=["scores note"]),
         statistics=calibrated(4, budget_sampled=1),
         remarks=(RangeRemark("t", None),),
         bias=BiasCorrectionPass(skipped="source read once"),
-        placed=0,
+        placed=[],
         verification=Verification("m", [OutputFidelity("y", 0.5, 1.0, 1.0)]),
     )
     said = messages(outcome)

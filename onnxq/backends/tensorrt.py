@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from onnxq.errors import BackendConstraintError, UnsupportedModelError, Violation
+from onnxq.errors import BackendConstraintError, ConfigError, Violation
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def build_engine(
     """
     reason = tensorrt_available()
     if reason:
-        raise UnsupportedModelError(f"cannot build a TensorRT engine: {reason}")
+        raise ConfigError(f"cannot build a TensorRT engine (--engine): {reason}")
     import tensorrt as trt
 
     logger = trt.Logger(trt.Logger.WARNING)
@@ -117,7 +117,7 @@ def _add_profile(
     for tensor in dynamic:
         shape = shapes.get(tensor.name)
         if shape is None:
-            raise UnsupportedModelError(
+            raise ConfigError(
                 f"input {tensor.name!r} has dynamic dimensions {tuple(tensor.shape)}; give its "
                 "shape for the engine (--shape NAME=1x3x224x224)"
             )

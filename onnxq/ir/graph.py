@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxq.errors import UnsupportedModelError
+from onnxq.errors import InternalError
 from onnxq.ir import external
 from onnxq.ir.constants import DEFAULT_DOMAINS
 from onnxq.ir.load import shapes_for_inputs
@@ -417,9 +417,10 @@ class Graph:
 
     def _toposort(self) -> None:
         available = set(self.initializers) | set(self.graph_inputs)
-        if topological_order(self.proto, available) is None:
-            raise UnsupportedModelError(
-                "the graph has a cycle (or reads a tensor no node produces); onnxq needs a DAG"
+        if topological_order(self.proto, available) is None:  # loading checked the input's
+            raise InternalError(
+                "after onnxq's edits the graph has a cycle (or reads a tensor no node "
+                "produces); onnxq needs a DAG"
             )
 
     def _drop_dead(self) -> None:

@@ -10,6 +10,7 @@ nobody claims gets the reason of the closest rule.  Nothing here edits the graph
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import onnx
@@ -85,7 +86,7 @@ def _rules_by_op(rules: tuple[Rule, ...], profile: BackendProfile) -> dict[str, 
 
 
 def _decide(
-    node: onnx.NodeProto, rules: list[Rule] | tuple[()], ctx: Context, state: _Placement
+    node: onnx.NodeProto, rules: Sequence[Rule], ctx: Context, state: _Placement
 ) -> Decision:
     """The decision for one node; a successful claim is applied to ``state``."""
     if node.name in state.claimed:

@@ -14,7 +14,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxq import ir
-from onnxq.errors import OnnxqError, UnsupportedModelError
+from onnxq.errors import InternalError, OnnxqError
 from onnxq.rewrites.bias_add import fold_bias_add, fold_channel_mul, scaled_weight
 from onnxq.rewrites.hardswish import fuse_hardswish
 from onnxq.rewrites.pad import fold_pad
@@ -274,11 +274,12 @@ def simplify(
                 modified = p(graph)
             except OnnxqError:
                 raise
-            except Exception as exc:
-                raise UnsupportedModelError(
-                    f"simplify pass {p.__name__} failed on this model: {exc}; rerun with "
-                    "--no-simplify to skip the simplify passes"
-                ) from None
+            except Exception as exc:  # onnxq's own pass crashed: its bug, whatever the model
+                raise InternalError(
+                    f"simplify pass {p.__name__} failed on this model: "
+                    f"{type(exc).__name__}: {exc}; --no-simplify skips the simplify passes "
+                    "until it is fixed"
+                ) from exc
             if modified:
                 graph.commit()
                 fired.append(p.__name__)

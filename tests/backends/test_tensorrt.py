@@ -7,7 +7,7 @@ import pytest
 import onnxq
 from onnxq.backends.tensorrt import build_engine, tensorrt_available
 from onnxq.cli import main
-from onnxq.errors import UnsupportedModelError
+from onnxq.errors import ConfigError
 from tests import graphs
 
 REASON = tensorrt_available()
@@ -27,7 +27,7 @@ def test_without_tensorrt_the_engine_check_says_what_is_missing(tmp_path, capsys
     model = graphs.conv_relu()
     path = tmp_path / "q.onnx"
     onnxq.quantize(model, graphs.random_batches(model, 2), progress=False).save(path)
-    with pytest.raises(UnsupportedModelError, match="cannot build a TensorRT engine"):
+    with pytest.raises(ConfigError, match="cannot build a TensorRT engine"):
         build_engine(path)
     assert main(["check", str(path), "--engine"]) == 2  # the static check still ran first
     captured = capsys.readouterr()

@@ -9,7 +9,7 @@ import pytest
 from onnx import helper
 
 from onnxq import ir
-from onnxq.errors import UnsupportedModelError
+from onnxq.errors import InternalError
 from onnxq.rewrites.simplify import (
     DEFAULT_PASSES,
     constants_to_initializers,
@@ -261,8 +261,9 @@ def test_simplify_names_the_failing_pass():
     def broken(graph: ir.Graph) -> bool:
         raise RuntimeError("boom")
 
-    with pytest.raises(UnsupportedModelError, match=r"simplify pass broken failed.*boom"):
+    with pytest.raises(InternalError, match=r"simplify pass broken failed.*boom") as caught:
         simplify(graphs.conv_relu(), passes=(broken,))
+    assert "--no-simplify" in str(caught.value) and "this is a bug in onnxq" in str(caught.value)
 
 
 def test_default_passes_order():
