@@ -373,6 +373,7 @@ def _with_method_overrides(config: str | None, items: list[str]) -> Any:
         return config
     from onnxq.config import Override, QuantConfig
     from onnxq.errors import ConfigError
+    from onnxq.overrides import check_method
 
     base = QuantConfig.from_yaml(config) if config else QuantConfig()
     extra = []
@@ -380,15 +381,8 @@ def _with_method_overrides(config: str | None, items: list[str]) -> Any:
         pattern, sep, method = item.rpartition("=")
         if not sep or not pattern or not method:
             raise ConfigError(f"--method-for {item!r}: expected GLOB=METHOD")
-        try:
-            extra += [
-                Override(node=pattern, method=method),
-                Override(tensor=pattern, method=method),
-            ]
-        except ConfigError as exc:
-            raise ConfigError(
-                f"--method-for {item!r}: {str(exc).removeprefix('overrides[].method: ')}"
-            ) from None
+        check_method(method, f"--method-for {item!r}")
+        extra += [Override(node=pattern, method=method), Override(tensor=pattern, method=method)]
     return base.replace(overrides=(*base.overrides, *extra))
 
 

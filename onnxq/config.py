@@ -158,10 +158,7 @@ class QuantConfig:
         # values from Python are checked like those from YAML: type first, then value
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name), "config"))
-        for f in dataclasses.fields(self):
-            validate = f.metadata.get("validate")
-            if validate is not None:
-                validate(f.name, getattr(self, f.name))
+        _check_values(vars(self), "")
 
     # -- what the stages read -----------------------------------------------------------------
     @property
@@ -228,13 +225,8 @@ class QuantConfig:
                     f"{where}: unknown key {key!r}; valid keys: {', '.join(sorted(known))}"
                 )
             kwargs[key] = _coerce(key, value, where)
-        try:
-            return cls(**kwargs)
-        except ConfigError as exc:  # a value check: name the file too
-            text = str(exc)
-            raise ConfigError(
-                text if text.startswith(f"{where}:") else f"{where}: {text}"
-            ) from None
+        _check_values(kwargs, f"{where}: ")  # before QuantConfig checks them: name the file
+        return cls(**kwargs)
 
     @classmethod
     def from_sparsebit(cls, doc: dict[str, Any], where: str = "config") -> QuantConfig:
@@ -276,6 +268,14 @@ def _fields() -> dict[str, tuple[Any, dataclasses.Field[Any]]]:
     """Field name -> (its resolved type annotation, the field)."""
     hints = typing.get_type_hints(QuantConfig)
     return {f.name: (hints[f.name], f) for f in dataclasses.fields(QuantConfig)}
+
+
+def _check_values(values: dict[str, Any], prefix: str) -> None:
+    """Run each given field's value check; errors name the field after ``prefix``."""
+    for key, value in values.items():
+        validate = _fields()[key][1].metadata["validate"]
+        if validate is not None:
+            validate(f"{prefix}{key}", value)
 
 
 def _accepted(hint: Any) -> tuple[type, ...]:

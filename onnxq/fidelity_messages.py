@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from onnxq.backends.validate import DOMINATED, SHAPE_CHANGED, OutputFidelity
+from onnxq.backends.validate import DOMINATED, OutputFidelity
 from onnxq.verify import Verification
 
 LOW_FIDELITY = 0.95  # output cosine (or top-1 agreement) below which the report warns
@@ -93,9 +93,9 @@ def _cosine(out: OutputFidelity) -> bool:
 FIDELITY_WARNINGS: tuple[FidelityWarning, ...] = (
     FidelityWarning(
         "shape changed",
-        lambda out: out.compared.startswith(SHAPE_CHANGED),
+        lambda out: out.shape_changed,
         lambda out: (
-            f"output {out.name!r}: {out.compared.removeprefix('not compared: ')} on the held "
+            f"output {out.name!r}: {out.why_not_compared} on the held "
             "batches: the quantized model computes a different shape (a length rounded from "
             "activations, as a TTS duration predictor does, or a random draw); keep the ops "
             "that decide it float (--exclude), and check the output on your metric"

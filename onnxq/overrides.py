@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,15 +37,7 @@ class Override:
     symmetric: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.node is None and self.op_type is None and self.tensor is None:
-            raise ConfigError(
-                "overrides: each entry needs at least one of 'node', 'op_type' or 'tensor' "
-                "(a glob pattern); got an entry with none"
-            )
-        if self.method is not None:
-            check_method(self.method, "overrides[].method")
-        if self.bits is not None and (isinstance(self.bits, bool) or not 2 <= self.bits <= 8):
-            raise ConfigError(f"overrides[].bits: must be an integer 2..8, got {self.bits!r}")
+        check_override(vars(self), "overrides[]")
 
     def matches_node(self, node_name: str, op_type: str) -> bool:
         """True if this override's node/op_type patterns (those given) all match."""
@@ -74,6 +67,21 @@ class TensorSettings:
     bits: int = 8
     per_channel: bool = True
     symmetric: bool | None = None
+
+
+def check_override(fields: Mapping[str, Any], where: str) -> None:
+    """Raise :class:`ConfigError` (naming the entry as ``where``) unless the override's
+    ``fields`` select something and its method and bits are valid."""
+    if all(fields.get(key) is None for key in ("node", "op_type", "tensor")):
+        raise ConfigError(
+            f"{where}: each entry needs at least one of 'node', 'op_type' or 'tensor' "
+            "(a glob pattern); got an entry with none"
+        )
+    if fields.get("method") is not None:
+        check_method(fields["method"], f"{where}.method")
+    bits = fields.get("bits")
+    if bits is not None and (isinstance(bits, bool) or not 2 <= bits <= 8):
+        raise ConfigError(f"{where}.bits: must be an integer 2..8, got {bits!r}")
 
 
 def check_method(name: str, where: str) -> None:
@@ -109,11 +117,9 @@ def parse_override(index: int, value: Any, where: str) -> Override:
     bits = value.get("bits")
     if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int)):
         raise ConfigError(f"{where}: overrides[{index}].bits: expected an integer 2..8")
-    try:
-        return Override(**value)
-    except ConfigError as exc:
-        text = str(exc).replace("overrides[].", f"overrides[{index}].")
-        raise ConfigError(f"{where}: {text}") from None
+    # checked under its own name first: Override() would name it "overrides[]"
+    check_override(value, f"{where}: overrides[{index}]")
+    return Override(**value)
 
 
-__all__ = ["Override", "TensorSettings", "check_method", "parse_override"]
+__all__ = ["Override", "TensorSettings", "check_method", "check_override", "parse_override"]

@@ -73,8 +73,24 @@ class OutputFidelity:
             return f"{1 - self.cosine:.1%} of its values differ"
         return self.compared
 
+    @property
+    def why_not_compared(self) -> str | None:
+        """Why the output was not compared (``compared`` holds it after :data:`NOT_COMPARED`),
+        or None."""
+        if not self.compared.startswith(NOT_COMPARED):
+            return None
+        return self.compared.removeprefix(NOT_COMPARED)
 
-SHAPE_CHANGED = "not compared: the quantized model"  # how an output of another size reads
+    @property
+    def shape_changed(self) -> bool:
+        """Whether the quantized model gave this output another number of values."""
+        return self.compared.startswith(SHAPE_CHANGED)
+
+
+# ``compared`` of an output that was not compared: this prefix, then why (the format is this
+# module's own; OutputFidelity's properties read it)
+NOT_COMPARED = "not compared: "
+SHAPE_CHANGED = NOT_COMPARED + "the quantized model"  # how an output of another size reads
 
 
 def padding_masks(batches: list[dict[str, Any]]) -> list[np.ndarray | None]:
@@ -291,7 +307,7 @@ def fidelity(
             kind = type(reference[0][name]).__name__
             out.append(
                 OutputFidelity(
-                    name, 0.0, 0.0, 0.0, f"not compared: a {kind} output, not a numeric tensor"
+                    name, 0.0, 0.0, 0.0, f"{NOT_COMPARED}a {kind} output, not a numeric tensor"
                 )
             )
             continue
