@@ -29,7 +29,7 @@ from onnxq.place.engine import annotate
 from onnxq.place.exclusions import Evidence, find_exclusions
 from onnxq.place.facts import GraphFacts
 
-# each round excludes at least one more tensor or node; real models settle in 2 or 3 rounds
+# each round keeps at least one more tensor or node float; the zoo models settle in 1 or 2
 MAX_ROUNDS = 8
 
 
