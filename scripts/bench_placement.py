@@ -20,6 +20,7 @@ engine) under 2 s.  Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import time
@@ -103,6 +104,18 @@ def synthetic_measure() -> Callable[[Mapping[str, bool]], CalibrationResult]:
     return measure
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else the machine type."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
     """The median wall time of ``repeat`` calls, and the last result."""
     times, result = [], None
@@ -124,7 +137,7 @@ def main() -> None:
     graph = ir.Graph(model)
     print(
         f"placement of a generated chain of {len(graph.nodes)} nodes; median of {args.repeat} "
-        f"runs; {platform.processor() or platform.machine()}, Python "
+        f"runs; {cpu_name()} ({os.cpu_count()} cores), Python "
         f"{platform.python_version()}, onnx {onnx.__version__}, onnxruntime "
         f"{onnxruntime.__version__}"
     )
