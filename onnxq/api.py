@@ -22,7 +22,9 @@ from onnxq.annotate import (
     range_exclusions,
 )
 from onnxq.backends.check import check
+from onnxq.backends.default_session import default_session_view, timing_copy
 from onnxq.backends.profile import BackendProfile, profile_for
+from onnxq.backends.target import target_record
 from onnxq.backends.validate import (
     DOMINATED,
     SHAPE_CHANGED,
@@ -220,7 +222,9 @@ def quantize(
             ".npz batches, a .npz of samples, or .npy files) or "
             "--load-calibration FILE"
         )
-    profile, profile_note = profile_for(cfg.backend, cfg.reduce_range)
+    profile, profile_note = profile_for(
+        cfg.backend, cfg.reduce_range, cfg.target_cpu, cfg.cost_table
+    )
     load_notes: list[str] = []
     loaded, source = load(model, profile, load_notes)
     with _upgrade_hint(load_notes):
@@ -278,6 +282,9 @@ def quantize(
         corrections = _correct_biases(loaded, annotations, profile, cfg, data, inputs, warnings)
         # the float outputs first: its session is gone before the quantized model is built
         reference = _float_outputs(reference_bytes, result, profile)
+        float_for_timing = (
+            None if profile.fused_validation else timing_copy(reference_bytes, loaded)
+        )
         del reference_bytes
         placed = materialize(loaded, annotations, qparams, profile, cfg)
         if not placed:
@@ -290,6 +297,7 @@ def quantize(
         report = Report(
             model=source.name if source else "<in-memory model>",
             backend=profile.name,
+            target_cpu=target_record(profile),
             config=cfg.to_dict(),
             simplify_passes=passes,
             decisions=annotations.decisions,
@@ -304,7 +312,7 @@ def quantize(
             ],
             bias_corrections=corrections,
         )
-        _validate(loaded, reference, result, profile, report)
+        _validate(loaded, reference, result, profile, report, float_for_timing)
         if save_calibration is not None and cache is not None:
             ir.atomic_write_bytes(save_calibration, cache)
         return QuantizedModel(loaded, report, source)
@@ -639,6 +647,7 @@ def _validate(
     result: CalibrationResult,
     profile: BackendProfile,
     report: Report,
+    float_for_timing: bytes | None = None,
 ) -> None:
     violations = check(model, profile)
     report.violations = violations
@@ -669,6 +678,11 @@ def _validate(
         dataclasses.replace(f, selected_by=selected.get(f.name))
         for f in fidelity(reference, quant, class_axes(model), padding_masks(result.held))
     ]
+    if not profile.fused_validation and report.placed:  # what onnxruntime's default session shows
+        report.default_session = default_session_view(
+            model, reference, result.held, report.fidelity, float_for_timing
+        )
+        report.warnings.extend(report.default_session.messages)
     for out in report.fidelity:
         if out.selected_by:
             if _differs(out):

@@ -133,7 +133,7 @@ def _targets(
         if where is None or w is None:
             continue
         bias, axis, rank, scale = where
-        qmax = weight_qmax(ann, profile)
+        qmax = weight_qmax(ann, profile, graph)
         qp = weight_qparams(w, ann.axis, qmax, config.weight_method)
         dequantized = dequantize_weight(quantize_weight(w, qp, qmax), qp)
         out.append(_Target(node, bias, scale, axis, rank, dequantized))

@@ -119,7 +119,12 @@ class QuantConfig:
             1/16 of the tensor's peak (the normalisation scales their rounding noise up to full
             size); 1 turns the rule off.
         reduce_range: 7-bit weights for the onnxruntime backend (its u8s8 CPU kernels saturate
-            int16 sums on x86 CPUs without VNNI); ``None`` decides from the CPU.
+            int16 sums on x86 CPUs without VNNI); ``None`` decides from ``target_cpu``.
+        target_cpu: the CPU class an onnxruntime output is tuned for (weight range, cost
+            thresholds): ``x86-avx2``, ``x86-vnni``, ``arm64``, ``arm64-dot``, ``other``;
+            ``None``: the ``ONNXQ_TARGET_CPU`` environment variable, else this machine's.
+        cost_table: a cost-threshold table written by ``onnxq tune-cpu`` (JSON) to use instead
+            of the shipped table of the target class.
         memory_budget_mb: activations of one batch that calibration may hold at once; when
             the observed tensors need more, they are observed in groups, one pass each.
         histogram_sample: values per sample that go into a tensor's histogram: a sample with
@@ -151,6 +156,8 @@ class QuantConfig:
     weak_channel_fraction: float = 0.25
     weak_position_fraction: float = 0.25
     reduce_range: bool | None = None
+    target_cpu: str | None = None
+    cost_table: str | None = None
     memory_budget_mb: int = 4096
     histogram_sample: int = 65536
     histogram_budget: int = 2**24
@@ -198,6 +205,10 @@ class QuantConfig:
             raise ConfigError(f"histogram_budget: must be >= 0, got {self.histogram_budget}")
         if self.min_channels is not None and self.min_channels < 0:
             raise ConfigError(f"min_channels: must be >= 0, got {self.min_channels}")
+        if self.target_cpu is not None:
+            from onnxq.backends.cpu import cpu_class
+
+            cpu_class(self.target_cpu)
         # Normalise lists given from Python or YAML into tuples so the config stays hashable.
         object.__setattr__(self, "exclude", tuple(self.exclude))
         object.__setattr__(self, "overrides", tuple(self.overrides))
@@ -358,6 +369,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "weak_channel_fraction": (int, float),
     "weak_position_fraction": (int, float),
     "reduce_range": (bool, type(None)),
+    "target_cpu": (str, type(None)),
+    "cost_table": (str, type(None)),
     "memory_budget_mb": (int,),
     "histogram_sample": (int,),
     "histogram_budget": (int,),

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from onnxq.annotate import Decision
+from onnxq.backends.default_session import DefaultSessionView
 from onnxq.backends.validate import OutputFidelity
 from onnxq.bias_correction import BiasCorrection
 from onnxq.errors import Violation
@@ -30,6 +31,8 @@ class Report:
     model: str
     backend: str
     config: dict[str, Any]
+    # the CPU class an onnxruntime output is tuned for (onnxq.backends.target.target_record)
+    target_cpu: dict[str, Any] = field(default_factory=dict)
     simplify_passes: list[str] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     placed: list[Placed] = field(default_factory=list)
@@ -40,6 +43,8 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # model-wide choices worth knowing
     bias_corrections: list[BiasCorrection] = field(default_factory=list)
+    # a model validated unfused, run in onnxruntime's default (fused) session on this machine
+    default_session: DefaultSessionView | None = None
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -60,6 +65,7 @@ class Report:
             "onnxq_version": __version__,
             "model": self.model,
             "backend": self.backend,
+            **({"target_cpu": self.target_cpu} if self.target_cpu else {}),
             "config": self.config,
             "simplify_passes": self.simplify_passes,
             "summary": {
@@ -90,7 +96,15 @@ class Report:
                 for d in self.float_ops
             ],
             "bias_corrections": [asdict(c) for c in self.bias_corrections],
-            "fidelity": {"mode": self.fidelity_mode, "outputs": [asdict(f) for f in self.fidelity]},
+            "fidelity": {
+                "mode": self.fidelity_mode,
+                "outputs": [asdict(f) for f in self.fidelity],
+                **(
+                    {"onnxruntime_default_session": self.default_session.to_dict()}
+                    if self.default_session is not None
+                    else {}
+                ),
+            },
             "violations": [asdict(v) for v in self.violations],
             "notes": self.notes,
             "warnings": self.warnings,
@@ -101,8 +115,10 @@ class Report:
         non-finite) is written as null, which JSON can hold."""
         return json.dumps(_finite(self.to_dict()), indent=2, allow_nan=False) + "\n"
 
-    def summary(self) -> str:
-        """A few readable lines for the terminal."""
+    def summary(self, timing: bool = True) -> str:
+        """A few readable lines for the terminal; ``timing``: with the latency measured in
+        onnxruntime's default session (it changes from run to run, so the report file, and
+        the HTML page, leave it out)."""
         lines = [
             f"backend {self.backend}: {len(self.quantized_ops)} of {len(self.decisions)} ops "
             f"quantized, {len(self.placed)} tensors with Q/DQ, "
@@ -111,6 +127,7 @@ class Report:
                 if self.calibration_batches
                 else "statistics from a calibration cache"
             ),
+            *self._target_lines(),
         ]
         # one line per op type and reason, with the quoted tensor/node names left out (they
         # would give every op its own line); a reason that only one op has keeps its names
@@ -176,9 +193,44 @@ class Report:
                 )
             else:
                 lines.append(f"fidelity {f.name}: {f.compared}")
+        lines.extend(self._default_session_lines(timing))
         lines.extend(f"note: {n}" for n in self.notes)
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
+
+    def _target_lines(self) -> list[str]:
+        t = self.target_cpu
+        if not t:
+            return []
+        depthwise = (
+            f", depthwise convs {t['depthwise_weight_bits']}-bit"
+            if "depthwise_weight_bits" in t
+            else ""
+        )
+        return [
+            f"tuned for CPU class {t['class']}: {t['weight_bits']}-bit weights{depthwise}; "
+            f"cost thresholds: {t['cost_table']}"
+        ]
+
+    def _default_session_lines(self, timing: bool) -> list[str]:
+        view = self.default_session
+        if view is None:
+            return []
+        lines = [
+            f"fidelity {o.name} (onnxruntime's default session on this {view.cpu} machine, "
+            f"Q/DQ fused): {o.compared} {o.fused:.6f}, against {o.unfused:.6f} unfused"
+            for o in view.outputs
+            if o.beyond_noise
+        ]
+        if timing and view.latency is not None:
+            lines.append(
+                f"latency in onnxruntime's default session on this {view.cpu} machine (one "
+                f"thread, median of {view.latency.pairs}): {view.latency.quantized_ms:.3g} ms, "
+                f"float {view.latency.float_ms:.3g} ms"
+            )
+        if timing and view.latency_message:
+            lines.append(f"warning: {view.latency_message}")
+        return lines
 
     def to_html(self) -> str:
         """A self-contained HTML page of the same content."""
@@ -197,7 +249,7 @@ class Report:
             "<!doctype html><meta charset='utf-8'><title>onnxq report</title>"
             "<style>body{font-family:sans-serif}td,th{border:1px solid #ccc;padding:2px 6px}"
             "table{border-collapse:collapse;margin-bottom:1em}</style>"
-            f"<h1>onnxq report: {esc(self.model)}</h1><pre>{esc(self.summary())}</pre>"
+            f"<h1>onnxq report: {esc(self.model)}</h1><pre>{esc(self.summary(timing=False))}</pre>"
             "<h2>Quantized tensors</h2>"
             + table(
                 d["quantized_tensors"],
@@ -281,6 +333,7 @@ def _placed(p: Placed) -> dict[str, Any]:
         "axis": qp.axis,
         "range": [float(qp.low), float(qp.high)],
         "consumers": [f"{n}:{i}" for n, i in p.consumers],
+        "bits": p.bits,
     }
     if qp.note:
         out["note"] = qp.note

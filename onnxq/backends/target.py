@@ -1,0 +1,131 @@
+"""A backend profile tuned for the CPU class a run targets: weight range and cost thresholds.
+
+Only a profile with ``cpu_tuned`` (onnxruntime) changes with the CPU; a TensorRT output is the
+same on every machine.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import onnx
+
+from onnxq.backends.cost_tables import SHIPPED, CostTable
+from onnxq.backends.cpu import TargetCpu, resolve_target
+from onnxq.errors import ConfigError
+
+if TYPE_CHECKING:
+    from onnxq.backends.profile import BackendProfile
+
+
+def tune_profile(
+    profile: BackendProfile,
+    reduce_range: bool | None = None,
+    target_cpu: str | None = None,
+    cost_table: str | None = None,
+) -> tuple[BackendProfile, str]:
+    """``profile`` for the target CPU class, and a note on the weight range (empty if full).
+
+    The class is ``target_cpu``, else the ``cpu`` of the ``cost_table`` file, else
+    :func:`onnxq.backends.cpu.resolve_target`'s.  The cost thresholds come from ``cost_table``
+    or the shipped table of the class; weights get the profile's reduced range where the
+    class adds int8 products in int16 pairs (or ``reduce_range`` says so).
+    """
+    if not profile.cpu_tuned:
+        return profile, ""
+    table = CostTable.from_file(cost_table) if cost_table is not None else None
+    if table is not None and target_cpu is not None and table.cpu != target_cpu:
+        raise ConfigError(
+            f"cost_table {cost_table} was measured on the class {table.cpu} but target_cpu is "
+            f"{target_cpu}; drop one of them, or run onnxq tune-cpu on a {target_cpu} machine"
+        )
+    target = resolve_target(target_cpu if table is None else table.cpu)
+    if table is not None:
+        target = TargetCpu(target.cpu, "cost_table")
+    else:
+        table = SHIPPED[target.name]
+    changes: dict[str, Any] = {
+        **table.thresholds(),
+        "target_cpu": target.name,
+        "cost_table": table.measured_on
+        if cost_table is None
+        else f"{cost_table}: {table.measured_on}",
+    }
+    note = ""
+    if reduce_range is None:
+        reduce_range = target.cpu.int16_pair_sums
+        why = f"the target CPU class {target.name} ({_source(target)})"
+    else:
+        why = "reduce_range set in the config"
+    if reduce_range and profile.reduced_weight_qmax is not None:
+        changes["weight_qmax"] = profile.reduced_weight_qmax
+        if profile.int32_depthwise:
+            changes["depthwise_weight_qmax"] = profile.weight_qmax
+        note = (
+            f"weights limited to +-{profile.reduced_weight_qmax} (7-bit): {why}; onnxruntime's "
+            "u8 x s8 kernels on x86 without int8 dot products (VNNI) add pairs of products in "
+            "int16, which full-range weights overflow"
+            + (
+                f" (depthwise convs keep +-{profile.weight_qmax}: that kernel sums in int32)"
+                if profile.int32_depthwise
+                else ""
+            )
+        )
+    return profile.replace(**changes), note
+
+
+def _source(target: TargetCpu) -> str:
+    return {
+        "config": "target_cpu in the config",
+        "cost_table": "the cost table's",
+        "this machine": "this machine's; --target-cpu chooses another",
+    }.get(target.source, f"set by {target.source}")
+
+
+def target_record(profile: BackendProfile) -> dict[str, Any]:
+    """What the report says about the CPU class the output was tuned for (empty when the
+    backend's output does not depend on it)."""
+    if profile.target_cpu is None:
+        return {}
+    from onnxq.backends.cpu import CPU_CLASSES
+
+    record: dict[str, Any] = {
+        "class": profile.target_cpu,
+        "description": CPU_CLASSES[profile.target_cpu].description,
+        "weight_bits": profile.weight_qmax.bit_length() + 1,
+        "cost_table": profile.cost_table,
+    }
+    if profile.depthwise_weight_qmax is not None:
+        record["depthwise_weight_bits"] = profile.depthwise_weight_qmax.bit_length() + 1
+    return record
+
+
+def target_mismatch(model: onnx.ModelProto) -> str | None:
+    """What it means that ``model`` was tuned for another CPU class than this machine's
+    (:func:`onnxq.backends.cpu.this_machine`); None when they match or none was recorded."""
+    from onnxq.backends.cpu import CPU_CLASSES, this_machine
+    from onnxq.materialize import read_target_cpu
+
+    tuned, here = read_target_cpu(model), this_machine()
+    if tuned is None or tuned == here.name or tuned not in CPU_CLASSES:
+        return None
+    was = CPU_CLASSES[tuned]
+    head = f"this model was tuned for CPU class {tuned}, this machine is {here.name}"
+    redo = f"quantize it again with --target-cpu {here.name} (or on this machine)"
+    if here.cpu.int16_pair_sums and not was.int16_pair_sums:
+        return (
+            f"{head}: its weights use the full int8 range, and onnxruntime's int8 kernels here "
+            "(no int8 dot products) add pairs of products in int16 sums that such weights "
+            f"overflow, so its outputs can be far from what it computes on {tuned}; {redo} "
+            "for 7-bit weights"
+        )
+    if was.int16_pair_sums and not here.cpu.int16_pair_sums:
+        return (
+            f"{head}: it runs correctly here, but its weights are 7-bit (what {tuned} needs) "
+            f"and its int8-or-float choices follow {tuned}'s cost table; {redo} for 8-bit "
+            "weights and this class's choices"
+        )
+    return (
+        f"{head}: its int8-or-float choices follow {tuned}'s cost table, so it may run "
+        f"slower here than it could; {redo}"
+    )
