@@ -226,12 +226,13 @@ def _parser() -> argparse.ArgumentParser:
         "tune-cpu",
         help="measure onnxruntime's int8-vs-float cost thresholds on this CPU",
         description="Time small int8 and float convs with onnxruntime on this machine (one "
-        "thread, about half a minute) and write the cost table that --backend onnxruntime "
+        "thread, under a minute) and write the cost table that --backend onnxruntime "
         "uses to decide where int8 pays (pass it with --cost-table). Run it on a quiet "
-        "machine of the class you deploy on.",
+        "machine of the class you deploy on, and check a model's speed with "
+        "scripts/bench_latency.py: per-op thresholds cannot see whole chains.",
     )
     t.add_argument("-o", "--output", required=True, help="table file to write (.json)")
-    t.add_argument("--runs", type=_positive, default=30, help="timed runs per kernel (default 30)")
+    t.add_argument("--runs", type=_positive, default=60, help="timed runs per model (default 60)")
     return p
 
 

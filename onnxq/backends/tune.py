@@ -1,20 +1,23 @@
 """``onnxq tune-cpu``: measure the onnxruntime cost thresholds on this machine.
 
-Each threshold of :class:`onnxq.backends.cost_tables.CostTable` is a question about
-onnxruntime's int8 kernels on this CPU, answered by timing small models, one intra-op thread:
+Each threshold of :class:`onnxq.backends.cost_tables.CostTable` says when an op's int8 kernel
+pays by itself, that is with its own QuantizeLinear before it and DequantizeLinear after it
+(an op below the thresholds still gets int8 inside a chain of integer kernels, where those are
+shared).  Each is answered by timing one-conv models against their float form, whole session,
+one intra-op thread, median of the runs:
 
-* ``min_macs_per_output``: 1x1 convs C -> C and 3x3 convs over 4 and 8 channels; the fewest
-  products per output element from which every measured int8 conv kernel beats the float one.
+* ``min_macs_per_output``: 1x1 convs C -> C and 3x3 convs over 4 and 8 channels (56x56); the
+  fewest products per output element from which every measured int8 conv beats float.
 * ``min_macs_per_output_unaligned``: the same for 3x3 convs over 3, 5, 6, 7, 9, 10, 11, 13
   and 14 channels (not a multiple of ``channel_alignment``).
-* ``float_grouped_convs``: whether some 3x3 depthwise int8 kernel loses to the float one.
-* ``min_macs``: a 1x1 64 -> 64 conv with its Q/DQ on 1x1 to 16x16 maps, whole-session time:
-  the fewest multiply-adds per sample from which int8 wins with its Q/DQ included.
+* ``float_grouped_convs``: whether some 3x3 depthwise conv loses in int8.
+* ``min_macs``: a 1x1 64 -> 64 conv on 1x1 to 16x16 maps: the fewest multiply-adds per sample
+  from which int8 wins.
 
-Kernel times come from onnxruntime's profiler (the conv node alone: inside a chain of integer
-kernels the Q/DQ at its ends are shared); ``min_macs`` uses wall time.  Timing is noisy on a
-busy machine; the table is written once and then passed to ``quantize``, so outputs stay
-deterministic.
+Timing is noisy on a busy machine, and per-op thresholds cannot see whole chains: check a
+model's result with ``scripts/bench_latency.py``.  The table is written once and then passed
+to ``quantize``, so outputs stay deterministic.  :func:`conv_kernel_us` (the conv node's own
+kernel time, from onnxruntime's profiler) is what ``scripts/bench_conv_kernels.py`` prints.
 """
 
 from __future__ import annotations
@@ -178,34 +181,28 @@ def pays_from(ratios: list[tuple[int, float]]) -> int:
     return threshold
 
 
-def tune_cost_table(runs: int = 30, log: Callable[[str], None] = print) -> CostTable:
+def tune_cost_table(runs: int = 60, log: Callable[[str], None] = print) -> CostTable:
     """Time the candidate convs on this machine and derive its cost table."""
     import onnxruntime as ort
 
-    def kernel_ratio(case: ConvCase) -> float:
-        f, _ = conv_kernel_us(conv_model(case, False), case, runs)
-        q, op = conv_kernel_us(conv_model(case, True), case, runs)
+    def ratio(case: ConvCase) -> float:
+        f = session_us(conv_model(case, False), case, runs)
+        q = session_us(conv_model(case, True), case, runs)
         log(
             f"  conv {case.kernel}x{case.kernel} {case.cin}->{case.cout} group {case.group} "
-            f"{case.hw}x{case.hw}: float {f:.1f} us, int8 {q:.1f} us ({op}), float/int8 "
-            f"{f / q:.2f}"
+            f"{case.hw}x{case.hw} ({case.macs} MACs): float {f:.1f} us, int8 with its Q/DQ "
+            f"{q:.1f} us, float/int8 {f / q:.2f}"
         )
         return f / q
 
-    def session_ratio(case: ConvCase) -> float:
-        f = session_us(conv_model(case, False), case, runs * 4)
-        q = session_us(conv_model(case, True), case, runs * 4)
-        log(f"  session, {case.macs} MACs: float {f:.1f} us, int8 with Q/DQ {q:.1f} us")
-        return f / q
-
-    log("int8 against float convs, aligned input channels (kernel time, one thread):")
-    aligned = pays_from([(c.products, kernel_ratio(c)) for c in ALIGNED])
+    log("int8 (with its own Q/DQ) against float, one thread; aligned input channels:")
+    aligned = pays_from([(c.products, ratio(c)) for c in ALIGNED])
     log("unaligned input channels:")
-    unaligned = pays_from([(c.products, kernel_ratio(c)) for c in UNALIGNED])
+    unaligned = pays_from([(c.products, ratio(c)) for c in UNALIGNED])
     log("depthwise:")
-    depthwise_loses = min(kernel_ratio(c) for c in DEPTHWISE) < 1.0
-    log("small ops with their Q/DQ (whole session):")
-    small = pays_from([(c.macs, session_ratio(c)) for c in SMALL])
+    depthwise_loses = min(ratio(c) for c in DEPTHWISE) < 1.0
+    log("small maps:")
+    small = pays_from([(c.macs, ratio(c)) for c in SMALL])
     target = this_machine()
     return CostTable(
         cpu=target.name,

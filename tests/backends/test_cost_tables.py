@@ -67,20 +67,18 @@ def test_a_threshold_is_where_int8_wins_from_on(ratios, threshold):
 
 
 def test_the_tuned_table_is_derived_from_the_measurements(monkeypatch):
-    # the kernel times are replaced: int8 wins from 24 products (aligned), 90 (unaligned),
-    # loses on depthwise convs, and wins from 65536 multiply-adds with its Q/DQ
-    def kernel(model: bytes, case: tune.ConvCase, runs: int) -> tuple[float, str]:
-        int8 = b"QuantizeLinear" in model
-        if case.group > 1:
-            return (2.0 if int8 else 1.0), "Conv"
-        pays = case.products >= (24 if case.cin % 4 == 0 else 90)
-        return (1.0 if int8 == pays else 2.0), "Conv"
-
+    # the times are replaced: int8 wins from 24 products (aligned), 90 (unaligned), loses on
+    # depthwise convs, and on small maps wins from 65536 multiply-adds
     def session(model: bytes, case: tune.ConvCase, runs: int) -> float:
         int8 = b"QuantizeLinear" in model
-        return 1.0 if int8 == (case.macs >= 65536) else 2.0
+        if case in tune.SMALL:
+            pays = case.macs >= 65536
+        elif case.group > 1:
+            pays = False
+        else:
+            pays = case.products >= (24 if case.cin % 4 == 0 else 90)
+        return 1.0 if int8 == pays else 2.0
 
-    monkeypatch.setattr(tune, "conv_kernel_us", kernel)
     monkeypatch.setattr(tune, "session_us", session)
     monkeypatch.setenv("ONNXQ_TARGET_CPU", "arm64-dot")
     lines: list[str] = []
@@ -92,7 +90,7 @@ def test_the_tuned_table_is_derived_from_the_measurements(monkeypatch):
     )
     assert (table.min_macs_per_output, table.min_macs_per_output_unaligned) == (24, 90)
     assert table.min_macs == 65536
-    assert "onnxruntime" in table.measured_on and lines
+    assert "onnxruntime" in table.measured_on and len(lines) > 20
 
 
 def test_tune_cpu_writes_a_table_quantize_reads(tmp_path, monkeypatch, capsys):
@@ -103,9 +101,10 @@ def test_tune_cpu_writes_a_table_quantize_reads(tmp_path, monkeypatch, capsys):
     assert f"--cost-table {out}" in capsys.readouterr().out
 
 
-def test_real_kernels_time_and_name_their_op():
+def test_real_models_run_and_name_their_kernel():
     case = tune.ConvCase(8, 8, 1, 8)
     us, op = tune.conv_kernel_us(tune.conv_model(case, True), case, runs=2)
     assert op == "QLinearConv" and us >= 0
     us, op = tune.conv_kernel_us(tune.conv_model(case, False), case, runs=2)
     assert op in ("Conv", "FusedConv")
+    assert tune.session_us(tune.conv_model(case, True), case, runs=2) > 0
