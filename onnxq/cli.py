@@ -511,7 +511,7 @@ def _inspect(args: argparse.Namespace) -> int:
     import onnx
 
     from onnxq.errors import ModelLoadError
-    from onnxq.materialize import read_metadata
+    from onnxq.materialize import read_metadata, read_target_cpu
 
     path = Path(args.model)
     if not path.is_file():
@@ -531,6 +531,9 @@ def _inspect(args: argparse.Namespace) -> int:
             f"{r.get('method', '')!s:<18}  {r.get('axis')!s:>4}  {r.get('symmetric')}"
         )
     print(f"{len(records)} quantized tensors")
+    target = read_target_cpu(model)
+    if target is not None:
+        print(f"tuned for CPU class {target} (onnxruntime)")
     return 0
 
 

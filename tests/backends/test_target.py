@@ -186,3 +186,20 @@ def test_check_says_when_this_machine_is_not_the_class_the_model_was_tuned_for(
     assert f"this model was tuned for CPU class {tuned}, this machine is {here}" in message
     assert f"--target-cpu {here}" in message
     assert f"note: {message}" in printed
+
+
+def test_the_cli_takes_the_target_and_the_table(tmp_path, model_file, calib_dir, capsys):
+    model = ir.infer_shapes(net(SEPARABLE))
+    path, calib = model_file(model), calib_dir(model)
+    high = _table(tmp_path, cpu="x86-vnni", min_macs_per_output=1000)
+    assert main(["explain", str(path), "--backend", "onnxruntime", "--cost-table", high]) == 0
+    assert "(< min_macs_per_output=1000)" in capsys.readouterr().out
+    out = tmp_path / "q.onnx"
+    args = ["quantize", str(path), "-o", str(out), "--calib", str(calib)]
+    assert main([*args, "--backend", "onnxruntime", "--target-cpu", "x86-avx2"]) == 0
+    assert "tuned for CPU class x86-avx2: 7-bit weights" in capsys.readouterr().out
+    assert main(["inspect", str(out)]) == 0
+    assert "tuned for CPU class x86-avx2 (onnxruntime)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as usage:  # argparse lists the classes
+        main([*args, "--target-cpu", "x86-avx3"])
+    assert usage.value.code == 2 and "choose from 'x86-avx2'" in capsys.readouterr().err
