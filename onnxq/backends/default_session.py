@@ -32,6 +32,7 @@ from onnxq.backends.validate import (
     padding_masks,
     run_outputs,
 )
+from onnxq.errors import BackendConstraintError, UnsupportedModelError
 
 # the fused error counts as beyond noise above NOISE_FACTOR x the unfused error plus this
 NOISE_FACTOR = 1.5
@@ -119,13 +120,21 @@ def default_session_view(
 ) -> DefaultSessionView:
     """Run ``model`` (Q/DQ, validated unfused) in onnxruntime's default session on ``held``
     and compare with ``reference`` (the float outputs); with ``float_model`` (its serialized
-    float original) also time both, interleaved, on the first held batch."""
-    fused = fidelity(
-        reference,
-        run_outputs(model, held, True, "quantized"),
-        class_axes(model),
-        padding_masks(held),
-    )
+    float original) also time both, interleaved, on the first held batch.  A model that the
+    default session cannot load or run gets a message saying so (the Q/DQ graph itself ran)."""
+    cpu = this_machine().name
+    try:
+        quantized = run_outputs(model, held, True, "quantized")
+    except (BackendConstraintError, UnsupportedModelError) as exc:
+        return DefaultSessionView(
+            cpu,
+            messages=[
+                f"onnxruntime's default session (Q/DQ fused into int8 kernels) on this machine "
+                f"({cpu}) cannot run this model, though its Q/DQ graph runs: {exc}; to deploy "
+                "on a CPU with onnxruntime, quantize with --backend onnxruntime"
+            ],
+        )
+    fused = fidelity(reference, quantized, class_axes(model), padding_masks(held))
     by_name = {f.name: f for f in fused}
     outputs = [
         _compare(u, by_name[u.name]) for u in unfused if u.name in by_name and not u.selected_by
@@ -133,7 +142,6 @@ def default_session_view(
     latency = None
     if float_model is not None and held:
         latency = time_default_sessions(float_model, model, held[0], timer or perf_counter_timer)
-    cpu = this_machine().name
     return DefaultSessionView(
         cpu, outputs, latency, _fidelity_messages(cpu, outputs), _latency_message(cpu, latency)
     )

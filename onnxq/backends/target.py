@@ -6,6 +6,7 @@ same on every machine.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import onnx
@@ -49,29 +50,33 @@ def tune_profile(
         "target_cpu": target.name,
         "cost_table": table.measured_on
         if cost_table is None
-        else f"{cost_table}: {table.measured_on}",
+        else f"{Path(cost_table).name}: {table.measured_on}",
     }
-    note = ""
     if reduce_range is None:
         reduce_range = target.cpu.int16_pair_sums
         why = f"the target CPU class {target.name} ({_source(target)})"
     else:
         why = "reduce_range set in the config"
-    if reduce_range and profile.reduced_weight_qmax is not None:
-        changes["weight_qmax"] = profile.reduced_weight_qmax
-        if profile.int32_depthwise:
-            changes["depthwise_weight_qmax"] = profile.weight_qmax
-        note = (
-            f"weights limited to +-{profile.reduced_weight_qmax} (7-bit): {why}; onnxruntime's "
-            "u8 x s8 kernels on x86 without int8 dot products (VNNI) add pairs of products in "
-            "int16, which full-range weights overflow"
-            + (
-                f" (depthwise convs keep +-{profile.weight_qmax}: that kernel sums in int32)"
-                if profile.int32_depthwise
-                else ""
-            )
-        )
-    return profile.replace(**changes), note
+    if not reduce_range or profile.reduced_weight_qmax is None:
+        return profile.replace(**changes), ""
+    changes["weight_qmax"] = profile.reduced_weight_qmax
+    if profile.int32_depthwise:
+        changes["depthwise_weight_qmax"] = profile.weight_qmax
+    return profile.replace(**changes), _weight_note(profile, why)
+
+
+def _weight_note(profile: BackendProfile, why: str) -> str:
+    """Why the weights have 7 bits, for the report."""
+    depthwise = (
+        f" (depthwise convs keep +-{profile.weight_qmax}: that kernel sums in int32)"
+        if profile.int32_depthwise
+        else ""
+    )
+    return (
+        f"weights limited to +-{profile.reduced_weight_qmax} (7-bit): {why}; onnxruntime's "
+        "u8 x s8 kernels on x86 without int8 dot products (VNNI) add pairs of products in "
+        f"int16, which full-range weights overflow{depthwise}"
+    )
 
 
 def _source(target: TargetCpu) -> str:

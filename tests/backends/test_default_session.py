@@ -132,3 +132,21 @@ def test_a_slower_output_is_said_once_by_the_cli_but_kept_out_of_the_report_file
     assert "slower than the float model" not in text and "latency" not in text
     assert main(["quantize", str(path), "-o", str(out), "--calib", str(calib), "-q"]) == 0
     assert capsys.readouterr().err.count("slower than the float model") == (1 if slower else 0)
+
+
+def test_a_model_the_default_session_cannot_run_gets_a_warning_not_an_error(monkeypatch):
+    from onnxq.errors import BackendConstraintError
+
+    real = default_session.run_outputs
+
+    def run_outputs(model, batches, fused, what):
+        if fused:
+            raise BackendConstraintError("the quantized model fails in onnxruntime on held batch 0")
+        return real(model, batches, fused, what)
+
+    monkeypatch.setattr(default_session, "run_outputs", run_outputs)
+    model = graphs.conv_relu()
+    report = onnxq.quantize(model, graphs.random_batches(model, 4), progress=False).report
+    (warning,) = [w for w in report.warnings if "default session" in w]
+    assert "cannot run this model, though its Q/DQ graph runs" in warning
+    assert report.fidelity[0].cosine > 0.9  # measured unfused as before
