@@ -24,7 +24,7 @@ from typing import Any
 import onnx
 
 from onnxq import ir
-from onnxq.backends.profile import profile_for
+from onnxq.backends.target import profile_for, target_record
 from onnxq.bias_correction import bias_correction_pass
 from onnxq.calibrate import calibration_cache
 from onnxq.config import QuantConfig
@@ -38,7 +38,7 @@ from onnxq.place.loop import place
 from onnxq.prepare import ModelLike, prepare
 from onnxq.ranges import activation_ranges
 from onnxq.report import Report
-from onnxq.verify import float_outputs, verify
+from onnxq.verify import float_reference, verify
 
 
 @dataclass
@@ -166,7 +166,7 @@ def quantize(
     """
     cfg = _config(config, backend, method, exclude, options)
     _check_sources(model, calibration, save_calibration, load_calibration)
-    profile, profile_note = profile_for(cfg.backend, cfg.reduce_range)
+    profile, profile_note = profile_for(cfg.target)
     prepared = prepare(model, profile, cfg.simplify)
     with _blame_conversion(prepared.load.opset_upgrade):
         graph = ir.Graph(prepared.model)
@@ -196,7 +196,9 @@ def quantize(
                 prepared.model, annotations, profile, cfg.weights, data, inputs, cfg.max_batches
             )
         # the float outputs first: their session is gone before the quantized model is built
-        reference = float_outputs(prepared.take_reference(), statistics.held, profile)
+        reference = float_reference(
+            prepared.take_reference(), prepared.model, statistics.held, profile
+        )
         placed = materialize(prepared.model, annotations, ranges.qparams, profile, cfg.weights)
         if ir.external.lazy_nbytes(prepared.model) < ir.external.LAZY_BYTES:
             ir.external.load_all(prepared.model)  # float weights that stayed float (biases)
@@ -242,6 +244,7 @@ def _report(outcome: Outcome) -> Report:
     return Report(
         model=o.prepared.source.name if o.prepared.source else "<in-memory model>",
         backend=o.profile.name,
+        target_cpu=target_record(o.profile),
         config=o.config.to_dict(),
         simplify_passes=o.prepared.passes,
         decisions=o.annotations.decisions,
@@ -252,6 +255,7 @@ def _report(outcome: Outcome) -> Report:
         warnings=said.warnings,
         notes=said.notes,
         bias_corrections=o.bias.corrections if o.bias is not None else [],
+        default_session=o.verification.default_session,
     )
 
 

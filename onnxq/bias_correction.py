@@ -147,7 +147,7 @@ def _targets(
     graph: ir.Graph, annotations: Annotations, profile: BackendProfile, options: WeightOptions
 ) -> list[_Target]:
     """Quantized weighted layers whose bias is a float initializer of their own."""
-    from onnxq.materialize import weight_qmax
+    from onnxq.materialize import weight_limits
 
     weights = {
         node_name: ann
@@ -155,6 +155,7 @@ def _targets(
         for node_name, index in ann.consumers
         if index == 1
     }
+    limits = weight_limits(graph, annotations, profile)
     out = []
     for node in graph.nodes:
         if node.op_type not in CORRECTED_OPS or node.name not in weights:
@@ -165,7 +166,7 @@ def _targets(
         if where is None or w is None:
             continue
         bias, axis, rank, scale = where
-        qmax = weight_qmax(ann, profile)
+        qmax = limits[ann.tensor]
         qp = weight_qparams(w, ann.axis, qmax, options.weight_method)
         dequantized = dequantize_weight(quantize_weight(w, qp, qmax), qp)
         out.append(_Target(node, bias, scale, axis, rank, dequantized))

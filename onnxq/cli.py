@@ -162,6 +162,7 @@ def _parser() -> argparse.ArgumentParser:
         "(default 16777216): beyond 256 samples each contributes fewer; 0 = no "
         "budget",
     )
+    _target_flags(q)
     q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
     q.add_argument(
         "--external-data",
@@ -242,7 +243,38 @@ def _parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--config", metavar="FILE.yaml")
     e.add_argument("--exclude", action="append", metavar="GLOB", default=None)
+    _target_flags(e)
+
+    t = sub.add_parser(
+        "tune-cpu",
+        help="measure onnxruntime's int8-vs-float cost thresholds on this CPU",
+        description="Time small int8 and float convs with onnxruntime on this machine (one "
+        "thread, under a minute) and write the cost table that --backend onnxruntime "
+        "uses to decide where int8 pays (pass it with --cost-table). Run it on a quiet "
+        "machine of the class you deploy on, and check a model's speed with "
+        "scripts/bench_latency.py: per-op thresholds cannot see whole chains.",
+    )
+    t.add_argument("-o", "--output", required=True, help="table file to write (.json)")
+    t.add_argument("--runs", type=_positive, default=60, help="timed runs per model (default 60)")
     return p
+
+
+def _target_flags(parser: argparse.ArgumentParser) -> None:
+    """--target-cpu and --cost-table (the onnxruntime backend's CPU tuning)."""
+    from onnxq.backends.cpu import CPU_CLASSES
+
+    parser.add_argument(
+        "--target-cpu",
+        choices=list(CPU_CLASSES),
+        help="CPU class the onnxruntime output is tuned for (default: this machine's, or "
+        "$ONNXQ_TARGET_CPU): 7-bit weights on x86-avx2, cost thresholds",
+    )
+    parser.add_argument(
+        "--cost-table",
+        metavar="FILE.json",
+        help="cost thresholds measured by `onnxq tune-cpu` (default: the shipped table of "
+        "the target class)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -258,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _inspect(args)
         if args.command == "analyze":
             return _analyze(args)
+        if args.command == "tune-cpu":
+            return _tune_cpu(args)
         return _explain(args)
     except OnnxqError as exc:
         print(f"onnxq: error: {one_line(exc)}", file=sys.stderr)
@@ -310,6 +344,7 @@ def _terminate(signum: int, frame: object) -> None:
 def _quantize(args: argparse.Namespace) -> int:
     from onnxq.api import check_paths, quantize
     from onnxq.errors import OutputError
+    from onnxq.fidelity_messages import latency_warning
 
     if not args.output or args.output.endswith(("/", "\\")) or Path(args.output).is_dir():
         raise OutputError(
@@ -344,6 +379,8 @@ def _quantize(args: argparse.Namespace) -> int:
         memory_budget_mb=args.memory_budget,
         histogram_sample=args.histogram_sample,
         histogram_budget=args.histogram_budget,
+        target_cpu=args.target_cpu,
+        cost_table=args.cost_table,
         preprocess=args.preprocess,
         save_calibration=args.save_calibration,
         load_calibration=args.load_calibration,
@@ -362,7 +399,9 @@ def _quantize(args: argparse.Namespace) -> int:
         print(result.report.summary())
         print("wrote " + ", ".join(str(w) for w in written))
     else:  # the summary ends with them; without it they must still reach the user
-        for warning in result.report.warnings:
+        view = result.report.default_session
+        slower = latency_warning(view.cpu, view.latency) if view is not None else None
+        for warning in [*result.report.warnings, *([slower] if slower else [])]:
             print(f"onnxq: warning: {warning}", file=sys.stderr)
     return 0
 
@@ -436,6 +475,14 @@ def _check(args: argparse.Namespace) -> int:
                 f"DequantizeLinear (not Q/DQ groups; their output is quantized for a later "
                 f"reader): {', '.join(ops)}"
             )
+    if profile.cpu_tuned and qdq:
+        from onnxq.backends.cpu import this_machine
+        from onnxq.backends.target import target_mismatch
+        from onnxq.materialize import read_target_cpu
+
+        mismatch = target_mismatch(read_target_cpu(model), this_machine().name)
+        if mismatch:
+            print(f"note: {mismatch}")
     if args.engine:
         from onnxq.backends.tensorrt import build_engine
 
@@ -523,7 +570,7 @@ def _inspect(args: argparse.Namespace) -> int:
     import onnx
 
     from onnxq.errors import ModelLoadError
-    from onnxq.materialize import read_metadata
+    from onnxq.materialize import read_metadata, read_target_cpu
 
     path = Path(args.model)
     if not path.is_file():
@@ -543,13 +590,16 @@ def _inspect(args: argparse.Namespace) -> int:
             f"{r.get('method', '')!s:<18}  {r.get('axis')!s:>4}  {r.get('symmetric')}"
         )
     print(f"{len(records)} quantized tensors")
+    target = read_target_cpu(model)
+    if target is not None:
+        print(f"tuned for CPU class {target} (onnxruntime)")
     return 0
 
 
 def _explain(args: argparse.Namespace) -> int:
     from onnxq import ir
     from onnxq.api import resolve_config
-    from onnxq.backends.profile import PROFILES
+    from onnxq.backends.target import profile_for
     from onnxq.errors import UnsupportedModelError
     from onnxq.place.engine import annotate
     from onnxq.place.facts import GraphFacts
@@ -557,9 +607,13 @@ def _explain(args: argparse.Namespace) -> int:
     from onnxq.rewrites.simplify import simplify
 
     cfg = resolve_config(
-        args.config, backend=args.backend, exclude=tuple(args.exclude) if args.exclude else None
+        args.config,
+        backend=args.backend,
+        exclude=tuple(args.exclude) if args.exclude else None,
+        target_cpu=args.target_cpu,
+        cost_table=args.cost_table,
     )
-    profile = PROFILES[cfg.backend]
+    profile, _ = profile_for(cfg.target)
     loaded = ir.load_model(args.model, profile.min_opset)
     try:
         refuse_quantized(loaded, Path(args.model), profile)
@@ -583,6 +637,21 @@ def _explain(args: argparse.Namespace) -> int:
     )
     for note in ann.notes:
         print(f"note: {note}")
+    return 0
+
+
+def _tune_cpu(args: argparse.Namespace) -> int:
+    from onnxq.backends.tune import tune_cost_table
+    from onnxq.errors import OutputError
+    from onnxq.ir import atomic_write_bytes
+
+    out = Path(args.output)
+    if not out.parent.is_dir():
+        raise OutputError(f"output folder does not exist: {out.parent}")
+    table = tune_cost_table(args.runs)
+    atomic_write_bytes(out, table.to_json().encode("utf-8"))
+    print(table.to_json(), end="")
+    print(f"wrote {out}; use it with: onnxq quantize ... --backend onnxruntime --cost-table {out}")
     return 0
 
 

@@ -25,10 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onnxq.backends.cpu import cpu_class
 from onnxq.backends.profile import BACKENDS
 from onnxq.errors import ConfigError
 from onnxq.observers import WEIGHT_METHODS
-from onnxq.options import CalibrationOptions, PlacementOptions, WeightOptions, view
+from onnxq.options import (
+    CalibrationOptions,
+    PlacementOptions,
+    TargetOptions,
+    WeightOptions,
+    view,
+)
 from onnxq.overrides import Override, TensorSettings, check_method, parse_override
 
 WEIGHT_STORAGE = ("int8", "qdq")
@@ -68,6 +75,11 @@ def option(
     takes (``also``) besides its annotation's, and ``parse``, which turns such a value into
     the annotated type."""
     return field(default=default, metadata={"validate": validate, "also": also, "parse": parse})
+
+
+def _check_cpu_class(value: str | None, name: str) -> None:
+    if value is not None:
+        cpu_class(value, name)
 
 
 def _preprocess_spec(value: Any) -> Any:
@@ -115,7 +127,12 @@ class QuantConfig:
             1/16 of the tensor's peak (the normalisation scales their rounding noise up to full
             size); 1 turns the rule off.
         reduce_range: 7-bit weights for the onnxruntime backend (its u8s8 CPU kernels saturate
-            int16 sums on x86 CPUs without VNNI); ``None`` decides from the CPU.
+            int16 sums on x86 CPUs without VNNI); ``None`` decides from ``target_cpu``.
+        target_cpu: the CPU class an onnxruntime output is tuned for (weight range, cost
+            thresholds): ``x86-avx2``, ``x86-vnni``, ``arm64``, ``arm64-dot``, ``other``;
+            ``None``: the ``ONNXQ_TARGET_CPU`` environment variable, else this machine's.
+        cost_table: a cost-threshold table written by ``onnxq tune-cpu`` (JSON) to use instead
+            of the shipped table of the target class.
         memory_budget_mb: activations of one batch that calibration may hold at once; when
             the observed tensors need more, they are observed in groups, one pass each.
         histogram_sample: values per sample that go into a tensor's histogram: a sample with
@@ -147,6 +164,8 @@ class QuantConfig:
     weak_channel_fraction: float = option(0.25, must(lambda v: 0.0 < v <= 1.0, "be in (0, 1]"))
     weak_position_fraction: float = option(0.25, must(lambda v: 0.0 < v <= 1.0, "be in (0, 1]"))
     reduce_range: bool | None = option(None)
+    target_cpu: str | None = option(None, lambda name, value: _check_cpu_class(value, name))
+    cost_table: str | None = option(None)
     memory_budget_mb: int = option(4096, must(lambda v: v >= 1, "be >= 1"))
     histogram_sample: int = option(65536, must(lambda v: v >= 0, "be >= 0"))
     histogram_budget: int = option(2**24, must(lambda v: v >= 0, "be >= 0"))
@@ -161,6 +180,11 @@ class QuantConfig:
         _check_values(vars(self), "")
 
     # -- what the stages read -----------------------------------------------------------------
+    @property
+    def target(self) -> TargetOptions:
+        """The options that choose the backend profile and the CPU class it is tuned for."""
+        return view(TargetOptions, self)
+
     @property
     def placement(self) -> PlacementOptions:
         """The options placement reads."""

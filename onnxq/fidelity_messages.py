@@ -1,12 +1,15 @@
 """What the fidelity check found, in words: warnings about outputs that disagree with the float
-model, notes about what the comparison left out.  :data:`FIDELITY_WARNINGS` is the decision
-table: the first entry that applies to an output gives its warning."""
+model, notes about what the comparison left out, and what onnxruntime's default session showed
+for a model validated unfused.  :data:`FIDELITY_WARNINGS` is the decision table: the first entry
+that applies to an output gives its warning."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from onnxq.backends.cpu import CPU_CLASSES
+from onnxq.backends.default_session import DefaultSessionView, FusedFidelity, Latency
 from onnxq.backends.validate import DOMINATED, OutputFidelity
 from onnxq.verify import Verification
 
@@ -15,6 +18,8 @@ LOW_FIDELITY_HINT = (
     "check it on your metric; `onnxq analyze` ranks the tensors that lose "
     "most, and --exclude keeps their ops float"
 )
+SLOWER = 1.1  # the default session "runs slower" from this ratio on (timing noise below it)
+CPU_DEPLOYMENT = "to deploy on a CPU with onnxruntime, quantize with --backend onnxruntime"
 
 
 def verification_messages(verification: Verification) -> tuple[list[str], list[str]]:
@@ -44,7 +49,59 @@ def verification_messages(verification: Verification) -> tuple[list[str], list[s
         first = next((w for w in FIDELITY_WARNINGS if w.applies(out)), None)
         if first is not None:
             warnings.append(first.text(out))
+    warnings.extend(default_session_warnings(verification.default_session))
     return warnings, notes
+
+
+def default_session_warnings(view: DefaultSessionView | None) -> list[str]:
+    """What onnxruntime's default session on this machine showed, when it could not run the
+    model or its outputs differ beyond noise from what the Q/DQ graph computes."""
+    if view is None:
+        return []
+    where = f"onnxruntime's default session on this machine ({view.cpu})"
+    if view.failure is not None:
+        return [
+            f"{where}, which fuses Q/DQ into int8 kernels, cannot run this model, though its "
+            f"Q/DQ graph runs: {view.failure}; {CPU_DEPLOYMENT}"
+        ]
+    differing = [o for o in view.outputs if o.beyond_noise]
+    if not differing:
+        return []
+    figures = "; ".join(
+        f"{o.name!r}: {_figure(o, fused=False)} unfused, {_figure(o, fused=True)} fused"
+        for o in differing
+    )
+    why = (
+        "without int8 dot products (VNNI) those add pairs of products in int16 sums, which "
+        "signed int8 activations (run shifted to uint8) overflow"
+        if CPU_CLASSES[view.cpu].int16_pair_sums
+        else "those round and requantize between ops where the Q/DQ graph computes in float"
+    )
+    return [
+        f"in {where} this model's outputs differ from the float model's more than the Q/DQ "
+        f"graph's own arithmetic (what TensorRT computes) does ({figures}): onnxruntime fuses "
+        f"the Q/DQ into int8 CPU kernels, and {why}; {CPU_DEPLOYMENT}"
+    ]
+
+
+def latency_warning(cpu: str, latency: Latency | None) -> str | None:
+    """Said once, outside the report file (timings change from run to run): the model runs
+    slower than the float one in onnxruntime's default session on this machine."""
+    if latency is None or latency.ratio < SLOWER:
+        return None
+    return (
+        f"in onnxruntime's default session on this machine ({cpu}) this model runs "
+        f"{latency.ratio:.2f}x slower than the float model ({latency.quantized_ms:.3g} ms "
+        f"against {latency.float_ms:.3g} ms per held batch, one thread, median of "
+        f"{latency.pairs}): its Q/DQ placement is TensorRT's, and onnxruntime runs the ops "
+        f"without a QuantizeLinear after them in float behind a DequantizeLinear; {CPU_DEPLOYMENT}"
+    )
+
+
+def _figure(out: FusedFidelity, fused: bool) -> str:
+    value, top1 = (out.fused, out.fused_top1) if fused else (out.unfused, out.unfused_top1)
+    text = f"cosine {value:.3f}" if out.compared == "cosine" else f"{value:.1%} equal"
+    return text + (f" (top-1 agreement {top1:.0%})" if top1 is not None else "")
 
 
 @dataclass(frozen=True)

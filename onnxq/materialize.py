@@ -47,14 +47,14 @@ def materialize(
     by_name = {n.name: n for n in graph.nodes}
     weights: dict[str, QParams] = {}
     placed: list[Placed] = []
-    for ann in annotations.tensors.values():
-        if ann.kind == "weight":
-            value = graph.const_value(ann.tensor)
-            if value is None:
-                raise InternalError(f"weight {ann.tensor!r} lost its constant value")
-            weights[ann.tensor] = weight_qparams(
-                value, ann.axis, weight_qmax(ann, profile), weights_options.weight_method
-            )
+    limits = weight_limits(graph, annotations, profile)
+    for ann in annotations.of_kind("weight"):
+        value = graph.const_value(ann.tensor)
+        if value is None:
+            raise InternalError(f"weight {ann.tensor!r} lost its constant value")
+        weights[ann.tensor] = weight_qparams(
+            value, ann.axis, limits[ann.tensor], weights_options.weight_method
+        )
     resolved = dict(activation_qparams)
     for ann in annotations.tensors.values():
         if ann.kind in ("activation", "shared"):
@@ -68,7 +68,7 @@ def materialize(
             out = _qdq(graph, ann.tensor, qp)
         elif ann.kind == "weight":
             qp = weights[ann.tensor]
-            out = _weight(graph, ann.tensor, qp, weight_qmax(ann, profile), weights_options)
+            out = _weight(graph, ann.tensor, qp, limits[ann.tensor], weights_options)
         else:
             bias = _bias_qparams(graph, ann, resolved, weights)
             if bias is None:
@@ -77,24 +77,30 @@ def materialize(
             out = _dequantize_const(graph, ann.tensor, values, qp)
         for node_name, index in ann.consumers:
             graph.set_input(by_name[node_name], index, out)
-        bits = 32 if ann.kind == "bias" else ann.settings.bits
+        # a weight limited to +-63 has 7 bits, whatever its storage type
+        bits = {"bias": 32, "weight": limits.get(ann.tensor, 0).bit_length() + 1}.get(
+            ann.kind, ann.settings.bits
+        )
         placed.append(Placed(ann.tensor, ann.kind, qp, tuple(ann.consumers), bits))
     if placed:
         ir.set_opset(model, QDQ_OPSET)
     graph.commit()
-    write_metadata(model, placed)
+    write_metadata(model, placed, profile.target_cpu)
     return placed
 
 
 METADATA_KEY = "onnxq.quantization"
 
 
-def write_metadata(model: onnx.ModelProto, placed: list[Placed]) -> None:
+def write_metadata(
+    model: onnx.ModelProto, placed: list[Placed], target_cpu: str | None = None
+) -> None:
     """Record each quantized tensor's bit width, method and scheme in ``metadata_props``.
 
     The value under :data:`METADATA_KEY` is JSON: ``{"version": ..., "tensors": {name: {"kind",
     "bits", "method", "axis", "symmetric"}}}`` (Sparsebit's "extra bit info", as model
-    metadata so that every ONNX tool keeps it).
+    metadata so that every ONNX tool keeps it), with ``"target_cpu"``, the CPU class the
+    output was tuned for, when the backend's output depends on it.
     """
     import json
 
@@ -110,12 +116,29 @@ def write_metadata(model: onnx.ModelProto, placed: list[Placed]) -> None:
         }
         for p in placed
     }
-    value = json.dumps({"version": __version__, "tensors": tensors}, sort_keys=True)
+    record: dict[str, object] = {"version": __version__, "tensors": tensors}
+    if target_cpu is not None:
+        record["target_cpu"] = target_cpu
+    value = json.dumps(record, sort_keys=True)
     for prop in model.metadata_props:
         if prop.key == METADATA_KEY:
             prop.value = value
             return
     model.metadata_props.add(key=METADATA_KEY, value=value)
+
+
+def read_target_cpu(model: onnx.ModelProto) -> str | None:
+    """The CPU class recorded by :func:`write_metadata` (``None`` if none was)."""
+    import json
+
+    for prop in model.metadata_props:
+        if prop.key == METADATA_KEY:
+            try:
+                value = json.loads(prop.value).get("target_cpu")
+            except (ValueError, AttributeError):
+                return None
+            return value if isinstance(value, str) else None
+    return None
 
 
 def read_metadata(model: onnx.ModelProto) -> dict[str, dict[str, object]] | None:
@@ -161,9 +184,36 @@ def _qdq(graph: ir.Graph, tensor: str, qp: QParams) -> str:
     return dequantized
 
 
-def weight_qmax(ann: TensorAnnotation, profile: BackendProfile) -> int:
-    """Largest weight magnitude: the profile's limit, narrowed by a ``bits`` override."""
-    return min(profile.weight_qmax, 2 ** (ann.settings.bits - 1) - 1)
+def weight_limits(
+    graph: ir.Graph, annotations: Annotations, profile: BackendProfile
+) -> dict[str, int]:
+    """Each annotated weight's largest integer magnitude: the profile's limit (its depthwise
+    one for a weight that only depthwise convs read), narrowed by a ``bits`` override."""
+    readers = {n.name: n for n in graph.nodes} if profile.depthwise_weight_qmax else {}
+    limits = {}
+    for ann in annotations.of_kind("weight"):
+        limit = profile.weight_qmax
+        if profile.depthwise_weight_qmax and _read_by_depthwise_convs(ann, graph, readers):
+            limit = profile.depthwise_weight_qmax
+        limits[ann.tensor] = min(limit, 2 ** (ann.settings.bits - 1) - 1)
+    return limits
+
+
+def _read_by_depthwise_convs(
+    ann: TensorAnnotation, graph: ir.Graph, readers: dict[str, onnx.NodeProto]
+) -> bool:
+    """True if every consumer of the weight is a Conv with one input and one output channel
+    per group (the kernel onnxruntime runs apart from its matrix multiplication)."""
+    info = graph.const_info(ann.tensor)
+    if info is None or len(info.shape) < 3 or info.shape[1] != 1 or not ann.consumers:
+        return False
+    for name, _ in ann.consumers:
+        node = readers.get(name)
+        if node is None or node.op_type != "Conv":
+            return False
+        if int(ir.node_attrs(node).get("group", 1)) != info.shape[0]:
+            return False
+    return True
 
 
 def _weight(graph: ir.Graph, tensor: str, qp: QParams, qmax: int, options: WeightOptions) -> str:

@@ -1,11 +1,12 @@
 """What each stage of the pipeline reads of a :class:`~onnxq.config.QuantConfig`.
 
-A stage takes the small value it uses, not the whole config: placement a
-:class:`PlacementOptions`, calibration a :class:`CalibrationOptions`, the weight passes
-(materialize, bias correction) a :class:`WeightOptions`.  Each is a view over QuantConfig
-fields of the same names and types (``QuantConfig.placement`` and friends build them; a test
-holds the two declarations together), so a field is declared once, in QuantConfig, and a stage
-that needs it lists it here.  They have no defaults of their own: the defaults are
+A stage takes the small value it uses, not the whole config: choosing the backend profile (and
+the CPU class it is tuned for) a :class:`TargetOptions`, placement a :class:`PlacementOptions`,
+calibration a :class:`CalibrationOptions`, the weight passes (materialize, bias correction) a
+:class:`WeightOptions`.  Each is a view over QuantConfig fields of the same names and types
+(``QuantConfig.placement`` and friends build them; a test holds the two declarations
+together), so a field is declared once, in QuantConfig, and a stage that needs it lists it
+here.  They have no defaults of their own: the defaults are
 QuantConfig's (``QuantConfig().placement``).
 """
 
@@ -17,6 +18,18 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from onnxq.overrides import Override, TensorSettings
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """What choosing the backend profile reads (``onnxq.backends.profile.profile_for``): the
+    backend, and for a backend whose output depends on the CPU the class it is tuned for, the
+    cost table of that class and the weight range."""
+
+    backend: str
+    reduce_range: bool | None
+    target_cpu: str | None
+    cost_table: str | None
 
 
 @dataclass(frozen=True)
@@ -129,7 +142,7 @@ class WeightOptions:
     weight_method: str
 
 
-View = TypeVar("View", PlacementOptions, CalibrationOptions, WeightOptions)
+View = TypeVar("View", TargetOptions, PlacementOptions, CalibrationOptions, WeightOptions)
 
 
 def view(cls: type[View], config: Any) -> View:
@@ -137,4 +150,4 @@ def view(cls: type[View], config: Any) -> View:
     return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
 
 
-__all__ = ["CalibrationOptions", "PlacementOptions", "WeightOptions", "view"]
+__all__ = ["CalibrationOptions", "PlacementOptions", "TargetOptions", "WeightOptions", "view"]

@@ -16,9 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from onnxq.backends.default_session import DefaultSessionView
+from onnxq.backends.target import describe_target
 from onnxq.backends.validate import OutputFidelity
 from onnxq.bias_correction import BiasCorrection
 from onnxq.errors import Violation
+from onnxq.fidelity_messages import latency_warning
 from onnxq.materialize import Placed
 from onnxq.place.annotations import Decision
 
@@ -30,6 +33,8 @@ class Report:
     model: str
     backend: str
     config: dict[str, Any]
+    # the CPU class an onnxruntime output is tuned for (onnxq.backends.target.target_record)
+    target_cpu: dict[str, Any] = field(default_factory=dict)
     simplify_passes: list[str] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     placed: list[Placed] = field(default_factory=list)
@@ -40,6 +45,8 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # model-wide choices worth knowing
     bias_corrections: list[BiasCorrection] = field(default_factory=list)
+    # a model validated unfused, run in onnxruntime's default (fused) session on this machine
+    default_session: DefaultSessionView | None = None
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -60,6 +67,7 @@ class Report:
             "onnxq_version": __version__,
             "model": self.model,
             "backend": self.backend,
+            **({"target_cpu": self.target_cpu} if self.target_cpu else {}),
             "config": self.config,
             "simplify_passes": self.simplify_passes,
             "summary": {
@@ -90,7 +98,15 @@ class Report:
                 for d in self.float_ops
             ],
             "bias_corrections": [asdict(c) for c in self.bias_corrections],
-            "fidelity": {"mode": self.fidelity_mode, "outputs": [asdict(f) for f in self.fidelity]},
+            "fidelity": {
+                "mode": self.fidelity_mode,
+                "outputs": [asdict(f) for f in self.fidelity],
+                **(
+                    {"onnxruntime_default_session": self.default_session.to_dict()}
+                    if self.default_session is not None
+                    else {}
+                ),
+            },
             "violations": [asdict(v) for v in self.violations],
             "notes": self.notes,
             "warnings": self.warnings,
@@ -101,8 +117,10 @@ class Report:
         non-finite) is written as null, which JSON can hold."""
         return json.dumps(_finite(self.to_dict()), indent=2, allow_nan=False) + "\n"
 
-    def summary(self) -> str:
-        """A few readable lines for the terminal."""
+    def summary(self, timing: bool = True) -> str:
+        """A few readable lines for the terminal; ``timing``: with the latency measured in
+        onnxruntime's default session (it changes from run to run, so the report file, and
+        the HTML page, leave it out)."""
         lines = [
             f"backend {self.backend}: {len(self.quantized_ops)} of {len(self.decisions)} ops "
             f"quantized, {len(self.placed)} tensors with Q/DQ, "
@@ -111,6 +129,7 @@ class Report:
                 if self.calibration_batches
                 else "statistics from a calibration cache"
             ),
+            *([describe_target(self.target_cpu)] if self.target_cpu else []),
         ]
         reasons = _reason_lines(self.float_ops)
         if reasons:
@@ -168,6 +187,8 @@ class Report:
                 )
             else:
                 lines.append(f"fidelity {f.name}: {f.compared}")
+        if self.default_session is not None:
+            lines.extend(_default_session_lines(self.default_session, timing))
         lines.extend(f"note: {n}" for n in self.notes)
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
@@ -189,7 +210,7 @@ class Report:
             "<!doctype html><meta charset='utf-8'><title>onnxq report</title>"
             "<style>body{font-family:sans-serif}td,th{border:1px solid #ccc;padding:2px 6px}"
             "table{border-collapse:collapse;margin-bottom:1em}</style>"
-            f"<h1>onnxq report: {esc(self.model)}</h1><pre>{esc(self.summary())}</pre>"
+            f"<h1>onnxq report: {esc(self.model)}</h1><pre>{esc(self.summary(timing=False))}</pre>"
             "<h2>Quantized tensors</h2>"
             + table(
                 d["quantized_tensors"],
@@ -259,6 +280,27 @@ class Report:
         atomic_write_bytes(p, text.encode("utf-8"))
 
 
+def _default_session_lines(view: DefaultSessionView, timing: bool) -> list[str]:
+    """The default session's figures that differ beyond noise and, with ``timing``, its latency
+    (and the warning when it is slower than float: said here, once, not in the report file)."""
+    lines = [
+        f"fidelity {o.name} (onnxruntime's default session on this {view.cpu} machine, "
+        f"Q/DQ fused): {o.compared} {o.fused:.6f}, against {o.unfused:.6f} unfused"
+        for o in view.outputs
+        if o.beyond_noise
+    ]
+    if timing and view.latency is not None:
+        lines.append(
+            f"latency in onnxruntime's default session on this {view.cpu} machine (one "
+            f"thread, median of {view.latency.pairs}): {view.latency.quantized_ms:.3g} ms, "
+            f"float {view.latency.float_ms:.3g} ms"
+        )
+        slower = latency_warning(view.cpu, view.latency)
+        if slower is not None:
+            lines.append(f"warning: {slower}")
+    return lines
+
+
 def _placed(p: Placed) -> dict[str, Any]:
     qp = p.qparams
     scale = np.asarray(qp.scale, dtype=np.float64)
@@ -273,6 +315,7 @@ def _placed(p: Placed) -> dict[str, Any]:
         "axis": qp.axis,
         "range": [float(qp.low), float(qp.high)],
         "consumers": [f"{n}:{i}" for n, i in p.consumers],
+        "bits": p.bits,
     }
     if qp.note:
         out["note"] = qp.note

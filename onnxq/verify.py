@@ -2,8 +2,11 @@
 
 The constraint checker must find nothing (onnxq placed every Q/DQ: a violation is onnxq's
 bug, an :class:`InternalError`); onnxruntime must load and run the model on the held batches
-(same); its outputs are compared with the float model's.  What the comparison found comes back
-as data (:class:`Verification`); ``onnxq.messages`` says what deserves a warning.
+(same); its outputs are compared with the float model's.  A model validated unfused (the Q/DQ
+graph's own arithmetic, what TensorRT computes) also runs in onnxruntime's default, fused,
+session on this machine (``onnxq.backends.default_session``): what most users run first.  What
+the comparisons found comes back as data (:class:`Verification`); ``onnxq.messages`` says what
+deserves a warning.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from typing import Any, Literal
 
 import onnx
 
+from onnxq import ir
 from onnxq.backends.check import check
+from onnxq.backends.default_session import DefaultSessionView, default_session_view, timing_copy
 from onnxq.backends.profile import BackendProfile
 from onnxq.backends.validate import (
     OutputFidelity,
@@ -32,33 +37,44 @@ Unmeasured = Literal["no batches held", "no float copy"]
 
 @dataclass(frozen=True)
 class Verification:
-    """How the quantized model was run (``mode``), its fidelity per output, and why fidelity
-    was not measured (``unmeasured``), if it was not."""
+    """How the quantized model was run (``mode``), its fidelity per output, why fidelity was
+    not measured (``unmeasured``), if it was not, and what onnxruntime's default session shows
+    for a model validated unfused (``default_session``; None: not run)."""
 
     mode: str
     fidelity: list[OutputFidelity]
     unmeasured: Unmeasured | None = None
+    default_session: DefaultSessionView | None = None
 
 
-def float_outputs(
-    reference: bytes | None, held: list[Batch], profile: BackendProfile
-) -> list[dict[str, Any]] | None:
-    """The float model's outputs on the held batches (None: no float copy was kept).
+@dataclass(frozen=True)
+class FloatReference:
+    """The float model's outputs on the held batches (None: no float copy was kept), and the
+    float model itself where the quantized one is timed against it (None: not timed)."""
+
+    outputs: list[dict[str, Any]] | None
+    timing_model: bytes | None = None
+
+
+def float_reference(
+    reference: bytes | None, model: onnx.ModelProto, held: list[Batch], profile: BackendProfile
+) -> FloatReference:
+    """The float model's outputs on the held batches, from ``reference`` (its serialization;
+    None: no float copy was kept), and the copy to time in onnxruntime's default session when
+    ``model`` (the loaded float model) is validated unfused and small enough.
 
     The float reference runs like the quantized model (fusion on or off), so an onnxruntime
     optimizer quirk on the float graph cannot pass for quantization error.
     """
     if reference is None or not held:
-        return None
-    model = onnx.load_from_string(reference)
-    return run_outputs(model, held, profile.fused_validation, "float")
+        return FloatReference(None)
+    outputs = run_outputs(onnx.load_from_string(reference), held, profile.fused_validation, "float")
+    timed = None if profile.fused_validation else timing_copy(reference, model)
+    return FloatReference(outputs, timed)
 
 
 def verify(
-    model: onnx.ModelProto,
-    reference: list[dict[str, Any]] | None,
-    held: list[Batch],
-    profile: BackendProfile,
+    model: onnx.ModelProto, reference: FloatReference, held: list[Batch], profile: BackendProfile
 ) -> Verification:
     """Check ``model`` (onnxq's output) against ``profile`` and compare it with the float
     model's outputs ``reference`` on ``held``."""
@@ -76,11 +92,16 @@ def verify(
     if not held:
         return Verification(mode, [], "no batches held")
     quantized = run_outputs(model, held, profile.fused_validation, "quantized", ours=True)
-    if reference is None:
+    if reference.outputs is None:
         return Verification(mode, [], "no float copy")
     selected = selected_outputs(model)
     outputs = [
         dataclasses.replace(f, selected_by=selected.get(f.name))
-        for f in fidelity(reference, quantized, class_axes(model), padding_masks(held))
+        for f in fidelity(reference.outputs, quantized, class_axes(model), padding_masks(held))
     ]
-    return Verification(mode, outputs)
+    fused = None
+    if not profile.fused_validation and any(n.op_type in ir.QDQ_OPS for n in model.graph.node):
+        fused = default_session_view(
+            model, reference.outputs, held, outputs, reference.timing_model
+        )
+    return Verification(mode, outputs, default_session=fused)

@@ -288,7 +288,7 @@ def _prepare(model: str, calib: str, method: str) -> tuple[Any, ...]:
     """What onnxq.api.quantize does before its first calibrate() call."""
     from onnxq import ir
     from onnxq.api import resolve_config
-    from onnxq.backends.profile import profile_for
+    from onnxq.backends.target import profile_for
     from onnxq.data import model_inputs, open_source
     from onnxq.place.engine import annotate
     from onnxq.place.facts import GraphFacts
@@ -296,7 +296,7 @@ def _prepare(model: str, calib: str, method: str) -> tuple[Any, ...]:
     from onnxq.rewrites.simplify import simplify
 
     cfg = resolve_config(None, method=method, progress=False)
-    profile, _ = profile_for(cfg.backend, cfg.reduce_range)
+    profile, _ = profile_for(cfg.target)
     loaded, _source = load(model, profile)
     reference = ir.serialize(loaded) if ir.model_nbytes(loaded) < ir.PROTO_LIMIT else None
     if cfg.simplify:

@@ -588,11 +588,24 @@ def test_a_shared_bias_is_quantized_at_each_layers_scale(identity):
 
 def test_a_conv_output_read_by_a_hardswish_is_clipped_where_the_hardswish_saturates(monkeypatch):
     # onnxruntime requantizes the conv's output for its QLinearConv; below -3 a hardswish is 0,
-    # so the range stops there and its steps get finer
+    # so the range stops there and its steps get finer.  The gain is measured where the range
+    # acts: on the hardswish of the conv output's int8 round trip.  The whole model's cosine
+    # also carries the weights' rounding, which is 7-bit on a CPU without int8 dot products
+    # and hid the gain there (1 - 0.999864 against 1 - 0.999847)
+    import onnxruntime as ort
+
     model = graphs.conv_hardswish("pair")
     batches = graphs.random_batches(model, 8)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.append(onnx.helper.make_tensor_value_info("c1_out", 1, None))
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    conv_out = np.concatenate([session.run(["c1_out"], b)[0].ravel() for b in batches])
 
-    def run() -> tuple[dict, float]:
+    def hardswish(x: np.ndarray) -> np.ndarray:
+        return x * np.clip(x / 6 + 0.5, 0, 1)
+
+    def hardswish_error() -> tuple[dict, float]:
         result = onnxq.quantize(
             model, batches, backend="onnxruntime", method="minmax", progress=False
         )
@@ -601,15 +614,17 @@ def test_a_conv_output_read_by_a_hardswish_is_clipped_where_the_hardswish_satura
             for t in json.loads(result.report.to_json())["quantized_tensors"]
             if t["tensor"] == "c1_out"
         )
-        return entry, result.report.fidelity[0].cosine
+        scale, zero = entry["scale"], entry["zero_point"]
+        dequantized = (np.clip(np.rint(conv_out / scale) + zero, 0, 255) - zero) * scale
+        return entry, float(np.linalg.norm(hardswish(dequantized) - hardswish(conv_out)))
 
-    entry, cosine = run()
+    entry, error = hardswish_error()
     assert entry["range"][0] <= -3.0 < entry["range"][0] + entry["scale"]
     assert entry["bound"].endswith("every reader saturates beyond")
     monkeypatch.setattr(GraphFacts, "saturation_bounds", lambda self, consumers: None)
-    free, free_cosine = run()
+    free, free_error = hardswish_error()
     assert free["range"][0] < -10 and "bound" not in free
-    assert 1 - cosine < 0.8 * (1 - free_cosine)
+    assert error < 0.8 * free_error
 
 
 @pytest.mark.parametrize("backend", ["tensorrt", "onnxruntime"])

@@ -56,7 +56,7 @@ import onnxq
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
 from tests.fuzzgraphs import FuzzCase, fuzz_cases
-from tests.profiles import ONNXRUNTIME_NO_COST
+from tests.profiles import no_cost_rules
 
 BACKENDS = ("tensorrt", "onnxruntime")
 # the onnxruntime profile without its cost rules (onnxq.rewrites.cost): with them, most small
@@ -117,12 +117,8 @@ def quantize_property(case: FuzzCase, backend: str) -> Outcome:
     propagate unchanged (with their traceback)."""
     if backend != NO_COST:
         return _quantize_property(case, backend)
-    saved = PROFILES["onnxruntime"]
-    PROFILES["onnxruntime"] = ONNXRUNTIME_NO_COST
-    try:
+    with no_cost_rules():
         return _quantize_property(case, "onnxruntime")
-    finally:
-        PROFILES["onnxruntime"] = saved
 
 
 def _quantize_property(case: FuzzCase, backend: str) -> Outcome:

@@ -7,12 +7,21 @@ import numpy as np
 import pytest
 
 from onnxq import ir
+from onnxq.backends.default_session import DefaultSessionView, FusedFidelity, Latency
 from onnxq.backends.profile import PROFILES
 from onnxq.backends.validate import OutputFidelity
 from onnxq.bias_correction import BiasCorrectionPass
 from onnxq.calibrate import CalibrationResult
 from onnxq.config import QuantConfig
-from onnxq.fidelity_messages import FIDELITY_WARNINGS, LOW_FIDELITY_HINT, verification_messages
+from onnxq.fidelity_messages import (
+    CPU_DEPLOYMENT,
+    FIDELITY_WARNINGS,
+    LOW_FIDELITY_HINT,
+    SLOWER,
+    default_session_warnings,
+    latency_warning,
+    verification_messages,
+)
 from onnxq.inputs import InputSpec
 from onnxq.messages import (
     GraphView,
@@ -275,6 +284,79 @@ def test_nan_in_one_model_is_a_warning_and_nan_in_the_float_model_a_note():
         "output (`onnxq analyze`)"
     ]
     assert notes[0].startswith("output 'y': 2 value(s) of the float model are NaN/Inf")
+
+
+# ------------------------------------------------------------- onnxruntime's default session
+DIFFERS = FusedFidelity("y", "cosine", 0.990, 0.700, 0.89, 0.61, beyond_noise=True)
+AGREES = FusedFidelity("z", "cosine", 0.990, 0.989, beyond_noise=False)
+
+
+def test_no_default_session_or_agreeing_outputs_say_nothing():
+    assert default_session_warnings(None) == []
+    assert default_session_warnings(DefaultSessionView("x86-avx2", (AGREES,))) == []
+
+
+@pytest.mark.parametrize(
+    ("cpu", "why"),
+    [
+        ("x86-avx2", "without int8 dot products (VNNI) those add pairs of products in int16 sums"),
+        ("x86-vnni", "those round and requantize between ops where the Q/DQ graph computes"),
+        ("arm64-dot", "those round and requantize between ops where the Q/DQ graph computes"),
+    ],
+)
+def test_a_fused_disagreement_gives_both_figures_why_for_this_cpu_and_what_to_do(cpu, why):
+    (warning,) = default_session_warnings(DefaultSessionView(cpu, (DIFFERS, AGREES)))
+    assert warning.startswith(f"in onnxruntime's default session on this machine ({cpu}) ")
+    assert (
+        "('y': cosine 0.990 (top-1 agreement 89%) unfused, cosine 0.700 (top-1 agreement 61%) "
+        "fused)"
+    ) in warning
+    assert "'z'" not in warning and why in warning and warning.endswith(CPU_DEPLOYMENT)
+
+
+def test_an_integer_output_is_given_as_the_share_of_equal_values():
+    out = FusedFidelity("ids", "agreement", 1.0, 0.75, beyond_noise=True)
+    (warning,) = default_session_warnings(DefaultSessionView("x86-avx2", (out,)))
+    assert "'ids': 100.0% equal unfused, 75.0% equal fused" in warning
+
+
+def test_a_default_session_that_cannot_run_the_model_is_a_warning_with_its_reason():
+    view = DefaultSessionView("x86-avx2", failure="the quantized model fails on held batch 0")
+    (warning,) = default_session_warnings(view)
+    assert warning.startswith("onnxruntime's default session on this machine (x86-avx2)")
+    assert "cannot run this model, though its Q/DQ graph runs: the quantized model fails" in (
+        warning
+    )
+    assert warning.endswith(CPU_DEPLOYMENT)
+
+
+def test_default_session_warnings_follow_the_unfused_figures_warnings():
+    verification = Verification(
+        "m",
+        [OutputFidelity("y", 0.9, 0.8, 5.0)],
+        default_session=DefaultSessionView("x86-avx2", (DIFFERS,)),
+    )
+    warnings, _ = verification_messages(verification)
+    assert [w.split(" ")[0] for w in warnings] == ["output", "in"]
+
+
+@pytest.mark.parametrize(
+    ("latency", "said"),
+    [
+        (None, None),
+        (Latency(1.0, 1.0, 7), None),
+        (Latency(1.0, SLOWER * 0.99, 7), None),  # timing noise
+        (Latency(15.1, 41.6, 7), "runs 2.75x slower than the float model (41.6 ms against 15.1"),
+    ],
+)
+def test_latency_is_warned_about_from_a_clear_slowdown_on(latency, said):
+    warning = latency_warning("x86-avx2", latency)
+    if said is None:
+        assert warning is None
+        return
+    assert warning is not None and said in warning
+    assert warning.startswith("in onnxruntime's default session on this machine (x86-avx2)")
+    assert "median of 7" in warning and warning.endswith(CPU_DEPLOYMENT)
 
 
 # ------------------------------------------------------------------------------ together

@@ -10,11 +10,13 @@ import pytest
 
 from onnxq.config import QuantConfig
 from onnxq.errors import ConfigError
-from onnxq.options import CalibrationOptions, PlacementOptions, WeightOptions
+from onnxq.options import CalibrationOptions, PlacementOptions, TargetOptions, WeightOptions
 from onnxq.overrides import Override
 
 
-@pytest.mark.parametrize("view", [PlacementOptions, CalibrationOptions, WeightOptions])
+@pytest.mark.parametrize(
+    "view", [TargetOptions, PlacementOptions, CalibrationOptions, WeightOptions]
+)
 def test_every_stage_option_is_a_quantconfig_field_of_the_same_type(view):
     config = typing.get_type_hints(QuantConfig)
     for name, hint in typing.get_type_hints(view).items():
@@ -36,6 +38,8 @@ def test_the_views_carry_the_configs_values():
     assert cfg.placement.overrides == cfg.overrides and cfg.placement.mask_threshold == 50.0
     assert (cfg.calibration.max_batches, cfg.calibration.percentile) == (3, 99.0)
     assert cfg.weights == WeightOptions(weight_storage="qdq", weight_method="mse")
+    tuned = QuantConfig(backend="onnxruntime", target_cpu="x86-avx2", cost_table="t.json")
+    assert tuned.target == TargetOptions("onnxruntime", None, "x86-avx2", "t.json")
 
 
 @pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(QuantConfig)])

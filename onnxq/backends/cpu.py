@@ -1,19 +1,148 @@
-"""What the CPU that will run an onnxruntime-targeted model can do."""
+"""The CPU an onnxruntime-targeted model is tuned for: the one place onnxq reads the CPU.
+
+onnxruntime's int8 kernels behave differently per CPU class.  On x86 without int8 dot
+products (AVX2, or AVX-512 without VNNI) its u8 x s8 matrix kernels add each pair of products
+in a saturating int16 (``vpmaddubsw``): full-range int8 weights overflow there, 7-bit weights do
+not (255 x 63 x 2 < 32768).  Its depthwise int8 kernel sums in int32 on every CPU.  Which int8
+kernels beat float also differs per class (``onnxq.backends.cost_tables``).
+
+Everything onnxq derives from the CPU goes through :func:`resolve_target`: the configured class
+(``target_cpu`` / ``--target-cpu``), else the environment variable :data:`ENV_VAR`, else the class
+of this machine (:func:`detect`).  The environment variable also stands for "this machine" where
+onnxq compares a model's target with the machine it runs on, so a test can force every path.
+"""
 
 from __future__ import annotations
 
 import functools
+import os
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 
-# Instruction sets that give onnxruntime's u8s8 kernels int32 dot products without the int16
-# intermediate sums that saturate (x86: VNNI; Arm: the dot-product extension).
-INT8_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "dotprod"})
+from onnxq.errors import ConfigError
+
+ENV_VAR = "ONNXQ_TARGET_CPU"
+
+
+@dataclass(frozen=True)
+class CpuClass:
+    """A class of CPUs on which onnxruntime's int8 kernels behave alike.
+
+    Attributes:
+        name: the ``target_cpu`` value.
+        description: what the class covers, for messages.
+        int16_pair_sums: onnxruntime's u8 x s8 matrix kernels (Conv, Gemm, MatMul; not the
+            depthwise conv) add pairs of products in a saturating int16 here, so weights need
+            7 bits.
+    """
+
+    name: str
+    description: str
+    int16_pair_sums: bool
+
+
+CPU_CLASSES: dict[str, CpuClass] = {
+    c.name: c
+    for c in (
+        CpuClass(
+            "x86-avx2",
+            "x86-64 without int8 dot products (AVX2, or AVX-512 without VNNI)",
+            int16_pair_sums=True,
+        ),
+        CpuClass(
+            "x86-vnni",
+            "x86-64 with int8 dot products (AVX-512 VNNI, AVX-VNNI or AMX-INT8)",
+            int16_pair_sums=False,
+        ),
+        CpuClass("arm64", "64-bit Arm without the dot-product extension", int16_pair_sums=False),
+        CpuClass("arm64-dot", "64-bit Arm with the dot-product extension", int16_pair_sums=False),
+        CpuClass(
+            "other", "another architecture (onnxruntime's portable kernels)", int16_pair_sums=False
+        ),
+    )
+}
+
+# /proc/cpuinfo flags of x86 int8 dot products that numpy's feature table does not report
+_X86_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+_ARM_DOT_FLAGS = frozenset({"asimddp", "dotprod"})
+
+
+@dataclass(frozen=True)
+class TargetCpu:
+    """The CPU class a run targets and where that choice came from."""
+
+    cpu: CpuClass
+    source: str  # "config", ENV_VAR, or "this machine"
+
+    @property
+    def name(self) -> str:
+        """The class name."""
+        return self.cpu.name
+
+
+def cpu_class(name: str, where: str = "target_cpu") -> CpuClass:
+    """The class called ``name``; a :class:`ConfigError` listing the valid names otherwise."""
+    found = CPU_CLASSES.get(name)
+    if found is None:
+        raise ConfigError(
+            f"{where}: unknown CPU class {name!r}; valid: {', '.join(CPU_CLASSES)} "
+            "(`python -m onnxq.backends.cpu` prints this machine's)"
+        )
+    return found
+
+
+def resolve_target(configured: str | None = None) -> TargetCpu:
+    """The target class: ``configured``, else :data:`ENV_VAR`, else this machine's."""
+    if configured is not None:
+        return TargetCpu(cpu_class(configured), "config")
+    return this_machine()
+
+
+def this_machine() -> TargetCpu:
+    """The class of the machine onnxq runs on, as onnxq treats it: :data:`ENV_VAR` if set
+    (tests and CI force both paths with it), else :func:`detect`."""
+    forced = os.environ.get(ENV_VAR, "").strip()
+    if forced:
+        return TargetCpu(cpu_class(forced, f"environment variable {ENV_VAR}"), ENV_VAR)
+    return TargetCpu(CPU_CLASSES[detect()], "this machine")
 
 
 @functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The feature flags of this CPU (empty when the OS does not say)."""
+def detect() -> str:
+    """This machine's class, from what the CPU itself reports (cpuid through numpy's feature
+    table, which is also what runs under an emulator) and the OS's flag list."""
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64", "x86", "i386", "i686"):
+        features = _numpy_features()
+        dot = features.get("AVX512VNNI", False) or bool(
+            _os_flags() & (_X86_DOT_FLAGS - {"avx512_vnni"})
+        )
+        if not features:  # no numpy table: the OS's flags alone
+            dot = bool(_os_flags() & _X86_DOT_FLAGS)
+        return "x86-vnni" if dot else "x86-avx2"
+    if machine in ("arm64", "aarch64"):
+        if platform.system() == "Darwin":
+            return "arm64-dot"  # every Apple arm64 CPU has it
+        dot = _numpy_features().get("ASIMDDP", False) or bool(_os_flags() & _ARM_DOT_FLAGS)
+        return "arm64-dot" if dot else "arm64"
+    return "other"
+
+
+def _numpy_features() -> dict[str, bool]:
+    """numpy's run-time CPU feature table (empty if this numpy does not have it)."""
+    try:
+        from numpy._core._multiarray_umath import (  # type: ignore[import-not-found]
+            __cpu_features__,
+        )
+    except ImportError:
+        return {}
+    return dict(__cpu_features__)
+
+
+@functools.lru_cache(maxsize=1)
+def _os_flags() -> frozenset[str]:
+    """The feature flags the OS lists for this CPU (empty when it lists none)."""
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
@@ -25,8 +154,6 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def has_int8_dot() -> bool:
-    """True when int8 dot products do not pass through saturating int16 sums."""
-    if platform.machine().lower() in ("arm64", "aarch64") and platform.system() == "Darwin":
-        return True
-    return bool(cpu_flags() & INT8_DOT_FLAGS)
+if __name__ == "__main__":
+    found = this_machine()
+    print(f"{found.name} ({found.source}): {found.cpu.description}")

@@ -147,6 +147,17 @@ class BackendProfile:
         nhwc_only_ops: ops onnxruntime runs in uint8 when a Q follows them (it moves the Q
             backward through them) but fast only inside the NHWC layout of its integer convs; an
             op below the cost thresholds whose output reaches one keeps int8.
+        cpu_tuned: the output depends on the CPU class it targets (weight range, cost
+            thresholds: ``onnxq.backends.target``); a profile without it gives the same output
+            on every machine.
+        int32_depthwise: the depthwise (one channel per group) int8 conv kernel sums in int32
+            on every CPU, so a reduced weight range never applies to it (onnxruntime: u8 255 x
+            s8 127 comes out exact under ``qemu-x86_64 -cpu Haswell``, where its Conv, Gemm and
+            MatMul kernels saturate).
+        target_cpu: the CPU class the profile was tuned for (``None``: not ``cpu_tuned``).
+        cost_table: where the cost thresholds come from (the table's measurement).
+        depthwise_weight_qmax: the weight limit of a depthwise conv where it differs from
+            ``weight_qmax`` (set with the reduced range and ``int32_depthwise``).
     """
 
     name: str
@@ -182,6 +193,11 @@ class BackendProfile:
     nhwc_only_ops: frozenset[str] = frozenset()
     passthrough_ops: frozenset[str] = PASSTHROUGH_OPS
     shape_ops: frozenset[str] = SHAPE_OPS
+    cpu_tuned: bool = False
+    int32_depthwise: bool = False
+    target_cpu: str | None = None
+    cost_table: str = ""
+    depthwise_weight_qmax: int | None = None
 
     def replace(self, **changes: object) -> BackendProfile:
         """A copy with some fields changed."""
@@ -273,28 +289,9 @@ ONNXRUNTIME = BackendProfile(
         {"Add", "Mul", "Concat", "GlobalAveragePool", "AveragePool", "Sigmoid", "LeakyRelu"}
     ),
     nhwc_only_ops=frozenset({"MaxPool"}),
+    cpu_tuned=True,
+    int32_depthwise=True,
 )
 
 PROFILES: dict[str, BackendProfile] = {p.name: p for p in (TENSORRT, ONNXRUNTIME)}
 BACKENDS: tuple[str, ...] = tuple(PROFILES)  # the --backend values
-
-
-def profile_for(backend: str, reduce_range: bool | None = None) -> tuple[BackendProfile, str]:
-    """The profile for a run, with the weight range the CPU needs; and a note saying why."""
-    from onnxq.backends.cpu import has_int8_dot
-
-    profile = PROFILES[backend]
-    if profile.reduced_weight_qmax is None:
-        return profile, ""
-    if reduce_range is None:
-        reduce_range = not has_int8_dot()
-        why = "this CPU lacks int8 dot products (VNNI)" if reduce_range else ""
-    else:
-        why = "reduce_range set in the config" if reduce_range else ""
-    if not reduce_range:
-        return profile, ""
-    note = (
-        f"weights limited to +-{profile.reduced_weight_qmax} (7-bit): {why}, and "
-        "onnxruntime's u8s8 kernels would saturate int16 sums with full-range weights"
-    )
-    return profile.replace(weight_qmax=profile.reduced_weight_qmax), note

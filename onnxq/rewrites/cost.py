@@ -3,7 +3,9 @@
 An int8 kernel replaces a float one, and every edge between an int8 op and a float op costs a
 QuantizeLinear or a DequantizeLinear (a full pass over the tensor).  Measured with onnxruntime
 1.31 on a Xeon that reports AVX-512, VNNI and AMX-INT8, one thread (``docs/benchmarks.md``,
-Latency; the thresholds below come from that CPU):
+Latency).  The thresholds are per CPU class: the profile takes them from the target class's
+cost table (``onnxq.backends.cost_tables``; ``onnxq tune-cpu`` measures one), and the shipped
+tables all hold that CPU's values:
 
 * QLinearConv beats the float Conv only when each output sums enough products: a C -> C 1x1
   conv runs at 0.7x float speed with C = 16, 1.1x with 32, 2x with 88, 3.4x with 576; a

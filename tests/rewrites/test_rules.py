@@ -14,15 +14,16 @@ from onnxq.place.annotations import Annotations, Excluded
 from onnxq.rewrites.rules import RULE_SETS
 from tests import graphs
 from tests.placement import annotate_graph
-from tests.profiles import ONNXRUNTIME_NO_COST
+from tests.profiles import no_cost_rules
 
 # These tests check what each rule places once it applies, so the onnxruntime profile's cost
 # rules are off here (tests/profiles.py).
 
 
 @pytest.fixture(autouse=True)
-def _onnxruntime_without_cost_rules(monkeypatch):
-    monkeypatch.setitem(PROFILES, "onnxruntime", ONNXRUNTIME_NO_COST)
+def _onnxruntime_without_cost_rules():
+    with no_cost_rules():
+        yield
 
 
 def annotated(model: onnx.ModelProto, backend: str = "tensorrt", **options) -> Annotations:

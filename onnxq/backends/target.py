@@ -1,0 +1,146 @@
+"""A backend profile tuned for the CPU class a run targets: weight range and cost thresholds.
+
+Only a profile with ``cpu_tuned`` (onnxruntime) changes with the CPU; a TensorRT output is the
+same on every machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from onnxq.backends.cost_tables import SHIPPED, CostTable
+from onnxq.backends.cpu import CPU_CLASSES, TargetCpu, resolve_target
+from onnxq.backends.profile import PROFILES, BackendProfile
+from onnxq.errors import ConfigError
+
+if TYPE_CHECKING:
+    from onnxq.options import TargetOptions
+
+
+def profile_for(options: TargetOptions) -> tuple[BackendProfile, str]:
+    """The profile for a run: the backend's, tuned for the CPU class it targets; and a note on
+    the weight range (empty when weights have their full range)."""
+    return tune_profile(PROFILES[options.backend], options)
+
+
+def tune_profile(profile: BackendProfile, options: TargetOptions) -> tuple[BackendProfile, str]:
+    """``profile`` for the target CPU class, and a note on the weight range (empty if full).
+
+    The class is ``options.target_cpu``, else the ``cpu`` of the ``cost_table`` file, else
+    :func:`onnxq.backends.cpu.resolve_target`'s.  The cost thresholds come from ``cost_table``
+    or the shipped table of the class; weights get the profile's reduced range where the
+    class adds int8 products in int16 pairs (or ``reduce_range`` says so).
+    """
+    if not profile.cpu_tuned:
+        return profile, ""
+    target_cpu, cost_table = options.target_cpu, options.cost_table
+    reduce_range = options.reduce_range
+    table = CostTable.from_file(cost_table) if cost_table is not None else None
+    if table is not None and target_cpu is not None and table.cpu != target_cpu:
+        raise ConfigError(
+            f"cost_table {cost_table} was measured on the class {table.cpu} but target_cpu is "
+            f"{target_cpu}; drop one of them, or run onnxq tune-cpu on a {target_cpu} machine"
+        )
+    target = resolve_target(target_cpu if table is None else table.cpu)
+    if table is not None:
+        target = TargetCpu(target.cpu, "cost_table")
+    else:
+        table = SHIPPED[target.name]
+    changes: dict[str, Any] = {
+        **table.thresholds(),
+        "target_cpu": target.name,
+        "cost_table": table.measured_on
+        if cost_table is None
+        else f"{Path(cost_table).name}: {table.measured_on}",
+    }
+    if reduce_range is None:
+        reduce_range = target.cpu.int16_pair_sums
+        why = f"the target CPU class {target.name} ({_source(target)})"
+    else:
+        why = "reduce_range set in the config"
+    if not reduce_range or profile.reduced_weight_qmax is None:
+        return profile.replace(**changes), ""
+    changes["weight_qmax"] = profile.reduced_weight_qmax
+    if profile.int32_depthwise:
+        changes["depthwise_weight_qmax"] = profile.weight_qmax
+    return profile.replace(**changes), _weight_note(profile, why)
+
+
+def _weight_note(profile: BackendProfile, why: str) -> str:
+    """Why the weights have 7 bits, for the report."""
+    depthwise = (
+        f" (depthwise convs keep +-{profile.weight_qmax}: that kernel sums in int32)"
+        if profile.int32_depthwise
+        else ""
+    )
+    return (
+        f"weights limited to +-{profile.reduced_weight_qmax} (7-bit): {why}; onnxruntime's "
+        "u8 x s8 kernels on x86 without int8 dot products (VNNI) add pairs of products in "
+        f"int16, which full-range weights overflow{depthwise}"
+    )
+
+
+def _source(target: TargetCpu) -> str:
+    return {
+        "config": "target_cpu in the config",
+        "cost_table": "the cost table's",
+        "this machine": "this machine's; --target-cpu chooses another",
+    }.get(target.source, f"set by {target.source}")
+
+
+def target_record(profile: BackendProfile) -> dict[str, Any]:
+    """What the report says about the CPU class the output was tuned for (empty when the
+    backend's output does not depend on it)."""
+    if profile.target_cpu is None:
+        return {}
+    record: dict[str, Any] = {
+        "class": profile.target_cpu,
+        "description": CPU_CLASSES[profile.target_cpu].description,
+        "weight_bits": profile.weight_qmax.bit_length() + 1,
+        "cost_table": profile.cost_table,
+    }
+    if profile.depthwise_weight_qmax is not None:
+        record["depthwise_weight_bits"] = profile.depthwise_weight_qmax.bit_length() + 1
+    return record
+
+
+def describe_target(record: dict[str, Any]) -> str:
+    """One line for the summary from :func:`target_record`'s record."""
+    depthwise = (
+        f", depthwise convs {record['depthwise_weight_bits']}-bit"
+        if "depthwise_weight_bits" in record
+        else ""
+    )
+    return (
+        f"tuned for CPU class {record['class']}: {record['weight_bits']}-bit weights{depthwise}; "
+        f"cost thresholds: {record['cost_table']}"
+    )
+
+
+def target_mismatch(tuned: str | None, here: str) -> str | None:
+    """What it means that a model tuned for the CPU class ``tuned`` (its metadata's record,
+    ``onnxq.materialize.read_target_cpu``) runs on a machine of the class ``here``
+    (:func:`onnxq.backends.cpu.this_machine`); None when they match or none was recorded."""
+    if tuned is None or tuned == here or tuned not in CPU_CLASSES:
+        return None
+    was, now = CPU_CLASSES[tuned], CPU_CLASSES[here]
+    head = f"this model was tuned for CPU class {tuned}, this machine is {here}"
+    redo = f"quantize it again with --target-cpu {here} (or on this machine)"
+    if now.int16_pair_sums and not was.int16_pair_sums:
+        return (
+            f"{head}: its weights use the full int8 range, and onnxruntime's int8 kernels here "
+            "(no int8 dot products) add pairs of products in int16 sums that such weights "
+            f"overflow, so its outputs can be far from what it computes on {tuned}; {redo} "
+            "for 7-bit weights"
+        )
+    if was.int16_pair_sums and not now.int16_pair_sums:
+        return (
+            f"{head}: it runs correctly here, but its weights are 7-bit (what {tuned} needs) "
+            f"and its int8-or-float choices follow {tuned}'s cost table; {redo} for 8-bit "
+            "weights and this class's choices"
+        )
+    return (
+        f"{head}: its int8-or-float choices follow {tuned}'s cost table, so it may run "
+        f"slower here than it could; {redo}"
+    )
