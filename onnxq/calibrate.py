@@ -164,25 +164,28 @@ def calibrate(
     graph (a GlobalMaxPool) instead of exposing it whole.
     """
     graph = ir.Graph(model)
+    defined_in = ir.scope_index(ir.scopes(graph))
+    scope = {name: defined_in.get(name, graph) for name in tensors}  # a body's, or the top
     stats = {
         name: TensorStats(
             name,
             histogram=hist,
             channels=name in channels,
             positions=name in positions,
-            nonnegative=graph.nonnegative(name),
+            nonnegative=scope[name].nonnegative(name),
         )
         for name, hist in tensors.items()
     }
     names = sorted(tensors)
     first = _first_batch(source, inputs)
     concrete = _concrete_shapes(model, graph, names, first)
-    shapes = {name: concrete.get(name) or graph.shape(name) for name in names}
+    shapes = {name: concrete.get(name) or scope[name].shape(name) for name in names}
     peaks = {
         name: plan
         for name in names
         if not tensors[name]
         and name not in positions
+        and scope[name] is graph
         and (plan := _peaks_plan(graph, name, concrete.get(name)))
     }
     sizes = {
@@ -218,6 +221,8 @@ def calibrate(
         )
     held: list[Batch] = []
     seen = samples = 0
+    runs: dict[str, int] = {}  # control-flow body -> how often it ran
+    unobservable: dict[str, str] = {}
     # statistics of batch i are taken on a worker thread while onnxruntime runs batch i+1
     # (both release the GIL); once that run is done the main thread takes the tensors of batch
     # i that the worker has not started (:class:`_BatchWork`), so no core waits idle.  At most
@@ -229,12 +234,18 @@ def calibrate(
             plans = [peaks[name] for name in group if name in peaks]
             exposed = [name for name in group if name not in peaks]
             try:
-                session = (
-                    _peaks_session(model, graph, exposed, plans, workers == 0) if group else None
+                session, probes = (
+                    _peaks_session(model, graph, exposed, plans, workers == 0)
+                    if group
+                    else (None, ir.ProbePlan())
                 )
             except UnsupportedModelError as exc:
                 raise _blamed(model, None, exc) from None
-            outputs = exposed + ([ir.PEAKS_OUTPUT] if plans else [])
+            unobservable.update(probes.declined)
+            exposed = [name for name in exposed if name not in probes.declined]
+            outputs = [name for name in exposed if name not in probes.probes]
+            outputs += [vi.name for vi in probes.outputs] + ([ir.PEAKS_OUTPUT] if plans else [])
+            group_runs: dict[str, int] = {}
             starts = np.cumsum([0] + [plan.channels for plan in plans])  # in the joined output
             order = sorted(range(len(exposed)), key=lambda k: -sizes[exposed[k]])  # big first
             label = "calibrating" if len(groups) == 1 else f"calibrating {gi + 1}/{len(groups)}"
@@ -254,7 +265,9 @@ def calibrate(
                         values = buffers.run(batch, index)
                     except UnsupportedModelError as exc:
                         raise _blamed(model, batch, exc) from None
-                    outs = dict(zip(outputs, values, strict=True))
+                    outs: dict[str, Any] = dict(zip(outputs, values, strict=True))
+                    if probes.probes:
+                        _take_probes(probes, outs, group_runs)
                     if pending is not None:
                         pending.finish()  # re-raises a NaN/Inf error of the previous batch
                     pending = _BatchWork(
@@ -265,6 +278,11 @@ def calibrate(
                 seen += 1
             if pending is not None:
                 pending.finish()
+            for key, count in group_runs.items():  # every pass sees the same batches
+                runs[key] = max(runs.get(key, 0), count)
+            for name in probes.probes:
+                if (why := probes.never_ran(name, runs)) is not None:
+                    unobservable[name] = why
             session = buffers = None  # free this group's weights (and buffers) before the
             # next session loads its own
             if seen == 0:
@@ -276,7 +294,53 @@ def calibrate(
             f"the {seen} calibration batch(es) hold no samples (their inputs are empty along "
             "the first axis); give batches with at least one sample"
         )
-    return CalibrationResult(stats, seen, held, share, budget_sampled, samples)
+    for name in unobservable:
+        del stats[name]
+    return CalibrationResult(
+        stats, seen, held, share, budget_sampled, samples, unobservable=unobservable
+    )
+
+
+def _peaks_session(
+    model: onnx.ModelProto,
+    graph: ir.Graph,
+    exposed: list[str],
+    plans: list[_PeaksPlan],
+    spinning: bool,
+) -> tuple[Any, ir.ProbePlan]:
+    """A session whose outputs are the top-level tensors of ``exposed``, the probes of its
+    tensors inside control-flow bodies (``ProbePlan.outputs``) and the joined maxima of
+    ``plans``; and the probe plan that reads the bodies' values back."""
+    with ir.with_probes(model, exposed) as probes:
+        top = [graph.value_info(n) for n in exposed if n not in probes.chains]
+        with ir.with_channel_peaks(
+            model, top + probes.outputs, [plan.tensor for plan in plans]
+        ) as aug:
+            return make_session(aug, spinning=spinning), probes
+
+
+def _take_probes(probes: ir.ProbePlan, outs: dict[str, Any], runs: dict[str, int]) -> None:
+    """Put each body tensor's values of one batch (a list: one array per run of its body)
+    into ``outs`` and add up how often each body ran."""
+    for key, count in probes.runs(outs).items():
+        runs[key] = runs.get(key, 0) + count
+    for name, probe in probes.probes.items():
+        outs[name] = _joined(probe.values(outs))
+
+
+def _joined(parts: list[np.ndarray]) -> list[np.ndarray]:
+    """Consecutive arrays of the same trailing shape joined along their first axis (a Loop's
+    iterations usually are): fewer, larger statistics updates, the same values."""
+    out: list[np.ndarray] = []
+    run: list[np.ndarray] = []
+    for part in parts:
+        if run and (part.ndim == 0 or part.shape[1:] != run[0].shape[1:]):
+            out.append(np.concatenate(run) if len(run) > 1 else run[0])
+            run = []
+        (run if part.ndim else out).append(part)
+    if run:
+        out.append(np.concatenate(run) if len(run) > 1 else run[0])
+    return out
 
 
 def batch_symbols(graph: ir.Graph) -> frozenset[str]:
@@ -533,11 +597,12 @@ def _observe_tasks(
 
     def whole(name: str) -> Callable[[], None]:
         def job() -> None:
-            value = outs[name]
-            if np.issubdtype(value.dtype, np.floating):
-                stats[name].update(
-                    value, where=where, stride=strides.get(name, 1), batch_axis=axes.get(name, 0)
-                )
+            value = outs[name]  # a control-flow body's tensor: one array per run of the body
+            for part in value if isinstance(value, list) else [value]:
+                if np.issubdtype(part.dtype, np.floating):
+                    stats[name].update(
+                        part, where=where, stride=strides.get(name, 1), batch_axis=axes.get(name, 0)
+                    )
 
         return job
 
@@ -647,20 +712,6 @@ def _peaks_plan(
         return None
     c, h, w = (int(d) for d in shape[1:])  # type: ignore[arg-type]
     return _PeaksPlan(name, c, c * h * w)
-
-
-def _peaks_session(
-    model: onnx.ModelProto,
-    graph: ir.Graph,
-    exposed: list[str],
-    plans: list[_PeaksPlan],
-    spinning: bool,
-) -> Any:
-    """A session whose outputs are ``exposed`` and then the joined maxima of ``plans``."""
-    with ir.with_channel_peaks(
-        model, [graph.value_info(n) for n in exposed], [plan.tensor for plan in plans]
-    ) as aug:
-        return make_session(aug, spinning=spinning)
 
 
 def _first_batch(source: Iterable[Batch], inputs: list[InputSpec]) -> Batch | None:

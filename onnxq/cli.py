@@ -399,9 +399,9 @@ def _check(args: argparse.Namespace) -> int:
     violations = check(model, profile)
     for v in violations:
         print(v)
-    qdq = sum(n.op_type in ir.QDQ_OPS for n in model.graph.node)
+    qdq = sum(n.op_type in ir.QDQ_OPS for n in ir.every_node(model.graph))  # bodies too
     print(f"{args.model}: {len(violations)} {profile.name} violation(s), {qdq} Q/DQ nodes")
-    integer = Counter(n.op_type for n in model.graph.node if ir.is_integer_op(n.op_type))
+    integer = Counter(n.op_type for n in ir.every_node(model.graph) if ir.is_integer_op(n.op_type))
     if qdq == 0 and integer:
         found = ", ".join(f"{op} x{k}" for op, k in sorted(integer.items()))
         print(

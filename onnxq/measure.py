@@ -52,12 +52,12 @@ class Calibration:
         missing = {
             t: self._all_histograms or hist
             for t, hist in wanted.items()
-            if result is None or t not in result.stats
+            if result is None or (t not in result.stats and t not in result.unobservable)
         }
         if result is not None and missing and not self._reiterable:
             why = "was not observed (the calibration source can be read only once)"
             unobservable = {t: f"tensor {t!r} {why}" for t in missing}
-            return _with(result, unobservable=unobservable)
+            return _with(result, unobservable={**result.unobservable, **unobservable})
         if result is None or missing:
             fresh = self._observe(missing, hold=result is None)
             result = fresh if result is None else _merged(result, fresh)
@@ -117,6 +117,7 @@ def _merged(first: CalibrationResult, extra: CalibrationResult) -> CalibrationRe
         first.sample_share,
         first.budget_sampled + extra.budget_sampled,
         first.samples,
+        {**first.unobservable, **extra.unobservable},
     )
 
 

@@ -261,17 +261,32 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
 )
 
 
+def _run_everywhere(p: Pass, graph: ir.Graph) -> bool:
+    """Run ``p`` on ``graph`` and then on the bodies inside it, each committed after a change
+    (and indexed afresh after its enclosing graph's commit); True if anything changed."""
+    changed = p(graph)
+    if changed:
+        graph.commit()
+    inner = False
+    for body in ir.child_graphs(graph):
+        inner |= _run_everywhere(p, body)
+    if inner:
+        graph.reindex()  # what its bodies read from it may have changed
+    return changed or inner
+
+
 def simplify(
     model: onnx.ModelProto, passes: tuple[Pass, ...] = DEFAULT_PASSES, max_rounds: int = 8
 ) -> tuple[onnx.ModelProto, list[str]]:
-    """Run ``passes`` to a fixed point; returns the model and the names of passes that fired."""
+    """Run ``passes`` to a fixed point, in the top-level graph and in every If/Loop/Scan
+    body; returns the model and the names of passes that fired."""
     graph = ir.Graph(model)
     fired: list[str] = []
     for _ in range(max_rounds):
         changed = False
         for p in passes:
             try:
-                modified = p(graph)
+                modified = _run_everywhere(p, graph)
             except OnnxqError:
                 raise
             except Exception as exc:  # onnxq's own pass crashed: its bug, whatever the model
@@ -281,7 +296,6 @@ def simplify(
                     "until it is fixed"
                 ) from exc
             if modified:
-                graph.commit()
                 fired.append(p.__name__)
                 changed = True
         if not changed:
