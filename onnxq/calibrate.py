@@ -53,8 +53,12 @@ class CalibrationResult:
     # samples in the data: each batch's first input of rank >= 2 along its first axis (a batch
     # without one: 1 sample); from a cache: the samples its statistics saw
     samples: int = 0
-    # tensors asked for but not observed -> why (the data could be read only once)
+    # tensors asked for but not observed -> why (the data could be read only once, a
+    # control-flow body that never ran)
     unobservable: dict[str, str] = field(default_factory=dict)
+    # control-flow body (``Body.key``) -> how often it ran over the batches (an If branch
+    # taken, a Loop's or Scan's iterations); bodies whose runs could not be counted are absent
+    body_runs: dict[str, int] = field(default_factory=dict)
 
 
 def make_session(
@@ -266,7 +270,7 @@ def calibrate(
                     except UnsupportedModelError as exc:
                         raise _blamed(model, batch, exc) from None
                     outs: dict[str, Any] = dict(zip(outputs, values, strict=True))
-                    if probes.probes:
+                    if probes.markers:
                         _take_probes(probes, outs, group_runs)
                     if pending is not None:
                         pending.finish()  # re-raises a NaN/Inf error of the previous batch
@@ -296,9 +300,7 @@ def calibrate(
         )
     for name in unobservable:
         del stats[name]
-    return CalibrationResult(
-        stats, seen, held, share, budget_sampled, samples, unobservable=unobservable
-    )
+    return CalibrationResult(stats, seen, held, share, budget_sampled, samples, unobservable, runs)
 
 
 def _peaks_session(
@@ -794,11 +796,17 @@ CACHE_VERSION = 1
 
 
 def calibration_cache(
-    stats: dict[str, TensorStats], graph: ir.Graph, backend: str | None = None
+    stats: dict[str, TensorStats],
+    graph: ir.Graph,
+    backend: str | None = None,
+    body_runs: dict[str, int] | None = None,
+    unobservable: dict[str, str] | None = None,
 ) -> bytes:
     """Observed statistics as the JSON text of a calibration cache, with each tensor's inferred
     shape (``graph`` before Q/DQ are placed) and the ``backend`` whose placement chose the
-    tensors (each backend observes different ones)."""
+    tensors (each backend observes different ones); for a model with control flow, how often
+    each body ran (``bodies``) and the tensors that have no statistics, with why
+    (``unobserved``)."""
     import json
 
     doc: dict[str, object] = {
@@ -806,11 +814,25 @@ def calibration_cache(
         "version": CACHE_VERSION,
         **({"backend": backend} if backend else {}),
         "tensors": {
-            name: {"shape": _shape_json(graph, name), "stats": stats[name].to_json()}
-            for name in sorted(stats)
+            name: {"shape": shape, "stats": stats[name].to_json()}
+            for name, shape in _shapes_json(graph, sorted(stats)).items()
         },
+        **({"bodies": dict(sorted(body_runs.items()))} if body_runs else {}),
+        **({"unobserved": dict(sorted(unobservable.items()))} if unobservable else {}),
     }
     return (json.dumps(doc, indent=1) + "\n").encode("utf-8")
+
+
+def cached_control_flow(path: str | os.PathLike[str]) -> tuple[dict[str, int], dict[str, str]]:
+    """How often each control-flow body ran, and the tensors without statistics (-> why), as
+    a cache of :func:`calibration_cache` recorded them (empty for a model without bodies)."""
+    doc = _read_cache(Path(path))
+    bodies, unobserved = doc.get("bodies", {}), doc.get("unobserved", {})
+    if not isinstance(bodies, dict) or not isinstance(unobserved, dict):
+        raise CalibrationDataError(f"{path}: malformed 'bodies' or 'unobserved' entries")
+    return {str(k): int(v) for k, v in bodies.items()}, {
+        str(k): str(v) for k, v in unobserved.items()
+    }
 
 
 def load_calibration(
@@ -819,24 +841,13 @@ def load_calibration(
     wanted: dict[str, bool],
     backend: str | None = None,
 ) -> dict[str, TensorStats]:
-    """Statistics for ``wanted`` tensors from a cache of :func:`calibration_cache`."""
-    import json
-
+    """Statistics for ``wanted`` tensors from a cache of :func:`calibration_cache` (those it
+    records as unobserved are left out: :func:`cached_control_flow` says why)."""
     p = Path(path)
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CalibrationDataError(f"cannot read calibration cache {p}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise CalibrationDataError(f"{p}: not a JSON calibration cache: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT:
-        raise CalibrationDataError(f"{p}: not an onnxq calibration cache (format field)")
-    if doc.get("version") != CACHE_VERSION:
-        raise CalibrationDataError(
-            f"{p}: calibration cache version {doc.get('version')!r}, this onnxq reads "
-            f"{CACHE_VERSION}; calibrate again with --save-calibration"
-        )
+    doc = _read_cache(p)
     tensors = doc.get("tensors", {})
+    unobserved = doc.get("unobserved", {})
+    wanted = {t: hist for t, hist in wanted.items() if t not in unobserved}
     missing = sorted(t for t in wanted if t not in tensors)
     if missing:
         made = doc.get("backend")
@@ -852,12 +863,13 @@ def load_calibration(
             f"{', '.join(missing[:5])}; the cache belongs to another model or other settings: "
             "calibrate again with data"
         )
-    changed = [t for t in wanted if tensors[t].get("shape") != _shape_json(graph, t)]
+    shapes = _shapes_json(graph, wanted)
+    changed = [t for t in wanted if tensors[t].get("shape") != shapes[t]]
     if changed:
         t = changed[0]
         raise CalibrationDataError(
             f"{p}: tensor {t!r} had shape {tensors[t].get('shape')} when calibrated, the model "
-            f"now gives {_shape_json(graph, t)} ({len(changed)} tensor(s) changed); calibrate "
+            f"now gives {shapes[t]} ({len(changed)} tensor(s) changed); calibrate "
             "again with data"
         )
     out = {}
@@ -877,6 +889,31 @@ def load_calibration(
     return out
 
 
-def _shape_json(graph: ir.Graph, name: str) -> list[int | str | None] | None:
-    shape = graph.shape(name)
-    return None if shape is None else [d if isinstance(d, int) else None for d in shape]
+def _read_cache(p: Path) -> dict[str, Any]:
+    """The JSON document of a calibration cache, checked for its format and version."""
+    import json
+
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CalibrationDataError(f"cannot read calibration cache {p}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CalibrationDataError(f"{p}: not a JSON calibration cache: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT:
+        raise CalibrationDataError(f"{p}: not an onnxq calibration cache (format field)")
+    if doc.get("version") != CACHE_VERSION:
+        raise CalibrationDataError(
+            f"{p}: calibration cache version {doc.get('version')!r}, this onnxq reads "
+            f"{CACHE_VERSION}; calibrate again with --save-calibration"
+        )
+    return doc
+
+
+def _shapes_json(graph: ir.Graph, names: Iterable[str]) -> dict[str, list[int | None] | None]:
+    """Each tensor's inferred shape as the cache records it (a body's tensor: from its body)."""
+    defined_in = ir.scope_index(ir.scopes(graph))
+    out: dict[str, list[int | None] | None] = {}
+    for name in names:
+        shape = defined_in.get(name, graph).shape(name)
+        out[name] = None if shape is None else [d if isinstance(d, int) else None for d in shape]
+    return out

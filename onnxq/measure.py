@@ -15,7 +15,12 @@ from typing import Any
 import onnx
 
 from onnxq import ir
-from onnxq.calibrate import CalibrationResult, calibrate, load_calibration
+from onnxq.calibrate import (
+    CalibrationResult,
+    cached_control_flow,
+    calibrate,
+    load_calibration,
+)
 from onnxq.inputs import Batch, InputSpec
 from onnxq.options import CalibrationOptions
 from onnxq.place.facts import GraphFacts
@@ -93,9 +98,17 @@ class CachedStatistics:
 
     def __call__(self, wanted: Mapping[str, bool]) -> CalibrationResult:
         stats = load_calibration(self._path, self._graph, dict(wanted), self._backend)
+        runs, unobserved = cached_control_flow(self._path)
         samples = max((s.samples for s in stats.values()), default=0)
         # no batch was calibrated here: the statistics come from the cache
-        return CalibrationResult(stats, 0, self._held, samples=samples)
+        return CalibrationResult(
+            stats,
+            0,
+            self._held,
+            samples=samples,
+            unobservable={t: why for t, why in unobserved.items() if t in wanted},
+            body_runs=runs,
+        )
 
 
 def held_batches(
@@ -118,6 +131,7 @@ def _merged(first: CalibrationResult, extra: CalibrationResult) -> CalibrationRe
         first.budget_sampled + extra.budget_sampled,
         first.samples,
         {**first.unobservable, **extra.unobservable},
+        {**extra.body_runs, **first.body_runs},
     )
 
 
@@ -130,4 +144,5 @@ def _with(result: CalibrationResult, unobservable: dict[str, str]) -> Calibratio
         result.budget_sampled,
         result.samples,
         unobservable,
+        result.body_runs,
     )

@@ -166,13 +166,18 @@ def scan_matmul(width: int = 32, steps: int = 6, seed: int = 0) -> onnx.ModelPro
 
 
 def if_in_scan(width: int = 32, steps: int = 4, seed: int = 0) -> onnx.ModelProto:
-    """A Scan whose body holds an If (its branch's MatMul input can be empty on some steps:
-    a Scan output cannot stack it)."""
+    """A Scan whose body holds an If: the then branch's MatMul reads the scan slice ``x_t``
+    (a Scan body value, stacked per step) and ``u = Relu(x_t)``, a value of the branch itself,
+    which is missing on the steps the branch is not taken (a Scan output cannot stack it)."""
     r = rng(seed)
     then_graph = helper.make_graph(
         [
             _const("inner.w", weight(r, width, width, scale=0.3)),
-            helper.make_node("MatMul", ["x_t", "inner.w"], ["then_y"], name="inner_matmul"),
+            helper.make_node("MatMul", ["x_t", "inner.w"], ["then_a"], name="inner_matmul"),
+            helper.make_node("Relu", ["x_t"], ["u"], name="inner_relu"),
+            _const("inner.v", weight(r, width, width, scale=0.3)),
+            helper.make_node("MatMul", ["u", "inner.v"], ["then_b"], name="branch_matmul"),
+            helper.make_node("Add", ["then_a", "then_b"], ["then_y"], name="inner_add"),
         ],
         "then",
         [],

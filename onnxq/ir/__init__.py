@@ -47,7 +47,7 @@ from onnxq.ir.load import (
     upgrade_opset,
 )
 from onnxq.ir.order import attr_graphs, node_reads
-from onnxq.ir.probes import Probe, ProbePlan, with_probes
+from onnxq.ir.probes import Probe, ProbePlan, never_ran, with_probes
 from onnxq.ir.save import (
     atomic_write_bytes,
     inline_nbytes,
@@ -93,6 +93,7 @@ __all__ = [
     "lower_ir_version",
     "model_nbytes",
     "name_nodes",
+    "never_ran",
     "node_attrs",
     "node_reads",
     "opens_body",

@@ -12,9 +12,9 @@ Each observed value is threaded out through every enclosing control-flow node:
 * ``Scan``: a scan output stacks it per iteration, which needs the same shape on every
   iteration: a value under an If or a Loop inside the Scan body is declined, with the reason.
 
-Every body on the way also outputs a marker, a constant ``[1.0]``, threaded out the same way:
-how many values it leaves says how often the body ran (0: an If branch never taken, a Loop
-that never iterated).  The model is edited in place (copying it would copy every weight) and
+Every body also outputs a marker, a constant ``[1.0]``, threaded out the same way: how many
+values it leaves says how often the body ran (0: an If branch never taken, a Loop that never
+iterated).  The model is edited in place (copying it would copy every weight) and
 restored when the block ends, even on error.
 """
 
@@ -24,6 +24,7 @@ import contextlib
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -75,9 +76,9 @@ def _split(values: np.ndarray, shapes: np.ndarray) -> list[np.ndarray]:
 
 @dataclass
 class ProbePlan:
-    """What :func:`with_probes` threaded out: a probe per observed value and per body on the
-    way (its run marker), the bodies around each value, the values it could not thread out
-    (value -> why), and the top-level outputs it added."""
+    """What :func:`with_probes` threaded out: a probe per observed value and per body (its run
+    marker; a body under an If or Loop inside a Scan has none), the bodies around each value,
+    the values it could not thread out (value -> why), and the top-level outputs it added."""
 
     probes: dict[str, Probe] = field(default_factory=dict)
     markers: dict[str, Probe] = field(default_factory=dict)  # body key -> its run marker
@@ -92,18 +93,25 @@ class ProbePlan:
     def never_ran(self, tensor: str, runs: Mapping[str, int]) -> str | None:
         """Why ``tensor`` has no value on the calibration data, given each body's total
         ``runs``: the outermost body around it that never ran; None if all ran."""
-        for body in self.chains.get(tensor, ()):
-            if runs.get(body.key, 0) == 0:
-                if body.owner.op_type == "If":
-                    return f"branch never taken on the calibration data ({body.label})"
-                return f"body never run on the calibration data ({body.label}: no iteration)"
-        return None
+        return never_ran(self.chains.get(tensor, ()), runs)
+
+
+def never_ran(chain: Sequence[Body], runs: Mapping[str, int]) -> str | None:
+    """Why the innermost body of ``chain`` (outermost first) never ran on the calibration data:
+    the outermost of them whose ``runs`` are 0 (a body missing from ``runs`` was not counted
+    and is taken to have run); None if all ran."""
+    for body in chain:
+        if runs.get(body.key, 1) == 0:
+            if body.owner.op_type == "If":
+                return f"branch never taken on the calibration data ({body.label})"
+            return f"body never run on the calibration data ({body.label}: no iteration)"
+    return None
 
 
 @contextlib.contextmanager
 def with_probes(model: onnx.ModelProto, tensors: Sequence[str]) -> Iterator[ProbePlan]:
-    """``model`` with every value of ``tensors`` that a control-flow body defines (and a run
-    marker of every body around one) threaded out to the top-level graph; ``ProbePlan.outputs``
+    """``model`` with every value of ``tensors`` that a control-flow body defines, and a run
+    marker of every body, threaded out to the top-level graph; ``ProbePlan.outputs``
     are the top-level outputs that carry them, for the caller to expose.  Values the top-level
     graph defines are left to the caller.  Everything is undone when the block ends."""
     edits = _Edits(model)
@@ -143,18 +151,21 @@ class _Threader:
         self.failed: dict[str, str] = {}  # body key -> why its marker could not get out
 
     def thread(self, tensors: Sequence[str]) -> None:
+        for body in self.bodies:  # outer bodies first
+            with contextlib.suppress(_Declined):
+                self._mark(body)
         for tensor in sorted(set(tensors)):
-            body = self.owner_of.get(tensor)
-            if body is None:
+            owner = self.owner_of.get(tensor)
+            if owner is None:
                 continue  # top-level (or unknown): the caller exposes it
-            chain = tuple(body.chain())
+            chain = tuple(owner.chain())
             self.plan.chains[tensor] = chain
             try:
                 for inner in chain:  # outermost first: a marker's way out is open for the rest
                     self._mark(inner)
-                self.plan.probes[tensor] = self._out(body, tensor)
+                self.plan.probes[tensor] = self._out(owner, tensor)
             except _Declined as why:
-                self.plan.declined[tensor] = str(why)
+                self.plan.declined[tensor] = f"tensor {tensor!r} cannot be calibrated: {why}"
 
     def _mark(self, body: Body) -> None:
         """Thread out ``body``'s run marker, once."""
@@ -215,7 +226,7 @@ class _Threader:
                     helper.make_node("Concat", [rank, dims], [entry], axis=0),
                 ]
             )
-            parts = (flat, entry)
+            parts: tuple[str, ...] = (flat, entry)
         else:
             parts = rep.names
         carried = len(g.input) - 2  # Loop body inputs: iteration, condition, carried values
@@ -236,15 +247,16 @@ class _Threader:
         node = self.edits.node(body.owner)
         node.input.extend(self._empty(e) for e in elems)
         fresh = [self._fresh("loop") for _ in parts]
-        _insert_names(node.output, carried, fresh)
+        _insert(node.output, carried, fresh)
         return _Rep(tuple(fresh), rep.elem, rep.lead)
 
     def _through_scan(self, body: Body, rep: _Rep) -> _Rep:
         """Stack ``rep`` per iteration in a new scan output."""
         if len(rep.names) != 1 or rep.maybe_empty:
             raise _Declined(
-                f"inside {body.label} it lies under an If or a Loop whose values can change "
-                "shape from one iteration to the next, which a Scan output cannot stack"
+                f"inside the {body.label} it lies under an If or a Loop, whose values can "
+                "change shape (or be missing) from one step to the next, which a Scan output "
+                "cannot stack"
             )
         (out,) = [self._identity(body.graph, rep.names[0])]
         self._add_outputs(body.graph, [out], rep)
@@ -317,17 +329,11 @@ def _elem_types(graph: onnx.GraphProto) -> dict[str, int]:
     return out
 
 
-def _insert(field_: object, at: int, items: list[onnx.ValueInfoProto]) -> None:
-    """Insert ValueInfos into a repeated field at position ``at``."""
-    kept = list(field_)  # type: ignore[call-overload]
-    del field_[:]  # type: ignore[index]
-    field_.extend([*kept[:at], *items, *kept[at:]])  # type: ignore[attr-defined]
-
-
-def _insert_names(field_: object, at: int, names: list[str]) -> None:
-    kept = list(field_)  # type: ignore[call-overload]
-    del field_[:]  # type: ignore[index]
-    field_.extend([*kept[:at], *names, *kept[at:]])  # type: ignore[attr-defined]
+def _insert(field_: Any, at: int, items: list[Any]) -> None:
+    """Insert ``items`` (ValueInfos or names) into a repeated field at position ``at``."""
+    kept = list(field_)
+    del field_[:]
+    field_.extend([*kept[:at], *items, *kept[at:]])
 
 
 class _Edits:
@@ -367,14 +373,15 @@ class _Edits:
         for a, ints in self._attrs.values():
             del a.ints[:]
             a.ints.extend(ints)
-        for n, inputs, outputs in self._nodes.values():
+        for n, names_in, names_out in self._nodes.values():
             del n.input[:]
-            n.input.extend(inputs)
+            n.input.extend(names_in)
             del n.output[:]
-            n.output.extend(outputs)
-        for g, nodes, inits, inputs, outputs in self._graphs.values():
+            n.output.extend(names_out)
+        for g, nodes, inits, infos_in, infos_out in self._graphs.values():
             del g.node[nodes:]
             del g.initializer[inits:]
-            for field_, saved in ((g.input, inputs), (g.output, outputs)):
-                del field_[:]
-                field_.extend(onnx.ValueInfoProto.FromString(b) for b in saved)
+            del g.input[:]
+            g.input.extend(onnx.ValueInfoProto.FromString(b) for b in infos_in)
+            del g.output[:]
+            g.output.extend(onnx.ValueInfoProto.FromString(b) for b in infos_out)

@@ -67,7 +67,7 @@ class GraphFacts:
     grouped_convs: Mapping[str, str]
     position_norm_convs: Mapping[str, str]
     reader_bounds: Mapping[tuple[str, int], Bounds]
-    bodies: tuple[ir.Graph, ...] = ()
+    bodies: tuple[ir.BodyGraph, ...] = ()
 
     @classmethod
     def of(cls, graph: ir.Graph, profile: BackendProfile) -> GraphFacts:
@@ -80,7 +80,7 @@ class GraphFacts:
             path |= shape_path(scope, profile, frozenset(path))
         # an If branch's outputs are the If's: its heads are the model's when the If's are;
         # a Loop's or Scan's outputs are state carried to the next step, not read at extremes
-        branches = [s for s in scopes if getattr(s, "body", None) is None or _branch(s)]
+        branches = [s for s in scopes if not isinstance(s, ir.BodyGraph) or _branch(s)]
         return cls(
             graph=graph,
             nodes=_merged(scopes, lambda s: {n.name: n for n in s.nodes}),
@@ -91,7 +91,7 @@ class GraphFacts:
             grouped_convs=_merged(scopes, grouped_conv_inputs),
             position_norm_convs=_merged(scopes, position_norm_convs),
             reader_bounds=_merged(scopes, _reader_bounds),
-            bodies=tuple(scopes[1:]),
+            bodies=tuple(s for s in scopes if isinstance(s, ir.BodyGraph)),
         )
 
     def within(self, scope: ir.Graph) -> GraphFacts:
@@ -123,10 +123,9 @@ class GraphFacts:
         return low, high
 
 
-def _branch(scope: ir.Graph) -> bool:
+def _branch(scope: ir.BodyGraph) -> bool:
     """Whether ``scope`` is an If branch inside If branches only (no Loop or Scan around)."""
-    body = getattr(scope, "body", None)
-    return body is not None and all(b.owner.op_type == "If" for b in body.chain())
+    return all(b.owner.op_type == "If" for b in scope.body.chain())
 
 
 def _merged(scopes: list[ir.Graph], facts: Callable[[ir.Graph], Mapping[K, V]]) -> Mapping[K, V]:
