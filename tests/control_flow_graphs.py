@@ -298,3 +298,68 @@ __all__ = [
     "nested_if",
     "scan_matmul",
 ]
+
+
+def nested_read_through_maxpool(seed: int = 0) -> onnx.ModelProto:
+    """Inside the then branch of an If: Conv -> MaxPool whose output only a nested If reads
+    (the body-level twin of the top-level case onnxruntime's Q/DQ optimizer aborted on)."""
+    r = rng(seed)
+    shape = [1, 16, 8, 8]
+    inner_then = helper.make_graph(
+        [helper.make_node("Relu", ["pooled"], ["inner_t"], name="inner_relu")],
+        "inner_then",
+        [],
+        [tensor("inner_t", shape)],
+    )
+    inner_else = helper.make_graph(
+        [helper.make_node("Sigmoid", ["pooled"], ["inner_e"], name="inner_sigmoid")],
+        "inner_else",
+        [],
+        [tensor("inner_e", shape)],
+    )
+    then_graph = helper.make_graph(
+        [
+            _const("branch.w", weight(r, 16, 16, 3, 3)),
+            _conv("branch", "x", "branch.w", "branch_conv_out"),
+            helper.make_node(
+                "MaxPool",
+                ["branch_conv_out"],
+                ["pooled"],
+                name="branch_pool",
+                kernel_shape=[3, 3],
+                pads=[1, 1, 1, 1],
+            ),
+            helper.make_node(
+                "If",
+                ["inner"],
+                ["branch_y"],
+                name="inner_if",
+                then_branch=inner_then,
+                else_branch=inner_else,
+            ),
+        ],
+        "outer_then",
+        [],
+        [tensor("branch_y", shape)],
+    )
+    else_graph = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["outer_e"], name="outer_neg")],
+        "outer_else",
+        [],
+        [tensor("outer_e", shape)],
+    )
+    return model(
+        [
+            helper.make_node(
+                "If",
+                ["outer"],
+                ["y"],
+                name="outer_if",
+                then_branch=then_graph,
+                else_branch=else_graph,
+            )
+        ],
+        [tensor("x", shape), tensor("outer", [], BOOL), tensor("inner", [], BOOL)],
+        [tensor("y", shape)],
+        name="nested_read_through_maxpool",
+    )

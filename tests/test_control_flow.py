@@ -4,6 +4,7 @@ model in onnxruntime."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -218,3 +219,45 @@ def test_explain_lists_the_ops_inside_bodies(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "then_conv" in out and "else_conv" in out and "is control flow" in out
     assert "2 of 5 ops quantized" in out
+
+
+CHILD = """
+import json, sys
+import onnxq
+from onnxq.backends.profile import PROFILES
+from tests.profiles import ONNXRUNTIME_NO_COST
+PROFILES["onnxruntime"] = ONNXRUNTIME_NO_COST
+model, calib, out, backend = sys.argv[1:]
+result = onnxq.quantize(model, calib, backend=backend, progress=False)
+result.save(out)
+print(json.dumps({d.node: d.reason for d in result.report.float_ops}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "onnxruntime"])
+def test_no_dequantize_reaches_a_tensor_a_nested_body_reads(backend, tmp_path):
+    """Inside a branch, a Conv -> MaxPool whose output a nested If reads: the rules keep any
+    DQ away from it as at the top level (onnxruntime's Q/DQ optimizer aborted the process on
+    such a DQ), and the output loads with optimizations on.  Quantized in a child process (an
+    abort would kill this one), the onnxruntime profile without its cost rules."""
+    model = cf.nested_read_through_maxpool()
+    path, calib, out = tmp_path / "m.onnx", tmp_path / "calib", tmp_path / "q.onnx"
+    onnx.save(model, str(path))
+    calib.mkdir()
+    for i, batch in enumerate(cf.batches(model, 4, outer=True, inner=lambda k: k % 2 == 0)):
+        np.savez(calib / f"{i:04d}.npz", **batch)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path), str(calib), str(out), backend],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    loads_with_optimizations(onnx.load(str(out)), tmp_path)
+    reasons = json.loads(done.stdout)
+    if backend == "tensorrt":  # input Q/DQ only: nothing next to the pooled tensor
+        assert qdq_per_graph(onnx.load(str(out)))["outer_if/then_branch"] == 3
+    else:  # its output Q/DQ would put a DQ before the MaxPool: the conv stays float
+        assert "control-flow subgraph" in reasons["branch_conv"]

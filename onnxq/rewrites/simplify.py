@@ -153,7 +153,11 @@ def fold_batchnorm(graph: ir.Graph) -> bool:
         producer = graph.producer.get(bn.input[0])
         if producer is None or producer.op_type not in ("Conv", "ConvTranspose", "Gemm"):
             continue
-        if len(graph.consumers.get(bn.input[0], [])) != 1 or bn.input[0] in graph.graph_outputs:
+        if (
+            len(graph.consumers.get(bn.input[0], [])) != 1
+            or bn.input[0] in graph.graph_outputs
+            or bn.input[0] in graph.subgraph_reads  # the folded op takes over the BN's name
+        ):
             continue
         params = [graph.const_value(t) for t in bn.input[1:5]]
         weight = graph.const_value(producer.input[1])
