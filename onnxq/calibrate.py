@@ -8,6 +8,9 @@ A tensor that needs no histogram, that the graph keeps >= 0 and whose shape is a
 its per-channel maxima without converting it out of onnxruntime's blocked layout.
 When exposing every tensor at once would pass ``memory_budget`` bytes for one batch, the tensors
 are observed in groups, one pass over the data per group (the data must then be re-iterable).
+A tensor inside an If/Loop/Scan body is threaded out to the top level (``onnxq.ir.probes``):
+its statistics cover every run of its body, and a body that never ran on the data leaves its
+tensors unobservable, with the reason.
 """
 
 from __future__ import annotations

@@ -32,8 +32,9 @@ class Calibration:
     The first call observes every wanted tensor and holds the first batches for the fidelity
     check; a later call observes only the tensors not observed yet, in one more pass when the
     data can be read again.  When it cannot (a generator), those tensors are
-    ``unobservable``: they stay float.  ``all_histograms``: every tensor gets a histogram (a
-    calibration cache then serves any method).
+    ``unobservable``: they stay float; so are the tensors of a control-flow body that never ran
+    on the data (``body_runs`` says how often each body ran).  ``all_histograms``: every
+    tensor gets a histogram (a calibration cache then serves any method).
     """
 
     def __init__(

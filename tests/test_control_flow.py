@@ -261,3 +261,15 @@ def test_no_dequantize_reaches_a_tensor_a_nested_body_reads(backend, tmp_path):
         assert qdq_per_graph(onnx.load(str(out)))["outer_if/then_branch"] == 3
     else:  # its output Q/DQ would put a DQ before the MaxPool: the conv stays float
         assert "control-flow subgraph" in reasons["branch_conv"]
+
+
+def test_the_same_inputs_give_the_same_bytes_and_check_counts_the_bodies(tmp_path, capsys):
+    model = cf.if_in_loop()
+    batches = cf.batches(model, 3, steps=6)
+    first = onnxq.quantize(model, batches, progress=False)
+    second = onnxq.quantize(model, batches, progress=False)
+    assert ir.serialize(first.model) == ir.serialize(second.model)
+    path = tmp_path / "q.onnx"
+    first.save(path)
+    assert cli.main(["check", str(path), "--backend", "tensorrt"]) == 0
+    assert "0 tensorrt violation(s), 3 Q/DQ nodes" in capsys.readouterr().out

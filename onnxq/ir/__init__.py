@@ -47,7 +47,8 @@ from onnxq.ir.load import (
     upgrade_opset,
 )
 from onnxq.ir.order import attr_graphs, node_reads
-from onnxq.ir.probes import Probe, ProbePlan, never_ran, with_probes
+from onnxq.ir.probe_plan import Probe, ProbePlan, never_ran
+from onnxq.ir.probes import with_probes
 from onnxq.ir.save import (
     atomic_write_bytes,
     inline_nbytes,

@@ -21,11 +21,14 @@ def probed(model: onnx.ModelProto, tensors: list[str], batch: dict):
     return plan, dict(zip(names, session.run(names, batch), strict=True))
 
 
-def matmul_weight(model: onnx.ModelProto, body_attr: str = "body") -> np.ndarray:
-    node = model.graph.node[0]
-    body = next(a.g for a in node.attribute if a.name == body_attr)
-    const = next(n for n in body.node if n.op_type == "Constant")
-    return onnx.numpy_helper.to_array(const.attribute[0].t)
+def weight(model: onnx.ModelProto, name: str) -> np.ndarray:
+    """The constant ``name``: an initializer of any graph, or a Constant node's value."""
+    for graph in [model.graph, *(b.graph for b in ir.all_bodies(model.graph))]:
+        for t in graph.initializer:
+            if t.name == name:
+                return onnx.numpy_helper.to_array(t)
+    node = next(n for n in ir.every_node(model.graph) if n.output[:1] == [name])
+    return onnx.numpy_helper.to_array(node.attribute[0].t)
 
 
 def test_the_model_is_restored_byte_for_byte():
@@ -76,14 +79,10 @@ def test_a_loop_gives_every_iteration():
     assert len(h) == 5
     for got, expected in zip(h, want, strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-6)
-    w = graphs_initializer(model, "loop.w")
+    w = weight(model, "loop.w")
     for got, x in zip(plan.probes["step_y"].values(outs), want, strict=True):
         np.testing.assert_allclose(got, x @ w, rtol=1e-5, atol=1e-6)
     assert plan.runs(outs) == {"loop/body": 5}
-
-
-def graphs_initializer(model: onnx.ModelProto, name: str) -> np.ndarray:
-    return next(onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name == name)
 
 
 def test_a_loop_that_never_iterates_says_so():
@@ -100,7 +99,7 @@ def test_an_if_inside_a_loop_gives_the_iterations_it_ran():
     batch = cf.batches(model, 1, steps=6)[0]
     plan, outs = probed(model, ["h", "odd_y"], batch)
     odd = plan.probes["odd_y"].values(outs)
-    w = matmul_weight_in(model, "odd.w")
+    w = weight(model, "odd.w")
     assert len(odd) == 3  # iterations 1, 3, 5
     for got, i in zip(odd, (1, 3, 5), strict=True):
         np.testing.assert_allclose(got, (batch["h0"] + i) @ w, rtol=1e-5, atol=1e-6)
@@ -109,13 +108,6 @@ def test_an_if_inside_a_loop_gives_the_iterations_it_ran():
         "step_if/else_branch": 3,
         "step_if/then_branch": 3,
     }
-
-
-def matmul_weight_in(model: onnx.ModelProto, name: str) -> np.ndarray:
-    node = next(
-        n for n in ir.every_node(model.graph) if n.op_type == "Constant" and n.output[0] == name
-    )
-    return onnx.numpy_helper.to_array(node.attribute[0].t)
 
 
 def test_loop_values_whose_shape_changes_every_iteration():
@@ -149,7 +141,7 @@ def test_a_scan_stacks_its_steps():
     batch = cf.batches(model, 1)[0]
     plan, outs = probed(model, ["z"], batch)
     (z,) = plan.probes["z"].values(outs)  # the 6 steps, folded into the first axis
-    w = matmul_weight(model)
+    w = weight(model, "scan.w")
     s, want = batch["s0"], []
     for t in range(6):
         want.append(s + batch["xs"][t])
