@@ -363,3 +363,39 @@ def nested_read_through_maxpool(seed: int = 0) -> onnx.ModelProto:
         [tensor("y", shape)],
         name="nested_read_through_maxpool",
     )
+
+
+def twin_branch_convs(seed: int = 0) -> onnx.ModelProto:
+    """Both branches of an If name their weight ``w``, their conv ``conv`` and its output
+    ``conv_out`` (as a function exported twice does), with different weights."""
+    r = rng(seed)
+    shape = [1, 16, 8, 8]
+
+    def branch() -> onnx.GraphProto:
+        return helper.make_graph(
+            [
+                helper.make_node(
+                    "Constant",
+                    [],
+                    ["w"],
+                    name="const",
+                    value=numpy_helper.from_array(weight(r, 16, 16, 3, 3)),
+                ),
+                helper.make_node("Conv", ["x", "w"], ["conv_out"], name="conv", pads=[1] * 4),
+                helper.make_node("Relu", ["conv_out"], ["out"], name="relu"),
+            ],
+            "branch",
+            [],
+            [tensor("out", shape)],
+        )
+
+    return model(
+        [
+            helper.make_node(
+                "If", ["c"], ["y"], name="if", then_branch=branch(), else_branch=branch()
+            )
+        ],
+        [tensor("x", shape), tensor("c", [], BOOL)],
+        [tensor("y", shape)],
+        name="twin_branch_convs",
+    )

@@ -273,3 +273,16 @@ def test_the_same_inputs_give_the_same_bytes_and_check_counts_the_bodies(tmp_pat
     first.save(path)
     assert cli.main(["check", str(path), "--backend", "tensorrt"]) == 0
     assert "0 tensorrt violation(s), 3 Q/DQ nodes" in capsys.readouterr().out
+
+
+def test_branches_that_reuse_names_get_their_own_qparams():
+    model = cf.twin_branch_convs()
+    batches = cf.batches(model, 4, c=lambda k: k % 2 == 0)
+    result = onnxq.quantize(model, batches, progress=False)
+    valid(result, "tensorrt")
+    # the second branch's names were made unique: two convs, two weights, one shared input
+    assert len(result.report.quantized_ops) == 2
+    weights = [p for p in result.report.placed if p.kind == "weight"]
+    assert len({p.tensor for p in weights}) == 2
+    assert not np.array_equal(weights[0].qparams.scale, weights[1].qparams.scale)
+    assert agreement(model, result, batches, "tensorrt") > 0.999
