@@ -188,7 +188,13 @@ def quantize(
         annotations, statistics = placement.annotations, placement.statistics
         cache = None  # written last: a run that fails or is interrupted leaves no file
         if save_calibration is not None and load_calibration is None:
-            cache = calibration_cache(statistics.stats, graph, profile.name)
+            cache = calibration_cache(
+                statistics.stats,
+                graph,
+                profile.name,
+                statistics.body_runs,
+                statistics.unobservable,
+            )
         ranges = activation_ranges(annotations, statistics.stats, profile, cfg.percentile)
         bias = None
         if cfg.bias_correction and data is not None:

@@ -8,6 +8,9 @@ A tensor that needs no histogram, that the graph keeps >= 0 and whose shape is a
 its per-channel maxima without converting it out of onnxruntime's blocked layout.
 When exposing every tensor at once would pass ``memory_budget`` bytes for one batch, the tensors
 are observed in groups, one pass over the data per group (the data must then be re-iterable).
+A tensor inside an If/Loop/Scan body is threaded out to the top level (``onnxq.ir.probes``):
+its statistics cover every run of its body, and a body that never ran on the data leaves its
+tensors unobservable, with the reason.
 """
 
 from __future__ import annotations
@@ -53,8 +56,12 @@ class CalibrationResult:
     # samples in the data: each batch's first input of rank >= 2 along its first axis (a batch
     # without one: 1 sample); from a cache: the samples its statistics saw
     samples: int = 0
-    # tensors asked for but not observed -> why (the data could be read only once)
+    # tensors asked for but not observed -> why (the data could be read only once, a
+    # control-flow body that never ran)
     unobservable: dict[str, str] = field(default_factory=dict)
+    # control-flow body (``Body.key``) -> how often it ran over the batches (an If branch
+    # taken, a Loop's or Scan's iterations); bodies whose runs could not be counted are absent
+    body_runs: dict[str, int] = field(default_factory=dict)
 
 
 def make_session(
@@ -164,25 +171,28 @@ def calibrate(
     graph (a GlobalMaxPool) instead of exposing it whole.
     """
     graph = ir.Graph(model)
+    defined_in = ir.scope_index(ir.scopes(graph))
+    scope = {name: defined_in.get(name, graph) for name in tensors}  # a body's, or the top
     stats = {
         name: TensorStats(
             name,
             histogram=hist,
             channels=name in channels,
             positions=name in positions,
-            nonnegative=graph.nonnegative(name),
+            nonnegative=scope[name].nonnegative(name),
         )
         for name, hist in tensors.items()
     }
     names = sorted(tensors)
     first = _first_batch(source, inputs)
     concrete = _concrete_shapes(model, graph, names, first)
-    shapes = {name: concrete.get(name) or graph.shape(name) for name in names}
+    shapes = {name: concrete.get(name) or scope[name].shape(name) for name in names}
     peaks = {
         name: plan
         for name in names
         if not tensors[name]
         and name not in positions
+        and scope[name] is graph
         and (plan := _peaks_plan(graph, name, concrete.get(name)))
     }
     sizes = {
@@ -218,6 +228,8 @@ def calibrate(
         )
     held: list[Batch] = []
     seen = samples = 0
+    runs: dict[str, int] = {}  # control-flow body -> how often it ran
+    unobservable: dict[str, str] = {}
     # statistics of batch i are taken on a worker thread while onnxruntime runs batch i+1
     # (both release the GIL); once that run is done the main thread takes the tensors of batch
     # i that the worker has not started (:class:`_BatchWork`), so no core waits idle.  At most
@@ -229,12 +241,18 @@ def calibrate(
             plans = [peaks[name] for name in group if name in peaks]
             exposed = [name for name in group if name not in peaks]
             try:
-                session = (
-                    _peaks_session(model, graph, exposed, plans, workers == 0) if group else None
+                session, probes = (
+                    _peaks_session(model, graph, exposed, plans, workers == 0)
+                    if group
+                    else (None, ir.ProbePlan())
                 )
             except UnsupportedModelError as exc:
                 raise _blamed(model, None, exc) from None
-            outputs = exposed + ([ir.PEAKS_OUTPUT] if plans else [])
+            unobservable.update(probes.declined)
+            exposed = [name for name in exposed if name not in probes.declined]
+            outputs = [name for name in exposed if name not in probes.probes]
+            outputs += [vi.name for vi in probes.outputs] + ([ir.PEAKS_OUTPUT] if plans else [])
+            group_runs: dict[str, int] = {}
             starts = np.cumsum([0] + [plan.channels for plan in plans])  # in the joined output
             order = sorted(range(len(exposed)), key=lambda k: -sizes[exposed[k]])  # big first
             label = "calibrating" if len(groups) == 1 else f"calibrating {gi + 1}/{len(groups)}"
@@ -254,7 +272,9 @@ def calibrate(
                         values = buffers.run(batch, index)
                     except UnsupportedModelError as exc:
                         raise _blamed(model, batch, exc) from None
-                    outs = dict(zip(outputs, values, strict=True))
+                    outs: dict[str, Any] = dict(zip(outputs, values, strict=True))
+                    if probes.markers:
+                        _take_probes(probes, outs, group_runs)
                     if pending is not None:
                         pending.finish()  # re-raises a NaN/Inf error of the previous batch
                     pending = _BatchWork(
@@ -265,6 +285,11 @@ def calibrate(
                 seen += 1
             if pending is not None:
                 pending.finish()
+            for key, count in group_runs.items():  # every pass sees the same batches
+                runs[key] = max(runs.get(key, 0), count)
+            for name in probes.probes:
+                if (why := probes.never_ran(name, runs)) is not None:
+                    unobservable[name] = why
             session = buffers = None  # free this group's weights (and buffers) before the
             # next session loads its own
             if seen == 0:
@@ -276,7 +301,51 @@ def calibrate(
             f"the {seen} calibration batch(es) hold no samples (their inputs are empty along "
             "the first axis); give batches with at least one sample"
         )
-    return CalibrationResult(stats, seen, held, share, budget_sampled, samples)
+    for name in unobservable:
+        del stats[name]
+    return CalibrationResult(stats, seen, held, share, budget_sampled, samples, unobservable, runs)
+
+
+def _peaks_session(
+    model: onnx.ModelProto,
+    graph: ir.Graph,
+    exposed: list[str],
+    plans: list[_PeaksPlan],
+    spinning: bool,
+) -> tuple[Any, ir.ProbePlan]:
+    """A session whose outputs are the top-level tensors of ``exposed``, the probes of its
+    tensors inside control-flow bodies (``ProbePlan.outputs``) and the joined maxima of
+    ``plans``; and the probe plan that reads the bodies' values back."""
+    with ir.with_probes(model, exposed) as probes:
+        top = [graph.value_info(n) for n in exposed if n not in probes.chains]
+        with ir.with_channel_peaks(
+            model, top + probes.outputs, [plan.tensor for plan in plans]
+        ) as aug:
+            return make_session(aug, spinning=spinning), probes
+
+
+def _take_probes(probes: ir.ProbePlan, outs: dict[str, Any], runs: dict[str, int]) -> None:
+    """Put each body tensor's values of one batch (a list: one array per run of its body)
+    into ``outs`` and add up how often each body ran."""
+    for key, count in probes.runs(outs).items():
+        runs[key] = runs.get(key, 0) + count
+    for name, probe in probes.probes.items():
+        outs[name] = _joined(probe.values(outs))
+
+
+def _joined(parts: list[np.ndarray]) -> list[np.ndarray]:
+    """Consecutive arrays of the same trailing shape joined along their first axis (a Loop's
+    iterations usually are): fewer, larger statistics updates, the same values."""
+    out: list[np.ndarray] = []
+    run: list[np.ndarray] = []
+    for part in parts:
+        if run and (part.ndim == 0 or part.shape[1:] != run[0].shape[1:]):
+            out.append(np.concatenate(run) if len(run) > 1 else run[0])
+            run = []
+        (run if part.ndim else out).append(part)
+    if run:
+        out.append(np.concatenate(run) if len(run) > 1 else run[0])
+    return out
 
 
 def batch_symbols(graph: ir.Graph) -> frozenset[str]:
@@ -533,11 +602,12 @@ def _observe_tasks(
 
     def whole(name: str) -> Callable[[], None]:
         def job() -> None:
-            value = outs[name]
-            if np.issubdtype(value.dtype, np.floating):
-                stats[name].update(
-                    value, where=where, stride=strides.get(name, 1), batch_axis=axes.get(name, 0)
-                )
+            value = outs[name]  # a control-flow body's tensor: one array per run of the body
+            for part in value if isinstance(value, list) else [value]:
+                if np.issubdtype(part.dtype, np.floating):
+                    stats[name].update(
+                        part, where=where, stride=strides.get(name, 1), batch_axis=axes.get(name, 0)
+                    )
 
         return job
 
@@ -649,20 +719,6 @@ def _peaks_plan(
     return _PeaksPlan(name, c, c * h * w)
 
 
-def _peaks_session(
-    model: onnx.ModelProto,
-    graph: ir.Graph,
-    exposed: list[str],
-    plans: list[_PeaksPlan],
-    spinning: bool,
-) -> Any:
-    """A session whose outputs are ``exposed`` and then the joined maxima of ``plans``."""
-    with ir.with_channel_peaks(
-        model, [graph.value_info(n) for n in exposed], [plan.tensor for plan in plans]
-    ) as aug:
-        return make_session(aug, spinning=spinning)
-
-
 def _first_batch(source: Iterable[Batch], inputs: list[InputSpec]) -> Batch | None:
     """The first batch of a re-iterable source (to size the observed tensors), else None."""
     if iter(source) is source:  # type: ignore[comparison-overlap]
@@ -743,11 +799,17 @@ CACHE_VERSION = 1
 
 
 def calibration_cache(
-    stats: dict[str, TensorStats], graph: ir.Graph, backend: str | None = None
+    stats: dict[str, TensorStats],
+    graph: ir.Graph,
+    backend: str | None = None,
+    body_runs: dict[str, int] | None = None,
+    unobservable: dict[str, str] | None = None,
 ) -> bytes:
     """Observed statistics as the JSON text of a calibration cache, with each tensor's inferred
     shape (``graph`` before Q/DQ are placed) and the ``backend`` whose placement chose the
-    tensors (each backend observes different ones)."""
+    tensors (each backend observes different ones); for a model with control flow, how often
+    each body ran (``bodies``) and the tensors that have no statistics, with why
+    (``unobserved``)."""
     import json
 
     doc: dict[str, object] = {
@@ -755,11 +817,25 @@ def calibration_cache(
         "version": CACHE_VERSION,
         **({"backend": backend} if backend else {}),
         "tensors": {
-            name: {"shape": _shape_json(graph, name), "stats": stats[name].to_json()}
-            for name in sorted(stats)
+            name: {"shape": shape, "stats": stats[name].to_json()}
+            for name, shape in _shapes_json(graph, sorted(stats)).items()
         },
+        **({"bodies": dict(sorted(body_runs.items()))} if body_runs else {}),
+        **({"unobserved": dict(sorted(unobservable.items()))} if unobservable else {}),
     }
     return (json.dumps(doc, indent=1) + "\n").encode("utf-8")
+
+
+def cached_control_flow(path: str | os.PathLike[str]) -> tuple[dict[str, int], dict[str, str]]:
+    """How often each control-flow body ran, and the tensors without statistics (-> why), as
+    a cache of :func:`calibration_cache` recorded them (empty for a model without bodies)."""
+    doc = _read_cache(Path(path))
+    bodies, unobserved = doc.get("bodies", {}), doc.get("unobserved", {})
+    if not isinstance(bodies, dict) or not isinstance(unobserved, dict):
+        raise CalibrationDataError(f"{path}: malformed 'bodies' or 'unobserved' entries")
+    return {str(k): int(v) for k, v in bodies.items()}, {
+        str(k): str(v) for k, v in unobserved.items()
+    }
 
 
 def load_calibration(
@@ -768,24 +844,13 @@ def load_calibration(
     wanted: dict[str, bool],
     backend: str | None = None,
 ) -> dict[str, TensorStats]:
-    """Statistics for ``wanted`` tensors from a cache of :func:`calibration_cache`."""
-    import json
-
+    """Statistics for ``wanted`` tensors from a cache of :func:`calibration_cache` (those it
+    records as unobserved are left out: :func:`cached_control_flow` says why)."""
     p = Path(path)
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CalibrationDataError(f"cannot read calibration cache {p}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise CalibrationDataError(f"{p}: not a JSON calibration cache: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT:
-        raise CalibrationDataError(f"{p}: not an onnxq calibration cache (format field)")
-    if doc.get("version") != CACHE_VERSION:
-        raise CalibrationDataError(
-            f"{p}: calibration cache version {doc.get('version')!r}, this onnxq reads "
-            f"{CACHE_VERSION}; calibrate again with --save-calibration"
-        )
+    doc = _read_cache(p)
     tensors = doc.get("tensors", {})
+    unobserved = doc.get("unobserved", {})
+    wanted = {t: hist for t, hist in wanted.items() if t not in unobserved}
     missing = sorted(t for t in wanted if t not in tensors)
     if missing:
         made = doc.get("backend")
@@ -801,12 +866,13 @@ def load_calibration(
             f"{', '.join(missing[:5])}; the cache belongs to another model or other settings: "
             "calibrate again with data"
         )
-    changed = [t for t in wanted if tensors[t].get("shape") != _shape_json(graph, t)]
+    shapes = _shapes_json(graph, wanted)
+    changed = [t for t in wanted if tensors[t].get("shape") != shapes[t]]
     if changed:
         t = changed[0]
         raise CalibrationDataError(
             f"{p}: tensor {t!r} had shape {tensors[t].get('shape')} when calibrated, the model "
-            f"now gives {_shape_json(graph, t)} ({len(changed)} tensor(s) changed); calibrate "
+            f"now gives {shapes[t]} ({len(changed)} tensor(s) changed); calibrate "
             "again with data"
         )
     out = {}
@@ -826,6 +892,31 @@ def load_calibration(
     return out
 
 
-def _shape_json(graph: ir.Graph, name: str) -> list[int | str | None] | None:
-    shape = graph.shape(name)
-    return None if shape is None else [d if isinstance(d, int) else None for d in shape]
+def _read_cache(p: Path) -> dict[str, Any]:
+    """The JSON document of a calibration cache, checked for its format and version."""
+    import json
+
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CalibrationDataError(f"cannot read calibration cache {p}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CalibrationDataError(f"{p}: not a JSON calibration cache: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT:
+        raise CalibrationDataError(f"{p}: not an onnxq calibration cache (format field)")
+    if doc.get("version") != CACHE_VERSION:
+        raise CalibrationDataError(
+            f"{p}: calibration cache version {doc.get('version')!r}, this onnxq reads "
+            f"{CACHE_VERSION}; calibrate again with --save-calibration"
+        )
+    return doc
+
+
+def _shapes_json(graph: ir.Graph, names: Iterable[str]) -> dict[str, list[int | None] | None]:
+    """Each tensor's inferred shape as the cache records it (a body's tensor: from its body)."""
+    defined_in = ir.scope_index(ir.scopes(graph))
+    out: dict[str, list[int | None] | None] = {}
+    for name in names:
+        shape = defined_in.get(name, graph).shape(name)
+        out[name] = None if shape is None else [d if isinstance(d, int) else None for d in shape]
+    return out

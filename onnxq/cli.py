@@ -438,9 +438,9 @@ def _check(args: argparse.Namespace) -> int:
     violations = check(model, profile)
     for v in violations:
         print(v)
-    qdq = sum(n.op_type in ir.QDQ_OPS for n in model.graph.node)
+    qdq = sum(n.op_type in ir.QDQ_OPS for n in ir.every_node(model.graph))  # bodies too
     print(f"{args.model}: {len(violations)} {profile.name} violation(s), {qdq} Q/DQ nodes")
-    integer = Counter(n.op_type for n in model.graph.node if ir.is_integer_op(n.op_type))
+    integer = Counter(n.op_type for n in ir.every_node(model.graph) if ir.is_integer_op(n.op_type))
     if qdq == 0 and integer:
         found = ", ".join(f"{op} x{k}" for op, k in sorted(integer.items()))
         print(
@@ -539,8 +539,8 @@ def _analyze(args: argparse.Namespace) -> int:
     )
     float_model = ir.load_model(args.float_model)
     quant_model = ir.load_model(args.quant_model)
-    if not any(n.op_type in ir.QDQ_OPS for n in quant_model.graph.node):
-        swapped = any(n.op_type in ir.QDQ_OPS for n in float_model.graph.node)
+    if not any(n.op_type in ir.QDQ_OPS for n in ir.every_node(quant_model.graph)):
+        swapped = any(n.op_type in ir.QDQ_OPS for n in ir.every_node(float_model.graph))
         print(
             f"onnxq: warning: {args.quant_model} holds no Q/DQ nodes"
             + (
@@ -633,7 +633,8 @@ def _explain(args: argparse.Namespace) -> int:
         f"{n_q} of {len(ann.decisions)} ops quantized for {profile.name} (before calibration: "
         "what the data shows can keep more of them float, e.g. a range >= mask_threshold, "
         "Concat inputs whose ranges differ, weak channels, quiet frames before a "
-        "LayerNormalization; the quantize report lists them)"
+        "LayerNormalization, If branches or Loop bodies the data never runs; the quantize "
+        "report lists them)"
     )
     for note in ann.notes:
         print(f"note: {note}")

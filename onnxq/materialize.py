@@ -42,14 +42,20 @@ def materialize(
     profile: BackendProfile,
     weights_options: WeightOptions,
 ) -> list[Placed]:
-    """Insert Q/DQ into ``model`` (edited in place); returns what was placed, in order."""
+    """Insert Q/DQ into ``model`` (edited in place); returns what was placed, in order.
+
+    Q/DQ nodes (and the constants they read) go into the graph of the consumers they serve: a
+    control-flow body's for an op inside it, one set per graph when a tensor is read in
+    several (a Conv inside an If branch quantizes the activation it reads from the enclosing
+    graph there)."""
     graph = ir.Graph(model)
-    by_name = {n.name: n for n in graph.nodes}
+    scopes = ir.scopes(graph)
+    where = {n.name: (scope, n) for scope in scopes for n in scope.nodes}
     weights: dict[str, QParams] = {}
     placed: list[Placed] = []
     limits = weight_limits(graph, annotations, profile)
     for ann in annotations.of_kind("weight"):
-        value = graph.const_value(ann.tensor)
+        value = _reader_scope(ann, where, graph).const_value(ann.tensor)
         if value is None:
             raise InternalError(f"weight {ann.tensor!r} lost its constant value")
         weights[ann.tensor] = weight_qparams(
@@ -57,26 +63,13 @@ def materialize(
         )
     resolved = dict(activation_qparams)
     for ann in annotations.tensors.values():
-        if ann.kind in ("activation", "shared"):
-            source = ann.inputs[0] if ann.kind == "shared" else ann.tensor
-            qp = resolved.get(source)
-            if qp is None:
-                continue  # no statistics (the report says so)
-            if ann.kind == "shared":
-                qp = replace(qp, method=f"shared with {source}")
-                resolved[ann.tensor] = qp
-            out = _qdq(graph, ann.tensor, qp)
-        elif ann.kind == "weight":
-            qp = weights[ann.tensor]
-            out = _weight(graph, ann.tensor, qp, limits[ann.tensor], weights_options)
-        else:
-            bias = _bias_qparams(graph, ann, resolved, weights)
-            if bias is None:
-                continue
-            qp, values = bias
-            out = _dequantize_const(graph, ann.tensor, values, qp)
-        for node_name, index in ann.consumers:
-            graph.set_input(by_name[node_name], index, out)
+        qp = _qparams(ann, resolved, weights, _reader_scope(ann, where, graph))
+        if qp is None:
+            continue  # no statistics (the report says so), or a bias that stays float
+        for scope, readers in _readers_by_scope(ann, where):
+            out = _insert(scope, ann, qp, limits.get(ann.tensor, 0), weights_options)
+            for node, index in readers:
+                scope.set_input(node, index, out)
         # a weight limited to +-63 has 7 bits, whatever its storage type
         bits = {"bias": 32, "weight": limits.get(ann.tensor, 0).bit_length() + 1}.get(
             ann.kind, ann.settings.bits
@@ -84,9 +77,66 @@ def materialize(
         placed.append(Placed(ann.tensor, ann.kind, qp, tuple(ann.consumers), bits))
     if placed:
         ir.set_opset(model, QDQ_OPSET)
-    graph.commit()
+    for scope in reversed(scopes):  # bodies inside out, the top-level graph last
+        scope.commit()
     write_metadata(model, placed, profile.target_cpu)
     return placed
+
+
+def _reader_scope(
+    ann: TensorAnnotation, where: dict[str, tuple[ir.Graph, onnx.NodeProto]], top: ir.Graph
+) -> ir.Graph:
+    """The graph of ``ann``'s first reader: it sees the tensor (its own or an outer scope's)."""
+    return where[ann.consumers[0][0]][0] if ann.consumers else top
+
+
+def _readers_by_scope(
+    ann: TensorAnnotation, where: dict[str, tuple[ir.Graph, onnx.NodeProto]]
+) -> list[tuple[ir.Graph, list[tuple[onnx.NodeProto, int]]]]:
+    """``ann``'s readers grouped by the graph they sit in, in the order first read."""
+    groups: dict[int, tuple[ir.Graph, list[tuple[onnx.NodeProto, int]]]] = {}
+    for name, index in ann.consumers:
+        scope, node = where[name]
+        groups.setdefault(id(scope), (scope, []))[1].append((node, index))
+    return list(groups.values())
+
+
+def _qparams(
+    ann: TensorAnnotation,
+    resolved: dict[str, QParams],
+    weights: dict[str, QParams],
+    scope: ir.Graph,
+) -> QParams | None:
+    """The qparams of one annotated tensor (None: it stays float)."""
+    if ann.kind in ("activation", "shared"):
+        source = ann.inputs[0] if ann.kind == "shared" else ann.tensor
+        qp = resolved.get(source)
+        if qp is not None and ann.kind == "shared":
+            qp = replace(qp, method=f"shared with {source}")
+            resolved[ann.tensor] = qp
+        return qp
+    if ann.kind == "weight":
+        return weights[ann.tensor]
+    bias = _bias_qparams(scope, ann, resolved, weights)
+    return None if bias is None else bias[0]
+
+
+def _insert(
+    graph: ir.Graph,
+    ann: TensorAnnotation,
+    qp: QParams,
+    weight_limit: int,
+    options: WeightOptions,
+) -> str:
+    """Q/DQ (or DQ of a stored constant) for ``ann`` in ``graph``; returns the tensor its
+    readers read instead (``weight_limit``: a weight's largest integer magnitude)."""
+    if ann.kind in ("activation", "shared"):
+        return _qdq(graph, ann.tensor, qp)
+    if ann.kind == "weight":
+        return _weight(graph, ann.tensor, qp, weight_limit, options)
+    value = graph.const_value(ann.tensor)
+    assert value is not None
+    return _dequantize_const(graph, ann.tensor, _int32_bias(value, qp), qp)
 
 
 METADATA_KEY = "onnxq.quantization"
@@ -189,26 +239,30 @@ def weight_limits(
 ) -> dict[str, int]:
     """Each annotated weight's largest integer magnitude: the profile's limit (its depthwise
     one for a weight that only depthwise convs read), narrowed by a ``bits`` override."""
-    readers = {n.name: n for n in graph.nodes} if profile.depthwise_weight_qmax else {}
+    scopes = ir.scopes(graph) if profile.depthwise_weight_qmax else []
+    readers = {n.name: (scope, n) for scope in scopes for n in scope.nodes}
     limits = {}
     for ann in annotations.of_kind("weight"):
         limit = profile.weight_qmax
-        if profile.depthwise_weight_qmax and _read_by_depthwise_convs(ann, graph, readers):
+        if profile.depthwise_weight_qmax and _read_by_depthwise_convs(ann, readers):
             limit = profile.depthwise_weight_qmax
         limits[ann.tensor] = min(limit, 2 ** (ann.settings.bits - 1) - 1)
     return limits
 
 
 def _read_by_depthwise_convs(
-    ann: TensorAnnotation, graph: ir.Graph, readers: dict[str, onnx.NodeProto]
+    ann: TensorAnnotation, readers: dict[str, tuple[ir.Graph, onnx.NodeProto]]
 ) -> bool:
     """True if every consumer of the weight is a Conv with one input and one output channel
-    per group (the kernel onnxruntime runs apart from its matrix multiplication)."""
-    info = graph.const_info(ann.tensor)
-    if info is None or len(info.shape) < 3 or info.shape[1] != 1 or not ann.consumers:
+    per group (the kernel onnxruntime runs apart from its matrix multiplication); ``readers``:
+    node name -> (its graph, the node), over every scope."""
+    if not ann.consumers or ann.consumers[0][0] not in readers:
+        return False
+    info = readers[ann.consumers[0][0]][0].const_info(ann.tensor)
+    if info is None or len(info.shape) < 3 or info.shape[1] != 1:
         return False
     for name, _ in ann.consumers:
-        node = readers.get(name)
+        node = readers[name][1] if name in readers else None
         if node is None or node.op_type != "Conv":
             return False
         if int(ir.node_attrs(node).get("group", 1)) != info.shape[0]:
@@ -257,6 +311,11 @@ def _bias_qparams(
     scale = acts[x_name].scale.astype(np.float64) * w_scale
     scale = np.broadcast_to(scale, bias.shape).astype(np.float32)
     scale = np.where(scale > 0, scale, np.float32(1e-8)).astype(np.float32)
-    q = np.clip(np.rint(bias.astype(np.float64) / scale), -(2**31), 2**31 - 1).astype(np.int32)
     qp = QParams(scale, np.zeros(bias.shape, dtype=np.int32), 0, "derived")
-    return qp, q
+    return qp, _int32_bias(bias, qp)
+
+
+def _int32_bias(bias: np.ndarray, qp: QParams) -> np.ndarray:
+    """A float bias at int32 with scale ``qp.scale``."""
+    scaled = np.rint(bias.astype(np.float64) / qp.scale)
+    return np.clip(scaled, -(2**31), 2**31 - 1).astype(np.int32)

@@ -15,7 +15,12 @@ from typing import Any
 import onnx
 
 from onnxq import ir
-from onnxq.calibrate import CalibrationResult, calibrate, load_calibration
+from onnxq.calibrate import (
+    CalibrationResult,
+    cached_control_flow,
+    calibrate,
+    load_calibration,
+)
 from onnxq.inputs import Batch, InputSpec
 from onnxq.options import CalibrationOptions
 from onnxq.place.facts import GraphFacts
@@ -27,8 +32,9 @@ class Calibration:
     The first call observes every wanted tensor and holds the first batches for the fidelity
     check; a later call observes only the tensors not observed yet, in one more pass when the
     data can be read again.  When it cannot (a generator), those tensors are
-    ``unobservable``: they stay float.  ``all_histograms``: every tensor gets a histogram (a
-    calibration cache then serves any method).
+    ``unobservable``: they stay float; so are the tensors of a control-flow body that never ran
+    on the data (``body_runs`` says how often each body ran).  ``all_histograms``: every
+    tensor gets a histogram (a calibration cache then serves any method).
     """
 
     def __init__(
@@ -52,12 +58,12 @@ class Calibration:
         missing = {
             t: self._all_histograms or hist
             for t, hist in wanted.items()
-            if result is None or t not in result.stats
+            if result is None or (t not in result.stats and t not in result.unobservable)
         }
         if result is not None and missing and not self._reiterable:
             why = "was not observed (the calibration source can be read only once)"
             unobservable = {t: f"tensor {t!r} {why}" for t in missing}
-            return _with(result, unobservable=unobservable)
+            return _with(result, unobservable={**result.unobservable, **unobservable})
         if result is None or missing:
             fresh = self._observe(missing, hold=result is None)
             result = fresh if result is None else _merged(result, fresh)
@@ -93,9 +99,17 @@ class CachedStatistics:
 
     def __call__(self, wanted: Mapping[str, bool]) -> CalibrationResult:
         stats = load_calibration(self._path, self._graph, dict(wanted), self._backend)
+        runs, unobserved = cached_control_flow(self._path)
         samples = max((s.samples for s in stats.values()), default=0)
         # no batch was calibrated here: the statistics come from the cache
-        return CalibrationResult(stats, 0, self._held, samples=samples)
+        return CalibrationResult(
+            stats,
+            0,
+            self._held,
+            samples=samples,
+            unobservable={t: why for t, why in unobserved.items() if t in wanted},
+            body_runs=runs,
+        )
 
 
 def held_batches(
@@ -117,6 +131,8 @@ def _merged(first: CalibrationResult, extra: CalibrationResult) -> CalibrationRe
         first.sample_share,
         first.budget_sampled + extra.budget_sampled,
         first.samples,
+        {**first.unobservable, **extra.unobservable},
+        {**extra.body_runs, **first.body_runs},
     )
 
 
@@ -129,4 +145,5 @@ def _with(result: CalibrationResult, unobservable: dict[str, str]) -> Calibratio
         result.budget_sampled,
         result.samples,
         unobservable,
+        result.body_runs,
     )

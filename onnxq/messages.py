@@ -47,17 +47,18 @@ class GraphView:
 
     @classmethod
     def of(cls, graph: ir.Graph, profile: BackendProfile) -> GraphView:
-        """The view of ``graph``, with ``profile``'s weighted ops."""
+        """The view of ``graph`` and its If/Loop/Scan bodies, with ``profile``'s weighted ops."""
         half = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+        scoped = [(scope, n) for scope in ir.scopes(graph) for n in scope.nodes]
         return cls(
-            tuple((n.name, n.op_type) for n in graph.nodes),
-            frozenset(t for n in graph.nodes for t in (*n.input, *n.output) if t),
+            tuple((n.name, n.op_type) for _, n in scoped),
+            frozenset(t for _, n in scoped for t in (*n.input, *n.output) if t),
             tuple(
                 n.name
-                for n in graph.nodes
+                for scope, n in scoped
                 if n.op_type in profile.weight_axes
                 and n.input
-                and graph.elem_type(n.input[0]) in half
+                and scope.elem_type(n.input[0]) in half
             ),
         )
 

@@ -98,8 +98,9 @@ def refuse_quantized(model: onnx.ModelProto, source: Path | None, profile: Backe
     """Raise :class:`UnsupportedModelError` if ``model`` already holds Q/DQ or integer ops: it
     is not onnxq's input, its quantization would clash with the backend's (uint8 zero points
     under TensorRT, double rounding)."""
-    qdq = sorted({n.op_type for n in model.graph.node if n.op_type in ir.QDQ_OPS})
-    integer = sorted({n.op_type for n in model.graph.node if ir.is_integer_op(n.op_type)})
+    nodes = list(ir.every_node(model.graph))  # control-flow bodies included
+    qdq = sorted({n.op_type for n in nodes if n.op_type in ir.QDQ_OPS})
+    integer = sorted({n.op_type for n in nodes if ir.is_integer_op(n.op_type)})
     if not (qdq or integer):
         return
     where = source.name if source else "the model"

@@ -4,9 +4,11 @@
 activations whose static shapes are tracked exactly, plus a seed for calibration batches.  Ops:
 Conv (plain and depthwise), Gemm, MatMul (constant and activation x activation), Add, Mul,
 Concat, Relu, Clip, Reshape, Transpose, MaxPool, AveragePool, Resize, Slice, Split, Softmax,
-LayerNormalization, Where, the Shape -> Gather -> Concat -> Reshape idiom, and If (condition
-``ReduceSum(t) > 0`` on an activation, two small branches reading the outer scope).  Constants
-(weights, shapes, scalars) are initializers or ``Constant`` nodes at random.
+LayerNormalization, Where, the Shape -> Gather -> Concat -> Reshape idiom, and control flow
+(``tests/fuzz_control_flow.py``): If (condition ``ReduceSum(t) > 0`` on an activation, two
+branches reading the outer scope, a Conv or MatMul among their choices), Loop and Scan (a
+MatMul in the body).  Constants (weights, shapes, scalars) are initializers or ``Constant``
+nodes at random.
 
 Every case passes ``onnx.checker`` (full check, strict shape inference agrees with the tracked
 shapes) and runs in onnxruntime with finite outputs; anything else is filtered with ``assume``
@@ -37,6 +39,8 @@ import onnx
 from hypothesis import assume
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+
+from tests.fuzz_control_flow import op_if, op_loop, op_scan
 
 OPSET = 17
 IR_VERSION = 8
@@ -526,45 +530,6 @@ def op_shape_reshape(b: Builder) -> bool:
     return True
 
 
-def op_if(b: Builder) -> bool:
-    x = b.pick()
-    assert x is not None
-    on_input = b.draw(st.booleans())
-    source = b.draw(st.sampled_from(b.inputs)) if on_input else b.pick()
-    assert source is not None
-    total, cond = b.fresh("sum"), b.fresh("cond")
-    b.node("ReduceSum", [source.name], [total], keepdims=0)
-    b.node("Greater", [total, b.const("zero", np.float32(0.0))], [cond])
-    then_out, else_out = b.fresh("then_out"), b.fresh("else_out")
-    vi = helper.make_tensor_value_info
-    then_g = helper.make_graph(
-        [helper.make_node("Relu", [x.name], [then_out])],
-        "then",
-        [],
-        [vi(then_out, FLOAT, list(x.shape))],
-    )
-    factor = b.fresh("half")
-    else_kind = b.choice(["scale", "sigmoid"])
-    if else_kind == "scale":
-        else_nodes = [
-            helper.make_node(
-                "Constant", [], [factor], value=numpy_helper.from_array(np.float32(0.5), factor)
-            ),
-            helper.make_node("Mul", [x.name, factor], [else_out]),
-        ]
-    else:
-        else_nodes = [helper.make_node("Sigmoid", [x.name], [else_out])]
-    else_g = helper.make_graph(else_nodes, "else", [], [vi(else_out, FLOAT, list(x.shape))])
-    y = b.fresh("if")
-    b.node("If", [cond], [y], then_branch=then_g, else_branch=else_g)
-    b.consumed.add(x.name)
-    if not on_input:  # the oracle compares this to tell a branch flip from an error
-        b.extra_outputs.append(vi(cond, TensorProto.BOOL, []))
-    b.add(y, x.shape)
-    b.ops.append(f"If(sum({'input' if on_input else 'act'})>0, relu | {else_kind})")
-    return True
-
-
 OPS: dict[str, Op] = {
     "Conv": op_conv,
     "Gemm": op_gemm,
@@ -584,6 +549,8 @@ OPS: dict[str, Op] = {
     "Where": op_where,
     "ShapeReshape": op_shape_reshape,
     "If": op_if,
+    "Loop": op_loop,
+    "Scan": op_scan,
 }
 # Conv/Gemm/MatMul are what onnxq quantizes: draw them more often
 WEIGHTED_OPS = ["Conv", "Conv", "Conv", "Gemm", "Gemm", "MatMul", "MatMul", *OPS]

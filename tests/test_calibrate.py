@@ -660,3 +660,45 @@ def test_a_session_that_onnxruntimes_layout_optimizer_breaks_falls_back(capsys):
     y, c1 = session.run(None, {"x": x})
     assert y.shape == c1.shape == (2, 64, 7, 7)
     assert capsys.readouterr().out == ""  # no "EP Error ... retrying" banner
+
+
+def test_tensors_inside_bodies_are_observed_over_every_run_of_their_body():
+    from tests import control_flow_graphs as cf
+
+    model, inputs = prepared(cf.if_in_loop())
+    batches = cf.batches(model, 3, steps=lambda k: 3 + k)  # 3, 4, 5 iterations
+    result = calibrate(
+        model, {"h": True, "odd_y": True, "h0": False}, batches, inputs, progress=False
+    )
+    # h at iteration i is h0 + i; odd_y = MatMul(h, W) on the odd iterations only
+    w = onnx.numpy_helper.to_array(
+        next(n for n in ir.every_node(model.graph) if n.output[0] == "odd.w").attribute[0].t
+    )
+    h = [b["h0"] + i for b in batches for i in range(int(b["steps"]))]
+    odd = [(b["h0"] + i) @ w for b in batches for i in range(1, int(b["steps"]), 2)]
+    for name, values in (("h", h), ("odd_y", odd)):
+        stats, flat = result.stats[name], np.concatenate([v.ravel() for v in values])
+        assert stats.count == flat.size and stats.counts.sum() == flat.size
+        assert stats.min == pytest.approx(float(flat.min()), rel=1e-6)
+        assert stats.max == pytest.approx(float(flat.max()), rel=1e-6)
+    assert result.body_runs == {  # 1 + 2 + 2 odd iterations of 3 + 4 + 5
+        "loop/body": 12,
+        "step_if/else_branch": 7,
+        "step_if/then_branch": 5,
+    }
+    assert result.unobservable == {}
+
+
+def test_tensors_of_a_branch_never_taken_are_unobservable_with_the_reason():
+    from tests import control_flow_graphs as cf
+
+    model, inputs = prepared(cf.if_convs())
+    batches = cf.batches(model, 2, use_then=True)
+    result = calibrate(
+        model, {"then_conv_out": False, "else_conv_out": False}, batches, inputs, progress=False
+    )
+    assert set(result.stats) == {"then_conv_out"}
+    assert result.unobservable == {
+        "else_conv_out": "branch never taken on the calibration data (else_branch of If 'if')"
+    }
+    assert result.body_runs == {"if/else_branch": 0, "if/then_branch": 2}

@@ -53,8 +53,10 @@ from hypothesis import HealthCheck, given, settings
 from onnx import helper, numpy_helper
 
 import onnxq
+from onnxq import ir
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
+from onnxq.ir.order import topological_order
 from tests.fuzzgraphs import FuzzCase, fuzz_cases
 from tests.profiles import no_cost_rules
 
@@ -187,7 +189,7 @@ def _quantize_property(case: FuzzCase, backend: str) -> Outcome:
         detail = _explained_by_noise(case, result, backend, calib, want, names, over)
         kind = "ok-ill-conditioned"
     _check_ranges(case, result, calib)
-    qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in q.graph.node)
+    qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in ir.every_node(q.graph))
     return Outcome(kind, detail, worst_rel_error=worst, qdq_nodes=qdq)
 
 
@@ -206,11 +208,18 @@ def _int_range(zero_point: np.ndarray, bits: int) -> tuple[int, int]:
     return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
 
 
+def _graphs(model: onnx.ModelProto) -> list[onnx.GraphProto]:
+    """The top-level graph and every If/Loop/Scan body."""
+    return [model.graph, *(body.graph for body in ir.all_bodies(model.graph))]
+
+
 def _const_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute[0].name == "value":
-            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    values = {}
+    for graph in _graphs(model):  # names are unique across the model's graphs
+        values.update({t.name: numpy_helper.to_array(t) for t in graph.initializer})
+        for node in graph.node:
+            if node.op_type == "Constant" and node.attribute[0].name == "value":
+                values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
     return values
 
 
@@ -224,9 +233,11 @@ def noise_model(case: FuzzCase, placed, rng: np.random.Generator):
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {
         vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
-        for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+        for graph in _graphs(inferred)
+        for vi in [*graph.value_info, *graph.input, *graph.output]
     }
-    nodes = {n.name: n for n in model.graph.node}
+    where = {n.name: (g, n) for g in _graphs(model) for n in g.node}
+    nodes = {name: node for name, (_, node) in where.items()}
     consts = _const_values(model)
     noises: list[tuple[str, list[int], np.ndarray]] = []
     for k, p in enumerate(placed):
@@ -235,6 +246,8 @@ def noise_model(case: FuzzCase, placed, rng: np.random.Generator):
         edges = [(nodes.get(n), i) for n, i in p.consumers]
         if any(node is None or node.input[i] != p.tensor for node, i in edges):
             return None
+        if len({id(where[n][0]) for n, _ in p.consumers}) > 1:
+            return None  # read in several graphs: one injection point would not do
         qp = p.qparams
         scale = np.asarray(qp.scale, dtype=np.float64)
         lo_q, hi_q = _int_range(qp.zero_point, p.bits)
@@ -268,7 +281,9 @@ def noise_model(case: FuzzCase, placed, rng: np.random.Generator):
                     numpy_helper.from_array(np.float32(hi), f"{clipped}_hi"),
                 ]
             )
-            model.graph.node.extend(
+            # in the graph of the readers (a body's, for an op inside one; the inputs of the
+            # Clip and the noise come from the enclosing scopes)
+            where[p.consumers[0][0]][0].node.extend(
                 [
                     helper.make_node(
                         "Clip", [p.tensor, f"{clipped}_lo", f"{clipped}_hi"], [clipped]
@@ -287,35 +302,10 @@ def noise_model(case: FuzzCase, placed, rng: np.random.Generator):
 
 
 def _toposorted(model: onnx.ModelProto) -> onnx.ModelProto:
-    graph = model.graph
-    ready = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
-    pending = list(graph.node)
-    order = []
-    while pending:
-        rest = []
-        for node in pending:
-            reads = set(node.input)
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    reads |= {x for n in attr.g.node for x in n.input}
-            produced_inside = {
-                o
-                for attr in node.attribute
-                if attr.type == onnx.AttributeProto.GRAPH
-                for n in attr.g.node
-                for o in n.output
-            }
-            if (reads - produced_inside) <= ready:
-                order.append(node)
-                ready.update(node.output)
-            else:
-                rest.append(node)
-        if len(rest) == len(pending):
-            order.extend(rest)  # let onnxruntime report it
-            break
-        pending = rest
-    del graph.node[:]
-    graph.node.extend(order)
+    """Every graph of ``model`` in topological order (a noise injection appends its nodes)."""
+    for graph in _graphs(model):
+        ready = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+        topological_order(graph, ready)  # a cycle leaves the graph as it is: onnxruntime says so
     return model
 
 
@@ -384,25 +374,7 @@ def _check_ranges(case: FuzzCase, result, calib) -> None:
             raise PropertyViolation(f"weight {p.tensor}: scale x qmax exceeds max |w|")
     if not acts:
         return
-    model = onnx.ModelProto()
-    model.CopyFrom(case.model)
-    inputs = {i.name for i in model.graph.input}
-    outputs = {o.name for o in model.graph.output}
-    wanted = [p.tensor for p in acts]
-    fetch = [t for t in wanted if t not in inputs]
-    for t in fetch:
-        if t not in outputs:
-            model.graph.output.append(
-                helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None)
-            )
-    sess = session(model, optimize=False)
-    observed = dict.fromkeys(wanted, 0.0)
-    for batch in calib:
-        values = dict(batch)
-        if fetch:
-            values.update(zip(fetch, sess.run(fetch, batch), strict=True))
-        for t in wanted:
-            observed[t] = max(observed[t], float(np.max(np.abs(values[t]), initial=0.0)))
+    observed = _peaks(case.model, [p.tensor for p in acts], calib)
     for p in acts:
         qp = p.qparams
         lo_q, hi_q = _int_range(qp.zero_point, p.bits)
@@ -416,6 +388,28 @@ def _check_ranges(case: FuzzCase, result, calib) -> None:
                 f"activation {p.tensor}: representable range +-{reach:.4g}"
                 f" is wider than anything calibration saw ({seen:.4g})"
             )
+
+
+def _peaks(model: onnx.ModelProto, wanted: list[str], calib) -> dict[str, float]:
+    """The largest |value| of each ``wanted`` tensor over ``calib``: top-level tensors exposed
+    as outputs, those inside control-flow bodies over every run of their body (ir.with_probes)."""
+    model = ir.infer_shapes(onnx.load_from_string(model.SerializeToString()))
+    inputs = {i.name for i in model.graph.input}
+    observed = dict.fromkeys(wanted, 0.0)
+    with ir.with_probes(model, wanted) as plan:
+        top = [t for t in wanted if t not in inputs and t not in plan.chains]
+        shown = [helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None) for t in top]
+        with ir.with_outputs(model, shown + plan.outputs) as aug:
+            sess = session(aug, optimize=False)
+    names = top + [o.name for o in plan.outputs]
+    for batch in calib:
+        outs = dict(zip(names, sess.run(names, batch), strict=True)) if names else {}
+        values = {**batch, **outs}
+        for t in wanted:
+            arrays = plan.probes[t].values(outs) if t in plan.probes else [values[t]]
+            for a in arrays:
+                observed[t] = max(observed[t], float(np.max(np.abs(a), initial=0.0)))
+    return observed
 
 
 def _branch_flipped(names: list[str], want, got) -> bool:

@@ -62,7 +62,8 @@ def fusion_report(
 ) -> FusionReport:
     """Optimize ``model`` with onnxruntime (extended level) and compare the graphs.
 
-    Candidates are DQ -> op -> Q groups (or weighted ops) whose op is in ``kernel_ops``; other
+    Candidates are DQ -> op -> Q groups (or weighted ops), in the graph and inside its
+    If/Loop/Scan bodies, whose op is in ``kernel_ops``; other
     ops wrapped the same way are listed apart: they run in float between quantized neighbours.
     An op whose only reader is a ``folded`` activation (the profile's
     ``folded_activations``: Relu, Clip) that feeds a Q counts as quantized at its output:
@@ -70,7 +71,61 @@ def fusion_report(
     """
     import onnxruntime as ort
 
-    graph = ir.Graph(model)
+    candidates: list[onnx.NodeProto] = []
+    mixed: list[tuple[str, str]] = []
+    float_between: list[tuple[str, str]] = []
+    where: dict[str, ir.Graph] = {}
+    for scope in ir.scopes(ir.Graph(model)):  # the groups inside control-flow bodies too
+        found = _groups(scope, kernel_ops, folded)
+        candidates += found[0]
+        mixed += found[1]
+        float_between += found[2]
+        where.update((n.name, scope) for n in found[0])
+    with tempfile.TemporaryDirectory(prefix="onnxq-fusion-") as tmp:
+        out = Path(tmp) / "optimized.onnx"
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 4  # failures reach the user as onnxq errors
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        opts.optimized_model_filepath = str(out)
+        try:
+            ort.InferenceSession(
+                ir.session_bytes_or_path(model, Path(tmp)), opts, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:
+            raise UnsupportedModelError(f"onnxruntime cannot load the model: {exc}") from None
+        optimized = onnx.load(str(out))
+    # a candidate is unfused when, after optimization, a node of its name still reads a
+    # DequantizeLinear output, whatever its op type became (Conv + Relu -> FusedConv is still
+    # float); ops onnxruntime runs on int8 directly, like MaxPool, keep their name but lose the DQ
+    nodes = list(ir.every_node(optimized.graph))
+    opt_dq = {n.output[0] for n in nodes if n.op_type == "DequantizeLinear"}
+    still_float = {n.name for n in nodes if any(i in opt_dq for i in n.input)}
+    unfused = tuple((n.name, n.op_type) for n in candidates if n.name in still_float)
+    reasons = {
+        name: why
+        for name, _ in unfused
+        if (why := _shared_constant_dq(where[name], where[name].node_by_name(name)))
+    }
+    integer: dict[str, int] = {}
+    for n in nodes:
+        if n.op_type.startswith("QLinear") or n.op_type in INTEGER_KERNELS:
+            integer[n.op_type] = integer.get(n.op_type, 0) + 1
+    return FusionReport(
+        tuple(n.name for n in candidates),
+        unfused,
+        dict(sorted(integer.items())),
+        tuple(float_between),
+        tuple(mixed),
+        reasons,
+    )
+
+
+def _groups(
+    graph: ir.Graph, kernel_ops: frozenset[str], folded: frozenset[str]
+) -> tuple[list[onnx.NodeProto], list[tuple[str, str]], list[tuple[str, str]]]:
+    """The Q/DQ groups of one graph: the candidates (op with an integer kernel, every
+    activation input out of a DQ), those that also read a float activation, and the ops
+    without an integer kernel between quantized neighbours."""
     dq_outputs = {n.output[0] for n in graph.nodes if n.op_type == "DequantizeLinear"}
     q_inputs = {n.input[0] for n in graph.nodes if n.op_type == "QuantizeLinear"}
     # an activation onnxruntime folds into the Q after it: its input is quantized in effect
@@ -109,49 +164,12 @@ def fusion_report(
         return any(i and i not in dq_outputs and not constant(i) for i in n.input)
 
     grouped = [n for n in graph.nodes if n.op_type not in ir.QDQ_OPS and is_group(n)]
-    mixed = tuple(
-        (n.name, n.op_type) for n in grouped if n.op_type in kernel_ops and float_input(n)
-    )
+    mixed = [(n.name, n.op_type) for n in grouped if n.op_type in kernel_ops and float_input(n)]
     candidates = [
         n for n in grouped if n.op_type in kernel_ops and (n.name, n.op_type) not in mixed
     ]
-    float_between = tuple((n.name, n.op_type) for n in grouped if n.op_type not in kernel_ops)
-    with tempfile.TemporaryDirectory(prefix="onnxq-fusion-") as tmp:
-        out = Path(tmp) / "optimized.onnx"
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 4  # failures reach the user as onnxq errors
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        opts.optimized_model_filepath = str(out)
-        try:
-            ort.InferenceSession(
-                ir.session_bytes_or_path(model, Path(tmp)), opts, providers=["CPUExecutionProvider"]
-            )
-        except Exception as exc:
-            raise UnsupportedModelError(f"onnxruntime cannot load the model: {exc}") from None
-        optimized = onnx.load(str(out))
-    # a candidate is unfused when, after optimization, a node of its name still reads a
-    # DequantizeLinear output, whatever its op type became (Conv + Relu -> FusedConv is still
-    # float); ops onnxruntime runs on int8 directly, like MaxPool, keep their name but lose the DQ
-    opt_dq = {n.output[0] for n in optimized.graph.node if n.op_type == "DequantizeLinear"}
-    still_float = {n.name for n in optimized.graph.node if any(i in opt_dq for i in n.input)}
-    unfused = tuple((n.name, n.op_type) for n in candidates if n.name in still_float)
-    reasons = {
-        name: why
-        for name, _ in unfused
-        if (why := _shared_constant_dq(graph, graph.node_by_name(name)))
-    }
-    integer: dict[str, int] = {}
-    for n in optimized.graph.node:
-        if n.op_type.startswith("QLinear") or n.op_type in INTEGER_KERNELS:
-            integer[n.op_type] = integer.get(n.op_type, 0) + 1
-    return FusionReport(
-        tuple(n.name for n in candidates),
-        unfused,
-        dict(sorted(integer.items())),
-        float_between,
-        mixed,
-        reasons,
-    )
+    float_between = [(n.name, n.op_type) for n in grouped if n.op_type not in kernel_ops]
+    return candidates, mixed, float_between
 
 
 def _shared_constant_dq(graph: ir.Graph, node: onnx.NodeProto | None) -> str:

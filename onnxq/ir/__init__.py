@@ -10,6 +10,9 @@ external data, weights stay on disk until read (``onnxq.ir.external``).
 
 from onnxq.ir import external
 from onnxq.ir.augment import PEAKS_OUTPUT, with_channel_peaks, with_outputs
+from onnxq.ir.bodies import CONTROL_FLOW_OPS, Body, all_bodies, every_node
+from onnxq.ir.bodies import opens as opens_body
+from onnxq.ir.body_graph import BodyGraph, child_graphs, scope_index, scopes
 from onnxq.ir.constants import (
     BIAS_READERS,
     DEFAULT_DOMAINS,
@@ -43,6 +46,9 @@ from onnxq.ir.load import (
     unshare_biases,
     upgrade_opset,
 )
+from onnxq.ir.order import attr_graphs, node_reads
+from onnxq.ir.probe_plan import Probe, ProbePlan, never_ran
+from onnxq.ir.probes import with_probes
 from onnxq.ir.save import (
     atomic_write_bytes,
     inline_nbytes,
@@ -55,20 +61,29 @@ from onnxq.ir.save import (
 
 __all__ = [
     "BIAS_READERS",
+    "CONTROL_FLOW_OPS",
     "DEFAULT_DOMAINS",
     "INTEGER_OPS",
     "PEAKS_OUTPUT",
     "PROTO_LIMIT",
     "QDQ_OPS",
+    "Body",
+    "BodyGraph",
     "ConstInfo",
     "Graph",
     "LoadRecord",
     "OpsetUpgrade",
+    "Probe",
+    "ProbePlan",
+    "all_bodies",
     "atomic_write_bytes",
+    "attr_graphs",
     "check_model",
+    "child_graphs",
     "constant_node_value",
     "copy_without_initializers",
     "drop_initializer_inputs",
+    "every_node",
     "external",
     "has_subgraph",
     "infer_shapes",
@@ -79,10 +94,15 @@ __all__ = [
     "lower_ir_version",
     "model_nbytes",
     "name_nodes",
+    "never_ran",
     "node_attrs",
+    "node_reads",
+    "opens_body",
     "opset_version",
     "runtime_ir_version",
     "save_model",
+    "scope_index",
+    "scopes",
     "serialize",
     "session_bytes_or_path",
     "set_opset",
@@ -92,4 +112,5 @@ __all__ = [
     "upgrade_opset",
     "with_channel_peaks",
     "with_outputs",
+    "with_probes",
 ]

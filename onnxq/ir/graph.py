@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxq.errors import InternalError
 from onnxq.ir import external
+from onnxq.ir.bodies import all_names
 from onnxq.ir.constants import DEFAULT_DOMAINS
 from onnxq.ir.load import shapes_for_inputs
 from onnxq.ir.order import attr_graphs, node_reads, outer_reads, topological_order
@@ -62,11 +63,13 @@ class ConstInfo:
 
 
 class Graph:
-    """Producers, consumers, constants and types of a model's top-level graph."""
+    """Producers, consumers, constants and types of a model's top-level graph (a control-flow
+    body's: :class:`~onnxq.ir.body_graph.BodyGraph`, made by :func:`onnxq.ir.scopes`)."""
 
     def __init__(self, model: onnx.ModelProto):
         self.model = model
         self.proto = model.graph
+        self.root: Graph = self  # the top-level graph's index (a body's outermost scope)
         self._const_cache: dict[str, np.ndarray] = {}
         self.reindex()
 
@@ -341,6 +344,7 @@ class Graph:
             cached = set(self.initializers) | set(self.producer) | set(self.graph_inputs)
             cached |= {n.name for n in self.proto.node} | set(self.subgraph_reads)
             cached |= {vi.name for vi in self.proto.value_info}
+            cached |= all_names(self.proto)  # inside control-flow bodies too
             self._taken: set[str] | None = cached
         return cached
 

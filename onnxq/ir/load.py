@@ -15,6 +15,7 @@ from onnx import TensorProto, external_data_helper, helper
 
 from onnxq.errors import ModelLoadError, UnsupportedModelError
 from onnxq.ir import external
+from onnxq.ir.bodies import all_bodies, all_names, unique_node_names, unique_value_names
 from onnxq.ir.constants import BIAS_READERS, DEFAULT_DOMAINS
 from onnxq.ir.order import attr_graphs, topological_order
 
@@ -463,7 +464,21 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     model.graph.value_info.extend(inferred.graph.value_info)
     for dst, src in zip(model.graph.output, inferred.graph.output, strict=True):
         dst.CopyFrom(src)
+    _copy_body_types(model.graph, inferred.graph)
     return model
+
+
+def _copy_body_types(graph: onnx.GraphProto, inferred: onnx.GraphProto) -> None:
+    """The inferred types of the values inside control-flow bodies (same structure)."""
+    pairs = list(zip(all_bodies(graph), all_bodies(inferred), strict=False))
+    for body, done in pairs:
+        if body.key != done.key or len(body.graph.output) != len(done.graph.output):
+            return  # not the same structure: keep the model's own annotations
+        del body.graph.value_info[:]
+        body.graph.value_info.extend(done.graph.value_info)
+        for dst, src in zip(body.graph.output, done.graph.output, strict=True):
+            if src.type.HasField("tensor_type"):
+                dst.CopyFrom(src)
 
 
 def _ml_same_shapes(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
@@ -617,66 +632,54 @@ def _weightless_copy(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def unshare_biases(graph: onnx.GraphProto) -> int:
     """Give every Conv/ConvTranspose/Gemm its own copy of a bias initializer that other nodes
-    read too (the torch exporter merges equal initializers); returns the copies made.
+    read too (the torch exporter merges equal initializers); returns the copies made.  Readers
+    inside control-flow bodies count too; a copy goes into the reader's own graph.
 
     A quantized bias is stored at its layer's scale (input scale x weight scale), so one
     tensor cannot serve two layers: onnxruntime would read it at each layer's own scale.  A
     bias whose bytes stay on disk (external data) is left shared."""
-    inits = {t.name: t for t in graph.initializer}
+    scopes = [graph, *(body.graph for body in all_bodies(graph))]
+    inits = {t.name: t for g in scopes for t in g.initializer}
     uses: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            if name in inits:
-                uses[name] = uses.get(name, 0) + 1
-    taken = set(inits) | {o for n in graph.node for o in n.output}
+    for g in scopes:
+        for node in g.node:
+            for name in node.input:
+                if name in inits:
+                    uses[name] = uses.get(name, 0) + 1
+    taken = all_names(graph)
     made = 0
-    for node in graph.node:
-        if (
-            node.op_type not in BIAS_READERS
-            or node.domain not in DEFAULT_DOMAINS
-            or len(node.input) < 3
-            or uses.get(node.input[2], 0) < 2
-        ):
-            continue
-        source = inits[node.input[2]]
-        if source.data_location == TensorProto.EXTERNAL:
-            continue
-        uses[node.input[2]] -= 1  # the last reader keeps the original
-        name, k = f"{source.name}/{node.name}", 1
-        while name in taken:
-            name, k = f"{source.name}/{node.name}_{k}", k + 1
-        copy = TensorProto()
-        copy.CopyFrom(source)
-        copy.name = name
-        graph.initializer.append(copy)
-        taken.add(name)
-        node.input[2] = name
-        made += 1
+    for g in scopes:
+        for node in g.node:
+            if (
+                node.op_type not in BIAS_READERS
+                or node.domain not in DEFAULT_DOMAINS
+                or len(node.input) < 3
+                or uses.get(node.input[2], 0) < 2
+            ):
+                continue
+            source = inits[node.input[2]]
+            if source.data_location == TensorProto.EXTERNAL:
+                continue
+            uses[node.input[2]] -= 1  # the last reader keeps the original
+            name, k = f"{source.name}/{node.name}", 1
+            while name in taken:
+                name, k = f"{source.name}/{node.name}_{k}", k + 1
+            copy = TensorProto()
+            copy.CopyFrom(source)
+            copy.name = name
+            g.initializer.append(copy)
+            taken.add(name)
+            node.input[2] = name
+            made += 1
     return made
 
 
 def name_nodes(graph: onnx.GraphProto) -> None:
-    """Give every unnamed node a unique, deterministic name (reports refer to nodes by name)."""
-    taken = {n.name for n in graph.node if n.name}
-    for index, node in enumerate(graph.node):
-        if not node.name:
-            base = f"{node.op_type}_{index}"
-            name = base
-            k = 1
-            while name in taken:
-                name = f"{base}_{k}"
-                k += 1
-            node.name = name
-            taken.add(name)
-    seen: set[str] = set()
-    for node in graph.node:  # duplicate names make reports ambiguous
-        if node.name in seen:
-            k = 1
-            while f"{node.name}_{k}" in taken:
-                k += 1
-            node.name = f"{node.name}_{k}"
-            taken.add(node.name)
-        seen.add(node.name)
+    """Give every unnamed node a unique, deterministic name, and every node and value a name
+    unique across the model, control-flow bodies included (reports, annotations and
+    statistics refer to nodes and tensors by name alone)."""
+    unique_value_names(graph)
+    unique_node_names(graph)
 
 
 def _first_line(exc: BaseException) -> str:

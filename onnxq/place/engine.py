@@ -1,5 +1,6 @@
-"""The rule engine: run a profile's rule set over the graph's top-level nodes and collect what
-the rules claim into :class:`~onnxq.place.annotations.Annotations`.
+"""The rule engine: run a profile's rule set over the graph's nodes, those inside If/Loop/Scan
+bodies included, and collect what the rules claim into
+:class:`~onnxq.place.annotations.Annotations`.
 
 The engine only matches and collects.  For each node in graph order it asks the rules that
 anchor on the node's op type, in priority order, for a :class:`~onnxq.rewrites.pattern.Claim`;
@@ -51,25 +52,29 @@ def annotate(
     options: PlacementOptions,
     excluded: Excluded | None = None,
 ) -> Annotations:
-    """Match ``profile``'s rule set over the top-level nodes of ``facts.graph``.
+    """Match ``profile``'s rule set over the nodes of ``facts.graph``, then over the nodes of
+    each control-flow body (``facts.bodies``): the same rules, facts and exclusions, with the
+    body as the graph the rules walk.
 
     ``excluded`` names the tensors and nodes that the calibration data keeps float (see
     :mod:`onnxq.place.exclusions`), with the reasons the decisions will give.
     """
     excluded = excluded or Excluded()
     state = _Placement()
-    ctx = Context(
-        profile,
-        options,
-        facts,
-        float_tensors=excluded.tensors,
-        float_nodes={**facts.precision_paths, **excluded.nodes},
-        claimed=state.claimed,
-        quantized=state.quantized,
-    )
+    float_nodes = {**facts.precision_paths, **excluded.nodes}
     rules = _rules_by_op(RULE_SETS[profile.rule_set], profile)
-    for node in facts.graph.nodes:
-        state.decisions.append(_decide(node, rules.get(node.op_type, ()), ctx, state))
+    for scope in facts.scopes():
+        ctx = Context(
+            profile,
+            options,
+            facts.within(scope),
+            float_tensors=excluded.tensors,
+            float_nodes=float_nodes,
+            claimed=state.claimed,
+            quantized=state.quantized,
+        )
+        for node in scope.nodes:
+            state.decisions.append(_decide(node, rules.get(node.op_type, ()), ctx, state))
     for ann in state.tensors.values():
         if ann.kind == "activation":
             ann.bounds = facts.saturation_bounds(ann.consumers)
@@ -126,10 +131,7 @@ def _precheck(node: onnx.NodeProto, ctx: Context) -> str | None:
             "onnxq leaves it as it is"
         )
     if ir.has_subgraph(node):
-        return (
-            f"{node.op_type} holds subgraphs; onnxq quantizes the top-level graph and "
-            "leaves control-flow bodies float"
-        )
+        return _holds_bodies(node)
     if node.domain not in ir.DEFAULT_DOMAINS:
         kind = "ONNX-ML op" if node.domain == "ai.onnx.ml" else "custom-domain op"
         return f"{kind} ({node.domain}) stays float"
@@ -145,6 +147,20 @@ def _precheck(node: onnx.NodeProto, ctx: Context) -> str | None:
             return SHAPE_ONLY_DATA + ": never quantized"
         return "shape/index computation: never quantized"
     return None
+
+
+def _holds_bodies(node: onnx.NodeProto) -> str:
+    """Why a node with graph attributes stays float itself."""
+    attrs = ", ".join(a.name for a in node.attribute if ir.attr_graphs(a))
+    if ir.opens_body(node):
+        return (
+            f"{node.op_type} is control flow: the ops inside its {attrs} are placed by the "
+            "same rules and have decisions of their own"
+        )
+    return (
+        f"{node.op_type} holds subgraphs ({attrs}); onnxq places Q/DQ inside If, Loop and "
+        "Scan bodies only, so those stay float"
+    )
 
 
 def _conflict(taken: Claim, state: _Placement) -> str | None:

@@ -9,9 +9,10 @@ placement loop takes.  The graph itself must not change while its facts are in u
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from types import MappingProxyType
+from typing import TypeVar
 
 import onnx
 
@@ -21,6 +22,8 @@ from onnxq.place.heads import head_nodes, score_maps
 from onnxq.place.paths import grouped_conv_inputs, position_norm_convs, precision_paths, shape_path
 
 Bounds = tuple[float, float]
+K = TypeVar("K")
+V = TypeVar("V")
 
 # ops whose output stays the same beyond a fixed input bound (attribute-free; Clip and
 # HardSigmoid take theirs from the node)
@@ -34,8 +37,14 @@ SATURATION_BOUNDS: dict[str, Bounds] = {
 class GraphFacts:
     """What placement knows about ``graph`` before it sees any data.
 
+    The facts cover the whole model, the If/Loop/Scan bodies inside ``graph`` included (node
+    and tensor names are unique across the model, ``onnxq.ir.name_nodes``): ``bodies`` holds
+    their indexes, and :meth:`within` gives the facts that the rules read while they place a
+    body's nodes.
+
     Attributes:
-        graph: the graph (read, never edited, while these facts are in use).
+        graph: the graph the rules walk: the top-level graph, or (:meth:`within`) a body
+            (read, never edited, while these facts are in use).
         nodes: node name -> node.
         shape_path: tensors computed from shapes or indices (never quantized).
         precision_paths: node -> why it stays float (on a logarithm's or a tree's path).
@@ -46,6 +55,7 @@ class GraphFacts:
         position_norm_convs: 1-D Conv before a LayerNormalization -> its activation input.
         reader_bounds: (reader node, input index) -> the input range beyond which the
             reader's output no longer changes; readers without such bounds are absent.
+        bodies: the indexes of the control-flow bodies, depth first.
     """
 
     graph: ir.Graph
@@ -57,22 +67,41 @@ class GraphFacts:
     grouped_convs: Mapping[str, str]
     position_norm_convs: Mapping[str, str]
     reader_bounds: Mapping[tuple[str, int], Bounds]
+    bodies: tuple[ir.BodyGraph, ...] = ()
 
     @classmethod
     def of(cls, graph: ir.Graph, profile: BackendProfile) -> GraphFacts:
-        """The facts of ``graph`` as ``profile`` sees them (its shape ops, its head method)."""
+        """The facts of ``graph`` and the bodies inside it as ``profile`` sees them (its shape
+        ops, its head method)."""
         heads = profile.head_method is not None
+        scopes = ir.scopes(graph)
+        path: set[str] = set()
+        for scope in scopes:  # outer scopes first: a body reading a shape is on the path
+            path |= shape_path(scope, profile, frozenset(path))
+        # an If branch's outputs are the If's: its heads are the model's when the If's are;
+        # a Loop's or Scan's outputs are state carried to the next step, not read at extremes
+        branches = [s for s in scopes if not isinstance(s, ir.BodyGraph) or _branch(s)]
         return cls(
             graph=graph,
-            nodes=MappingProxyType({n.name: n for n in graph.nodes}),
-            shape_path=shape_path(graph, profile),
-            precision_paths=MappingProxyType(precision_paths(graph)),
-            heads=head_nodes(graph) if heads else frozenset(),
+            nodes=_merged(scopes, lambda s: {n.name: n for n in s.nodes}),
+            shape_path=frozenset(path),
+            precision_paths=_merged(scopes, precision_paths),
+            heads=frozenset().union(*map(head_nodes, branches)) if heads else frozenset(),
             score_maps=tuple(score_maps(graph)) if heads else (),
-            grouped_convs=MappingProxyType(grouped_conv_inputs(graph)),
-            position_norm_convs=MappingProxyType(position_norm_convs(graph)),
-            reader_bounds=MappingProxyType(_reader_bounds(graph)),
+            grouped_convs=_merged(scopes, grouped_conv_inputs),
+            position_norm_convs=_merged(scopes, position_norm_convs),
+            reader_bounds=_merged(scopes, _reader_bounds),
+            bodies=tuple(s for s in scopes if isinstance(s, ir.BodyGraph)),
         )
+
+    def within(self, scope: ir.Graph) -> GraphFacts:
+        """These facts with ``scope`` (the top-level graph or one of :attr:`bodies`) as the
+        graph the rules walk."""
+        return self if scope is self.graph else replace(self, graph=scope)
+
+    def scopes(self) -> tuple[ir.Graph, ...]:
+        """The top-level graph, then the bodies."""
+        return (self.graph, *self.bodies)
 
     def saturation_bounds(self, consumers: list[tuple[str, int]]) -> Bounds | None:
         """The (low, high) beyond which none of ``consumers``' outputs change any more, or None.
@@ -92,6 +121,19 @@ class GraphFacts:
         if not consumers or (low == -math.inf and high == math.inf):
             return None
         return low, high
+
+
+def _branch(scope: ir.BodyGraph) -> bool:
+    """Whether ``scope`` is an If branch inside If branches only (no Loop or Scan around)."""
+    return all(b.owner.op_type == "If" for b in scope.body.chain())
+
+
+def _merged(scopes: list[ir.Graph], facts: Callable[[ir.Graph], Mapping[K, V]]) -> Mapping[K, V]:
+    """One read-only mapping of ``facts`` over every scope (names are unique in the model)."""
+    out: dict[K, V] = {}
+    for scope in scopes:
+        out.update(facts(scope))
+    return MappingProxyType(out)
 
 
 def _reader_bounds(graph: ir.Graph) -> dict[tuple[str, int], Bounds]:

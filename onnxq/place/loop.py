@@ -8,10 +8,12 @@ loading a calibration cache (``onnxq.measure``); a test drives the loop with a f
 
 ``measure(wanted)`` takes the activation tensors the placement quantizes (name -> whether its
 method needs a histogram) and returns statistics for each of them, or, in ``unobservable``, the
-reason it has none (the data could be read only once); those tensors stay float and the loop
-places again.  The loop never returns a placement with a quantized tensor it has no statistics
-for, and does not stop silently: past ``max_rounds`` it raises :class:`InternalError` naming
-what kept changing.
+reason it has none (the data could be read only once, its control-flow body never ran); those
+tensors stay float and the loop places again.  ``body_runs`` says how often each If/Loop/Scan
+body ran: every op inside a body that never ran (an If branch the data never takes) stays
+float with that reason, whatever graph its inputs come from.  The loop never returns a
+placement with a quantized tensor it has no statistics for, and does not stop silently: past
+``max_rounds`` it raises :class:`InternalError` naming what kept changing.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.errors import InternalError
 from onnxq.observers import HISTOGRAM_METHODS, TensorStats
@@ -42,6 +45,9 @@ class Statistics(Protocol):
 
     @property
     def unobservable(self) -> Mapping[str, str]: ...
+
+    @property
+    def body_runs(self) -> Mapping[str, int]: ...
 
 
 S = TypeVar("S", bound=Statistics)
@@ -88,14 +94,26 @@ def place(
                 f"the measure gave no statistics and no reason for {len(lost)} tensor(s) the "
                 f"placement quantizes, e.g. {', '.join(repr(t) for t in lost[:5])}"
             )
+        idle = idle_bodies(facts, measured.body_runs)
         if unobservable:
-            added = Excluded(tensors=unobservable)
+            added = Excluded(tensors=unobservable) | idle
         else:
-            added = find_exclusions(annotations, Evidence(measured.stats, facts), options)
+            added = find_exclusions(annotations, Evidence(measured.stats, facts), options) | idle
             if not added.adds_to(excluded):
                 return Placement(annotations, measured, rounds)
         excluded = excluded | added
     raise InternalError(_unsettled(max_rounds, added))
+
+
+def idle_bodies(facts: GraphFacts, runs: Mapping[str, int]) -> Excluded:
+    """Every node inside a control-flow body that never ran on the calibration data (``runs``:
+    body key -> runs), with why: there is no data to calibrate it on."""
+    nodes: dict[str, str] = {}
+    for scope in facts.bodies:
+        why = ir.never_ran(scope.body.chain(), runs)
+        if why is not None:
+            nodes.update((n.name, why) for n in scope.nodes)
+    return Excluded(nodes=nodes)
 
 
 def _unsettled(rounds: int, added: Excluded) -> str:

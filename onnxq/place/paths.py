@@ -14,18 +14,23 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.place.heads import DATA_FIRST_OPS
 
 
-def shape_path(graph: ir.Graph, profile: BackendProfile) -> frozenset[str]:
-    """Tensors computed from shapes or indices (downstream of Shape/Size/..., or integer)."""
-    path: set[str] = set()
+def shape_path(
+    graph: ir.Graph, profile: BackendProfile, outer: frozenset[str] = frozenset()
+) -> frozenset[str]:
+    """Tensors computed from shapes or indices (downstream of Shape/Size/...); ``outer``: the
+    enclosing scopes' such tensors, which a control-flow body may read."""
+    path: set[str] = set(outer)
     for node in graph.nodes:
         outs = [o for o in node.output if o]
         if node.op_type in profile.shape_ops:
             path.update(outs)
             continue
-        live = [t for t in node.input if t and not graph.is_const(t)]
+        # a control-flow node computes from what its bodies read, not only its condition
+        reads = sorted(ir.node_reads(node)) if ir.has_subgraph(node) else node.input
+        live = [t for t in reads if t and not graph.is_const(t)]
         if live and all(t in path for t in live):
             path.update(outs)
-    return frozenset(path)
+    return frozenset(path - outer)
 
 
 def grouped_conv_inputs(graph: ir.Graph) -> dict[str, str]:

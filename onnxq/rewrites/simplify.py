@@ -153,7 +153,11 @@ def fold_batchnorm(graph: ir.Graph) -> bool:
         producer = graph.producer.get(bn.input[0])
         if producer is None or producer.op_type not in ("Conv", "ConvTranspose", "Gemm"):
             continue
-        if len(graph.consumers.get(bn.input[0], [])) != 1 or bn.input[0] in graph.graph_outputs:
+        if (
+            len(graph.consumers.get(bn.input[0], [])) != 1
+            or bn.input[0] in graph.graph_outputs
+            or bn.input[0] in graph.subgraph_reads  # the folded op takes over the BN's name
+        ):
             continue
         params = [graph.const_value(t) for t in bn.input[1:5]]
         weight = graph.const_value(producer.input[1])
@@ -261,17 +265,32 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
 )
 
 
+def _run_everywhere(p: Pass, graph: ir.Graph) -> bool:
+    """Run ``p`` on ``graph`` and then on the bodies inside it, each committed after a change
+    (and indexed afresh after its enclosing graph's commit); True if anything changed."""
+    changed = p(graph)
+    if changed:
+        graph.commit()
+    inner = False
+    for body in ir.child_graphs(graph):
+        inner |= _run_everywhere(p, body)
+    if inner:
+        graph.reindex()  # what its bodies read from it may have changed
+    return changed or inner
+
+
 def simplify(
     model: onnx.ModelProto, passes: tuple[Pass, ...] = DEFAULT_PASSES, max_rounds: int = 8
 ) -> tuple[onnx.ModelProto, list[str]]:
-    """Run ``passes`` to a fixed point; returns the model and the names of passes that fired."""
+    """Run ``passes`` to a fixed point, in the top-level graph and in every If/Loop/Scan
+    body; returns the model and the names of passes that fired."""
     graph = ir.Graph(model)
     fired: list[str] = []
     for _ in range(max_rounds):
         changed = False
         for p in passes:
             try:
-                modified = p(graph)
+                modified = _run_everywhere(p, graph)
             except OnnxqError:
                 raise
             except Exception as exc:  # onnxq's own pass crashed: its bug, whatever the model
@@ -281,7 +300,6 @@ def simplify(
                     "until it is fixed"
                 ) from exc
             if modified:
-                graph.commit()
                 fired.append(p.__name__)
                 changed = True
         if not changed:

@@ -23,11 +23,13 @@ def reasons(ann: Annotations) -> dict[str, str]:
 
 
 def test_every_node_gets_exactly_one_decision_in_graph_order():
+    # the top-level graph's nodes, then each control-flow body's (if_model's branches)
     for backend in ("tensorrt", "onnxruntime"):
         for name, builder in graphs.BUILDERS.items():
             model = builder()
             ann = annotated(model, backend)
-            assert [d.node for d in ann.decisions] == [n.name for n in model.graph.node], name
+            nodes = [n.name for scope in ir.scopes(ir.Graph(model)) for n in scope.nodes]
+            assert [d.node for d in ann.decisions] == nodes, name
             for d in ann.decisions:
                 assert d.quantized or d.reason, (name, d)
 

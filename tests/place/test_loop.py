@@ -47,6 +47,7 @@ def stats_of(name: str, peak: float) -> TensorStats:
 class Measured:
     stats: dict[str, TensorStats]
     unobservable: dict[str, str] = field(default_factory=dict)
+    body_runs: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -145,3 +146,22 @@ def test_the_measure_is_told_which_tensors_need_a_histogram():
     seen.clear()
     place(facts, PROFILES["tensorrt"], QuantConfig(method="mse").placement, measure)
     assert seen == [dict.fromkeys(["x", "r0", "r1", "r2"], True)]
+
+
+def test_every_op_of_a_body_that_never_ran_stays_float_with_the_reason():
+    from tests import control_flow_graphs as cf
+
+    facts = GraphFacts.of(ir.Graph(ir.infer_shapes(cf.if_convs())), PROFILES["tensorrt"])
+    calls: list[list[str]] = []
+
+    def measure(wanted: Mapping[str, bool]) -> Measured:
+        calls.append(list(wanted))
+        runs = {"if/then_branch": 4, "if/else_branch": 0}
+        return Measured({t: stats_of(t, 1.0) for t in wanted}, body_runs=runs)
+
+    placement = place(facts, PROFILES["tensorrt"], QuantConfig().placement, measure)
+    decisions = {d.node: d for d in placement.annotations.decisions}
+    why = "branch never taken on the calibration data (else_branch of If 'if')"
+    assert [decisions[n].reason for n in ("else_conv", "else_mul", "else.half_const")] == [why] * 3
+    assert decisions["then_conv"].quantized
+    assert placement.rounds == 2 and calls[0] == ["x"] and calls[1] == ["x"]

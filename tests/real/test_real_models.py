@@ -16,9 +16,10 @@ photo, other text; see ``conftest.py``) against the float model:
   default method) is a strict xfail that says why; the same model with ``method="minmax"``
   must pass.
 
-Silero VAD keeps all its weights inside an ``If`` subgraph, which onnxq leaves float: the test
-pins that down (no Q/DQ anywhere, the If reported as float with its reason) and checks that the
-model still runs a stream of chunks exactly like the float one.
+Silero VAD keeps all its weights inside the branches of an ``If`` on the sample rate; the
+calibration chunks are 16 kHz: the test checks that the 16 kHz branch is quantized, that every
+op of the 8 kHz branch stays float with the reason "branch never taken on the calibration data",
+and that the model runs a stream of chunks (the state carried along) close to the float one.
 """
 
 from __future__ import annotations
@@ -128,16 +129,18 @@ def rec_characters(model_path: Path) -> list[str]:
 
 
 def scale_activations(model: onnx.ModelProto, factor: float) -> tuple[onnx.ModelProto, int]:
-    """A copy with every activation scale (a QuantizeLinear's, shared with its DQ) x ``factor``."""
+    """A copy with every activation scale (a QuantizeLinear's, shared with its DQ) x ``factor``,
+    inside control-flow bodies too."""
     broken = onnx.ModelProto()
     broken.CopyFrom(model)
-    names = {n.input[1] for n in broken.graph.node if n.op_type == "QuantizeLinear"}
     changed = 0
-    for init in broken.graph.initializer:
-        if init.name in names:
-            value = onnx.numpy_helper.to_array(init) * np.float32(factor)
-            init.CopyFrom(onnx.numpy_helper.from_array(value.astype(np.float32), init.name))
-            changed += 1
+    for graph in _graphs(broken.graph):
+        names = {n.input[1] for n in graph.node if n.op_type == "QuantizeLinear"}
+        for init in graph.initializer:
+            if init.name in names:
+                value = onnx.numpy_helper.to_array(init) * np.float32(factor)
+                init.CopyFrom(onnx.numpy_helper.from_array(value.astype(np.float32), init.name))
+                changed += 1
     return broken, changed
 
 
@@ -464,37 +467,50 @@ def test_cli_quantize_from_npz_folder(
     assert not failures(metrics, CLS_BOUNDS), metrics
 
 
+# silero_vad on 16 evaluation chunks streamed with their state, measured with onnxq at this
+# commit, onnxruntime 1.32.0, AMD EPYC (Zen 4): speech-probability max |diff| 0.092 (tensorrt,
+# unfused) and 0.076 (onnxruntime, fused); all activation scales x10: 0.45 and 0.86.
+VAD_PROB_BOUND = 0.15
+
+
+def vad_stream(model: onnx.ModelProto, backend: str, path: Path, data: Split) -> np.ndarray:
+    """Speech probabilities of the float and the quantized model over a stream of chunks, the
+    state carried from one chunk to the next as silero-vad runs it: rows (float, quantized)."""
+    ref_session = make_session(path, optimize=True)
+    got_session = quantized_session(model, backend)
+    ref_state = got_state = np.zeros((2, 1, 128), np.float32)
+    probs = []
+    for chunk in data.evaluation:
+        ref_prob, ref_state = ref_session.run(None, {**chunk, "state": ref_state})
+        got_prob, got_state = got_session.run(None, {**chunk, "state": got_state})
+        assert got_prob.shape == ref_prob.shape == (1, 1)
+        probs.append((float(ref_prob[0, 0]), float(got_prob[0, 0])))
+    return np.array(probs)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_silero_vad_stays_float_and_exact(
+def test_silero_vad_quantizes_the_branch_the_data_takes(
     backend: str, quantize_cached: Any, real_models: dict[str, Path], vad_data: Split
 ) -> None:
     q = quantize_cached("silero_vad", backend)
     model, report = q.result.model, q.result.report
     assert check(model, PROFILES[backend]) == []
     onnx.checker.check_model(model)
-    # every weight of silero_vad.onnx lives in the If's branches: onnxq leaves them float,
-    # says so in the report, and adds no Q/DQ node anywhere
-    assert count_ops(model, "QuantizeLinear", "DequantizeLinear") == 0
-    assert report.quantized_ops == []
-    ifs = [d for d in report.float_ops if d.op_type == "If"]
-    assert ifs and all(d.reason for d in ifs), "the If must be reported float, with a reason"
-    assert {f.name for f in report.fidelity} == {"output", "stateN"}
-    assert all(f.cosine > 0.9999 for f in report.fidelity), report.fidelity
-
-    # a stream of chunks, the state carried from one chunk to the next, as silero-vad runs it
-    ref_session = make_session(real_models["silero_vad"], optimize=True)
-    got_session = quantized_session(model, backend)
-    ref_state = got_state = np.zeros((2, 1, 128), np.float32)
-    worst = 0.0
-    for chunk in vad_data.evaluation:
-        ref_prob, ref_state = ref_session.run(None, {**chunk, "state": ref_state})
-        got_prob, got_state = got_session.run(None, {**chunk, "state": got_state})
-        assert got_prob.shape == ref_prob.shape == (1, 1)
-        worst = max(
-            worst,
-            float(np.abs(ref_prob - got_prob).max()),
-            float(np.abs(ref_state - got_state).max()),
-        )
-    print(f"\nsilero_vad [{backend}] quantize {q.seconds:.2f} s, stream max abs diff {worst:.3g}")
-    # float vs float: only kernel choice differs (measured <= 2.4e-6 over 16 chunks)
-    assert worst < 1e-4
+    # every weight of silero_vad.onnx lives in the branches of an If on the sample rate; the
+    # calibration chunks are 16 kHz: the 16 kHz branch (then_branch of If_0) gets Q/DQ, the
+    # 8 kHz branch stays float, each of its ops saying why
+    convs = [d for d in report.quantized_ops if d.op_type == "Conv"]
+    assert len(convs) >= 4 and all("If_0_then_branch" in d.node for d in convs), convs
+    assert count_ops(model, "QuantizeLinear", "DequantizeLinear") > 0
+    assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+    untaken = [d for d in report.float_ops if "If_0_else_branch" in d.node and d.op_type != "If"]
+    why = "branch never taken on the calibration data (else_branch of If 'If_0')"
+    assert untaken and all(d.reason == why for d in untaken), untaken[:3]
+    probs = vad_stream(model, backend, real_models["silero_vad"], vad_data)
+    worst = float(np.abs(probs[:, 0] - probs[:, 1]).max())
+    print(f"\nsilero_vad [{backend}] quantize {q.seconds:.2f} s, stream prob max diff {worst:.3g}")
+    assert worst < VAD_PROB_BOUND
+    broken, changed = scale_activations(model, 10.0)  # the bound is not vacuous
+    assert changed > 0
+    coarse = vad_stream(broken, backend, real_models["silero_vad"], vad_data)
+    assert float(np.abs(coarse[:, 0] - coarse[:, 1]).max()) > VAD_PROB_BOUND

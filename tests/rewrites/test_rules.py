@@ -490,5 +490,7 @@ def test_shape_subgraph_qdq_count():
 def test_control_flow_node_stays_float_with_a_reason():
     ann = annotated(graphs.if_model())
     d = decision(ann, "if")
-    assert not d.quantized and "holds subgraphs" in d.reason
+    assert not d.quantized and "is control flow" in d.reason and "then_branch" in d.reason
+    # the branches' ops have decisions of their own
+    assert not decision(ann, "else_neg").quantized and decision(ann, "else_neg").reason
     assert decision(ann, "conv").quantized
