@@ -33,8 +33,8 @@ from onnxq.data import model_inputs, open_source
 from onnxq.errors import CalibrationDataError, ConfigError, InternalError, OnnxqError, OutputError
 from onnxq.materialize import materialize
 from onnxq.measure import CachedStatistics, Calibration, held_batches
-from onnxq.mixed_precision import HeldOut, accuracy_target, hold_out, search
 from onnxq.messages import GraphView, Outcome, messages, opset_conversion_hint
+from onnxq.mixed_precision import HeldOut, accuracy_target, hold_out, search
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
 from onnxq.prepare import ModelLike, prepare
@@ -189,7 +189,7 @@ def quantize(
             data = open_source(calibration, inputs, batch_size, cfg.preprocess)
         goal = accuracy_target(cfg.accuracy_target, target)
         if goal is not None:
-            held, data = _hold_out(data, heldout, inputs, cfg, batch_size)
+            kept_out, data = _hold_out(data, heldout, inputs, cfg, batch_size)
         facts, view = GraphFacts.of(graph, profile), GraphView.of(graph, profile)
         if load_calibration is not None:
             held = held_batches(prepared.model, data, inputs, cfg.fidelity_batches)
@@ -203,7 +203,7 @@ def quantize(
         placement = place(facts, profile, cfg.placement, measure)
         mixed = None
         if goal is not None:
-            mixed = search(goal, held, prepared.model, facts, profile, cfg, measure, placement)
+            mixed = search(goal, kept_out, prepared.model, facts, profile, cfg, measure, placement)
             placement = mixed.placement
         annotations, statistics = placement.annotations, placement.statistics
         cache = None  # written last: a run that fails or is interrupted leaves no file

@@ -6,10 +6,10 @@ Conv/ConvTranspose/Gemm/MatMul layers by how much the target metric gains when e
 stays float (:func:`onnxq.sensitivity.rank_layers`: L + 1 trials, no recalibration), then:
 
 1. the all-INT8 model meets the target: nothing is kept float;
-2. else the shortest prefix of the ranking (layers that gain) that meets the target is found
-   by bisection (about log2 L trials); if even the whole prefix misses it, the best model
-   scored (all-INT8, every gaining layer float, every candidate float) is kept and the result
-   says the target was not met;
+2. else the shortest prefix of the ranking that meets the target is found by bisection
+   (about log2 L trials); if even every candidate float misses it (other quantized ops, or a
+   metric no float layer can satisfy), the best model scored (all-INT8, every gaining layer
+   float, every candidate float) is kept and the result says the target was not met;
 3. each kept layer, least gain first, is dropped again when the target holds without it.
 
 The chosen layers stay float through the normal placement machinery: they are exclusions with
@@ -120,7 +120,7 @@ class MixedPrecision:
     kept: tuple[LayerSensitivity, ...]
     ranking: tuple[LayerSensitivity, ...]
     trials: int
-    placement: Placement[Statistics]
+    placement: Placement[Any]
 
     @property
     def met(self) -> bool:
@@ -236,26 +236,27 @@ def search(
 
 
 def choose(trials: Trials, base: float, ranking: list[LayerSensitivity]) -> list[LayerSensitivity]:
-    """The layers to keep float: see steps 1-3 of the module."""
+    """The layers to keep float: see steps 1-3 of the module (``ranking``: largest gain
+    first; layers that gain nothing are tried last)."""
     target = trials.target
     if target.met(base):
         return []
-    gaining = [s for s in ranking if s.gain > 0]
 
     def score(layers: list[LayerSensitivity]) -> float:
         return trials.score(s.node for s in layers)
 
-    if not gaining or not target.met(score(gaining)):
+    if not target.met(score(ranking)):
+        gaining = [s for s in ranking if s.gain > 0]
         tried = [[], gaining, ranking]
         return max(tried, key=lambda layers: (score(layers), -len(layers)))
-    low, high = 0, len(gaining)  # the prefix of length `high` meets the target, `low` not
+    low, high = 0, len(ranking)  # the prefix of length `high` meets the target, `low` not
     while high - low > 1:
         middle = (low + high) // 2
-        if target.met(score(gaining[:middle])):
+        if target.met(score(ranking[:middle])):
             high = middle
         else:
             low = middle
-    kept = gaining[:high]
+    kept = ranking[:high]
     for layer in sorted(kept, key=lambda s: s.gain):
         rest = [s for s in kept if s is not layer]
         if rest and target.met(score(rest)):
@@ -271,5 +272,38 @@ __all__ = [
     "find_mixed_precision",
     "hold_out",
     "search",
+    "sensitivity_ranking",
     "summary_lines",
 ]
+
+
+def sensitivity_ranking(
+    model: Any, calibration: Any, config: QuantConfig, batch_size: int = 1
+) -> tuple[HeldOut, float, list[LayerSensitivity]]:
+    """Calibrate ``model`` once as :func:`onnxq.quantize` would with ``config`` and rank its
+    quantized layers by sensitivity (``onnxq analyze --sensitivity``): the held-out batches,
+    the all-INT8 score of the config's target (cosine when it has none), and the ranking."""
+    from onnxq import ir
+    from onnxq.backends.target import profile_for
+    from onnxq.inputs import model_inputs
+    from onnxq.measure import Calibration
+    from onnxq.place.loop import place
+    from onnxq.prepare import prepare
+
+    target = accuracy_target(config.accuracy_target, None) or AccuracyTarget("cosine", 1.0)
+    profile, _ = profile_for(config.target)
+    prepared = prepare(model, profile, config.simplify)
+    graph = ir.Graph(prepared.model)
+    inputs = model_inputs(graph)
+    data = open_source(calibration, inputs, batch_size, config.preprocess)
+    held, rest = hold_out(data, None, inputs, config.heldout_batches)
+    assert rest is not None
+    facts = GraphFacts.of(graph, profile)
+    measure = Calibration(prepared.model, rest, inputs, config.calibration, facts)
+    first = place(facts, profile, config.placement, measure)
+    reference = run_outputs(prepared.model, held.batches, profile.fused_validation, "float")
+    trials = Trials(
+        prepared.model, facts, profile, config, measure, held.batches, reference, target
+    )
+    base, ranking = rank_layers(trials, candidates(first.annotations), config.progress)
+    return held, base, ranking

@@ -163,4 +163,9 @@ def view(cls: type[View], config: Any) -> View:
 
 __all__ = [
     "AccuracyOptions",
-    "CalibrationOptions", "PlacementOptions", "TargetOptions", "WeightOptions", "view"]
+    "CalibrationOptions",
+    "PlacementOptions",
+    "TargetOptions",
+    "WeightOptions",
+    "view",
+]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import onnx
 from onnx import helper
@@ -60,7 +61,7 @@ class Trials:
     count: int = 0
     scores: dict[frozenset[str], float] = field(default_factory=dict)
 
-    def placement(self, kept: Mapping[str, str]) -> Placement[Statistics]:
+    def placement(self, kept: Mapping[str, str]) -> Placement[Any]:
         """The settled placement with the nodes of ``kept`` (name -> reason) float."""
         return place(
             self.facts, self.profile, self.config.placement, self.measure, kept=Excluded(nodes=kept)
@@ -154,13 +155,15 @@ def _progress(layers: list[tuple[str, str]], enabled: bool) -> Iterable[tuple[st
     from tqdm import tqdm
 
     # disable=None: no bar when stderr is not a terminal
-    return tqdm(layers, desc="sensitivity", unit="layer", file=sys.stderr, leave=False, disable=None)
+    bar = tqdm(layers, desc="sensitivity", unit="layer", file=sys.stderr, leave=False, disable=None)
+    return iter(bar)
 
 
 def _static(shape: tuple[int | str | None, ...] | None) -> list[int] | None:
-    if shape is None or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+    """The shape with its first (batch) axis as 1, when the other axes are static."""
+    if shape is None or not shape or not all(isinstance(d, int) and d > 0 for d in shape[1:]):
         return None
-    return [int(d) for d in shape]  # type: ignore[arg-type]
+    return [1, *(int(d) for d in shape[1:])]  # type: ignore[arg-type]
 
 
 def layer_macs(graph: ir.Graph, node: onnx.NodeProto) -> int | None:
