@@ -31,10 +31,11 @@ from onnxq.calibrate import calibration_cache
 from onnxq.config import QuantConfig
 from onnxq.data import model_inputs, open_source
 from onnxq.errors import CalibrationDataError, ConfigError, InternalError, OnnxqError, OutputError
+from onnxq.heldout import HeldOut, hold_out
 from onnxq.materialize import materialize
 from onnxq.measure import CachedStatistics, Calibration, held_batches
 from onnxq.messages import GraphView, Outcome, messages, opset_conversion_hint
-from onnxq.mixed_precision import HeldOut, accuracy_target, hold_out, search
+from onnxq.mixed_precision import accuracy_target, search
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
 from onnxq.prepare import ModelLike, prepare

@@ -21,81 +21,31 @@ length is known), or an explicit source (:func:`hold_out`).
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import onnx
 
+from onnxq import ir
 from onnxq.accuracy_target import AccuracyTarget, parse_target
 from onnxq.backends.profile import BackendProfile
 from onnxq.backends.validate import run_outputs
 from onnxq.config import QuantConfig
-from onnxq.data import batches_total, check_batch, open_source
-from onnxq.errors import CalibrationDataError
-from onnxq.inputs import Batch, InputSpec
+from onnxq.data import open_source
+from onnxq.heldout import HeldOut, hold_out
+from onnxq.place.annotations import Annotations
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import Placement, Statistics
-from onnxq.sensitivity import LayerSensitivity, Trials, candidates, rank_layers
-
-
-@dataclass(frozen=True)
-class HeldOut:
-    """The batches the target is measured on, and where they came from (for the report)."""
-
-    batches: list[Batch]
-    source: str
-
-
-class _Skipping:
-    """A re-iterable source without its first ``count`` batches (they are held out)."""
-
-    def __init__(self, source: Iterable[Batch], count: int) -> None:
-        self._source, self._count = source, count
-
-    def __iter__(self) -> Iterator[Batch]:
-        return itertools.islice(iter(self._source), self._count, None)
-
-    def __len__(self) -> int:
-        return max(0, len(self._source) - self._count)  # type: ignore[arg-type]
-
-
-def hold_out(
-    data: Iterable[Batch] | None,
-    heldout: Any,
-    inputs: list[InputSpec],
-    count: int,
-    batch_size: int = 1,
-    preprocess: str | None = None,
-) -> tuple[HeldOut, Iterable[Batch] | None]:
-    """The held-out batches and the calibration data left: up to ``count`` batches of an
-    explicit ``heldout`` source (calibration keeps all of ``data``), else the first
-    ``count`` batches of ``data`` (at most a quarter of a source that knows its length),
-    which calibration then skips."""
-    if heldout is not None:
-        source = open_source(heldout, inputs, batch_size, preprocess)
-        batches = [check_batch(b, inputs, i) for i, b in enumerate(itertools.islice(source, count))]
-        if not batches:
-            raise CalibrationDataError("the held-out data for the accuracy target is empty")
-        return HeldOut(batches, f"{len(batches)} batches of the held-out data"), data
-    if data is None:
-        raise CalibrationDataError("an accuracy target needs held-out data or calibration data")
-    total = batches_total(data)
-    take = count if total is None else min(count, total // 4)
-    if take < 1:
-        raise CalibrationDataError(
-            f"{total} calibration batch(es) are too few to hold some out for the accuracy "
-            "target (it holds out a quarter, at most heldout_batches); give more batches, or "
-            "held-out data (--heldout DATA)"
-        )
-    reiterable = iter(data) is not data
-    stream = iter(data)
-    batches = [check_batch(b, inputs, i) for i, b in enumerate(itertools.islice(stream, take))]
-    rest: Iterable[Batch] = _Skipping(data, take) if reiterable else stream
-    where = f"the first {len(batches)} calibration batches, which calibration skips"
-    return HeldOut(batches, where), rest
+from onnxq.sensitivity import (
+    WEIGHTED_OPS,
+    LayerSensitivity,
+    Trials,
+    candidates,
+    layer_macs,
+    rank_layers,
+)
 
 
 def accuracy_target(text: str | None, given: AccuracyTarget | str | None) -> AccuracyTarget | None:
@@ -121,6 +71,10 @@ class MixedPrecision:
     ranking: tuple[LayerSensitivity, ...]
     trials: int
     placement: Placement[Any]
+    # multiply-adds per sample of every Conv/ConvTranspose/Gemm/MatMul of the model, and of
+    # those the final placement leaves float for any reason (None: a shape is not static)
+    model_macs: int | None = None
+    model_float_macs: int | None = None
 
     @property
     def met(self) -> bool:
@@ -148,6 +102,13 @@ class MixedPrecision:
             "float_macs": kept,
             "candidate_macs": total,
             "float_macs_fraction": round(kept / total, 6) if kept is not None and total else None,
+            "model_macs": self.model_macs,
+            "model_float_macs": self.model_float_macs,
+            "model_float_macs_fraction": (
+                round(self.model_float_macs / self.model_macs, 6)
+                if self.model_float_macs is not None and self.model_macs
+                else None
+            ),
             "trials": self.trials,
             "sensitivity": [s.to_dict() for s in self.ranking],
         }
@@ -167,8 +128,8 @@ class MixedPrecision:
 def summary_lines(record: dict[str, Any]) -> list[str]:
     """The report summary's lines for a search record (:meth:`MixedPrecision.to_dict`)."""
     kept = record["kept_float"]
-    share = record["float_macs_fraction"]
-    macs = "" if share is None else f", {share:.1%} of the layers' multiply-adds"
+    share = record["model_float_macs_fraction"]
+    macs = "" if share is None else f"; {share:.1%} of the model's multiply-adds are float"
     lines = [
         f"accuracy target {record['target']} "
         + ("met" if record["met"] else "NOT met")
@@ -205,6 +166,8 @@ def find_mixed_precision(
     kept = choose(trials, base, ranking)
     reasons = {s.node: reason(s, trials.target) for s in kept}
     score = trials.score(reasons)
+    final = trials.placement(reasons)
+    every, left_float = model_macs(trials.facts.graph, final.annotations)
     return MixedPrecision(
         trials.target,
         heldout,
@@ -213,8 +176,26 @@ def find_mixed_precision(
         tuple(kept),
         tuple(ranking),
         trials.count,
-        trials.placement(reasons),
+        final,
+        every,
+        left_float,
     )
+
+
+def model_macs(graph: ir.Graph, annotations: Annotations) -> tuple[int | None, int | None]:
+    """Multiply-adds per sample of the model's Conv/ConvTranspose/Gemm/MatMul, and of those
+    ``annotations`` leave float (None: a shape is not static)."""
+    quantized = {d.node for d in annotations.decisions if d.quantized}
+    every = left_float = 0
+    for node in graph.nodes:
+        if node.op_type not in WEIGHTED_OPS:
+            continue
+        macs = layer_macs(graph, node)
+        if macs is None:
+            return None, None
+        every += macs
+        left_float += 0 if node.name in quantized else macs
+    return every, left_float
 
 
 def search(
@@ -264,26 +245,12 @@ def choose(trials: Trials, base: float, ranking: list[LayerSensitivity]) -> list
     return kept
 
 
-__all__ = [
-    "HeldOut",
-    "MixedPrecision",
-    "accuracy_target",
-    "choose",
-    "find_mixed_precision",
-    "hold_out",
-    "search",
-    "sensitivity_ranking",
-    "summary_lines",
-]
-
-
 def sensitivity_ranking(
     model: Any, calibration: Any, config: QuantConfig, batch_size: int = 1
 ) -> tuple[HeldOut, float, list[LayerSensitivity]]:
     """Calibrate ``model`` once as :func:`onnxq.quantize` would with ``config`` and rank its
     quantized layers by sensitivity (``onnxq analyze --sensitivity``): the held-out batches,
     the all-INT8 score of the config's target (cosine when it has none), and the ranking."""
-    from onnxq import ir
     from onnxq.backends.target import profile_for
     from onnxq.inputs import model_inputs
     from onnxq.measure import Calibration
@@ -307,3 +274,15 @@ def sensitivity_ranking(
     )
     base, ranking = rank_layers(trials, candidates(first.annotations), config.progress)
     return held, base, ranking
+
+
+__all__ = [
+    "MixedPrecision",
+    "accuracy_target",
+    "choose",
+    "find_mixed_precision",
+    "model_macs",
+    "search",
+    "sensitivity_ranking",
+    "summary_lines",
+]
