@@ -31,6 +31,7 @@ from onnxq.backends.validate import run_outputs
 from onnxq.config import QuantConfig
 from onnxq.inputs import Batch
 from onnxq.materialize import materialize
+from onnxq.observers import QParams
 from onnxq.place.annotations import Annotations, Excluded
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import Placement, Statistics, place
@@ -60,6 +61,9 @@ class Trials:
     target: AccuracyTarget
     count: int = 0
     scores: dict[frozenset[str], float] = field(default_factory=dict)
+    # activation qparams by (tensor, method, settings, bounds): computed once, reused by
+    # every trial (the ``auto`` method's search over a histogram is most of a trial's time)
+    qparams: dict[tuple[object, ...], QParams | None] = field(default_factory=dict)
 
     def placement(self, kept: Mapping[str, str]) -> Placement[Any]:
         """The settled placement with the nodes of ``kept`` (name -> reason) float."""
@@ -78,14 +82,28 @@ class Trials:
 
     def run(self, placement: Placement[Statistics]) -> Outputs:
         """The outputs on the held-out batches of a copy of the model quantized as placed."""
-        cfg = self.config
-        ranges = activation_ranges(
-            placement.annotations, placement.statistics.stats, self.profile, cfg.percentile
-        )
         trial = onnx.ModelProto()
         trial.CopyFrom(self.model)
-        materialize(trial, placement.annotations, ranges.qparams, self.profile, cfg.weights)
+        qparams = self.activation_qparams(placement)
+        materialize(trial, placement.annotations, qparams, self.profile, self.config.weights)
         return run_outputs(trial, self.heldout, self.profile.fused_validation, "trial", ours=True)
+
+    def activation_qparams(self, placement: Placement[Statistics]) -> dict[str, QParams]:
+        """The placement's activation qparams, each computed from the statistics once."""
+        activations = placement.annotations.of_kind("activation")
+        keys = {a.tensor: (a.tensor, a.method, a.settings, a.bounds) for a in activations}
+        missing = {a.tensor: a for a in activations if keys[a.tensor] not in self.qparams}
+        if missing:
+            ranges = activation_ranges(
+                Annotations(missing, []),
+                placement.statistics.stats,
+                self.profile,
+                self.config.percentile,
+            )
+            for tensor in missing:
+                self.qparams[keys[tensor]] = ranges.qparams.get(tensor)
+        found = {t: self.qparams[key] for t, key in keys.items()}
+        return {t: qp for t, qp in found.items() if qp is not None}
 
 
 @dataclass(frozen=True)
