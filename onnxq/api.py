@@ -167,7 +167,7 @@ def quantize(
             ``calibration`` is then optional and, if given, used only to measure fidelity.
         target: an accuracy target to meet by keeping the fewest, most harmful layers float
             (``onnxq.mixed_precision``): ``"cosine=0.999"`` (the config's
-            ``accuracy_target``), or an :class:`~onnxq.accuracy_target.AccuracyTarget` whose
+            ``target_accuracy``), or an :class:`~onnxq.accuracy_target.AccuracyTarget` whose
             metric may be a callable ``metric(reference, quantized) -> float`` over the float
             and quantized outputs of the held-out batches (higher is better).  The report's
             ``mixed_precision`` says what was kept and whether the target was met; a missed
@@ -188,7 +188,7 @@ def quantize(
         data = None
         if calibration is not None:
             data = open_source(calibration, inputs, batch_size, cfg.preprocess)
-        goal = accuracy_target(cfg.accuracy_target, target)
+        goal = accuracy_target(cfg.target_accuracy, target)
         if goal is not None:
             kept_out, data = _hold_out(data, heldout, inputs, cfg, batch_size)
         facts, view = GraphFacts.of(graph, profile), GraphView.of(graph, profile)

@@ -410,7 +410,7 @@ def _quantize(args: argparse.Namespace) -> int:
         preprocess=args.preprocess,
         save_calibration=args.save_calibration,
         load_calibration=args.load_calibration,
-        accuracy_target=args.target,
+        target_accuracy=args.target,
         heldout_batches=args.heldout_batches,
         heldout=args.heldout,
     )

@@ -154,7 +154,7 @@ class QuantConfig:
             ``0-1``, ``tf``) or a spec (docs/calibration.md); in YAML also a mapping.
         simplify: run the simplify passes before placing Q/DQ.
         progress: show progress bars on stderr.
-        accuracy_target: ``METRIC=VALUE`` (``cosine=0.999``; metrics in
+        target_accuracy: ``METRIC=VALUE`` (``cosine=0.999``; metrics in
             ``onnxq.accuracy_target.METRICS``): keep the fewest, most harmful layers float
             until the metric reaches VALUE on held-out batches (``onnxq.mixed_precision``);
             ``None``: no search.
@@ -187,7 +187,7 @@ class QuantConfig:
     preprocess: str | None = option(None, also=(dict,), parse=_preprocess_spec)
     simplify: bool = option(True)
     progress: bool = option(True)
-    accuracy_target: str | None = option(None, lambda name, value: _check_target(value, name))
+    target_accuracy: str | None = option(None, lambda name, value: _check_target(value, name))
     heldout_batches: int = option(16, must(lambda v: v >= 1, "be >= 1"))
 
     def __post_init__(self) -> None:

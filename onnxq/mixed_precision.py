@@ -54,7 +54,7 @@ def accuracy_target(text: str | None, given: AccuracyTarget | str | None) -> Acc
         return given
     if given is not None:
         return parse_target(given, "target")
-    return parse_target(text, "accuracy_target") if text is not None else None
+    return parse_target(text, "target_accuracy") if text is not None else None
 
 
 @dataclass(frozen=True)
@@ -257,7 +257,7 @@ def sensitivity_ranking(
     from onnxq.place.loop import place
     from onnxq.prepare import prepare
 
-    target = accuracy_target(config.accuracy_target, None) or AccuracyTarget("cosine", 1.0)
+    target = accuracy_target(config.target_accuracy, None) or AccuracyTarget("cosine", 1.0)
     profile, _ = profile_for(config.target)
     prepared = prepare(model, profile, config.simplify)
     graph = ir.Graph(prepared.model)

@@ -147,7 +147,7 @@ class AccuracyOptions:
     """What the mixed-precision search reads (``onnxq.mixed_precision``): the accuracy target
     (``METRIC=VALUE``; None: no search) and how many batches are held out to measure it."""
 
-    accuracy_target: str | None
+    target_accuracy: str | None
     heldout_batches: int
 
 
