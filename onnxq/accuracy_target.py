@@ -12,7 +12,9 @@ held-out batch) of ``{output_name: np.ndarray}``; higher is better.  The built-i
 * ``top1``: the share of rows whose largest entry along the last axis is the float model's
   (outputs of rank >= 2 with at least two entries on that axis: class scores or logits).
 
-Outputs that are not float tensors are left out of every built-in metric.
+Outputs that are not float tensors are left out of every built-in metric, and the built-in
+metrics see outputs without the rows a padding mask marks as padding (:func:`without_padding`):
+what the float model computes for a padded token is read by nothing.
 """
 
 from __future__ import annotations
@@ -109,6 +111,21 @@ def top1(reference: Outputs, quantized: Outputs) -> float:
     return min(hit / total for hit, total in agree.values())
 
 
+def without_padding(outputs: Outputs, masks: list[np.ndarray | None]) -> Outputs:
+    """``outputs`` (one dict per batch) without padded rows: an output of rank >= 3 whose two
+    leading axes are its batch's padding mask (``onnxq.backends.validate.padding_masks``:
+    [batch, sequence], False = padding) keeps the unpadded rows only, as [rows, ...]."""
+    out = []
+    for batch, mask in zip(outputs, masks, strict=True):
+        kept = {}
+        for name, value in batch.items():
+            array = np.asarray(value)
+            fits = mask is not None and array.ndim >= 3 and array.shape[:2] == mask.shape
+            kept[name] = array[mask] if fits else value
+        out.append(kept)
+    return out
+
+
 METRICS: dict[str, Metric] = {
     "cosine": cosine,
     "sample_cosine": sample_cosine,
@@ -141,10 +158,22 @@ class AccuracyTarget:
             label = self.metric if isinstance(self.metric, str) else _callable_name(self.metric)
             object.__setattr__(self, "name", label)
 
-    def evaluate(self, reference: Outputs, quantized: Outputs) -> float:
-        """The metric's value for ``quantized`` against ``reference``."""
-        fn = METRICS[self.metric] if isinstance(self.metric, str) else self.metric
-        value = fn(reference, quantized)
+    def evaluate(
+        self,
+        reference: Outputs,
+        quantized: Outputs,
+        masks: list[np.ndarray | None] | None = None,
+    ) -> float:
+        """The metric's value for ``quantized`` against ``reference``; a built-in metric
+        leaves out the rows ``masks`` (one padding mask or None per batch) mark as padding,
+        a callable gets the outputs as the models gave them."""
+        if isinstance(self.metric, str):
+            if masks is not None:
+                reference = without_padding(reference, masks)
+                quantized = without_padding(quantized, masks)
+            value = METRICS[self.metric](reference, quantized)
+        else:
+            value = self.metric(reference, quantized)
         if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)):
             raise ConfigError(
                 f"target metric {self.name} returned {value!r}; it must return a number "
@@ -184,4 +213,4 @@ def parse_target(text: str, where: str = "--target") -> AccuracyTarget:
     return AccuracyTarget(metric.strip(), threshold)
 
 
-__all__ = ["METRICS", "AccuracyTarget", "Metric", "Outputs", "parse_target"]
+__all__ = ["METRICS", "AccuracyTarget", "Metric", "Outputs", "parse_target", "without_padding"]

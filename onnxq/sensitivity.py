@@ -27,7 +27,7 @@ from onnx import helper
 from onnxq import ir
 from onnxq.accuracy_target import AccuracyTarget, Outputs
 from onnxq.backends.profile import BackendProfile
-from onnxq.backends.validate import run_outputs
+from onnxq.backends.validate import padding_masks, run_outputs
 from onnxq.config import QuantConfig
 from onnxq.inputs import Batch
 from onnxq.materialize import materialize
@@ -76,7 +76,8 @@ class Trials:
         key = frozenset(nodes)
         if key not in self.scores:
             placement = self.placement(dict.fromkeys(sorted(key), TRIAL_REASON))
-            self.scores[key] = self.target.evaluate(self.reference, self.run(placement))
+            masks = padding_masks(self.heldout)
+            self.scores[key] = self.target.evaluate(self.reference, self.run(placement), masks)
             self.count += 1
         return self.scores[key]
 

@@ -85,3 +85,18 @@ def test_callable_target_is_named_after_the_function():
 def test_target_rejects_a_non_number_threshold():
     with pytest.raises(ConfigError, match="threshold must be a number"):
         AccuracyTarget("cosine", "high")  # type: ignore[arg-type]
+
+
+def test_builtin_metrics_leave_padded_rows_out():
+    r = np.random.default_rng(0)
+    ref = [{"hidden": r.standard_normal((1, 4, 8)).astype(np.float32)}]
+    got = [{"hidden": ref[0]["hidden"].copy()}]
+    got[0]["hidden"][0, 3] = 100.0  # a padded token: the float model's value there is noise
+    mask = np.array([[True, True, True, False]])
+    target = parse_target("cosine=0.999")
+    assert target.evaluate(ref, got) < 0.9
+    assert target.evaluate(ref, got, [mask]) == pytest.approx(1.0)
+    seen = []
+    raw = AccuracyTarget(lambda a, b: seen.append(b[0]["hidden"].shape) or 1.0, 0.5, name="raw")
+    raw.evaluate(ref, got, [mask])
+    assert seen == [(1, 4, 8)]  # a callable gets the outputs as the models gave them
