@@ -31,7 +31,7 @@ from onnxq.calibrate import calibration_cache
 from onnxq.config import QuantConfig
 from onnxq.data import model_inputs, open_source
 from onnxq.errors import CalibrationDataError, ConfigError, InternalError, OnnxqError, OutputError
-from onnxq.heldout import HeldOut, hold_out
+from onnxq.heldout import hold_out
 from onnxq.materialize import materialize
 from onnxq.measure import CachedStatistics, Calibration, held_batches
 from onnxq.messages import GraphView, Outcome, messages, opset_conversion_hint
@@ -188,9 +188,11 @@ def quantize(
         data = None
         if calibration is not None:
             data = open_source(calibration, inputs, batch_size, cfg.preprocess)
-        goal = accuracy_target(cfg.target_accuracy, target)
+        goal = accuracy_target(cfg.accuracy.target_accuracy, target)
         if goal is not None:
-            kept_out, data = _hold_out(data, heldout, inputs, cfg, batch_size)
+            kept_out, data = hold_out(
+                data, heldout, inputs, cfg.accuracy.heldout_batches, batch_size, cfg.preprocess
+            )
         facts, view = GraphFacts.of(graph, profile), GraphView.of(graph, profile)
         if load_calibration is not None:
             held = held_batches(prepared.model, data, inputs, cfg.fidelity_batches)
@@ -286,18 +288,6 @@ def _report(outcome: Outcome) -> Report:
         default_session=o.verification.default_session,
         mixed_precision=o.mixed_precision.to_dict() if o.mixed_precision is not None else None,
     )
-
-
-def _hold_out(
-    data: Iterable[Any] | None, heldout: Any, inputs: list[Any], cfg: QuantConfig, batch_size: int
-) -> tuple[HeldOut, Iterable[Any] | None]:
-    """The held-out batches of an accuracy target, and the calibration data left."""
-    if data is None and heldout is None:
-        raise CalibrationDataError(
-            "an accuracy target needs data to measure it on: pass --calib DATA or --heldout DATA"
-        )
-    count = cfg.accuracy.heldout_batches
-    return hold_out(data, heldout, inputs, count, batch_size, cfg.preprocess)
 
 
 def _check_sources(

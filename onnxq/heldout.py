@@ -53,7 +53,9 @@ def hold_out(
             raise CalibrationDataError("the held-out data for the accuracy target is empty")
         return HeldOut(batches, f"{len(batches)} batches of the held-out data"), data
     if data is None:
-        raise CalibrationDataError("an accuracy target needs held-out data or calibration data")
+        raise CalibrationDataError(
+            "an accuracy target needs data to measure it on: pass --calib DATA or --heldout DATA"
+        )
     total = batches_total(data)
     take = count if total is None else min(count, total // 4)
     if take < 1:
