@@ -133,7 +133,8 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     lines = [
         f"accuracy target {record['target']} "
         + ("met" if record["met"] else "NOT met")
-        + f" on {record['heldout']}: {record['score']} (all INT8: {record['int8_score']}), "
+        + f" on {record['heldout']}: {_shown(record['score'])} (all INT8: "
+        f"{_shown(record['int8_score'])}), "
         f"{len(kept)} layer(s) kept float{macs}, {record['trials']} trials"
     ]
     for layer in kept[:12]:
@@ -142,6 +143,11 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     if len(kept) > 12:
         lines.append(f"  ... {len(kept) - 12} more in the report file")
     return lines
+
+
+def _shown(value: float | None) -> str:
+    """A score of the record; None is an infinite one (sqnr of equal outputs)."""
+    return "exact (inf)" if value is None else f"{value:g}"
 
 
 def _num(value: float) -> float | None:
