@@ -24,15 +24,18 @@ from typing import Any
 import onnx
 
 from onnxq import ir
+from onnxq.accuracy_target import AccuracyTarget
 from onnxq.backends.target import profile_for, target_record
 from onnxq.bias_correction import bias_correction_pass
 from onnxq.calibrate import calibration_cache
 from onnxq.config import QuantConfig
 from onnxq.data import model_inputs, open_source
 from onnxq.errors import CalibrationDataError, ConfigError, InternalError, OnnxqError, OutputError
+from onnxq.heldout import hold_out
 from onnxq.materialize import materialize
 from onnxq.measure import CachedStatistics, Calibration, held_batches
 from onnxq.messages import GraphView, Outcome, messages, opset_conversion_hint
+from onnxq.mixed_precision import accuracy_target, search
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
 from onnxq.prepare import ModelLike, prepare
@@ -142,6 +145,8 @@ def quantize(
     batch_size: int = 1,
     save_calibration: str | os.PathLike[str] | None = None,
     load_calibration: str | os.PathLike[str] | None = None,
+    target: AccuracyTarget | str | None = None,
+    heldout: Any = None,
     **options: Any,
 ) -> QuantizedModel:
     """Quantize ``model`` to an INT8 Q/DQ model.
@@ -160,6 +165,15 @@ def quantize(
             every tensor, so any method can be used when it is loaded).
         load_calibration: quantize from statistics saved earlier instead of data;
             ``calibration`` is then optional and, if given, used only to measure fidelity.
+        target: an accuracy target to meet by keeping the fewest, most harmful layers float
+            (``onnxq.mixed_precision``): ``"cosine=0.999"`` (the config's
+            ``target_accuracy``), or an :class:`~onnxq.accuracy_target.AccuracyTarget` whose
+            metric may be a callable ``metric(reference, quantized) -> float`` over the float
+            and quantized outputs of the held-out batches (higher is better).  The report's
+            ``mixed_precision`` says what was kept and whether the target was met; a missed
+            target is a warning, and the best model found is returned.
+        heldout: data to measure the target on (any calibration source); default: the first
+            ``heldout_batches`` calibration batches, which calibration then skips.
 
     Returns:
         A :class:`QuantizedModel` with ``.model``, ``.report`` and ``.save(path)``.
@@ -174,6 +188,11 @@ def quantize(
         data = None
         if calibration is not None:
             data = open_source(calibration, inputs, batch_size, cfg.preprocess)
+        goal = accuracy_target(cfg.accuracy.target_accuracy, target)
+        if goal is not None:
+            kept_out, data = hold_out(
+                data, heldout, inputs, cfg.accuracy.heldout_batches, batch_size, cfg.preprocess
+            )
         facts, view = GraphFacts.of(graph, profile), GraphView.of(graph, profile)
         if load_calibration is not None:
             held = held_batches(prepared.model, data, inputs, cfg.fidelity_batches)
@@ -185,6 +204,10 @@ def quantize(
             saving = save_calibration is not None
             measure = Calibration(prepared.model, data, inputs, cfg.calibration, facts, saving)
         placement = place(facts, profile, cfg.placement, measure)
+        mixed = None
+        if goal is not None:
+            mixed = search(goal, kept_out, prepared.model, facts, profile, cfg, measure, placement)
+            placement = mixed.placement
         annotations, statistics = placement.annotations, placement.statistics
         cache = None  # written last: a run that fails or is interrupted leaves no file
         if save_calibration is not None and load_calibration is None:
@@ -222,6 +245,7 @@ def quantize(
         bias=bias,
         placed=placed,
         verification=verification,
+        mixed_precision=mixed,
     )
     report = _report(outcome)
     if save_calibration is not None and cache is not None:
@@ -262,6 +286,7 @@ def _report(outcome: Outcome) -> Report:
         notes=said.notes,
         bias_corrections=o.bias.corrections if o.bias is not None else [],
         default_session=o.verification.default_session,
+        mixed_precision=o.mixed_precision.to_dict() if o.mixed_precision is not None else None,
     )
 
 

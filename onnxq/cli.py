@@ -162,6 +162,22 @@ def _parser() -> argparse.ArgumentParser:
         "(default 16777216): beyond 256 samples each contributes fewer; 0 = no "
         "budget",
     )
+    q.add_argument(
+        "--target",
+        metavar="METRIC=VALUE",
+        help="accuracy target on held-out batches, e.g. cosine=0.999 (metrics: cosine, "
+        "sample_cosine, sqnr, top1): keep the fewest, most harmful layers float until it "
+        "holds; exit 1 (the best model is still written) when it cannot",
+    )
+    q.add_argument(
+        "--heldout",
+        metavar="DATA",
+        help="data to measure --target on (default: the first --heldout-batches calibration "
+        "batches, which calibration then skips)",
+    )
+    q.add_argument(
+        "--heldout-batches", type=_positive, help="batches held out for --target (default 16)"
+    )
     _target_flags(q)
     q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
     q.add_argument(
@@ -227,6 +243,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     a.add_argument(
         "--top", type=_positive, default=15, help="print the N worst tensors (default 15)"
+    )
+    a.add_argument(
+        "--sensitivity",
+        nargs="?",
+        const="tensorrt",
+        choices=BACKENDS,
+        metavar="BACKEND",
+        help="also rank the layers by how much the output cosine gains when each alone stays "
+        "float, quantizing FLOAT for BACKEND (default tensorrt) from --calib, one calibration "
+        "(what --target searches over)",
     )
 
     e = sub.add_parser(
@@ -384,6 +410,9 @@ def _quantize(args: argparse.Namespace) -> int:
         preprocess=args.preprocess,
         save_calibration=args.save_calibration,
         load_calibration=args.load_calibration,
+        target_accuracy=args.target,
+        heldout_batches=args.heldout_batches,
+        heldout=args.heldout,
     )
     try:
         written = result.save(
@@ -403,7 +432,21 @@ def _quantize(args: argparse.Namespace) -> int:
         slower = latency_warning(view.cpu, view.latency) if view is not None else None
         for warning in [*result.report.warnings, *([slower] if slower else [])]:
             print(f"onnxq: warning: {warning}", file=sys.stderr)
+    _target_missed(result.report.mixed_precision, out)
     return 0
+
+
+def _target_missed(record: dict[str, Any] | None, out: Path) -> None:
+    """Raise :class:`AccuracyError` (exit 1) after the best model was written, when the
+    accuracy target's search did not meet it."""
+    if record is None or record["met"]:
+        return
+    raise AccuracyError(
+        f"accuracy target {record['target']} not met on the held-out batches: the best model "
+        f"found ({out}, {len(record['kept_float'])} layer(s) float) scores {record['score']} "
+        f"(all INT8: {record['int8_score']}); lower the target or keep more layers float "
+        "with --exclude"
+    )
 
 
 def _with_method_overrides(config: str | None, items: list[str]) -> Any:
@@ -563,7 +606,25 @@ def _analyze(args: argparse.Namespace) -> int:
             else ""
         )
         print(f"  cos {x.cosine:.6f}  rel {x.relative_error:8.4g}  {x.op_type:<18} {x.tensor}{odd}")
+    if args.sensitivity:
+        _print_sensitivity(args)
     return 0
+
+
+def _print_sensitivity(args: argparse.Namespace) -> None:
+    """The layers of the float model ranked by sensitivity (``analyze --sensitivity``)."""
+    from onnxq.config import QuantConfig
+    from onnxq.mixed_precision import sensitivity_ranking
+
+    cfg = QuantConfig(backend=args.sensitivity, preprocess=args.preprocess, progress=True)
+    held, base, ranking = sensitivity_ranking(args.float_model, args.calib, cfg)
+    print(
+        f"sensitivity ({args.sensitivity}, on {held.source}): all INT8 cosine {base:.6f}; "
+        f"the {min(args.top, len(ranking))} layers whose float alone gains most:"
+    )
+    for s in ranking[: args.top]:
+        macs = "?" if s.macs is None else f"{s.macs:,}"
+        print(f"  +{s.gain:.6f}  cos {s.alone:.6f}  {macs:>14} MACs  {s.op_type:<8} {s.node}")
 
 
 def _inspect(args: argparse.Namespace) -> int:

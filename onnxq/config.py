@@ -30,6 +30,7 @@ from onnxq.backends.profile import BACKENDS
 from onnxq.errors import ConfigError
 from onnxq.observers import WEIGHT_METHODS
 from onnxq.options import (
+    AccuracyOptions,
     CalibrationOptions,
     PlacementOptions,
     TargetOptions,
@@ -80,6 +81,13 @@ def option(
 def _check_cpu_class(value: str | None, name: str) -> None:
     if value is not None:
         cpu_class(value, name)
+
+
+def _check_target(value: str | None, name: str) -> None:
+    if value is not None:
+        from onnxq.accuracy_target import parse_target
+
+        parse_target(value, name)
 
 
 def _preprocess_spec(value: Any) -> Any:
@@ -146,6 +154,13 @@ class QuantConfig:
             ``0-1``, ``tf``) or a spec (docs/calibration.md); in YAML also a mapping.
         simplify: run the simplify passes before placing Q/DQ.
         progress: show progress bars on stderr.
+        target_accuracy: ``METRIC=VALUE`` (``cosine=0.999``; metrics in
+            ``onnxq.accuracy_target.METRICS``): keep the fewest, most harmful layers float
+            until the metric reaches VALUE on held-out batches (``onnxq.mixed_precision``);
+            ``None``: no search.
+        heldout_batches: batches held out to measure the accuracy target: the first ones of
+            the calibration data, which calibration then skips (at most a quarter of them),
+            unless held-out data is given.
     """
 
     backend: str = option("tensorrt", one_of(lambda: BACKENDS, "backend"))
@@ -172,6 +187,8 @@ class QuantConfig:
     preprocess: str | None = option(None, also=(dict,), parse=_preprocess_spec)
     simplify: bool = option(True)
     progress: bool = option(True)
+    target_accuracy: str | None = option(None, lambda name, value: _check_target(value, name))
+    heldout_batches: int = option(16, must(lambda v: v >= 1, "be >= 1"))
 
     def __post_init__(self) -> None:
         # values from Python are checked like those from YAML: type first, then value
@@ -199,6 +216,11 @@ class QuantConfig:
     def weights(self) -> WeightOptions:
         """The options the weight passes (materialize, bias correction) read."""
         return view(WeightOptions, self)
+
+    @property
+    def accuracy(self) -> AccuracyOptions:
+        """The options the mixed-precision search reads."""
+        return view(AccuracyOptions, self)
 
     # -- queries (PlacementOptions answers them) ---------------------------------------------
     def node_excluded(self, node_name: str, op_type: str) -> str | None:

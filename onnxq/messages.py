@@ -20,6 +20,7 @@ from onnxq.config import QuantConfig
 from onnxq.fidelity_messages import verification_messages
 from onnxq.inputs import InputSpec, input_kind
 from onnxq.materialize import Placed
+from onnxq.mixed_precision import MixedPrecision
 from onnxq.options import CalibrationOptions, PlacementOptions
 from onnxq.place.annotations import Annotations
 from onnxq.prepare import Prepared
@@ -79,6 +80,7 @@ class Outcome:
     bias: BiasCorrectionPass | None
     placed: list[Placed]  # the tensors that got Q/DQ
     verification: Verification
+    mixed_precision: MixedPrecision | None = None  # the accuracy target's search
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ def messages(outcome: Outcome) -> Messages:
         *bias_correction_skipped(o.bias),
         *nothing_quantized(len(o.placed), o.profile),
         *fidelity_warnings,
+        *(o.mixed_precision.warnings() if o.mixed_precision is not None else []),
     ]
     notes = [
         *load_notes(o.prepared),

@@ -142,7 +142,18 @@ class WeightOptions:
     weight_method: str
 
 
-View = TypeVar("View", TargetOptions, PlacementOptions, CalibrationOptions, WeightOptions)
+@dataclass(frozen=True)
+class AccuracyOptions:
+    """What the mixed-precision search reads (``onnxq.mixed_precision``): the accuracy target
+    (``METRIC=VALUE``; None: no search) and how many batches are held out to measure it."""
+
+    target_accuracy: str | None
+    heldout_batches: int
+
+
+View = TypeVar(
+    "View", TargetOptions, PlacementOptions, CalibrationOptions, WeightOptions, AccuracyOptions
+)
 
 
 def view(cls: type[View], config: Any) -> View:
@@ -150,4 +161,11 @@ def view(cls: type[View], config: Any) -> View:
     return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
 
 
-__all__ = ["CalibrationOptions", "PlacementOptions", "TargetOptions", "WeightOptions", "view"]
+__all__ = [
+    "AccuracyOptions",
+    "CalibrationOptions",
+    "PlacementOptions",
+    "TargetOptions",
+    "WeightOptions",
+    "view",
+]

@@ -47,6 +47,8 @@ class Report:
     bias_corrections: list[BiasCorrection] = field(default_factory=list)
     # a model validated unfused, run in onnxruntime's default (fused) session on this machine
     default_session: DefaultSessionView | None = None
+    # the accuracy target's search (onnxq.mixed_precision.MixedPrecision.to_dict); None: none
+    mixed_precision: dict[str, Any] | None = None
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -98,6 +100,11 @@ class Report:
                 for d in self.float_ops
             ],
             "bias_corrections": [asdict(c) for c in self.bias_corrections],
+            **(
+                {"mixed_precision": self.mixed_precision}
+                if self.mixed_precision is not None
+                else {}
+            ),
             "fidelity": {
                 "mode": self.fidelity_mode,
                 "outputs": [asdict(f) for f in self.fidelity],
@@ -146,6 +153,10 @@ class Report:
                 f"layers shifted back (largest {largest.max_shift:.3g} in "
                 f"{largest.node})"
             )
+        if self.mixed_precision is not None:
+            from onnxq.mixed_precision import summary_lines
+
+            lines.extend(summary_lines(self.mixed_precision))
         for f in self.fidelity:
             if f.selected_by:
                 lines.append(

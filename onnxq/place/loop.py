@@ -77,10 +77,13 @@ def place(
     options: PlacementOptions,
     measure: Callable[[Mapping[str, bool]], S],
     max_rounds: int = MAX_ROUNDS,
+    kept: Excluded | None = None,
 ) -> Placement[S]:
     """Place Q/DQ over ``facts.graph`` with the statistics ``measure`` gives, until the
-    data-driven exclusions keep nothing more float."""
-    excluded = Excluded()
+    data-driven exclusions keep nothing more float.  ``kept``: nodes and tensors kept float
+    from the start, with their reasons (the accuracy target's choice,
+    ``onnxq.mixed_precision``)."""
+    excluded = kept or Excluded()
     added = Excluded()
     for rounds in range(1, max_rounds + 1):
         annotations = annotate(facts, profile, options, excluded)

@@ -1,0 +1,294 @@
+"""Automatic mixed precision: keep the fewest, most harmful layers float until an accuracy
+target holds on held-out batches (``onnxq quantize ... --target cosine=0.999``).
+
+After the placement loop has calibrated once, :func:`find_mixed_precision` ranks the quantized
+Conv/ConvTranspose/Gemm/MatMul layers by how much the target metric gains when each alone
+stays float (:func:`onnxq.sensitivity.rank_layers`: L + 1 trials, no recalibration), then:
+
+1. the all-INT8 model meets the target: nothing is kept float;
+2. else the shortest prefix of the ranking that meets the target is found by bisection
+   (about log2 L trials); if even every candidate float misses it (other quantized ops, or a
+   metric no float layer can satisfy), the best model scored (all-INT8, every gaining layer
+   float, every candidate float) is kept and the result says the target was not met;
+3. each kept layer, least gain first, is dropped again when the target holds without it.
+
+The chosen layers stay float through the normal placement machinery: they are exclusions with
+a reason (their sensitivity) passed to :func:`onnxq.place.loop.place`, and only
+``materialize`` writes Q/DQ.  The held-out batches are the first ``heldout_batches`` batches
+of the calibration data, which calibration then skips (at most a quarter of a source whose
+length is known), or an explicit source (:func:`hold_out`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+
+from onnxq import ir
+from onnxq.accuracy_target import AccuracyTarget, parse_target
+from onnxq.backends.profile import BackendProfile
+from onnxq.backends.validate import run_outputs
+from onnxq.config import QuantConfig
+from onnxq.data import open_source
+from onnxq.heldout import HeldOut, hold_out
+from onnxq.place.annotations import Annotations
+from onnxq.place.facts import GraphFacts
+from onnxq.place.loop import Placement, Statistics
+from onnxq.sensitivity import (
+    WEIGHTED_OPS,
+    LayerSensitivity,
+    Trials,
+    candidates,
+    layer_macs,
+    rank_layers,
+)
+
+
+def accuracy_target(text: str | None, given: AccuracyTarget | str | None) -> AccuracyTarget | None:
+    """The run's target: ``given`` (the API's ``target=``) or the config's string."""
+    if isinstance(given, AccuracyTarget):
+        return given
+    if given is not None:
+        return parse_target(given, "target")
+    return parse_target(text, "target_accuracy") if text is not None else None
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """What the search chose and why: the target, the held-out data, the all-INT8 score and
+    the chosen model's, the kept layers (with their sensitivity and cost), the whole ranking,
+    the number of trials, and the settled placement that keeps the chosen layers float."""
+
+    target: AccuracyTarget
+    heldout: str
+    int8_score: float
+    score: float
+    kept: tuple[LayerSensitivity, ...]
+    ranking: tuple[LayerSensitivity, ...]
+    trials: int
+    placement: Placement[Any]
+    # multiply-adds per sample of every Conv/ConvTranspose/Gemm/MatMul of the model, and of
+    # those the final placement leaves float for any reason (None: a shape is not static)
+    model_macs: int | None = None
+    model_float_macs: int | None = None
+
+    @property
+    def met(self) -> bool:
+        """True if the chosen model meets the target on the held-out batches."""
+        return self.target.met(self.score)
+
+    def float_macs(self) -> tuple[int | None, int | None]:
+        """(multiply-adds per sample kept float, of all candidate layers); None: unknown."""
+        kept = [s.macs for s in self.kept]
+        every = [s.macs for s in self.ranking]
+        if any(m is None for m in every):
+            return None, None
+        return sum(m for m in kept if m is not None), sum(m for m in every if m is not None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict for the report."""
+        kept, total = self.float_macs()
+        return {
+            "target": self.target.describe(),
+            "met": self.met,
+            "heldout": self.heldout,
+            "int8_score": _num(self.int8_score),
+            "score": _num(self.score),
+            "kept_float": [s.to_dict() for s in self.kept],
+            "float_macs": kept,
+            "candidate_macs": total,
+            "float_macs_fraction": round(kept / total, 6) if kept is not None and total else None,
+            "model_macs": self.model_macs,
+            "model_float_macs": self.model_float_macs,
+            "model_float_macs_fraction": (
+                round(self.model_float_macs / self.model_macs, 6)
+                if self.model_float_macs is not None and self.model_macs
+                else None
+            ),
+            "trials": self.trials,
+            "sensitivity": [s.to_dict() for s in self.ranking],
+        }
+
+    def warnings(self) -> list[str]:
+        """The warning of a missed target."""
+        if self.met:
+            return []
+        return [
+            f"accuracy target {self.target.describe()} not met on the held-out batches: the "
+            f"best model found scores {self.score:.6g} (all INT8: {self.int8_score:.6g}) with "
+            f"{len(self.kept)} layer(s) float; it was written anyway. Try more float layers "
+            "by hand (--exclude), another --method, or a lower target"
+        ]
+
+
+def summary_lines(record: dict[str, Any]) -> list[str]:
+    """The report summary's lines for a search record (:meth:`MixedPrecision.to_dict`)."""
+    kept = record["kept_float"]
+    share = record["model_float_macs_fraction"]
+    macs = "" if share is None else f"; {share:.1%} of the model's multiply-adds are float"
+    lines = [
+        f"accuracy target {record['target']} "
+        + ("met" if record["met"] else "NOT met")
+        + f" on {record['heldout']}: {_shown(record['score'])} (all INT8: "
+        f"{_shown(record['int8_score'])}), "
+        f"{len(kept)} layer(s) kept float{macs}, {record['trials']} trials"
+    ]
+    for layer in kept[:12]:
+        cost = "" if layer["macs"] is None else f", {layer['macs']:,} MACs"
+        lines.append(f"  float: {layer['node']} ({layer['op_type']}) gain {layer['gain']}{cost}")
+    if len(kept) > 12:
+        lines.append(f"  ... {len(kept) - 12} more in the report file")
+    return lines
+
+
+def _shown(value: float | None) -> str:
+    """A score of the record; None is an infinite one (sqnr of equal outputs)."""
+    return "exact (inf)" if value is None else f"{value:g}"
+
+
+def _num(value: float) -> float | None:
+    return round(value, 6) if math.isfinite(value) else None
+
+
+def reason(layer: LayerSensitivity, target: AccuracyTarget) -> str:
+    """Why a layer stays float, for the report's decisions."""
+    return (
+        f"kept float for the accuracy target {target.describe()}: float alone it raises "
+        f"{target.name} by {layer.gain:.3g} on the held-out batches"
+    )
+
+
+def find_mixed_precision(
+    trials: Trials, first: Placement[Any], heldout: str, progress: bool
+) -> MixedPrecision:
+    """Rank the layers of ``first`` (the all-INT8 placement), choose the layers to keep float
+    (see the module), and place again with them as exclusions; ``heldout`` says where the
+    held-out batches came from."""
+    base, ranking = rank_layers(trials, candidates(first.annotations), progress)
+    kept = choose(trials, base, ranking)
+    reasons = {s.node: reason(s, trials.target) for s in kept}
+    score = trials.score(reasons)
+    final = trials.placement(reasons)
+    every, left_float = model_macs(trials.facts.graph, final.annotations)
+    return MixedPrecision(
+        trials.target,
+        heldout,
+        base,
+        score,
+        tuple(kept),
+        tuple(ranking),
+        trials.count,
+        final,
+        every,
+        left_float,
+    )
+
+
+def model_macs(graph: ir.Graph, annotations: Annotations) -> tuple[int | None, int | None]:
+    """Multiply-adds per sample of the model's Conv/ConvTranspose/Gemm/MatMul, and of those
+    ``annotations`` leave float (None: a shape is not static)."""
+    quantized = {d.node for d in annotations.decisions if d.quantized}
+    every = left_float = 0
+    for node in graph.nodes:
+        if node.op_type not in WEIGHTED_OPS:
+            continue
+        macs = layer_macs(graph, node)
+        if macs is None:
+            return None, None
+        every += macs
+        left_float += 0 if node.name in quantized else macs
+    return every, left_float
+
+
+def search(
+    target: AccuracyTarget,
+    heldout: HeldOut,
+    model: onnx.ModelProto,
+    facts: GraphFacts,
+    profile: BackendProfile,
+    config: QuantConfig,
+    measure: Callable[[Mapping[str, bool]], Statistics],
+    first: Placement[Any],
+) -> MixedPrecision:
+    """The pipeline's entry: trials over ``model`` (the prepared float model, not edited)
+    with the statistics ``measure`` has cached, scored against the float model's outputs on
+    the held-out batches, then :func:`find_mixed_precision`."""
+    reference = run_outputs(model, heldout.batches, profile.fused_validation, "float")
+    trials = Trials(model, facts, profile, config, measure, heldout.batches, reference, target)
+    return find_mixed_precision(trials, first, heldout.source, config.progress)
+
+
+def choose(trials: Trials, base: float, ranking: list[LayerSensitivity]) -> list[LayerSensitivity]:
+    """The layers to keep float: see steps 1-3 of the module (``ranking``: largest gain
+    first; layers that gain nothing are tried last)."""
+    target = trials.target
+    if target.met(base):
+        return []
+
+    def score(layers: list[LayerSensitivity]) -> float:
+        return trials.score(s.node for s in layers)
+
+    if not target.met(score(ranking)):
+        gaining = [s for s in ranking if s.gain > 0]
+        tried = [[], gaining, ranking]
+        return max(tried, key=lambda layers: (score(layers), -len(layers)))
+    low, high = 0, len(ranking)  # the prefix of length `high` meets the target, `low` not
+    while high - low > 1:
+        middle = (low + high) // 2
+        if target.met(score(ranking[:middle])):
+            high = middle
+        else:
+            low = middle
+    kept = ranking[:high]
+    for layer in sorted(kept, key=lambda s: s.gain):
+        rest = [s for s in kept if s is not layer]
+        if rest and target.met(score(rest)):
+            kept = rest
+    return kept
+
+
+def sensitivity_ranking(
+    model: Any, calibration: Any, config: QuantConfig, batch_size: int = 1
+) -> tuple[HeldOut, float, list[LayerSensitivity]]:
+    """Calibrate ``model`` once as :func:`onnxq.quantize` would with ``config`` and rank its
+    quantized layers by sensitivity (``onnxq analyze --sensitivity``): the held-out batches,
+    the all-INT8 score of the config's target (cosine when it has none), and the ranking."""
+    from onnxq.backends.target import profile_for
+    from onnxq.inputs import model_inputs
+    from onnxq.measure import Calibration
+    from onnxq.place.loop import place
+    from onnxq.prepare import prepare
+
+    target = accuracy_target(config.target_accuracy, None) or AccuracyTarget("cosine", 1.0)
+    profile, _ = profile_for(config.target)
+    prepared = prepare(model, profile, config.simplify)
+    graph = ir.Graph(prepared.model)
+    inputs = model_inputs(graph)
+    data = open_source(calibration, inputs, batch_size, config.preprocess)
+    held, rest = hold_out(data, None, inputs, config.heldout_batches)
+    assert rest is not None
+    facts = GraphFacts.of(graph, profile)
+    measure = Calibration(prepared.model, rest, inputs, config.calibration, facts)
+    first = place(facts, profile, config.placement, measure)
+    reference = run_outputs(prepared.model, held.batches, profile.fused_validation, "float")
+    trials = Trials(
+        prepared.model, facts, profile, config, measure, held.batches, reference, target
+    )
+    base, ranking = rank_layers(trials, candidates(first.annotations), config.progress)
+    return held, base, ranking
+
+
+__all__ = [
+    "MixedPrecision",
+    "accuracy_target",
+    "choose",
+    "find_mixed_precision",
+    "model_macs",
+    "search",
+    "sensitivity_ranking",
+    "summary_lines",
+]

@@ -1,0 +1,230 @@
+"""Per-layer sensitivity: how much the accuracy metric gains when one layer alone stays float.
+
+Nothing is calibrated again.  A :class:`Trials` holds what one calibration produced (the graph
+facts and the placement loop's ``measure``, whose statistics are cached) and scores a set of
+nodes kept float: the normal placement loop runs with those nodes as exclusions
+(:func:`onnxq.place.loop.place` ``kept``), the activation ranges come from the cached
+statistics, ``materialize`` writes the Q/DQ into a copy of the float model, and onnxruntime
+runs it on the held-out batches; the metric compares its outputs with the float model's.
+
+Cost: :func:`rank_layers` scores the all-INT8 model once and each of the L candidate layers
+(quantized Conv/ConvTranspose/Gemm/MatMul) once, so L + 1 trials; a trial costs one placement
+(graph walk), one copy + materialize, one onnxruntime session and the held-out batches through
+the whole model.  For a fixed model the time grows linearly with the number of layers
+(``scripts/bench_sensitivity.py`` prints it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+from onnx import helper
+
+from onnxq import ir
+from onnxq.accuracy_target import AccuracyTarget, Outputs
+from onnxq.backends.profile import BackendProfile
+from onnxq.backends.validate import padding_masks, run_outputs
+from onnxq.config import QuantConfig
+from onnxq.inputs import Batch
+from onnxq.materialize import materialize
+from onnxq.observers import QParams
+from onnxq.place.annotations import Annotations, Excluded
+from onnxq.place.facts import GraphFacts
+from onnxq.place.loop import Placement, Statistics, place
+from onnxq.ranges import activation_ranges
+
+# ops whose multiply-adds dominate a model: the layers the search may keep float
+WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+
+TRIAL_REASON = "kept float for the sensitivity trial"
+
+
+@dataclass
+class Trials:
+    """Scores placements of one model that keep given nodes float, from one calibration.
+
+    ``model`` is the prepared float model (never edited: each trial materializes a copy);
+    ``reference`` the float model's outputs on ``heldout``.
+    """
+
+    model: onnx.ModelProto
+    facts: GraphFacts
+    profile: BackendProfile
+    config: QuantConfig
+    measure: Callable[[Mapping[str, bool]], Statistics]
+    heldout: list[Batch]
+    reference: Outputs
+    target: AccuracyTarget
+    count: int = 0
+    scores: dict[frozenset[str], float] = field(default_factory=dict)
+    # activation qparams by (tensor, method, settings, bounds): computed once, reused by
+    # every trial (the ``auto`` method's search over a histogram is most of a trial's time)
+    qparams: dict[tuple[object, ...], QParams | None] = field(default_factory=dict)
+
+    def placement(self, kept: Mapping[str, str]) -> Placement[Any]:
+        """The settled placement with the nodes of ``kept`` (name -> reason) float."""
+        return place(
+            self.facts, self.profile, self.config.placement, self.measure, kept=Excluded(nodes=kept)
+        )
+
+    def score(self, nodes: Iterable[str]) -> float:
+        """The target metric on the held-out batches with ``nodes`` float (memoized)."""
+        key = frozenset(nodes)
+        if key not in self.scores:
+            placement = self.placement(dict.fromkeys(sorted(key), TRIAL_REASON))
+            masks = padding_masks(self.heldout)
+            self.scores[key] = self.target.evaluate(self.reference, self.run(placement), masks)
+            self.count += 1
+        return self.scores[key]
+
+    def run(self, placement: Placement[Statistics]) -> Outputs:
+        """The outputs on the held-out batches of a copy of the model quantized as placed."""
+        trial = onnx.ModelProto()
+        trial.CopyFrom(self.model)
+        qparams = self.activation_qparams(placement)
+        materialize(trial, placement.annotations, qparams, self.profile, self.config.weights)
+        return run_outputs(trial, self.heldout, self.profile.fused_validation, "trial", ours=True)
+
+    def activation_qparams(self, placement: Placement[Statistics]) -> dict[str, QParams]:
+        """The placement's activation qparams, each computed from the statistics once."""
+        activations = placement.annotations.of_kind("activation")
+        keys = {a.tensor: (a.tensor, a.method, a.settings, a.bounds) for a in activations}
+        missing = {a.tensor: a for a in activations if keys[a.tensor] not in self.qparams}
+        if missing:
+            ranges = activation_ranges(
+                Annotations(missing, []),
+                placement.statistics.stats,
+                self.profile,
+                self.config.percentile,
+            )
+            for tensor in missing:
+                self.qparams[keys[tensor]] = ranges.qparams.get(tensor)
+        found = {t: self.qparams[key] for t, key in keys.items()}
+        return {t: qp for t, qp in found.items() if qp is not None}
+
+
+@dataclass(frozen=True)
+class LayerSensitivity:
+    """One candidate layer: the metric with it alone float (``alone``), what that gains over
+    the all-INT8 model (``gain``), and what keeping it float costs: its multiply-adds per
+    sample and the activation values per sample a float island converts at its edges (a
+    QuantizeLinear/DequantizeLinear pass each where the backend runs Q/DQ as ops); None where
+    shapes are not static."""
+
+    node: str
+    op_type: str
+    alone: float
+    gain: float
+    macs: int | None
+    qdq_elements: int | None
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready dict."""
+        return {
+            "node": self.node,
+            "op_type": self.op_type,
+            "score_float_alone": _rounded(self.alone),
+            "gain": _rounded(self.gain),
+            "macs": self.macs,
+            "qdq_elements": self.qdq_elements,
+        }
+
+
+def _rounded(value: float) -> float | None:
+    return round(value, 6) if math.isfinite(value) else None
+
+
+def candidates(annotations: Annotations) -> list[tuple[str, str]]:
+    """The quantized layers the search may keep float: (node, op type), in graph order."""
+    return [
+        (d.node, d.op_type)
+        for d in annotations.decisions
+        if d.quantized and d.op_type in WEIGHTED_OPS and d.rule != "fused"
+    ]
+
+
+def rank_layers(
+    trials: Trials, layers: list[tuple[str, str]], progress: bool = False
+) -> tuple[float, list[LayerSensitivity]]:
+    """The all-INT8 score and each layer's sensitivity, most harmful (largest gain) first;
+    ties in graph order."""
+    base = trials.score(())
+    graph = trials.facts.graph
+    ranked = []
+    for node, op_type in _progress(layers, progress):
+        alone = trials.score((node,))
+        proto = graph.node_by_name(node)
+        macs = layer_macs(graph, proto) if proto is not None else None
+        edges = boundary_elements(graph, proto) if proto is not None else None
+        ranked.append(LayerSensitivity(node, op_type, alone, alone - base, macs, edges))
+    order = {name: i for i, (name, _) in enumerate(layers)}
+    ranked.sort(key=lambda s: (-s.gain if math.isfinite(s.gain) else math.inf, order[s.node]))
+    return base, ranked
+
+
+def _progress(layers: list[tuple[str, str]], enabled: bool) -> Iterable[tuple[str, str]]:
+    if not enabled:
+        return layers
+    import sys
+
+    from tqdm import tqdm
+
+    # disable=None: no bar when stderr is not a terminal
+    bar = tqdm(layers, desc="sensitivity", unit="layer", file=sys.stderr, leave=False, disable=None)
+    return iter(bar)
+
+
+def _static(shape: tuple[int | str | None, ...] | None) -> list[int] | None:
+    """The shape with its first (batch) axis as 1, when the other axes are static."""
+    if shape is None or not shape or not all(isinstance(d, int) and d > 0 for d in shape[1:]):
+        return None
+    return [1, *(int(d) for d in shape[1:])]  # type: ignore[arg-type]
+
+
+def layer_macs(graph: ir.Graph, node: onnx.NodeProto) -> int | None:
+    """Multiply-adds per sample of a Conv/ConvTranspose/Gemm/MatMul (the first axis of its
+    output is the batch), or None when a shape is not static."""
+    out = _static(graph.shape(node.output[0]))
+    x = _static(graph.shape(node.input[0]))
+    if out is None or x is None:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    w = _static(graph.shape(node.input[1])) if len(node.input) > 1 else None
+    if node.op_type == "Conv" and w is not None:
+        per_output = math.prod(w[1:])
+    elif node.op_type == "ConvTranspose" and w is not None:
+        return math.prod(x[1:]) * math.prod(w[1:])
+    elif node.op_type == "Gemm":
+        per_output = x[0] if attrs.get("transA", 0) else x[-1]
+    elif node.op_type == "MatMul":
+        per_output = x[-1]
+    else:
+        return None
+    return math.prod(out[1:]) * per_output
+
+
+def boundary_elements(graph: ir.Graph, node: onnx.NodeProto) -> int | None:
+    """Activation values per sample at the edges of ``node`` alone float: its non-constant
+    inputs and its output (each needs a DequantizeLinear or a QuantizeLinear)."""
+    total = 0
+    for name in [*(i for i in node.input if i and not graph.is_const(i)), node.output[0]]:
+        shape = _static(graph.shape(name))
+        if shape is None:
+            return None
+        total += math.prod(shape[1:]) if len(shape) > 1 else shape[0]
+    return total
+
+
+__all__ = [
+    "WEIGHTED_OPS",
+    "LayerSensitivity",
+    "Trials",
+    "boundary_elements",
+    "candidates",
+    "layer_macs",
+    "rank_layers",
+]
