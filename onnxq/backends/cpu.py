@@ -116,6 +116,15 @@ def this_machine() -> TargetCpu:
     return TargetCpu(CPU_CLASSES[detect()], "this machine")
 
 
+def computes_here_as_there(tuned: str) -> bool:
+    """Whether onnxruntime on this machine (the class :func:`detect` finds, whatever
+    :data:`ENV_VAR` forces) computes an output tuned for the class ``tuned`` as that class
+    does: not where this CPU's u8 x s8 kernels add int16 pairs and ``tuned`` stores int8
+    weights of the full range, which overflow them (an ``x86-vnni`` output on an AVX2 CPU)."""
+    here, there = CPU_CLASSES[detect()], cpu_class(tuned)
+    return not (here.int16_pair_sums and there.weight_dtype == "int8")
+
+
 @functools.lru_cache(maxsize=1)
 def detect() -> str:
     """This machine's class, from what the CPU itself reports (cpuid through numpy's feature
