@@ -163,9 +163,9 @@ def target_mismatch(tuned: str | None, here: str) -> str | None:
     if was.int16_pair_sums and not now.int16_pair_sums:
         return (
             f"{head}: it runs correctly here, but its weights are stored as {was.weight_dtype} "
-            f"(what {tuned} needs), which onnxruntime runs in its u8 x u8 kernels rather than "
-            f"the u8 x s8 ones, and its int8-or-float choices follow {tuned}'s cost table; "
-            f"{redo} for {now.weight_dtype} weights and this class's choices"
+            f"(what {tuned} needs), which onnxruntime runs in its slower u8 x u8 kernels "
+            f"instead of its u8 x s8 ones, and its int8-or-float choices follow {tuned}'s cost "
+            f"table; {redo} for {now.weight_dtype} weights and this class's choices"
         )
     return (
         f"{head}: its int8-or-float choices follow {tuned}'s cost table, so it may run "
