@@ -293,7 +293,7 @@ def _target_flags(parser: argparse.ArgumentParser) -> None:
         "--target-cpu",
         choices=list(CPU_CLASSES),
         help="CPU class the onnxruntime output is tuned for (default: this machine's, or "
-        "$ONNXQ_TARGET_CPU): 7-bit weights on x86-avx2, cost thresholds",
+        "$ONNXQ_TARGET_CPU): uint8-stored weights on x86-avx2, cost thresholds",
     )
     parser.add_argument(
         "--cost-table",

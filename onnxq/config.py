@@ -134,8 +134,9 @@ class QuantConfig:
             float when more than this fraction of its input's positions (frames) peak below
             1/16 of the tensor's peak (the normalisation scales their rounding noise up to full
             size); 1 turns the rule off.
-        reduce_range: 7-bit weights for the onnxruntime backend (its u8s8 CPU kernels saturate
-            int16 sums on x86 CPUs without VNNI); ``None`` decides from ``target_cpu``.
+        reduce_range: 7-bit int8 weights for the onnxruntime backend (its u8s8 CPU kernels
+            saturate int16 sums on x86 CPUs without VNNI), or full-range int8 (False);
+            ``None`` decides from ``target_cpu`` (uint8-stored 8-bit weights on ``x86-avx2``).
         target_cpu: the CPU class an onnxruntime output is tuned for (weight range, cost
             thresholds): ``x86-avx2``, ``x86-vnni``, ``arm64``, ``arm64-dot``, ``other``;
             ``None``: the ``ONNXQ_TARGET_CPU`` environment variable, else this machine's.

@@ -2,8 +2,9 @@
 
 Input: the annotations (which tensors, read by which consumers) and qparams per activation.
 Weights get their qparams here, from their own values (symmetric, per channel on the profile's
-axis), and are stored as int8 initializers behind a DequantizeLinear, or as float initializers
-behind Q -> DQ (``weight_storage``).  Only the annotated consumers are rewired to the
+axis), and are stored as int8 initializers behind a DequantizeLinear (uint8 ones, the values +
+128 behind zero point 128, where the profile's ``weight_dtype`` says so), or as float
+initializers behind Q -> DQ (``weight_storage``).  Only the annotated consumers are rewired to the
 dequantized tensor; other readers keep the float tensor.
 """
 
@@ -22,6 +23,7 @@ from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations, TensorAnnotation
 
 QDQ_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear
+UINT8_MIDPOINT = 128  # the zero point of a symmetric weight stored as uint8
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,9 @@ def materialize(
         value = _reader_scope(ann, where, graph).const_value(ann.tensor)
         if value is None:
             raise InternalError(f"weight {ann.tensor!r} lost its constant value")
-        weights[ann.tensor] = weight_qparams(
-            value, ann.axis, limits[ann.tensor], weights_options.weight_method
+        weights[ann.tensor] = _stored_as(
+            weight_qparams(value, ann.axis, limits[ann.tensor], weights_options.weight_method),
+            profile.weight_dtype,
         )
     resolved = dict(activation_qparams)
     for ann in annotations.tensors.values():
@@ -162,7 +165,8 @@ def write_metadata(
             "bits": p.bits,
             "method": p.qparams.method,
             "axis": p.qparams.axis,
-            "symmetric": bool(np.all(np.asarray(p.qparams.zero_point) == 0)),
+            # a weight's zero point is 0, or 128 in uint8 storage: symmetric either way
+            "symmetric": p.kind == "weight" or bool(np.all(np.asarray(p.qparams.zero_point) == 0)),
         }
         for p in placed
     }
@@ -270,12 +274,23 @@ def _read_by_depthwise_convs(
     return True
 
 
+def _stored_as(qp: QParams, dtype: str) -> QParams:
+    """A symmetric weight's qparams for storage as ``dtype``: uint8 moves the zero point to 128
+    (the values +128), which dequantizes to the same numbers."""
+    if dtype == "int8":
+        return qp
+    return replace(qp, zero_point=np.full(np.shape(qp.zero_point), UINT8_MIDPOINT, np.uint8))
+
+
 def _weight(graph: ir.Graph, tensor: str, qp: QParams, qmax: int, options: WeightOptions) -> str:
     if options.weight_storage == "qdq":
         return _qdq(graph, tensor, qp)
     value = graph.const_value(tensor)
     assert value is not None
-    return _dequantize_const(graph, tensor, quantize_weight(value, qp, qmax), qp)
+    q = quantize_weight(value, qp, qmax)
+    if np.asarray(qp.zero_point).dtype == np.uint8:
+        q = (q.astype(np.int16) + UINT8_MIDPOINT).astype(np.uint8)
+    return _dequantize_const(graph, tensor, q, qp)
 
 
 def _dequantize_const(graph: ir.Graph, tensor: str, values: np.ndarray, qp: QParams) -> str:

@@ -70,7 +70,7 @@ class Outcome:
 
     config: QuantConfig
     profile: BackendProfile
-    profile_note: str  # why the profile differs from the backend's (7-bit weights)
+    profile_note: str  # why the profile's weights lose precision (7-bit weights)
     prepared: Prepared
     graph: GraphView  # the simplified graph placement saw
     inputs: list[InputSpec]

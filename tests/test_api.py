@@ -590,8 +590,8 @@ def test_a_conv_output_read_by_a_hardswish_is_clipped_where_the_hardswish_satura
     # onnxruntime requantizes the conv's output for its QLinearConv; below -3 a hardswish is 0,
     # so the range stops there and its steps get finer.  The gain is measured where the range
     # acts: on the hardswish of the conv output's int8 round trip.  The whole model's cosine
-    # also carries the weights' rounding, which is 7-bit on a CPU without int8 dot products
-    # and hid the gain there (1 - 0.999864 against 1 - 0.999847)
+    # also carries the weights' rounding, which was 7-bit on a CPU without int8 dot products
+    # (``reduce_range``) and hid the gain there (1 - 0.999864 against 1 - 0.999847)
     import onnxruntime as ort
 
     model = graphs.conv_hardswish("pair")

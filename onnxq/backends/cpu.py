@@ -2,9 +2,12 @@
 
 onnxruntime's int8 kernels behave differently per CPU class.  On x86 without int8 dot
 products (AVX2, or AVX-512 without VNNI) its u8 x s8 matrix kernels add each pair of products
-in a saturating int16 (``vpmaddubsw``): full-range int8 weights overflow there, 7-bit weights do
-not (255 x 63 x 2 < 32768).  Its depthwise int8 kernel sums in int32 on every CPU.  Which int8
-kernels beat float also differs per class (``onnxq.backends.cost_tables``).
+in a saturating int16 (``vpmaddubsw``): full-range int8 weights overflow there.  Its u8 x u8
+kernels widen both sides to int16 and add pairs in int32 (``vpmaddwd``), exact for every
+uint8 weight, so on such a CPU onnxq stores its symmetric 8-bit weights as uint8 (the int8
+values + 128, zero point 128): the same numbers, which those kernels compute exactly.  Its
+depthwise int8 kernel sums in int32 on every CPU.  Which int8 kernels beat float also differs
+per class (``onnxq.backends.cost_tables``).
 
 Everything onnxq derives from the CPU goes through :func:`resolve_target`: the configured class
 (``target_cpu`` / ``--target-cpu``), else the environment variable :data:`ENV_VAR`, else the class
@@ -34,12 +37,16 @@ class CpuClass:
         description: what the class covers, for messages.
         int16_pair_sums: onnxruntime's u8 x s8 matrix kernels (Conv, Gemm, MatMul; not the
             depthwise conv) add pairs of products in a saturating int16 here, so weights need
-            7 bits.
+            7 bits (or uint8 storage: ``weight_dtype``).
+        weight_dtype: the element type onnxq stores 8-bit weights in for onnxruntime here:
+            ``uint8`` (the int8 values + 128, zero point 128) picks its u8 x u8 kernels, which
+            sum in int32 where the u8 x s8 ones add int16 pairs; ``int8`` elsewhere.
     """
 
     name: str
     description: str
     int16_pair_sums: bool
+    weight_dtype: str = "int8"
 
 
 CPU_CLASSES: dict[str, CpuClass] = {
@@ -49,6 +56,7 @@ CPU_CLASSES: dict[str, CpuClass] = {
             "x86-avx2",
             "x86-64 without int8 dot products (AVX2, or AVX-512 without VNNI)",
             int16_pair_sums=True,
+            weight_dtype="uint8",
         ),
         CpuClass(
             "x86-vnni",
@@ -87,7 +95,7 @@ def cpu_class(name: str, where: str = "target_cpu") -> CpuClass:
     if found is None:
         raise ConfigError(
             f"{where}: unknown CPU class {name!r}; valid: {', '.join(CPU_CLASSES)} "
-            "(`python -m onnxq.backends.cpu` prints this machine's)"
+            "(`python -m onnxq.backends.which_cpu` prints this machine's)"
         )
     return found
 
@@ -106,6 +114,15 @@ def this_machine() -> TargetCpu:
     if forced:
         return TargetCpu(cpu_class(forced, f"environment variable {ENV_VAR}"), ENV_VAR)
     return TargetCpu(CPU_CLASSES[detect()], "this machine")
+
+
+def computes_here_as_there(tuned: str) -> bool:
+    """Whether onnxruntime on this machine (the class :func:`detect` finds, whatever
+    :data:`ENV_VAR` forces) computes an output tuned for the class ``tuned`` as that class
+    does: not where this CPU's u8 x s8 kernels add int16 pairs and ``tuned`` stores int8
+    weights of the full range, which overflow them (an ``x86-vnni`` output on an AVX2 CPU)."""
+    here, there = CPU_CLASSES[detect()], cpu_class(tuned)
+    return not (here.int16_pair_sums and there.weight_dtype == "int8")
 
 
 @functools.lru_cache(maxsize=1)
@@ -152,8 +169,3 @@ def _os_flags() -> frozenset[str]:
         if key.strip() in ("flags", "Features"):
             return frozenset(value.split())
     return frozenset()
-
-
-if __name__ == "__main__":
-    found = this_machine()
-    print(f"{found.name} ({found.source}): {found.cpu.description}")

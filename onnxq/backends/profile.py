@@ -77,6 +77,10 @@ class BackendProfile:
         activation_symmetric: zero point fixed at 0 (TensorRT requires it).
         weight_qmax: largest int8 weight magnitude (127; 63 where 7-bit weights avoid the
             int16 saturation of onnxruntime's u8s8 kernels on CPUs without VNNI).
+        weight_dtype: the element type weights are stored in: ``int8`` (zero point 0), or
+            ``uint8``, the same values + 128 behind zero point 128 (onnxruntime on a CPU
+            class whose u8 x u8 kernels are exact where its u8 x s8 ones saturate:
+            ``onnxq.backends.cpu``).
         weight_axes: per-op weight channel axis.
         rule_set: name of the ordered rule set in ``onnxq.rewrites.rules`` to place Q/DQ.
         quantize_outputs: whether quantized ops also get Q/DQ on their outputs (onnxruntime
@@ -164,6 +168,7 @@ class BackendProfile:
     activation_dtype: str
     activation_symmetric: bool
     weight_qmax: int = 127
+    weight_dtype: str = "int8"
     weight_axes: dict[str, WeightAxis] = field(default_factory=lambda: dict(WEIGHT_AXES))
     rule_set: str = "tensorrt"
     quantize_outputs: bool = False

@@ -20,22 +20,21 @@ if TYPE_CHECKING:
 
 def profile_for(options: TargetOptions) -> tuple[BackendProfile, str]:
     """The profile for a run: the backend's, tuned for the CPU class it targets; and a note on
-    the weight range (empty when weights have their full range)."""
+    the weights (empty when they are int8 with their full range)."""
     return tune_profile(PROFILES[options.backend], options)
 
 
 def tune_profile(profile: BackendProfile, options: TargetOptions) -> tuple[BackendProfile, str]:
-    """``profile`` for the target CPU class, and a note on the weight range (empty if full).
+    """``profile`` for the target CPU class, and a note on the weights (empty: full-range int8).
 
     The class is ``options.target_cpu``, else the ``cpu`` of the ``cost_table`` file, else
     :func:`onnxq.backends.cpu.resolve_target`'s.  The cost thresholds come from ``cost_table``
-    or the shipped table of the class; weights get the profile's reduced range where the
-    class adds int8 products in int16 pairs (or ``reduce_range`` says so).
+    or the shipped table of the class; the weights' storage type or range from
+    :func:`_weight_format`.
     """
     if not profile.cpu_tuned:
         return profile, ""
     target_cpu, cost_table = options.target_cpu, options.cost_table
-    reduce_range = options.reduce_range
     table = CostTable.from_file(cost_table) if cost_table is not None else None
     if table is not None and target_cpu is not None and table.cpu != target_cpu:
         raise ConfigError(
@@ -54,17 +53,35 @@ def tune_profile(profile: BackendProfile, options: TargetOptions) -> tuple[Backe
         if cost_table is None
         else f"{Path(cost_table).name}: {table.measured_on}",
     }
+    weights, note = _weight_format(profile, target, options.reduce_range)
+    return profile.replace(**changes, **weights), note
+
+
+def _weight_format(
+    profile: BackendProfile, target: TargetCpu, reduce_range: bool | None
+) -> tuple[dict[str, Any], str]:
+    """The profile's weight fields for ``target``, and the warning on them (empty unless the
+    range is reduced: :func:`describe_target` says what the storage type is).
+
+    ``reduce_range`` unset: a class whose u8 x s8 kernels saturate gets its ``weight_dtype``
+    (uint8: the same values, which the u8 x u8 kernels sum exactly) where the profile allows
+    that type, else the profile's reduced range.  Set: the reduced range (True) or full-range
+    int8 (False), whatever the class.
+    """
+    why = f"the target CPU class {target.name} ({_source(target)})"
     if reduce_range is None:
+        dtype = target.cpu.weight_dtype
+        if dtype != profile.weight_dtype and dtype in profile.allowed_qdq_dtypes:
+            return {"weight_dtype": dtype}, ""  # the same numbers: nothing to warn about
         reduce_range = target.cpu.int16_pair_sums
-        why = f"the target CPU class {target.name} ({_source(target)})"
     else:
         why = "reduce_range set in the config"
     if not reduce_range or profile.reduced_weight_qmax is None:
-        return profile.replace(**changes), ""
-    changes["weight_qmax"] = profile.reduced_weight_qmax
+        return {}, ""
+    changes: dict[str, Any] = {"weight_qmax": profile.reduced_weight_qmax}
     if profile.int32_depthwise:
         changes["depthwise_weight_qmax"] = profile.weight_qmax
-    return profile.replace(**changes), _weight_note(profile, why)
+    return changes, _weight_note(profile, why)
 
 
 def _weight_note(profile: BackendProfile, why: str) -> str:
@@ -102,6 +119,8 @@ def target_record(profile: BackendProfile) -> dict[str, Any]:
     }
     if profile.depthwise_weight_qmax is not None:
         record["depthwise_weight_bits"] = profile.depthwise_weight_qmax.bit_length() + 1
+    if profile.weight_dtype != "int8":
+        record["weight_dtype"] = profile.weight_dtype
     return record
 
 
@@ -112,8 +131,15 @@ def describe_target(record: dict[str, Any]) -> str:
         if "depthwise_weight_bits" in record
         else ""
     )
+    stored = (
+        f" stored as {record['weight_dtype']} (onnxruntime's u8 x u8 kernels, which sum them "
+        "exactly where its u8 x s8 ones saturate)"
+        if "weight_dtype" in record
+        else ""
+    )
     return (
-        f"tuned for CPU class {record['class']}: {record['weight_bits']}-bit weights{depthwise}; "
+        f"tuned for CPU class {record['class']}: {record['weight_bits']}-bit weights{stored}"
+        f"{depthwise}; "
         f"cost thresholds: {record['cost_table']}"
     )
 
@@ -129,16 +155,17 @@ def target_mismatch(tuned: str | None, here: str) -> str | None:
     redo = f"quantize it again with --target-cpu {here} (or on this machine)"
     if now.int16_pair_sums and not was.int16_pair_sums:
         return (
-            f"{head}: its weights use the full int8 range, and onnxruntime's int8 kernels here "
-            "(no int8 dot products) add pairs of products in int16 sums that such weights "
+            f"{head}: its weights use the full int8 range, and onnxruntime's u8 x s8 kernels "
+            "here (no int8 dot products) add pairs of products in int16 sums that such weights "
             f"overflow, so its outputs can be far from what it computes on {tuned}; {redo} "
-            "for 7-bit weights"
+            f"for weights stored as {now.weight_dtype}, which its u8 x u8 kernels sum in int32"
         )
     if was.int16_pair_sums and not now.int16_pair_sums:
         return (
-            f"{head}: it runs correctly here, but its weights are 7-bit (what {tuned} needs) "
-            f"and its int8-or-float choices follow {tuned}'s cost table; {redo} for 8-bit "
-            "weights and this class's choices"
+            f"{head}: it runs correctly here, but its weights are stored as {was.weight_dtype} "
+            f"(what {tuned} needs), which onnxruntime runs in its slower u8 x u8 kernels "
+            f"instead of its u8 x s8 ones, and its int8-or-float choices follow {tuned}'s cost "
+            f"table; {redo} for {now.weight_dtype} weights and this class's choices"
         )
     return (
         f"{head}: its int8-or-float choices follow {tuned}'s cost table, so it may run "

@@ -63,8 +63,10 @@ class ConvCase:
         return self.products * self.cout * self.hw * self.hw
 
 
-def conv_model(case: ConvCase, int8: bool) -> bytes:
-    """One conv, float or in the Q/DQ form onnxruntime fuses into a QLinearConv."""
+def conv_model(case: ConvCase, int8: bool, weight_dtype: str = "int8") -> bytes:
+    """One conv, float or in the Q/DQ form onnxruntime fuses into a QLinearConv, its weights
+    stored as ``weight_dtype`` (uint8: the int8 values + 128, zero point 128), the type onnxq
+    stores them in for the CPU class (:class:`onnxq.backends.cpu.CpuClass`)."""
     rng = np.random.default_rng(0)
     c = case
     w = (rng.standard_normal((c.cout, c.cin // c.group, c.kernel, c.kernel)) * 0.1).astype(
@@ -72,13 +74,17 @@ def conv_model(case: ConvCase, int8: bool) -> bytes:
     )
     inits = [numpy_helper.from_array((rng.standard_normal(c.cout) * 0.1).astype(np.float32), "b")]
     nodes, x = [], "x"
+    dtype = np.dtype(weight_dtype)
+    zero = 128 if dtype == np.uint8 else 0
     if int8:
         inits += [
             numpy_helper.from_array(np.array(0.02, np.float32), "s"),
             numpy_helper.from_array(np.array(0, np.uint8), "z"),
-            numpy_helper.from_array(np.clip(np.round(w / 0.01), -127, 127).astype(np.int8), "wq"),
+            numpy_helper.from_array(
+                (np.clip(np.round(w / 0.01), -127, 127) + zero).astype(dtype), "wq"
+            ),
             numpy_helper.from_array(np.full(c.cout, 0.01, np.float32), "ws"),
-            numpy_helper.from_array(np.zeros(c.cout, np.int8), "wz"),
+            numpy_helper.from_array(np.full(c.cout, zero, dtype), "wz"),
         ]
         nodes += [
             helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
@@ -185,9 +191,11 @@ def tune_cost_table(runs: int = 60, log: Callable[[str], None] = print) -> CostT
     """Time the candidate convs on this machine and derive its cost table."""
     import onnxruntime as ort
 
+    target = this_machine()
+
     def ratio(case: ConvCase) -> float:
         f = session_us(conv_model(case, False), case, runs)
-        q = session_us(conv_model(case, True), case, runs)
+        q = session_us(conv_model(case, True, target.cpu.weight_dtype), case, runs)
         log(
             f"  conv {case.kernel}x{case.kernel} {case.cin}->{case.cout} group {case.group} "
             f"{case.hw}x{case.hw} ({case.macs} MACs): float {f:.1f} us, int8 with its Q/DQ "
@@ -195,7 +203,10 @@ def tune_cost_table(runs: int = 60, log: Callable[[str], None] = print) -> CostT
         )
         return f / q
 
-    log("int8 (with its own Q/DQ) against float, one thread; aligned input channels:")
+    log(
+        f"int8 (with its own Q/DQ; {target.cpu.weight_dtype} weights) against float, one "
+        "thread; aligned input channels:"
+    )
     aligned = pays_from([(c.products, ratio(c)) for c in ALIGNED])
     log("unaligned input channels:")
     unaligned = pays_from([(c.products, ratio(c)) for c in UNALIGNED])
@@ -203,7 +214,6 @@ def tune_cost_table(runs: int = 60, log: Callable[[str], None] = print) -> CostT
     depthwise_loses = min(ratio(c) for c in DEPTHWISE) < 1.0
     log("small maps:")
     small = pays_from([(c.macs, ratio(c)) for c in SMALL])
-    target = this_machine()
     return CostTable(
         cpu=target.name,
         measured_on=f"{cpu_model()} ({target.name}), onnxruntime {ort.__version__}",

@@ -1,8 +1,9 @@
 """onnxruntime's int8 kernels on an x86-64 CPU without VNNI, for real: under
 ``qemu-x86_64 -cpu Haswell`` onnxruntime picks its AVX2 kernels, which add pairs of u8 x s8
 products in saturating int16 sums.  The facts the x86-avx2 class rests on are checked there:
-full-range weights saturate, 7-bit ones and depthwise convs do not, an x86-avx2 output computes
-there what it computes here, and a TensorRT output run fused there can be far off.
+full-range int8 weights saturate; 7-bit ones, uint8 ones (its u8 x u8 kernels) and depthwise
+convs do not; an x86-avx2 output (uint8 weights, or 7-bit with ``reduce_range``) computes there
+what it computes here, and a TensorRT output run fused there can be far off.
 
 Needs ``qemu-user`` (``apt-get install qemu-user``) on an x86-64 machine; CI installs it and
 sets ``ONNXQ_REQUIRE_QEMU=1`` so that a missing emulator fails instead of skipping.
@@ -75,6 +76,12 @@ def on_avx2(tmp_path_factory) -> tuple[dict, Path, dict]:
     cases = {}
     for name, model, options, stress in [
         ("sep_avx2", separable, {"backend": "onnxruntime", "target_cpu": "x86-avx2"}, 3.0),
+        (
+            "sep_avx2_7bit",
+            separable,
+            {"backend": "onnxruntime", "target_cpu": "x86-avx2", "reduce_range": True},
+            3.0,
+        ),
         ("sep_vnni", separable, {"backend": "onnxruntime", "target_cpu": "x86-vnni"}, 3.0),
         ("trt", trt_net, {}, 1.0),
     ]:
@@ -111,27 +118,38 @@ def test_an_avx2_cpu_is_detected_as_x86_avx2(on_avx2):
     assert probe["detected"] == "x86-avx2"
 
 
-def test_full_range_weights_overflow_there_and_7_bit_ones_or_depthwise_convs_do_not(on_avx2):
+def test_full_range_int8_weights_overflow_there_and_7_bit_uint8_or_depthwise_ones_do_not(on_avx2):
     probe, _, _ = on_avx2
-    exact = probe["exact"]
-    for kind in ("conv1x1", "conv3x3", "gemm", "matmul"):
+    exact, fused_ops = probe["exact"], probe["fused_ops"]
+    kernels = {
+        "conv1x1": "QLinearConv",
+        "conv3x3": "QLinearConv",
+        "gemm": "QGemm",
+        "matmul": "QLinearMatMul",
+        "matmul_float": "MatMulIntegerToFloat",
+    }
+    for kind, kernel in kernels.items():
         assert not exact[f"{kind} 127"], kind  # u8 255 x s8 127, twice: past int16
         assert exact[f"{kind} 63"], kind
-    assert exact["depthwise3x3 127"] and exact["depthwise3x3 63"]  # int32 sums
+        assert exact[f"{kind} u8 127"], kind  # u8 x u8: int32 sums
+        # the uint8 weights fuse into the same integer kernel as the int8 ones
+        assert kernel in fused_ops[f"{kind} u8 127"], fused_ops[f"{kind} u8 127"]
+        assert fused_ops[f"{kind} u8 127"] == fused_ops[f"{kind} 127"], kind
+    assert all(exact[f"depthwise3x3 {w}"] for w in ("127", "63", "u8 127"))  # int32 sums
 
 
 def test_an_x86_avx2_output_computes_there_what_it_computes_here(on_avx2):
     _, folder, cases = on_avx2
     differences = {}
-    for name in ("sep_avx2", "sep_vnni"):
+    for name in ("sep_avx2", "sep_avx2_7bit", "sep_vnni"):
         _, quantized, batches = cases[name]
         here = run_outputs(quantized, batches, True, "quantized")
         there = _fused_there(folder, name, batches)
         differences[name] = max(
             float(np.max(np.abs(a["y"] - b["y"]))) for a, b in zip(here, there, strict=True)
         )
-    assert differences["sep_avx2"] < 1e-4
-    # 8-bit weights (what a VNNI CPU gets) come out different there
+    assert differences["sep_avx2"] < 1e-4 and differences["sep_avx2_7bit"] < 1e-4
+    # int8 weights of the full range (what a VNNI CPU gets) come out different there
     assert differences["sep_vnni"] > 100 * max(differences["sep_avx2"], 1e-6)
 
 

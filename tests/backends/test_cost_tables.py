@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import onnx
 import pytest
 
 from onnxq.backends import tune
@@ -108,3 +110,35 @@ def test_real_models_run_and_name_their_kernel():
     us, op = tune.conv_kernel_us(tune.conv_model(case, False), case, runs=2)
     assert op in ("Conv", "FusedConv")
     assert tune.session_us(tune.conv_model(case, True), case, runs=2) > 0
+
+
+@pytest.mark.parametrize("machine", ["x86-avx2", "x86-vnni"])
+def test_the_int8_convs_are_timed_with_the_weight_type_of_this_class(monkeypatch, machine):
+    weights: set[str] = set()
+
+    def session(model: bytes, case: tune.ConvCase, runs: int) -> float:
+        graph = onnx.load_from_string(model).graph
+        weights.update(
+            onnx.helper.tensor_dtype_to_np_dtype(t.data_type).name
+            for t in graph.initializer
+            if t.name == "wq"
+        )
+        return 1.0
+
+    monkeypatch.setattr(tune, "session_us", session)
+    monkeypatch.setenv("ONNXQ_TARGET_CPU", machine)
+    tune.tune_cost_table(runs=1, log=lambda line: None)
+    assert weights == {CPU_CLASSES[machine].weight_dtype}
+
+
+def test_a_conv_with_uint8_weights_runs_as_a_qlinearconv_with_the_same_numbers():
+    case = tune.ConvCase(8, 8, 3, 8)
+    _, op = tune.conv_kernel_us(tune.conv_model(case, True, "uint8"), case, runs=1)
+    assert op == "QLinearConv"
+    outputs = [
+        tune._session(tune.conv_model(case, True, dtype), profile=False).run(  # type: ignore[attr-defined]
+            None, tune._feed(case)
+        )[0]
+        for dtype in ("int8", "uint8")
+    ]
+    np.testing.assert_array_equal(*outputs)

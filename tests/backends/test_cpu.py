@@ -79,3 +79,37 @@ def test_an_unknown_class_names_the_valid_ones(monkeypatch):
 
 def test_only_x86_without_int8_dot_products_adds_int16_pairs():
     assert [c.name for c in cpu.CPU_CLASSES.values() if c.int16_pair_sums] == ["x86-avx2"]
+
+
+@pytest.mark.parametrize(
+    ("machine", "tuned", "same"),
+    [
+        ("x86-avx2", "x86-vnni", False),  # full-range int8 weights overflow int16 pair sums
+        ("x86-avx2", "arm64-dot", False),
+        ("x86-avx2", "x86-avx2", True),  # uint8 weights: u8 x u8 kernels, int32 sums
+        ("x86-vnni", "x86-avx2", True),
+        ("x86-vnni", "x86-vnni", True),
+        ("arm64-dot", "x86-vnni", True),
+    ],
+)
+def test_an_output_computes_here_as_on_its_class_unless_its_weights_overflow_here(
+    monkeypatch, machine, tuned, same
+):
+    monkeypatch.setattr(cpu, "detect", lambda: machine)
+    monkeypatch.setenv(cpu.ENV_VAR, "x86-vnni")  # forcing a class does not change the machine
+    assert cpu.computes_here_as_there(tuned) is same
+
+
+def test_the_tests_skip_fused_numerics_only_where_this_machine_cannot_compute_them(monkeypatch):
+    from tests.cpus import skip_unless_fused_numerics_here
+
+    monkeypatch.setattr(cpu, "detect", lambda: "x86-avx2")
+    monkeypatch.setenv(cpu.ENV_VAR, "x86-avx2")
+    skip_unless_fused_numerics_here()  # uint8 weights: computed exactly here
+    monkeypatch.setenv(cpu.ENV_VAR, "x86-vnni")
+    with pytest.raises(pytest.skip.Exception, match="ONNXQ_TARGET_CPU=x86-vnni on a x86-avx2 "):
+        skip_unless_fused_numerics_here()
+    with pytest.raises(pytest.skip.Exception, match="an output tuned for arm64-dot on a x86-avx2"):
+        skip_unless_fused_numerics_here("arm64-dot")
+    monkeypatch.setattr(cpu, "detect", lambda: "x86-vnni")
+    skip_unless_fused_numerics_here()

@@ -15,12 +15,13 @@ from onnxq import ir
 from onnxq.backends.cost_tables import SHIPPED, CostTable
 from onnxq.backends.cpu import ENV_VAR
 from onnxq.backends.profile import PROFILES, BackendProfile
-from onnxq.backends.target import profile_for, target_mismatch
+from onnxq.backends.target import profile_for, target_mismatch, tune_profile
 from onnxq.cli import main
 from onnxq.errors import ConfigError
 from onnxq.materialize import read_metadata, read_target_cpu
 from onnxq.options import TargetOptions
 from tests import graphs
+from tests.cpus import skip_unless_fused_numerics_here
 from tests.rewrites.test_cost import SEPARABLE, net
 
 
@@ -40,16 +41,33 @@ def test_tensorrt_is_the_same_for_every_cpu():
         assert profile.target_cpu is None
 
 
-def test_x86_without_int8_dot_products_gets_7_bit_weights_but_8_bit_depthwise():
+def test_x86_without_int8_dot_products_gets_8_bit_weights_stored_as_uint8():
     profile, note = tuned("onnxruntime", None, "x86-avx2")
-    assert (profile.target_cpu, profile.weight_qmax, profile.depthwise_weight_qmax) == (
+    assert (profile.target_cpu, profile.weight_dtype, profile.weight_qmax) == (
         "x86-avx2",
+        "uint8",
+        127,
+    )
+    assert profile.depthwise_weight_qmax is None and note == ""  # the same numbers as int8
+    assert "not measured on this class (x86-avx2)" in profile.cost_table
+
+
+def test_reduce_range_on_x86_without_int8_dot_products_gives_7_bit_int8_but_8_bit_depthwise():
+    profile, note = tuned("onnxruntime", True, "x86-avx2")
+    assert (profile.weight_dtype, profile.weight_qmax, profile.depthwise_weight_qmax) == (
+        "int8",
         63,
         127,
     )
-    assert note.startswith("weights limited to +-63 (7-bit): the target CPU class x86-avx2")
+    assert note.startswith("weights limited to +-63 (7-bit): reduce_range set in the config")
     assert "depthwise convs keep +-127" in note
-    assert "not measured on this class (x86-avx2)" in profile.cost_table
+
+
+def test_a_class_whose_storage_type_the_profile_does_not_allow_gets_7_bit_weights():
+    int8_only = PROFILES["onnxruntime"].replace(allowed_qdq_dtypes=frozenset({"int8", "int32"}))
+    profile, note = tune_profile(int8_only, TargetOptions("onnxruntime", None, "x86-avx2", None))
+    assert (profile.weight_dtype, profile.weight_qmax) == ("int8", 63)
+    assert note.startswith("weights limited to +-63 (7-bit): the target CPU class x86-avx2")
 
 
 @pytest.mark.parametrize("target", ["x86-vnni", "arm64", "arm64-dot", "other"])
@@ -60,7 +78,7 @@ def test_cpus_without_int16_pair_sums_get_8_bit_weights(target):
         127,
         None,
     )
-    assert note == ""
+    assert profile.weight_dtype == "int8" and note == ""
 
 
 def test_reduce_range_overrides_the_class():
@@ -100,20 +118,25 @@ def test_a_cost_table_file_sets_the_thresholds_and_the_class(tmp_path, monkeypat
     profile, note = tuned("onnxruntime", None, None, path)
     assert (profile.target_cpu, profile.min_macs_per_output) == ("x86-avx2", 7)
     assert profile.cost_table == "table.json: a test"  # no folder: the report has no paths
-    assert "the cost table's" in note and profile.weight_qmax == 63
+    assert profile.weight_dtype == "uint8" and note == ""
+    profile, note = tuned("onnxruntime", True, None, path)
+    assert "reduce_range set in the config" in note and profile.weight_qmax == 63
     with pytest.raises(
         ConfigError, match="measured on the class x86-avx2 but target_cpu is x86-vnni"
     ):
         tuned("onnxruntime", None, "x86-vnni", path)
 
 
-def _separable_weights(target: str) -> tuple[onnxq.QuantizedModel, dict[str, int]]:
+def _separable_weights(
+    target: str, reduce_range: bool | None = None
+) -> tuple[onnxq.QuantizedModel, dict[str, int]]:
     model = ir.infer_shapes(net(SEPARABLE))
     result = onnxq.quantize(
         model,
         graphs.random_batches(model, 4),
         backend="onnxruntime",
         target_cpu=target,
+        reduce_range=reduce_range,
         progress=False,
     )
     bits = {p.tensor: p.bits for p in result.report.placed if p.kind == "weight"}
@@ -123,7 +146,7 @@ def _separable_weights(target: str) -> tuple[onnxq.QuantizedModel, dict[str, int
 def test_7_bit_weights_are_recorded_as_7_bits_and_stored_within_63():
     # the report said 8 bits for them, and the fuzz property "scale x qmax <= max |w|" with
     # qmax from those bits failed on every CPU without int8 dot products
-    result, bits = _separable_weights("x86-avx2")
+    result, bits = _separable_weights("x86-avx2", reduce_range=True)
     assert bits == {"l0.w": 7, "l2.w": 8, "l4.w": 7}  # l2 is the depthwise conv
     stored = {
         t.name: np.abs(numpy_helper.to_array(t).astype(np.int32)).max()
@@ -152,6 +175,47 @@ def test_7_bit_weights_are_recorded_as_7_bits_and_stored_within_63():
     assert out.cosine > 0.999  # fused: the 7-bit output is exact on every CPU
 
 
+def _dequantized_weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Each weight DequantizeLinear's values, by the float weight's name."""
+    g = ir.Graph(model)
+    out = {}
+    for node in g.nodes:
+        stored = g.const_value(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        if stored is None or not node.input[0].endswith("_quantized") or stored.ndim < 2:
+            continue
+        scale, zero = (g.const_value(t) for t in node.input[1:])
+        assert scale is not None and zero is not None
+        shape = [1] * stored.ndim
+        shape[int(ir.node_attrs(node).get("axis", 1))] = -1
+        centred = stored.astype(np.float32) - zero.reshape(shape).astype(np.float32)
+        out[node.input[0].split("_quantized")[0]] = centred * scale.reshape(shape)
+    return out
+
+
+def test_uint8_weights_dequantize_to_the_int8_weights_of_a_cpu_with_int8_dot_products():
+    avx2, bits = _separable_weights("x86-avx2")
+    vnni, _ = _separable_weights("x86-vnni")
+    assert bits == {"l0.w": 8, "l2.w": 8, "l4.w": 8}
+    types = {
+        t.name.split("_quantized")[0]: t.data_type
+        for t in avx2.model.graph.initializer
+        if t.name.endswith("w_quantized")
+    }
+    assert types == dict.fromkeys(["l0.w", "l2.w", "l4.w"], onnx.TensorProto.UINT8)
+    mine, theirs = _dequantized_weights(avx2.model), _dequantized_weights(vnni.model)
+    assert sorted(mine) == ["l0.w", "l2.w", "l4.w"]
+    for name, values in mine.items():
+        np.testing.assert_array_equal(values, theirs[name])
+    records = read_metadata(avx2.model)
+    assert records is not None and all(records[w]["symmetric"] for w in mine)
+    report = json.loads(avx2.report.to_json())
+    assert report["target_cpu"]["weight_dtype"] == "uint8"
+    assert "weight_dtype" not in json.loads(vnni.report.to_json())["target_cpu"]
+    assert "8-bit weights stored as uint8 (onnxruntime's u8 x u8 kernels" in avx2.report.summary()
+    skip_unless_fused_numerics_here("x86-vnni")
+    assert [o.cosine for o in avx2.report.fidelity] == [o.cosine for o in vnni.report.fidelity]
+
+
 def test_8_bit_weights_for_a_cpu_with_int8_dot_products():
     result, bits = _separable_weights("x86-vnni")
     assert bits == {"l0.w": 8, "l2.w": 8, "l4.w": 8}
@@ -174,7 +238,7 @@ def test_a_tensorrt_output_does_not_depend_on_the_machine(monkeypatch, machine):
     ("tuned", "here", "says"),
     [
         ("x86-vnni", "x86-avx2", "int16 sums that such weights overflow"),
-        ("x86-avx2", "x86-vnni", "it runs correctly here, but its weights are 7-bit"),
+        ("x86-avx2", "x86-vnni", "it runs correctly here, but its weights are stored as uint8"),
         ("x86-vnni", "arm64-dot", "follow x86-vnni's cost table, so it may run slower here"),
         ("x86-vnni", "x86-vnni", None),
     ],
@@ -212,7 +276,7 @@ def test_the_cli_takes_the_target_and_the_table(tmp_path, model_file, calib_dir,
     out = tmp_path / "q.onnx"
     args = ["quantize", str(path), "-o", str(out), "--calib", str(calib)]
     assert main([*args, "--backend", "onnxruntime", "--target-cpu", "x86-avx2"]) == 0
-    assert "tuned for CPU class x86-avx2: 7-bit weights" in capsys.readouterr().out
+    assert "tuned for CPU class x86-avx2: 8-bit weights stored as uint8" in capsys.readouterr().out
     assert main(["inspect", str(out)]) == 0
     assert "tuned for CPU class x86-avx2 (onnxruntime)" in capsys.readouterr().out
     with pytest.raises(SystemExit) as usage:  # argparse lists the classes
