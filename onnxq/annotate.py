@@ -18,6 +18,7 @@ from onnxq.backends.profile import WEIGHT_AXES, BackendProfile
 from onnxq.config import QuantConfig, TensorSettings
 from onnxq.errors import ConfigError
 from onnxq.observers import TensorStats
+from onnxq.precisions import check_bits, tensor_qtype
 from onnxq.rewrites.pattern import Context, Decline, Match, Spec
 from onnxq.rewrites.rules import RULE_SETS, SHAPE_ONLY_DATA, WEAK_SHARE
 
@@ -113,13 +114,14 @@ def annotate(
             continue
         candidates = [r for r in rules if node.op_type in r.op_types]
         if not candidates:
+            why = profile.float_op_reasons.get(node.op_type)  # a recurrent cell, ...
             decisions.append(
                 Decision(
                     node.name,
                     node.op_type,
                     False,
                     "",
-                    f"no {profile.name} rule quantizes {node.op_type}: it stays float",
+                    why or f"no {profile.name} rule quantizes {node.op_type}: it stays float",
                 )
             )
             continue
@@ -168,6 +170,9 @@ def annotate(
             assert closest is not None
             decisions.append(Decision(node.name, node.op_type, False, closest[0], closest[1]))
     for ann in tensors.values():
+        if ann.kind in ("activation", "weight"):  # an override's bits must fit its type
+            qtype = tensor_qtype(ann.kind, ann.settings.precision, profile.activation_dtype)
+            check_bits(ann.settings.bits, qtype, ann.tensor)
         if ann.kind == "activation":
             ann.bounds = saturation_bounds(graph, ann.tensor, ann.consumers)
     notes: list[str] = []

@@ -22,6 +22,7 @@ from onnxq.annotate import (
     range_exclusions,
 )
 from onnxq.backends.check import check
+from onnxq.backends.precision import run_profile
 from onnxq.backends.profile import BackendProfile, profile_for
 from onnxq.backends.validate import (
     DOMINATED,
@@ -38,6 +39,7 @@ from onnxq.calibrate import CalibrationResult, calibrate, calibration_cache
 from onnxq.calibrate import load_calibration as load_calibration_file
 from onnxq.config import QuantConfig
 from onnxq.data import model_inputs, open_source
+from onnxq.dynamic import place_dynamic
 from onnxq.errors import (
     BackendConstraintError,
     CalibrationDataError,
@@ -48,6 +50,7 @@ from onnxq.errors import (
 )
 from onnxq.materialize import materialize
 from onnxq.observers import HISTOGRAM_METHODS, MethodOptions, QParams, activation_qparams
+from onnxq.precisions import tensor_qtype
 from onnxq.report import Report
 from onnxq.rewrites.simplify import simplify
 
@@ -214,13 +217,20 @@ def quantize(
             "calibration cache to load": load_calibration,
         },
     )
-    if calibration is None and load_calibration is None:
+    profile, profile_note = profile_for(cfg.backend, cfg.reduce_range)
+    profile = run_profile(profile, cfg)  # the precision's fields, or a one-line refusal
+    if profile.dynamic and (save_calibration is not None or load_calibration is not None):
+        raise ConfigError(
+            "--dynamic quantizes activations at run time and keeps no calibration statistics: "
+            "drop --save-calibration / --load-calibration (--calib, if given, only feeds the "
+            "fidelity check)"
+        )
+    if calibration is None and load_calibration is None and not profile.dynamic:
         raise CalibrationDataError(
             "no calibration data given; pass --calib DATA (a folder of "
             ".npz batches, a .npz of samples, or .npy files) or "
             "--load-calibration FILE"
         )
-    profile, profile_note = profile_for(cfg.backend, cfg.reduce_range)
     load_notes: list[str] = []
     loaded, source = load(model, profile, load_notes)
     with _upgrade_hint(load_notes):
@@ -239,7 +249,9 @@ def quantize(
             else None
         )
         cache: bytes | None = None
-        if load_calibration is not None:
+        if profile.dynamic:  # no calibration: the kernels quantize activations at run time
+            annotations, result = place_dynamic(loaded, graph, profile, cfg, data, inputs)
+        elif load_calibration is not None:
             annotations, result = _place_from_cache(
                 loaded, graph, profile, cfg, data, inputs, load_calibration
             )
@@ -513,6 +525,8 @@ def _qparams(
     opts = MethodOptions(percentile=cfg.percentile)
     out: dict[str, QParams] = {}
     warnings: list[str] = []
+    if profile.dynamic:  # the kernels quantize activations at run time
+        return out, warnings
     for ann in annotations.of_kind("activation"):
         stats = result.stats[ann.tensor]
         if stats.count == 0:
@@ -524,7 +538,7 @@ def _qparams(
         qp = activation_qparams(
             stats,
             ann.method,
-            profile.activation_dtype,
+            tensor_qtype("activation", ann.settings.precision, profile.activation_dtype).name,
             profile.activation_symmetric if symmetric is None else symmetric,
             opts,
             ann.settings.bits,
@@ -649,7 +663,9 @@ def _validate(
             violations,
         )
     report.fidelity_mode = (
-        "onnxruntime, Q/DQ fused into int8 kernels"
+        "onnxruntime's default session: its dynamic int8 kernels"
+        if profile.dynamic
+        else "onnxruntime, Q/DQ fused into int8 kernels"
         if profile.fused_validation
         else "onnxruntime, fusion off: the Q/DQ graph's own arithmetic"
     )

@@ -38,6 +38,7 @@ constraints: nothing written, an onnxq bug), 2 user error (bad input, options or
 def _parser() -> argparse.ArgumentParser:
     from onnxq import __version__
     from onnxq.observers import METHODS
+    from onnxq.precisions import PRECISIONS
 
     p = argparse.ArgumentParser(
         prog="onnxq",
@@ -81,6 +82,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     q.add_argument(
         "--percentile", type=float, help="percentile kept by --method percentile (default 99.99)"
+    )
+    q.add_argument(
+        "--precision",
+        choices=sorted(PRECISIONS),
+        help="element type of the quantized tensors: int8 (default), int16 (16-bit "
+        "activations, 8-bit weights; --backend onnxruntime) or fp8 (FP8 E4M3; --backend "
+        "tensorrt); docs/precisions.md",
+    )
+    q.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="dynamic quantization (--backend onnxruntime): int8 weights per channel, "
+        "activations quantized at run time; no --calib needed (given, it feeds the fidelity "
+        "check)",
     )
     q.add_argument("--config", metavar="FILE.yaml", help="QuantConfig YAML (see docs/config.md)")
     q.add_argument(
@@ -219,6 +234,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--config", metavar="FILE.yaml")
     e.add_argument("--exclude", action="append", metavar="GLOB", default=None)
+    e.add_argument("--precision", choices=sorted(PRECISIONS), help="as for quantize")
+    e.add_argument("--dynamic", action="store_true", help="as for quantize")
     return p
 
 
@@ -298,6 +315,8 @@ def _quantize(args: argparse.Namespace) -> int:
         histogram_sample=args.histogram_sample,
         histogram_budget=args.histogram_budget,
         preprocess=args.preprocess,
+        precision=args.precision,
+        dynamic=True if args.dynamic else None,
         save_calibration=args.save_calibration,
         load_calibration=args.load_calibration,
     )
@@ -480,13 +499,19 @@ def _inspect(args: argparse.Namespace) -> int:
     if records is None:
         raise ModelLoadError(f"{path}: no onnxq quantization metadata (not made by onnxq?)")
     width = max([len("tensor"), *(len(t) for t in records)])
-    print(f"{'tensor':<{width}}  kind        bits  method              axis  symmetric")
+    print(
+        f"{'tensor':<{width}}  kind        bits  dtype         method              axis  symmetric"
+    )
     for name, r in records.items():
+        kind = f"{r.get('kind', '')}{'*' if r.get('runtime') else ''}"
         print(
-            f"{name:<{width}}  {r.get('kind', ''):<10}  {r.get('bits', ''):>4}  "
+            f"{name:<{width}}  {kind:<10}  {r.get('bits', ''):>4}  {r.get('dtype', 'int8')!s:<12}  "
             f"{r.get('method', '')!s:<18}  {r.get('axis')!s:>4}  {r.get('symmetric')}"
         )
-    print(f"{len(records)} quantized tensors")
+    dtypes = sorted({str(r.get("dtype", "int8")) for r in records.values()})
+    print(f"{len(records)} quantized tensors ({', '.join(dtypes)})")
+    if any(r.get("runtime") for r in records.values()):
+        print("* quantized at run time by onnxruntime's dynamic kernels (dynamic quantization)")
     return 0
 
 
@@ -494,14 +519,19 @@ def _explain(args: argparse.Namespace) -> int:
     from onnxq import ir
     from onnxq.annotate import annotate
     from onnxq.api import refuse_quantized, resolve_config
+    from onnxq.backends.precision import run_profile
     from onnxq.backends.profile import PROFILES
     from onnxq.errors import UnsupportedModelError
     from onnxq.rewrites.simplify import simplify
 
     cfg = resolve_config(
-        args.config, backend=args.backend, exclude=tuple(args.exclude) if args.exclude else None
+        args.config,
+        backend=args.backend,
+        exclude=tuple(args.exclude) if args.exclude else None,
+        precision=args.precision,
+        dynamic=True if args.dynamic else None,
     )
-    profile = PROFILES[cfg.backend]
+    profile = run_profile(PROFILES[cfg.backend], cfg)  # --precision / --dynamic
     loaded = ir.load_model(args.model, profile.min_opset)
     try:
         refuse_quantized(loaded, Path(args.model), profile)

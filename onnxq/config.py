@@ -24,8 +24,10 @@ class Override:
     """Per-node settings, matched by glob over node name, op type or tensor name.
 
     A field left at ``None`` keeps the global setting.  ``exclude=True`` keeps the matched nodes
-    (or, with ``tensor``, the matched tensors) in float.  ``bits`` (2-8) narrows the integer
-    range inside the int8/uint8 storage; ``per_channel`` (weights) and ``symmetric``
+    (or, with ``tensor``, the matched tensors) in float.  ``precision`` (``int8``, ``int16``,
+    ``fp8``: :data:`onnxq.precisions.PRECISIONS`) sets the element type of the matched tensors;
+    ``bits`` (2-16) narrows the integer range inside that storage (at most 8 for a weight, or
+    for an int8 activation); ``per_channel`` (weights) and ``symmetric``
     (activations; the TensorRT backend only allows symmetric) change the scheme.
     When several overrides match, the later one wins field by field.
     """
@@ -38,6 +40,7 @@ class Override:
     bits: int | None = None
     per_channel: bool | None = None
     symmetric: bool | None = None
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         if self.node is None and self.op_type is None and self.tensor is None:
@@ -47,8 +50,10 @@ class Override:
             )
         if self.method is not None:
             _check_method(self.method, "overrides[].method")
-        if self.bits is not None and (isinstance(self.bits, bool) or not 2 <= self.bits <= 8):
-            raise ConfigError(f"overrides[].bits: must be an integer 2..8, got {self.bits!r}")
+        if self.bits is not None and (isinstance(self.bits, bool) or not 2 <= self.bits <= 16):
+            raise ConfigError(f"overrides[].bits: must be an integer 2..16, got {self.bits!r}")
+        if self.precision is not None:
+            _check_precision(self.precision, "overrides[].precision")
 
     def matches_node(self, node_name: str, op_type: str) -> bool:
         """True if this override's node/op_type patterns (those given) all match."""
@@ -72,14 +77,22 @@ def _check_method(name: str, where: str) -> None:
         )
 
 
+def _check_precision(name: str, where: str) -> None:
+    from onnxq.precisions import precision
+
+    precision(name, where)
+
+
 @dataclass(frozen=True)
 class TensorSettings:
-    """The resolved per-tensor settings (``None``: the backend's default)."""
+    """The resolved per-tensor settings (``None``: the backend's default; ``bits=None``: the
+    full width of the tensor's element type)."""
 
     method: str
-    bits: int = 8
+    bits: int | None = None
     per_channel: bool = True
     symmetric: bool | None = None
+    precision: str = "int8"
 
 
 @dataclass(frozen=True)
@@ -118,6 +131,14 @@ class QuantConfig:
             float when more than this fraction of its input's positions (frames) peak below
             1/16 of the tensor's peak (the normalisation scales their rounding noise up to full
             size); 1 turns the rule off.
+        precision: the element type of the quantized tensors (``onnxq.precisions``): ``int8``
+            (the default), ``int16`` (16-bit activations, 8-bit weights, A16W8; onnxruntime
+            backend) or ``fp8`` (FP8 E4M3 activations and weights; TensorRT backend, opset
+            >= 19); an override's ``precision`` mixes them per tensor or op.
+        dynamic: dynamic quantization (onnxruntime backend): int8 weights per channel, written
+            ahead of time; activations quantized at run time by onnxruntime's
+            DynamicQuantizeMatMul / MatMulIntegerToFloat / DynamicQuantizeLSTM kernels.  No
+            calibration data is needed (given, it only feeds the fidelity check).
         reduce_range: 7-bit weights for the onnxruntime backend (its u8s8 CPU kernels saturate
             int16 sums on x86 CPUs without VNNI); ``None`` decides from the CPU.
         memory_budget_mb: activations of one batch that calibration may hold at once; when
@@ -150,6 +171,8 @@ class QuantConfig:
     concat_range_ratio: float = 8.0
     weak_channel_fraction: float = 0.25
     weak_position_fraction: float = 0.25
+    precision: str = "int8"
+    dynamic: bool = False
     reduce_range: bool | None = None
     memory_budget_mb: int = 4096
     histogram_sample: int = 65536
@@ -166,6 +189,7 @@ class QuantConfig:
                 f"backend: unknown backend {self.backend!r}; valid: {', '.join(BACKENDS)}"
             )
         _check_method(self.method, "method")
+        _check_precision(self.precision, "precision")
         if not (0.0 < float(self.percentile) <= 100.0):
             raise ConfigError(f"percentile: must be in (0, 100], got {self.percentile!r}")
         if self.weight_storage not in WEIGHT_STORAGE:
@@ -231,6 +255,7 @@ class QuantConfig:
                 ov.bits,
                 ov.per_channel,
                 ov.symmetric,
+                ov.precision,
             )
 
         hit = [
@@ -260,7 +285,7 @@ class QuantConfig:
 
         ``consumers`` lists ``(node_name, op_type)`` of the nodes that read the tensor.
         """
-        out = TensorSettings(self.method)
+        out = TensorSettings(self.method, precision=self.precision)
         for ov in self.overrides:
             if not (
                 ov.matches_tensor(tensor_name) or any(ov.matches_node(n, t) for n, t in consumers)
@@ -271,6 +296,7 @@ class QuantConfig:
                 ov.bits if ov.bits is not None else out.bits,
                 ov.per_channel if ov.per_channel is not None else out.per_channel,
                 ov.symmetric if ov.symmetric is not None else out.symmetric,
+                ov.precision if ov.precision is not None else out.precision,
             )
         return out
 
@@ -357,6 +383,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "concat_range_ratio": (int, float),
     "weak_channel_fraction": (int, float),
     "weak_position_fraction": (int, float),
+    "precision": (str,),
+    "dynamic": (bool,),
     "reduce_range": (bool, type(None)),
     "memory_budget_mb": (int,),
     "histogram_sample": (int,),
@@ -402,7 +430,7 @@ def _override(index: int, value: Any, where: str) -> Override:
                 f"{where}: overrides[{index}]: unknown key {key!r}; "
                 f"valid: {', '.join(sorted(valid))}"
             )
-    for key in ("node", "op_type", "tensor", "method"):
+    for key in ("node", "op_type", "tensor", "method", "precision"):
         if value.get(key) is not None and not isinstance(value[key], str):
             raise ConfigError(f"{where}: overrides[{index}].{key}: expected a string")
     for key in ("exclude", "per_channel", "symmetric"):
@@ -410,7 +438,7 @@ def _override(index: int, value: Any, where: str) -> Override:
             raise ConfigError(f"{where}: overrides[{index}].{key}: expected true or false")
     bits = value.get("bits")
     if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int)):
-        raise ConfigError(f"{where}: overrides[{index}].bits: expected an integer 2..8")
+        raise ConfigError(f"{where}: overrides[{index}].bits: expected an integer 2..16")
     try:
         return Override(**value)
     except ConfigError as exc:

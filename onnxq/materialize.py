@@ -2,9 +2,12 @@
 
 Input: the annotations (which tensors, read by which consumers) and qparams per activation.
 Weights get their qparams here, from their own values (symmetric, per channel on the profile's
-axis), and are stored as int8 initializers behind a DequantizeLinear, or as float initializers
+axis), and are stored quantized (int8, FP8) behind a DequantizeLinear, or as float initializers
 behind Q -> DQ (``weight_storage``).  Only the annotated consumers are rewired to the
-dequantized tensor; other readers keep the float tensor.
+dequantized tensor; other readers keep the float tensor.  Each pair's element type comes from
+its qparams' zero point (``onnxq.precisions``): a 16-bit pair below opset 21 goes into
+onnxruntime's ``com.microsoft`` domain.  A dynamic profile's annotations become onnxruntime's
+dynamic kernels instead (:mod:`onnxq.materialize_dynamic`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from onnxq.annotate import Annotations, TensorAnnotation
 from onnxq.backends.profile import BackendProfile
 from onnxq.config import QuantConfig
 from onnxq.errors import InternalError
-from onnxq.observers import QParams, quantize_weight, weight_qparams
+from onnxq.observers import QParams, qtype_of_array, quantize_weight, weight_qparams
+from onnxq.precisions import tensor_qtype
 
 QDQ_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear
 
@@ -33,6 +37,8 @@ class Placed:
     qparams: QParams
     consumers: tuple[tuple[str, int], ...]
     bits: int = 8
+    dtype: str = "int8"  # the element type (onnxq.precisions.QTYPES)
+    runtime: bool = False  # qparams computed by the kernel at run time (dynamic quantization)
 
 
 def materialize(
@@ -43,6 +49,13 @@ def materialize(
     config: QuantConfig,
 ) -> list[Placed]:
     """Insert Q/DQ into ``model`` (edited in place); returns what was placed, in order."""
+    if profile.dynamic:
+        from onnxq.materialize_dynamic import materialize_dynamic
+
+        return materialize_dynamic(model, annotations, profile, config)
+    if annotations.tensors:
+        ir.set_opset(model, QDQ_OPSET)  # the domain of a 16-bit pair depends on it
+    opset = ir.opset_version(model)
     graph = ir.Graph(model)
     by_name = {n.name: n for n in graph.nodes}
     weights: dict[str, QParams] = {}
@@ -52,8 +65,9 @@ def materialize(
             value = graph.const_value(ann.tensor)
             if value is None:
                 raise InternalError(f"weight {ann.tensor!r} lost its constant value")
+            qtype = tensor_qtype("weight", ann.settings.precision, profile.activation_dtype)
             weights[ann.tensor] = weight_qparams(
-                value, ann.axis, weight_qmax(ann, profile), config.weight_method
+                value, ann.axis, weight_qmax(ann, profile), config.weight_method, qtype.name
             )
     resolved = dict(activation_qparams)
     for ann in annotations.tensors.values():
@@ -65,10 +79,10 @@ def materialize(
             if ann.kind == "shared":
                 qp = replace(qp, method=f"shared with {source}")
                 resolved[ann.tensor] = qp
-            out = _qdq(graph, ann.tensor, qp)
+            out = _qdq(graph, ann.tensor, qp, opset)
         elif ann.kind == "weight":
             qp = weights[ann.tensor]
-            out = _weight(graph, ann.tensor, qp, weight_qmax(ann, profile), config)
+            out = _weight(graph, ann.tensor, qp, weight_qmax(ann, profile), config, opset)
         else:
             bias = _bias_qparams(graph, ann, resolved, weights)
             if bias is None:
@@ -77,10 +91,11 @@ def materialize(
             out = _dequantize_const(graph, ann.tensor, values, qp)
         for node_name, index in ann.consumers:
             graph.set_input(by_name[node_name], index, out)
-        bits = 32 if ann.kind == "bias" else ann.settings.bits
-        placed.append(Placed(ann.tensor, ann.kind, qp, tuple(ann.consumers), bits))
-    if placed:
-        ir.set_opset(model, QDQ_OPSET)
+        qtype = qtype_of_array(np.asarray(qp.zero_point))
+        bits = qtype.bits if ann.kind == "bias" else ann.settings.bits or qtype.bits
+        placed.append(Placed(ann.tensor, ann.kind, qp, tuple(ann.consumers), bits, qtype.name))
+        if qtype.domain_for(opset):
+            ir.set_domain_opset(model, qtype.domain_for(opset), 1)
     graph.commit()
     write_metadata(model, placed)
     return placed
@@ -90,11 +105,14 @@ METADATA_KEY = "onnxq.quantization"
 
 
 def write_metadata(model: onnx.ModelProto, placed: list[Placed]) -> None:
-    """Record each quantized tensor's bit width, method and scheme in ``metadata_props``.
+    """Record each quantized tensor's bit width, element type, method and scheme in
+    ``metadata_props``.
 
     The value under :data:`METADATA_KEY` is JSON: ``{"version": ..., "tensors": {name: {"kind",
-    "bits", "method", "axis", "symmetric"}}}`` (Sparsebit's "extra bit info", as model
-    metadata so that every ONNX tool keeps it).
+    "bits", "dtype", "method", "axis", "symmetric"}}}`` (Sparsebit's "extra bit info", as model
+    metadata so that every ONNX tool keeps it).  ``dtype`` is the element type (``int8``,
+    ``uint16``, ``float8e4m3fn``, ...); an activation that a dynamic kernel quantizes at run
+    time has ``"runtime": true`` and the type the kernel quantizes it to.
     """
     import json
 
@@ -104,9 +122,12 @@ def write_metadata(model: onnx.ModelProto, placed: list[Placed]) -> None:
         p.tensor: {
             "kind": p.kind,
             "bits": p.bits,
+            "dtype": p.dtype,
             "method": p.qparams.method,
             "axis": p.qparams.axis,
-            "symmetric": bool(np.all(np.asarray(p.qparams.zero_point) == 0)),
+            "symmetric": not p.runtime
+            and bool(np.all(np.asarray(p.qparams.zero_point, dtype=np.float64) == 0)),
+            **({"runtime": True} if p.runtime else {}),
         }
         for p in placed
     }
@@ -139,9 +160,12 @@ def _consts(graph: ir.Graph, base: str, qp: QParams) -> tuple[str, str]:
     return scale, zero
 
 
-def _qdq(graph: ir.Graph, tensor: str, qp: QParams) -> str:
+def _qdq(graph: ir.Graph, tensor: str, qp: QParams, opset: int) -> str:
     scale, zero = _consts(graph, tensor, qp)
-    attrs = {} if qp.axis is None else {"axis": qp.axis}
+    attrs: dict[str, object] = {} if qp.axis is None else {"axis": qp.axis}
+    domain = qtype_of_array(np.asarray(qp.zero_point)).domain_for(opset)
+    if domain:
+        attrs["domain"] = domain
     quantized = graph.unique_name(f"{tensor}_quantized")
     dequantized = graph.unique_name(f"{tensor}_dequantized")
     graph.add_node(
@@ -162,13 +186,18 @@ def _qdq(graph: ir.Graph, tensor: str, qp: QParams) -> str:
 
 
 def weight_qmax(ann: TensorAnnotation, profile: BackendProfile) -> int:
-    """Largest weight magnitude: the profile's limit, narrowed by a ``bits`` override."""
+    """Largest integer weight magnitude: the profile's limit, narrowed by a ``bits`` override
+    (an FP8 weight takes FP8's own range: ``onnxq.observers.weight_qparams``)."""
+    if ann.settings.bits is None:
+        return profile.weight_qmax
     return min(profile.weight_qmax, 2 ** (ann.settings.bits - 1) - 1)
 
 
-def _weight(graph: ir.Graph, tensor: str, qp: QParams, qmax: int, config: QuantConfig) -> str:
+def _weight(
+    graph: ir.Graph, tensor: str, qp: QParams, qmax: int, config: QuantConfig, opset: int
+) -> str:
     if config.weight_storage == "qdq":
-        return _qdq(graph, tensor, qp)
+        return _qdq(graph, tensor, qp, opset)
     value = graph.const_value(tensor)
     assert value is not None
     return _dequantize_const(graph, tensor, quantize_weight(value, qp, qmax), qp)

@@ -103,13 +103,22 @@ class Report:
 
     def summary(self) -> str:
         """A few readable lines for the terminal."""
+        runtime = any(p.runtime for p in self.placed)
+        precision = self.config.get("precision", "int8")
         lines = [
-            f"backend {self.backend}: {len(self.quantized_ops)} of {len(self.decisions)} ops "
-            f"quantized, {len(self.placed)} tensors with Q/DQ, "
+            f"backend {self.backend}"
+            + (f" ({precision})" if precision != "int8" else "")
+            + f": {len(self.quantized_ops)} of {len(self.decisions)} ops quantized, "
             + (
-                f"{self.calibration_batches} calibration batches"
-                if self.calibration_batches
-                else "statistics from a calibration cache"
+                f"{len(self.placed)} tensors quantized (activations at run time: dynamic "
+                "quantization, no calibration)"
+                if runtime
+                else f"{len(self.placed)} tensors with Q/DQ, "
+                + (
+                    f"{self.calibration_batches} calibration batches"
+                    if self.calibration_batches
+                    else "statistics from a calibration cache"
+                )
             ),
         ]
         # one line per op type and reason, with the quoted tensor/node names left out (they
@@ -275,18 +284,28 @@ def _placed(p: Placed) -> dict[str, Any]:
         "tensor": p.tensor,
         "kind": p.kind,
         "method": qp.method,
-        "dtype": str(zp.dtype),
+        "dtype": p.dtype,
         "scale": float(scale) if scale.ndim == 0 else [float(s) for s in scale],
-        "zero_point": int(zp) if zp.ndim == 0 else sorted({int(z) for z in zp.ravel()}),
+        "zero_point": _zero_points(zp),
         "axis": qp.axis,
         "range": [float(qp.low), float(qp.high)],
         "consumers": [f"{n}:{i}" for n, i in p.consumers],
     }
+    if p.runtime:
+        out["runtime"] = True
     if qp.note:
         out["note"] = qp.note
     if qp.bound:
         out["bound"] = qp.bound
     return out
+
+
+def _zero_points(zp: np.ndarray) -> int | float | list[int | float]:
+    """A zero point as JSON: one number, or the distinct values of a per-channel one."""
+    kind = int if zp.dtype.kind in "iu" else float  # FP8 zero points are floats
+    if zp.ndim == 0:
+        return kind(zp)
+    return sorted({kind(z) for z in zp.ravel()})
 
 
 _QUOTED = re.compile(r"'[^']*'")

@@ -24,6 +24,7 @@ from onnxq.ir.graph import (
     has_subgraph,
     inner_op_types,
     node_attrs,
+    set_domain_opset,
     set_opset,
 )
 from onnxq.ir.load import (
@@ -79,6 +80,7 @@ __all__ = [
     "save_model",
     "serialize",
     "session_bytes_or_path",
+    "set_domain_opset",
     "set_opset",
     "shapes_for_inputs",
     "sort_nodes",

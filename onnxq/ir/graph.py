@@ -492,6 +492,15 @@ def set_opset(model: onnx.ModelProto, version: int) -> None:
     model.opset_import.add(domain="", version=version)
 
 
+def set_domain_opset(model: onnx.ModelProto, domain: str, version: int) -> None:
+    """Import ``domain`` (e.g. onnxruntime's ``com.microsoft``) at ``version`` or later."""
+    for imp in model.opset_import:
+        if imp.domain == domain:
+            imp.version = max(int(imp.version), version)
+            return
+    model.opset_import.add(domain=domain, version=version)
+
+
 def topological_order(graph: onnx.GraphProto, available: set[str]) -> bool | None:
     """Put ``graph``'s nodes in topological order, keeping the original order where it allows
     (Kahn's algorithm, lowest original index first).  ``available``: the names that need no

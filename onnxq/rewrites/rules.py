@@ -15,6 +15,7 @@ import onnx
 from onnx import TensorProto
 
 from onnxq.rewrites.cost import chain_decline, cost_decline, kernel_terms
+from onnxq.rewrites.kernel_limits import conv_kernel_decline
 from onnxq.rewrites.pattern import Context, Decline, Match, Rule, Spec, rule
 
 CONV_LIKE = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -248,6 +249,9 @@ def conv(m: Match, ctx: Context) -> list[Spec] | Decline:
         return Decline(f"weight {m.input(1)!r} is not a constant of rank >= 3")
     group = int(m.attrs().get("group", 1))  # type: ignore[call-overload]
     per_output, unaligned = None, False
+    limited = conv_kernel_decline(ctx.profile, w) if m.node.op_type == "Conv" else None
+    if limited:  # FP8: the convs TensorRT's FP8 kernels take
+        return limited
     if m.node.op_type == "Conv":
         out_c, in_c = w.shape[0], w.shape[1] * group
         per_output, _, unaligned = kernel_terms(ctx, m.node) or (None, False, False)
@@ -411,3 +415,6 @@ RULE_SETS: dict[str, tuple[Rule, ...]] = {
     "tensorrt": (conv, gemm, matmul, residual_add),
     "onnxruntime": (conv, gemm, matmul, binary, concat, unary, passthrough),
 }
+
+# the "dynamic" rule set (--dynamic) registers itself here; its rules reuse the helpers above
+from onnxq.rewrites import dynamic as _dynamic  # noqa: E402, F401

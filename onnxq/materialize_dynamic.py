@@ -1,0 +1,173 @@
+"""Dynamic quantization: the only place that writes onnxruntime's dynamically quantized kernels.
+
+Called by :func:`onnxq.materialize.materialize` for a dynamic profile.  Each op a dynamic rule
+claimed (``onnxq.rewrites.dynamic``) is replaced by its kernel in onnxruntime's ``com.microsoft``
+domain, under the same output names:
+
+* MatMul / Gemm -> ``DynamicQuantizeMatMul(A, B_int8[K, N], b_scale[N], b_zero_point[N], bias)``:
+  the weight quantized per output column ahead of time (a Gemm's ``alpha`` folded into the
+  scales, ``beta * C`` into the bias), ``A`` quantized per tensor to uint8 by the kernel at run
+  time;
+* LSTM -> ``DynamicQuantizeLSTM``: W and R quantized per gate row and direction and stored
+  transposed (``[dirs, n, 4*hidden]``), as the kernel reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+import onnx
+
+from onnxq import ir
+from onnxq.annotate import Annotations
+from onnxq.backends.profile import BackendProfile
+from onnxq.config import QuantConfig
+from onnxq.errors import InternalError
+from onnxq.materialize import Placed, write_metadata
+from onnxq.observers import QParams, quantize_weight, weight_qparams
+from onnxq.precisions import CONTRIB_DOMAIN
+
+# what the kernels quantize activations to at run time: per tensor, uint8, from the tensor's
+# own min/max on each call
+RUNTIME_METHOD = "dynamic: per tensor, uint8, min/max of each run"
+
+
+def materialize_dynamic(
+    model: onnx.ModelProto, annotations: Annotations, profile: BackendProfile, config: QuantConfig
+) -> list[Placed]:
+    """Replace every op a dynamic rule claimed by its kernel (``model`` edited in place)."""
+    graph = ir.Graph(model)
+    by_name = {n.name: n for n in graph.nodes}
+    placed: list[Placed] = []
+    replaced: list[onnx.NodeProto] = []
+    for decision in annotations.decisions:
+        writer = WRITERS.get(decision.rule)
+        if not decision.quantized or writer is None:
+            continue
+        node = by_name[decision.node]
+        placed += writer(graph, node, profile.weight_qmax, config.weight_method)
+        replaced.append(node)
+    graph.remove_nodes(replaced)
+    if placed:
+        ir.set_domain_opset(model, CONTRIB_DOMAIN, 1)
+    graph.commit()
+    placed = _merged(placed)
+    write_metadata(model, placed)
+    return placed
+
+
+def _merged(placed: list[Placed]) -> list[Placed]:
+    """One entry per tensor: an activation several kernels quantize lists all its readers."""
+    out: dict[tuple[str, str], Placed] = {}
+    for p in placed:
+        have = out.get((p.tensor, p.kind))
+        if have is None:
+            out[(p.tensor, p.kind)] = p
+        else:
+            out[(p.tensor, p.kind)] = replace(have, consumers=have.consumers + p.consumers)
+    return list(out.values())
+
+
+def _runtime_activation(tensor: str, node: onnx.NodeProto) -> Placed:
+    qp = QParams(
+        np.asarray(np.nan, np.float32), np.asarray(0, np.uint8), None, RUNTIME_METHOD, np.nan
+    )
+    return Placed(tensor, "activation", qp, ((node.name, 0),), 8, "uint8", runtime=True)
+
+
+def _const(graph: ir.Graph, name: str) -> np.ndarray:
+    value = graph.const_value(name)
+    if value is None:
+        raise InternalError(f"weight {name!r} lost its constant value")
+    return value
+
+
+def _matmul(graph: ir.Graph, node: onnx.NodeProto, qmax: int, method: str) -> list[Placed]:
+    """MatMul or Gemm -> DynamicQuantizeMatMul."""
+    weight_name = node.input[1]
+    w = _const(graph, weight_name).astype(np.float32)
+    bias = None
+    if node.op_type == "Gemm":
+        attrs = ir.node_attrs(node)
+        if int(attrs.get("transB", 0)):
+            w = w.T
+        w = w * np.float32(attrs.get("alpha", 1.0))  # alpha folded into the weight's scales
+        if len(node.input) > 2 and node.input[2]:
+            c = _const(graph, node.input[2]).astype(np.float32)
+            bias = np.broadcast_to(c.reshape(-1), (w.shape[1],)) * np.float32(
+                attrs.get("beta", 1.0)
+            )
+    qp = weight_qparams(w, 1, qmax, method)
+    stored = graph.add_initializer(
+        graph.unique_name(f"{weight_name}_quantized"), quantize_weight(w, qp, qmax)
+    )
+    scale = graph.add_initializer(graph.unique_name(f"{weight_name}_scale"), qp.scale)
+    zero = graph.add_initializer(graph.unique_name(f"{weight_name}_zero_point"), qp.zero_point)
+    inputs = [node.input[0], stored, scale, zero]
+    if bias is not None:
+        inputs.append(
+            graph.add_initializer(
+                graph.unique_name(f"{node.name}_bias"), np.ascontiguousarray(bias, np.float32)
+            )
+        )
+    graph.add_node(
+        "DynamicQuantizeMatMul",
+        inputs,
+        [node.output[0]],
+        graph.unique_name(f"{node.name}_dynamic"),
+        domain=CONTRIB_DOMAIN,
+    )
+    return [
+        _runtime_activation(node.input[0], node),
+        Placed(weight_name, "weight", qp, ((node.name, 1),), _bits(qmax), "int8"),
+    ]
+
+
+def _lstm(graph: ir.Graph, node: onnx.NodeProto, qmax: int, method: str) -> list[Placed]:
+    """LSTM -> DynamicQuantizeLSTM (W, R per direction and gate row, stored transposed)."""
+    quantized: list[str] = []
+    placed = [_runtime_activation(node.input[0], node)]
+    for index in (1, 2):
+        name = node.input[index]
+        value = _const(graph, name).astype(np.float32)  # [dirs, 4*hidden, n]
+        dirs, rows, cols = value.shape
+        flat = value.reshape(dirs * rows, cols)
+        qp = weight_qparams(flat, 0, qmax, method)
+        q = quantize_weight(flat, qp, qmax).reshape(dirs, rows, cols).transpose(0, 2, 1)
+        scale = qp.scale.reshape(dirs, rows)
+        quantized += [
+            graph.add_initializer(graph.unique_name(f"{name}_quantized"), q),
+            graph.add_initializer(graph.unique_name(f"{name}_scale"), scale),
+            graph.add_initializer(
+                graph.unique_name(f"{name}_zero_point"), np.zeros((dirs, rows), np.int8)
+            ),
+        ]
+        shown = QParams(scale, np.zeros((dirs, rows), np.int8), 1, qp.method, qp.low, qp.high)
+        placed.append(Placed(name, "weight", shown, ((node.name, index),), _bits(qmax), "int8"))
+    optional = [node.input[i] if i < len(node.input) else "" for i in range(3, 8)]
+    w_q, w_scale, w_zero, r_q, r_scale, r_zero = quantized
+    attrs = {k: v for k, v in ir.node_attrs(node).items() if k != "layout"}
+    graph.add_node(
+        "DynamicQuantizeLSTM",
+        [node.input[0], w_q, r_q, *optional, w_scale, w_zero, r_scale, r_zero],
+        list(node.output),
+        graph.unique_name(f"{node.name}_dynamic"),
+        domain=CONTRIB_DOMAIN,
+        **attrs,
+    )
+    return placed
+
+
+def _bits(qmax: int) -> int:
+    """The bits an integer weight of magnitude up to ``qmax`` uses (127: 8, 63: 7)."""
+    return int(qmax).bit_length() + 1
+
+
+Writer = Callable[[ir.Graph, onnx.NodeProto, int, str], list[Placed]]
+WRITERS: dict[str, Writer] = {
+    "dynamic_matmul": _matmul,
+    "dynamic_gemm": _matmul,
+    "dynamic_lstm": _lstm,
+}

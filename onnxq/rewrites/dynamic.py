@@ -1,0 +1,99 @@
+"""Placement rules of dynamic quantization (``--dynamic``): which ops get onnxruntime's
+dynamically quantized kernels.
+
+A MatMul or Gemm with a constant 2-D weight becomes DynamicQuantizeMatMul and an LSTM becomes
+DynamicQuantizeLSTM (``onnxq.materialize_dynamic``): the weight is stored int8 per output channel
+ahead of time, the activation input is quantized by the kernel at run time.  The rules claim the
+same tensors as the static rules (activation input 0, the weight), so what stays float is decided
+the same way: shape paths, excluded nodes and tensors, ops on a logarithm's path, custom domains,
+control-flow bodies, and every op without a rule here (LayerNorm, Softmax, GELU, attention's
+activation x activation MatMuls).
+"""
+
+from __future__ import annotations
+
+from onnxq.rewrites.pattern import Context, Decline, Match, Rule, Spec, rule
+from onnxq.rewrites.rules import (
+    RULE_SETS,
+    activation,
+    activation_problem,
+    small_decline,
+    weight_spec,
+)
+
+
+def _weighted(m: Match, ctx: Context, k: int, n: int) -> list[Spec] | Decline:
+    problem = activation_problem(m, ctx, m.input(0))
+    if problem:
+        return Decline(problem)
+    small = small_decline(m.node.op_type, k, n, ctx)
+    if small:
+        return Decline(
+            f"{small.reason} (onnxruntime's dynamic kernel quantizing its input at run time "
+            "costs more than it saves on so small a weight)"
+        )
+    w = weight_spec(m, ctx, 1)
+    return w if isinstance(w, Decline) else [activation(m, 0), w]
+
+
+@rule("dynamic_matmul", "MatMul")
+def dynamic_matmul(m: Match, ctx: Context) -> list[Spec] | Decline:
+    """MatMul with a constant [K, N] weight -> DynamicQuantizeMatMul (per-column scales)."""
+    b = ctx.graph.const_value(m.input(1))
+    if b is None:
+        return Decline("activation x activation MatMul (attention core) stays float")
+    if b.ndim != 2:
+        return Decline(
+            f"its weight has rank {b.ndim}; onnxruntime's DynamicQuantizeMatMul takes a 2-D one"
+        )
+    return _weighted(m, ctx, int(b.shape[0]), int(b.shape[1]))
+
+
+@rule("dynamic_gemm", "Gemm")
+def dynamic_gemm(m: Match, ctx: Context) -> list[Spec] | Decline:
+    """Gemm with a constant B and a per-column (or no) C -> DynamicQuantizeMatMul."""
+    attrs = m.attrs()
+    b = ctx.graph.const_value(m.input(1))
+    if b is None or b.ndim != 2:
+        return Decline("B is not a constant matrix (activation x activation Gemm stays float)")
+    if int(attrs.get("transA", 0)):  # type: ignore[call-overload]
+        return Decline("transA=1: DynamicQuantizeMatMul reads A as it is, untransposed")
+    trans_b = int(attrs.get("transB", 0))  # type: ignore[call-overload]
+    k, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+    c_name = m.input(2)
+    if c_name:
+        c = ctx.graph.const_value(c_name)
+        if c is None or c.size not in (1, n) or (c.ndim == 2 and c.shape[0] != 1):
+            return Decline(
+                "its C is not a constant per-column bias; DynamicQuantizeMatMul adds a 1-D "
+                "bias only"
+            )
+    return _weighted(m, ctx, int(k), int(n))
+
+
+@rule("dynamic_lstm", "LSTM")
+def dynamic_lstm(m: Match, ctx: Context) -> list[Spec] | Decline:
+    """LSTM with constant W and R -> DynamicQuantizeLSTM (per-gate-row scales)."""
+    if int(m.attrs().get("layout", 0)):  # type: ignore[call-overload]
+        return Decline("layout=1 (batch first): onnxruntime's DynamicQuantizeLSTM takes layout 0")
+    problem = activation_problem(m, ctx, m.input(0))
+    if problem:
+        return Decline(problem)
+    specs = [activation(m, 0)]
+    for index in (1, 2):
+        value = ctx.graph.const_value(m.input(index))
+        if value is None or value.ndim != 3 or value.dtype != "float32":
+            return Decline(f"{'WR'[index - 1]} is not a constant float32 [dirs, 4*hidden, n]")
+        specs.append(Spec(m.input(index), "weight", ((m.name, index),), axis=1))
+    steps = (ctx.graph.shape(m.input(0)) or (None,))[0]
+    if steps == 1:
+        return Decline(
+            "a sequence of one step: onnxruntime's DynamicQuantizeLSTM quantizes its input and "
+            "weights' products per call and runs such a step 1.5x slower than the float LSTM "
+            "(measured, docs/precisions.md)"
+        )
+    return specs
+
+
+DYNAMIC_RULES: tuple[Rule, ...] = (dynamic_matmul, dynamic_gemm, dynamic_lstm)
+RULE_SETS["dynamic"] = DYNAMIC_RULES
