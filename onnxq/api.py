@@ -669,6 +669,8 @@ def _validate(
         if profile.fused_validation
         else "onnxruntime, fusion off: the Q/DQ graph's own arithmetic"
     )
+    if profile.validation_note:
+        report.notes.append(profile.validation_note)
     if not result.held:
         report.notes.append(
             "fidelity not measured: no batches were held for it (statistics "

@@ -72,7 +72,12 @@ def _merged(placed: list[Placed]) -> list[Placed]:
 
 def _runtime_activation(tensor: str, node: onnx.NodeProto) -> Placed:
     qp = QParams(
-        np.asarray(np.nan, np.float32), np.asarray(0, np.uint8), None, RUNTIME_METHOD, np.nan
+        np.asarray(np.nan, np.float32),
+        np.asarray(0, np.uint8),
+        None,
+        RUNTIME_METHOD,
+        np.nan,
+        np.nan,
     )
     return Placed(tensor, "activation", qp, ((node.name, 0),), 8, "uint8", runtime=True)
 

@@ -285,14 +285,14 @@ def _placed(p: Placed) -> dict[str, Any]:
         "kind": p.kind,
         "method": qp.method,
         "dtype": p.dtype,
-        "scale": float(scale) if scale.ndim == 0 else [float(s) for s in scale],
+        "scale": float(scale) if scale.ndim == 0 else [float(s) for s in scale.ravel()],
         "zero_point": _zero_points(zp),
         "axis": qp.axis,
         "range": [float(qp.low), float(qp.high)],
         "consumers": [f"{n}:{i}" for n, i in p.consumers],
     }
-    if p.runtime:
-        out["runtime"] = True
+    if p.runtime:  # a dynamic kernel computes scale and zero point on each run
+        out.update(scale=None, zero_point=None, range=None, runtime=True)
     if qp.note:
         out["note"] = qp.note
     if qp.bound:

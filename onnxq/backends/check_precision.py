@@ -104,7 +104,7 @@ def _check_float(node: onnx.NodeProto, name: str, g: GraphScope, qtype: QType) -
 DYNAMIC_KERNELS: dict[str, tuple[int, int, int, int]] = {
     "DynamicQuantizeMatMul": (1, 2, 3, 2),
     "MatMulIntegerToFloat": (1, 3, 5, 2),
-    "DynamicQuantizeLSTM": (1, 9, 10, 3),
+    "DynamicQuantizeLSTM": (1, 8, 9, 3),
 }
 
 
@@ -113,7 +113,7 @@ def check_dynamic(node: onnx.NodeProto, name: str, g: GraphScope) -> list[Violat
     w_index, s_index, z_index, rank = DYNAMIC_KERNELS[node.op_type]
     slots = [(w_index, s_index, z_index)]
     if node.op_type == "DynamicQuantizeLSTM":
-        slots.append((2, 11, 12))
+        slots.append((2, 10, 11))
     out: list[Violation] = []
     for wi, si, zi in slots:
         out.extend(_check_dynamic_weight(node, name, g, wi, si, zi, rank))

@@ -15,10 +15,19 @@ RECURRENT_OPS = ("LSTM", "GRU", "RNN")
 # channels (TensorRT's FP8 conv kernels lose to its FP16 ones there).  Activation ranges are
 # amax (the non-uniform FP8 grid keeps its relative precision up to 448 x scale, so clipping
 # buys little), which ``activation_qparams`` applies to ``auto``.
+FP8_VALIDATION_NOTE = (
+    "FP8 Q/DQ: fidelity is measured with onnxruntime's graph optimizations off (what TensorRT "
+    "computes). Do not check an FP8 model in onnxruntime's default session: its extended "
+    "optimizations (1.32: the Level2 rule-based transformer's Relu/Clip-into-Q fusion) drop a "
+    "Relu in front of an FP8 QuantizeLinear as if FP8's zero point 0 were the type's minimum, "
+    "and negative values pass (ppocr_mobile_v2_cls: accuracy 0.88 instead of 1.00); use "
+    "GraphOptimizationLevel.ORT_ENABLE_BASIC or ORT_DISABLE_ALL"
+)
 FP8_CHANGES: dict[str, object] = {
     "min_opset": 19,
     "min_conv_channels": 16,
     "max_conv_kernel_area": 32,
+    "validation_note": FP8_VALIDATION_NOTE,
 }
 
 TENSORRT_INT16_REFUSAL = (

@@ -161,6 +161,8 @@ class BackendProfile:
         max_conv_kernel_area: a Conv whose kernel area (kh x kw) passes it stays float
             (TensorRT's FP8 conv kernels take filters of at most 32 elements).  0: no limit.
         float_op_reasons: op type -> why it stays float on this backend (recurrent cells).
+        validation_note: what the report says about checking this profile's output in
+            onnxruntime (FP8: which session settings compute it right).
     """
 
     name: str
@@ -201,6 +203,7 @@ class BackendProfile:
     min_conv_channels: int = 0
     max_conv_kernel_area: int = 0
     float_op_reasons: dict[str, str] = field(default_factory=dict)
+    validation_note: str = ""
 
     def replace(self, **changes: object) -> BackendProfile:
         """A copy with some fields changed."""

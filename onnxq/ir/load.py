@@ -284,16 +284,21 @@ def upgrade_opset(
             restored = _restore_weights(converted, model)
     except Exception as exc:
         raise UnsupportedModelError(
-            f"{where}: opset {current} is below {min_opset}, which per-channel Q/DQ needs, and "
+            f"{where}: opset {current} is below {min_opset}, which {_needs(min_opset)} needs, and "
             f"the upgrade failed ({_first_line(exc)}); re-export the model with opset >= "
             f"{min_opset}"
         ) from None
     if notes is not None:
         notes.append(
-            f"the model's opset {current} was converted to {min_opset} (per-channel "
-            f"Q/DQ needs it): the output is an opset-{min_opset} model"
+            f"the model's opset {current} was converted to {min_opset} ({_needs(min_opset)} "
+            f"needs it): the output is an opset-{min_opset} model"
         )
     return restored
+
+
+def _needs(opset: int) -> str:
+    """What needs the opset onnxq converts a model to."""
+    return "FP8 Q/DQ" if opset >= 19 else "per-channel Q/DQ"
 
 
 def _per_channel_prelu_slopes(model: onnx.ModelProto) -> None:
