@@ -31,7 +31,7 @@ def test_calibration_data_only_feeds_the_fidelity_check():
 
 
 def test_calibration_statistics_are_refused():
-    with pytest.raises(ConfigError, match="--dynamic .* no calibration statistics"):
+    with pytest.raises(ConfigError, match=r"--dynamic .* no calibration statistics"):
         onnxq.quantize(
             graphs.matmul_stack(), backend="onnxruntime", dynamic=True, load_calibration="x.json"
         )

@@ -70,7 +70,7 @@ def test_an_lstm_becomes_dynamic_quantize_lstm_close_to_float():
     m = graphs.recurrent("LSTM", features=64, hidden=64)
     x = np.random.default_rng(1).normal(0, 1, (20, 2, 64)).astype(np.float32)
     ours = dynamic(m)
-    assert [n.op_type for n in ours.graph.node][0] == "DynamicQuantizeLSTM"
+    assert ours.graph.node[0].op_type == "DynamicQuantizeLSTM"
     w = next(t for t in ours.graph.initializer if t.name.startswith("rnn.W_quantized"))
     assert list(w.dims) == [1, 64, 256] and w.data_type == onnx.TensorProto.INT8  # transposed
     assert cosine(run(ours, {"x": x})[0], run(m, {"x": x})[0]) > 0.999
