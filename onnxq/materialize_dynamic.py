@@ -6,8 +6,8 @@ domain, under the same output names:
 
 * MatMul / Gemm -> ``DynamicQuantizeMatMul(A, B_int8[K, N], b_scale[N], b_zero_point[N], bias)``:
   the weight quantized per output column ahead of time (a Gemm's ``alpha`` folded into the
-  scales, ``beta * C`` into the bias), ``A`` quantized per tensor to uint8 by the kernel at run
-  time;
+  scales, ``beta * C`` into the bias, a MatMul's bias Add that the rule fused taken in as the
+  bias), ``A`` quantized per tensor to uint8 by the kernel at run time;
 * LSTM -> ``DynamicQuantizeLSTM``: W and R quantized per gate row and direction and stored
   transposed (``[dirs, n, 4*hidden]``), as the kernel reads them.
 """
@@ -28,6 +28,7 @@ from onnxq.errors import InternalError
 from onnxq.materialize import Placed, write_metadata
 from onnxq.observers import QParams, quantize_weight, weight_qparams
 from onnxq.precisions import CONTRIB_DOMAIN
+from onnxq.rewrites.dynamic import bias_add
 
 # what the kernels quantize activations to at run time: per tensor, uint8, from the tensor's
 # own min/max on each call
@@ -40,6 +41,7 @@ def materialize_dynamic(
     """Replace every op a dynamic rule claimed by its kernel (``model`` edited in place)."""
     graph = ir.Graph(model)
     by_name = {n.name: n for n in graph.nodes}
+    fused = {d.node for d in annotations.decisions if d.quantized and d.rule == "fused"}
     placed: list[Placed] = []
     replaced: list[onnx.NodeProto] = []
     for decision in annotations.decisions:
@@ -47,8 +49,10 @@ def materialize_dynamic(
         if not decision.quantized or writer is None:
             continue
         node = by_name[decision.node]
-        placed += writer(graph, node, profile.weight_qmax, config.weight_method)
-        replaced.append(node)
+        add = bias_add(graph, node) if node.op_type == "MatMul" else None
+        add = add if add is not None and add.name in fused else None
+        placed += writer(graph, node, profile.weight_qmax, config.weight_method, add)
+        replaced += [node] if add is None else [node, add]
     graph.remove_nodes(replaced)
     if placed:
         ir.set_domain_opset(model, CONTRIB_DOMAIN, 1)
@@ -89,11 +93,21 @@ def _const(graph: ir.Graph, name: str) -> np.ndarray:
     return value
 
 
-def _matmul(graph: ir.Graph, node: onnx.NodeProto, qmax: int, method: str) -> list[Placed]:
-    """MatMul or Gemm -> DynamicQuantizeMatMul."""
+def _matmul(
+    graph: ir.Graph,
+    node: onnx.NodeProto,
+    qmax: int,
+    method: str,
+    add: onnx.NodeProto | None = None,
+) -> list[Placed]:
+    """MatMul or Gemm (and the bias ``add`` after a MatMul) -> DynamicQuantizeMatMul."""
     weight_name = node.input[1]
     w = _const(graph, weight_name).astype(np.float32)
     bias = None
+    output = node.output[0]
+    if add is not None:  # the Linear layer's bias: the kernel adds it
+        other = add.input[1] if add.input[0] == output else add.input[0]
+        bias, output = _const(graph, other).astype(np.float32).reshape(-1), add.output[0]
     if node.op_type == "Gemm":
         attrs = ir.node_attrs(node)
         if int(attrs.get("transB", 0)):
@@ -120,7 +134,7 @@ def _matmul(graph: ir.Graph, node: onnx.NodeProto, qmax: int, method: str) -> li
     graph.add_node(
         "DynamicQuantizeMatMul",
         inputs,
-        [node.output[0]],
+        [output],
         graph.unique_name(f"{node.name}_dynamic"),
         domain=CONTRIB_DOMAIN,
     )
@@ -130,8 +144,15 @@ def _matmul(graph: ir.Graph, node: onnx.NodeProto, qmax: int, method: str) -> li
     ]
 
 
-def _lstm(graph: ir.Graph, node: onnx.NodeProto, qmax: int, method: str) -> list[Placed]:
-    """LSTM -> DynamicQuantizeLSTM (W, R per direction and gate row, stored transposed)."""
+def _lstm(
+    graph: ir.Graph,
+    node: onnx.NodeProto,
+    qmax: int,
+    method: str,
+    add: onnx.NodeProto | None = None,
+) -> list[Placed]:
+    """LSTM -> DynamicQuantizeLSTM (W, R per direction and gate row, stored transposed);
+    ``add`` is None (no Add is fused into an LSTM)."""
     quantized: list[str] = []
     placed = [_runtime_activation(node.input[0], node)]
     for index in (1, 2):
@@ -170,7 +191,7 @@ def _bits(qmax: int) -> int:
     return int(qmax).bit_length() + 1
 
 
-Writer = Callable[[ir.Graph, onnx.NodeProto, int, str], list[Placed]]
+Writer = Callable[[ir.Graph, onnx.NodeProto, int, str, onnx.NodeProto | None], list[Placed]]
 WRITERS: dict[str, Writer] = {
     "dynamic_matmul": _matmul,
     "dynamic_gemm": _matmul,

@@ -66,6 +66,27 @@ def test_a_gemm_folds_alpha_beta_and_its_bias(trans_b):
     assert cosine(run(ours, {"x": x})[0], run(m, {"x": x})[0]) > 0.999
 
 
+def test_a_matmuls_bias_add_goes_into_the_kernel():
+    r = graphs.rng(0)
+    m = graphs.model(
+        [
+            onnx.helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+            onnx.helper.make_node("Add", ["mm", "b"], ["y"], name="bias"),
+            onnx.helper.make_node("Relu", ["y"], ["out"], name="relu"),
+        ],
+        [graphs.tensor("x", [2, 8, 128])],
+        [graphs.tensor("out", [2, 8, 96])],
+        [graphs.init("w", graphs.weight(r, 128, 96)), graphs.init("b", graphs.weight(r, 96))],
+    )
+    result = onnxq.quantize(m, backend="onnxruntime", dynamic=True)
+    ours = result.model
+    assert [n.op_type for n in ours.graph.node] == ["DynamicQuantizeMatMul", "Relu"]
+    assert len(ours.graph.node[0].input) == 5  # A, B, scale, zero point, bias
+    assert {d.node: d.rule for d in result.report.decisions}["bias"] == "fused"
+    x = np.random.default_rng(0).normal(0, 1, (2, 8, 128)).astype(np.float32)
+    assert cosine(run(ours, {"x": x})[0], run(m, {"x": x})[0]) > 0.999
+
+
 def test_an_lstm_becomes_dynamic_quantize_lstm_close_to_float():
     m = graphs.recurrent("LSTM", features=64, hidden=64)
     x = np.random.default_rng(1).normal(0, 1, (20, 2, 64)).astype(np.float32)

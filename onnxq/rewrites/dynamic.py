@@ -12,6 +12,9 @@ activation x activation MatMuls).
 
 from __future__ import annotations
 
+import onnx
+
+from onnxq import ir
 from onnxq.rewrites.pattern import Context, Decline, Match, Rule, Spec, rule
 from onnxq.rewrites.rules import (
     RULE_SETS,
@@ -46,7 +49,32 @@ def dynamic_matmul(m: Match, ctx: Context) -> list[Spec] | Decline:
         return Decline(
             f"its weight has rank {b.ndim}; onnxruntime's DynamicQuantizeMatMul takes a 2-D one"
         )
-    return _weighted(m, ctx, int(b.shape[0]), int(b.shape[1]))
+    specs = _weighted(m, ctx, int(b.shape[0]), int(b.shape[1]))
+    add = bias_add(ctx.graph, m.node)
+    if (
+        not isinstance(specs, Decline)
+        and add is not None
+        and not ctx.config.node_excluded(add.name, add.op_type)
+    ):
+        ctx.claimed.add(add.name)  # the kernel adds the bias itself
+    return specs
+
+
+def bias_add(graph: ir.Graph, node: onnx.NodeProto) -> onnx.NodeProto | None:
+    """The one Add that reads a MatMul's output and a constant per-column vector (a Linear
+    layer's bias, which exporters write as MatMul + Add), or None: DynamicQuantizeMatMul adds
+    such a bias itself, one op fewer on every run."""
+    out = node.output[0]
+    readers = graph.consumers.get(out, [])
+    if len(readers) != 1 or out in graph.graph_outputs:
+        return None
+    add, index = readers[0]
+    if add.op_type != "Add" or add.domain not in ir.DEFAULT_DOMAINS or len(add.input) != 2:
+        return None
+    bias, weight = graph.const_value(add.input[1 - index]), graph.const_value(node.input[1])
+    if bias is None or weight is None or bias.dtype != "float32":
+        return None
+    return add if bias.shape[-1:] == weight.shape[-1:] and bias.size == weight.shape[-1] else None
 
 
 @rule("dynamic_gemm", "Gemm")
