@@ -73,7 +73,11 @@ def build_variants(name: str, src: Path, out: Path) -> dict[str, Path]:
         folder = out / label.replace(" ", "_").replace("(", "").replace(")", "")
         folder.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        quantize_dynamic(src, folder / f"{name}.onnx", **options)
+        try:
+            quantize_dynamic(src, folder / f"{name}.onnx", **options)
+        except Exception as exc:  # the peer's own failure: say it, compare the rest
+            print(f"  {label}: fails: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            continue
         paths[label] = folder / f"{name}.onnx"
         print(f"  {label}: {time.perf_counter() - started:.1f} s", flush=True)
     return paths

@@ -113,12 +113,13 @@ def dynamic_lstm(m: Match, ctx: Context) -> list[Spec] | Decline:
         if value is None or value.ndim != 3 or value.dtype != "float32":
             return Decline(f"{'WR'[index - 1]} is not a constant float32 [dirs, 4*hidden, n]")
         specs.append(Spec(m.input(index), "weight", ((m.name, index),), axis=1))
-    steps = (ctx.graph.shape(m.input(0)) or (None,))[0]
-    if steps == 1:
+    w = ctx.graph.const_value(m.input(1))
+    assert w is not None
+    small = small_decline("LSTM", int(w.shape[2]), int(w.shape[1]) // 4, ctx)
+    if small:
         return Decline(
-            "a sequence of one step: onnxruntime's DynamicQuantizeLSTM quantizes its input and "
-            "weights' products per call and runs such a step 1.5x slower than the float LSTM "
-            "(measured, docs/precisions.md)"
+            f"{small.reason} (onnxruntime's DynamicQuantizeLSTM quantizing its input at run "
+            "time costs more than it saves on so small a cell)"
         )
     return specs
 

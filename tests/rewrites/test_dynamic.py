@@ -48,9 +48,11 @@ def test_an_lstm_is_claimed_and_gru_and_rnn_stay_float_with_the_reason():
         assert found["fc"].quantized  # the cell stays float, its neighbours do not
 
 
-def test_a_one_step_lstm_stays_float():
-    found, _ = decisions(graphs.recurrent("LSTM", steps=1))
-    assert not found["rnn"].quantized and "1.5x slower" in found["rnn"].reason
+def test_a_small_lstm_stays_float():
+    found, _ = decisions(graphs.recurrent("LSTM", features=32, hidden=32))
+    assert not found["rnn"].quantized and "so small a cell" in found["rnn"].reason
+    found, _ = decisions(graphs.recurrent("LSTM", steps=1))  # one step: still quantized
+    assert found["rnn"].quantized
 
 
 def test_a_conv_stays_float_with_the_measured_reason():
