@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 ZOO_MODELS = Path.home() / ".cache" / "onnxq-zoo" / "models"
@@ -201,6 +202,7 @@ def main() -> None:
             fidelity = {label: zoo_fidelity(name, path, args.zoo) for label, path in paths.items()}
         times = latency(paths, first_feed(name, args.recurrent), args.rounds, args.threads)
         for label in paths:
+            fidelity[label]["kernels"] = integer_kernels(paths[label]) if label != "float" else "-"
             rows.append((name, label, fidelity[label], times[label], times[label] / times["float"]))
             print(f"  {label:40s} {_fmt(fidelity[label])}  {times[label]:9.2f} ms "
                   f"({times[label] / times['float']:.2f}x float)", flush=True)  # fmt: skip
@@ -210,9 +212,38 @@ def main() -> None:
 
 
 def _fmt(metrics: dict) -> str:
+    digits = {"cosine": 6, "perplexity": 2}
     return ", ".join(
-        f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()
+        f"{k} {v:.{digits.get(k, 4)}f}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in metrics.items()
     )
+
+
+def integer_kernels(path: Path) -> str:
+    """The integer / dynamic kernels in a model (subgraphs included): what each tool quantized."""
+    counts: dict[str, int] = {}
+
+    def walk(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            if node.op_type in KERNELS:
+                counts[node.op_type] = counts.get(node.op_type, 0) + 1
+            for attr in node.attribute:
+                for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                    walk(sub)
+
+    walk(onnx.load(str(path), load_external_data=False).graph)
+    return " ".join(f"{op} x{n}" for op, n in sorted(counts.items())) or "none"
+
+
+KERNELS = frozenset(
+    {
+        "DynamicQuantizeMatMul",
+        "MatMulInteger",
+        "DynamicQuantizeLSTM",
+        "ConvInteger",
+        "DequantizeLinear",
+    }
+)
 
 
 if __name__ == "__main__":

@@ -24,11 +24,48 @@ from onnxq.rewrites.rules import (
     weight_spec,
 )
 
+# ops whose output is bounded whatever their input: a product with one of them is a gate
+BOUNDED_OPS = frozenset({"Sigmoid", "HardSigmoid", "Tanh", "Softmax", "Softsign", "Erf"})
+
+
+def gated_product(graph: ir.Graph, tensor: str) -> bool:
+    """Whether ``tensor`` is the product of two activations neither of which is bounded (a
+    gated linear unit's output, ``SiLU(x W1) * (x W2)``, which SwiGLU's down projection reads);
+    ``x * Sigmoid(x)`` (SiLU) and other gates are not."""
+    node = graph.producer.get(tensor)
+    if node is None or node.op_type != "Mul" or node.domain not in ir.DEFAULT_DOMAINS:
+        return False
+    factors = [t for t in node.input if t and not graph.is_const(t)]
+    if len(factors) != 2:
+        return False
+    return not any(_bounded(graph, t) for t in factors)
+
+
+def _bounded(graph: ir.Graph, tensor: str, depth: int = 4) -> bool:
+    """Whether ``tensor`` comes out of a bounded op, possibly through constant shifts and
+    scales (GELU's ``0.5 * (1 + Erf(x / sqrt 2))``)."""
+    node = graph.producer.get(tensor)
+    if node is None or depth == 0:
+        return False
+    if node.op_type in BOUNDED_OPS:
+        return True
+    live = [t for t in node.input if t and not graph.is_const(t)]
+    affine = node.op_type in ("Add", "Sub", "Mul", "Div") and len(live) == 1
+    return affine and _bounded(graph, live[0], depth - 1)
+
 
 def _weighted(m: Match, ctx: Context, k: int, n: int) -> list[Spec] | Decline:
     problem = activation_problem(m, ctx, m.input(0))
     if problem:
         return Decline(problem)
+    if gated_product(ctx.graph, m.input(0)):
+        return Decline(
+            f"its input {m.input(0)!r} is the product of two activations (a gated linear unit, "
+            "as SwiGLU's down projection reads): their outliers multiply, and the one 8-bit "
+            "scale the kernel computes per tensor at run time rounds most values to zero "
+            "(smollm2_135m: perplexity 28.2 with these quantized, 19.6 without, float 18.5), "
+            "so it stays float"
+        )
     small = small_decline(m.node.op_type, k, n, ctx)
     if small:
         return Decline(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from onnxq import ir
 from onnxq.annotate import annotate
 from onnxq.backends.precision import run_profile
@@ -24,6 +26,64 @@ def test_matmuls_with_a_constant_weight_are_claimed_and_attention_scores_are_not
     assert not found["scores"].quantized and "activation x activation" in found["scores"].reason
     assert {t.tensor for t in ann.of_kind("weight")} == {"w1", "w2"}
     assert {t.axis for t in ann.of_kind("weight")} == {1}  # per output column
+
+
+def swiglu(gate_op: str = "Mul"):
+    """x -> up = x W_up, g = x W_gate, SiLU(g) = g * Sigmoid(g); down(SiLU(g) * up)."""
+    from onnx import helper
+
+    r = graphs.rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "wg"], ["g"], name="gate"),
+        helper.make_node("MatMul", ["x", "wu"], ["u"], name="up"),
+        helper.make_node("Sigmoid", ["g"], ["sg"], name="sigmoid"),
+        helper.make_node("Mul", ["g", "sg"], ["silu"], name="silu"),
+        helper.make_node(gate_op, ["silu", "u"], ["h"], name="glu"),
+        helper.make_node("MatMul", ["h", "wd"], ["y"], name="down"),
+    ]
+    inits = [
+        graphs.init(n, graphs.weight(r, *s))
+        for n, s in (("wg", (128, 256)), ("wu", (128, 256)), ("wd", (256, 128)))
+    ]
+    return graphs.model(
+        nodes, [graphs.tensor("x", [2, 8, 128])], [graphs.tensor("y", [2, 8, 128])], inits
+    )
+
+
+def test_a_gated_linear_units_output_stays_float_and_a_silu_does_not():
+    found, _ = decisions(swiglu())
+    assert found["gate"].quantized and found["up"].quantized
+    assert not found["down"].quantized and "gated linear unit" in found["down"].reason
+    found, _ = decisions(swiglu(gate_op="Add"))  # a sum of two activations is no product
+    assert found["down"].quantized
+
+
+def test_a_decomposed_gelus_output_is_not_a_gated_product():
+    from onnx import helper
+
+    r = graphs.rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="up"),
+        helper.make_node("Div", ["h", "sqrt2"], ["hs"], name="div"),
+        helper.make_node("Erf", ["hs"], ["e"], name="erf"),
+        helper.make_node("Add", ["e", "one"], ["e1"], name="add"),
+        helper.make_node("Mul", ["e1", "half"], ["gate"], name="half_gate"),
+        helper.make_node("Mul", ["h", "gate"], ["g"], name="gelu"),
+        helper.make_node("MatMul", ["g", "w2"], ["y"], name="down"),
+    ]
+    inits = [
+        graphs.init("w1", graphs.weight(r, 128, 256)),
+        graphs.init("w2", graphs.weight(r, 256, 128)),
+        *(
+            graphs.init(n, np.array(v, np.float32))
+            for n, v in (("sqrt2", 1.4142135), ("one", 1.0), ("half", 0.5))
+        ),
+    ]
+    model = graphs.model(
+        nodes, [graphs.tensor("x", [2, 8, 128])], [graphs.tensor("y", [2, 8, 128])], inits
+    )
+    found, _ = decisions(model)
+    assert found["down"].quantized
 
 
 def test_a_small_weight_stays_float_with_the_cost_reason():
