@@ -7,13 +7,16 @@ domain, under the same output names:
 * MatMul / Gemm -> ``DynamicQuantizeMatMul(A, B_int8[K, N], b_scale[N], b_zero_point[N], bias)``:
   the weight quantized per output column ahead of time (a Gemm's ``alpha`` folded into the
   scales, ``beta * C`` into the bias, a MatMul's bias Add that the rule fused taken in as the
-  bias), ``A`` quantized per tensor to uint8 by the kernel at run time;
+  bias), ``A`` quantized per tensor to uint8 by the kernel at run time; an ``A`` that several
+  of them read (attention's q, k and v projections) is quantized once by a
+  ``DynamicQuantizeLinear`` and read by ``MatMulIntegerToFloat`` kernels;
 * LSTM -> ``DynamicQuantizeLSTM``: W and R quantized per gate row and direction and stored
   transposed (``[dirs, n, 4*hidden]``), as the kernel reads them.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -42,16 +45,22 @@ def materialize_dynamic(
     graph = ir.Graph(model)
     by_name = {n.name: n for n in graph.nodes}
     fused = {d.node for d in annotations.decisions if d.quantized and d.rule == "fused"}
+    claimed = [d for d in annotations.decisions if d.quantized and d.rule in WRITERS]
+    # an activation several MatMuls read (attention's q, k and v) is quantized once
+    readers = Counter(by_name[d.node].input[0] for d in claimed if d.rule in SHARING_RULES)
+    shared: dict[str, tuple[str, str, str]] = {}
     placed: list[Placed] = []
     replaced: list[onnx.NodeProto] = []
-    for decision in annotations.decisions:
-        writer = WRITERS.get(decision.rule)
-        if not decision.quantized or writer is None:
-            continue
+    for decision in claimed:
         node = by_name[decision.node]
         add = bias_add(graph, node) if node.op_type == "MatMul" else None
         add = add if add is not None and add.name in fused else None
-        placed += writer(graph, node, profile.weight_qmax, config.weight_method, add)
+        x = node.input[0]
+        once = None
+        if decision.rule in SHARING_RULES and readers[x] > 1:
+            once = shared[x] if x in shared else shared.setdefault(x, _quantize_once(graph, x))
+        writer = WRITERS[decision.rule]
+        placed += writer(graph, node, profile.weight_qmax, config.weight_method, add, once)
         replaced += [node] if add is None else [node, add]
     graph.remove_nodes(replaced)
     if placed:
@@ -60,6 +69,15 @@ def materialize_dynamic(
     placed = _merged(placed)
     write_metadata(model, placed)
     return placed
+
+
+def _quantize_once(graph: ir.Graph, tensor: str) -> tuple[str, str, str]:
+    """DynamicQuantizeLinear of ``tensor``: its uint8 values, scale and zero point."""
+    outs = [graph.unique_name(f"{tensor}_{part}") for part in ("quantized", "scale", "zero_point")]
+    graph.add_node(
+        "DynamicQuantizeLinear", [tensor], outs, graph.unique_name(f"{tensor}_DynamicQuantize")
+    )
+    return outs[0], outs[1], outs[2]
 
 
 def _merged(placed: list[Placed]) -> list[Placed]:
@@ -99,8 +117,10 @@ def _matmul(
     qmax: int,
     method: str,
     add: onnx.NodeProto | None = None,
+    once: tuple[str, str, str] | None = None,
 ) -> list[Placed]:
-    """MatMul or Gemm (and the bias ``add`` after a MatMul) -> DynamicQuantizeMatMul."""
+    """MatMul or Gemm (and the bias ``add`` after a MatMul) -> DynamicQuantizeMatMul, or
+    MatMulIntegerToFloat when the input was quantized ``once`` for several readers."""
     weight_name = node.input[1]
     w = _const(graph, weight_name).astype(np.float32)
     bias = None
@@ -124,16 +144,21 @@ def _matmul(
     )
     scale = graph.add_initializer(graph.unique_name(f"{weight_name}_scale"), qp.scale)
     zero = graph.add_initializer(graph.unique_name(f"{weight_name}_zero_point"), qp.zero_point)
-    inputs = [node.input[0], stored, scale, zero]
-    if bias is not None:
-        inputs.append(
-            graph.add_initializer(
-                graph.unique_name(f"{node.name}_bias"), np.ascontiguousarray(bias, np.float32)
-            )
+    bias_name = (
+        graph.add_initializer(
+            graph.unique_name(f"{node.name}_bias"), np.ascontiguousarray(bias, np.float32)
         )
+        if bias is not None
+        else ""
+    )
+    if once is None:
+        op, inputs = "DynamicQuantizeMatMul", [node.input[0], stored, scale, zero, bias_name]
+    else:
+        x_q, x_scale, x_zero = once
+        op, inputs = "MatMulIntegerToFloat", [x_q, stored, x_scale, scale, x_zero, zero, bias_name]
     graph.add_node(
-        "DynamicQuantizeMatMul",
-        inputs,
+        op,
+        inputs if bias_name else inputs[:-1],
         [output],
         graph.unique_name(f"{node.name}_dynamic"),
         domain=CONTRIB_DOMAIN,
@@ -150,9 +175,10 @@ def _lstm(
     qmax: int,
     method: str,
     add: onnx.NodeProto | None = None,
+    once: tuple[str, str, str] | None = None,
 ) -> list[Placed]:
-    """LSTM -> DynamicQuantizeLSTM (W, R per direction and gate row, stored transposed);
-    ``add`` is None (no Add is fused into an LSTM)."""
+    """LSTM -> DynamicQuantizeLSTM (W, R per direction and gate row, stored transposed); it
+    quantizes its own input (``add`` and ``once`` are None)."""
     quantized: list[str] = []
     placed = [_runtime_activation(node.input[0], node)]
     for index in (1, 2):
@@ -191,7 +217,11 @@ def _bits(qmax: int) -> int:
     return int(qmax).bit_length() + 1
 
 
-Writer = Callable[[ir.Graph, onnx.NodeProto, int, str, onnx.NodeProto | None], list[Placed]]
+Writer = Callable[
+    [ir.Graph, onnx.NodeProto, int, str, onnx.NodeProto | None, tuple[str, str, str] | None],
+    list[Placed],
+]
+SHARING_RULES = frozenset({"dynamic_matmul", "dynamic_gemm"})
 WRITERS: dict[str, Writer] = {
     "dynamic_matmul": _matmul,
     "dynamic_gemm": _matmul,

@@ -238,6 +238,7 @@ def integer_kernels(path: Path) -> str:
 KERNELS = frozenset(
     {
         "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
         "MatMulInteger",
         "DynamicQuantizeLSTM",
         "ConvInteger",

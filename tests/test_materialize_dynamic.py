@@ -87,6 +87,26 @@ def test_a_matmuls_bias_add_goes_into_the_kernel():
     assert cosine(run(ours, {"x": x})[0], run(m, {"x": x})[0]) > 0.999
 
 
+def test_an_input_several_matmuls_read_is_quantized_once():
+    from onnxq.backends.check import check
+    from onnxq.backends.profile import ONNXRUNTIME
+
+    r = graphs.rng(1)
+    nodes = [
+        onnx.helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"mm{i}") for i in range(3)
+    ]
+    inits = [graphs.init(f"w{i}", graphs.weight(r, 128, 64)) for i in range(3)]
+    outs = [graphs.tensor(f"y{i}", [2, 8, 64]) for i in range(3)]
+    m = graphs.model(nodes, [graphs.tensor("x", [2, 8, 128])], outs, inits)
+    ours = dynamic(m)
+    ops = [n.op_type for n in ours.graph.node]
+    assert ops.count("DynamicQuantizeLinear") == 1 and ops.count("MatMulIntegerToFloat") == 3
+    assert check(ours, ONNXRUNTIME) == []
+    x = np.random.default_rng(0).normal(0, 1, (2, 8, 128)).astype(np.float32)
+    for mine, ref in zip(run(ours, {"x": x}), run(m, {"x": x}), strict=True):
+        assert cosine(mine, ref) > 0.999
+
+
 def test_an_lstm_becomes_dynamic_quantize_lstm_close_to_float():
     m = graphs.recurrent("LSTM", features=64, hidden=64)
     x = np.random.default_rng(1).normal(0, 1, (20, 2, 64)).astype(np.float32)
