@@ -20,7 +20,8 @@ FP8_VALIDATION_NOTE = (
     "computes). Do not check an FP8 model in onnxruntime's default session: its extended "
     "optimizations (1.32: the Level2 rule-based transformer's Relu/Clip-into-Q fusion) drop a "
     "Relu in front of an FP8 QuantizeLinear as if FP8's zero point 0 were the type's minimum, "
-    "and negative values pass (ppocr_mobile_v2_cls: accuracy 0.88 instead of 1.00); use "
+    "and negative values pass (ppocr_mobile_v2_cls: accuracy 0.88 instead of 1.00), and fail "
+    "to load a model with a Clip in front of one (mobilenet_v2's ReLU6); use "
     "GraphOptimizationLevel.ORT_ENABLE_BASIC or ORT_DISABLE_ALL"
 )
 FP8_CHANGES: dict[str, object] = {
