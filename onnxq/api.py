@@ -30,8 +30,9 @@ from onnxq.calibrate import calibration_cache
 from onnxq.config import QuantConfig
 from onnxq.data import model_inputs, open_source
 from onnxq.errors import CalibrationDataError, ConfigError, InternalError, OnnxqError, OutputError
+from onnxq.inputs import InputSpec
 from onnxq.materialize import materialize
-from onnxq.measure import CachedStatistics, Calibration, held_batches
+from onnxq.measure import CachedStatistics, Calibration, RuntimeQuantization, held_batches
 from onnxq.messages import GraphView, Outcome, messages, opset_conversion_hint
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
@@ -144,12 +145,14 @@ def quantize(
     load_calibration: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> QuantizedModel:
-    """Quantize ``model`` to an INT8 Q/DQ model.
+    """Quantize ``model`` to a Q/DQ model (INT8, or the config's ``precision``), or with
+    ``dynamic`` to onnxruntime's dynamically quantized kernels.
 
     Args:
         model: an ONNX file path or an ``onnx.ModelProto`` (never modified).
         calibration: a folder of ``.npz``/``.npy`` batches, one ``.npz`` with a leading sample
-            axis, or any iterable of ``{input_name: np.ndarray}``.
+            axis, or any iterable of ``{input_name: np.ndarray}`` (optional with ``dynamic``:
+            then it only feeds the fidelity check).
         backend: ``tensorrt`` (default) or ``onnxruntime``.
         method: activation range method (``onnxq.observers.METHODS``).
         exclude: glob patterns over node names that stay float.
@@ -165,8 +168,8 @@ def quantize(
         A :class:`QuantizedModel` with ``.model``, ``.report`` and ``.save(path)``.
     """
     cfg = _config(config, backend, method, exclude, options)
-    _check_sources(model, calibration, save_calibration, load_calibration)
-    profile, profile_note = profile_for(cfg.target)
+    _check_sources(model, calibration, save_calibration, load_calibration, cfg)
+    profile, profile_note = profile_for(cfg.target)  # or a refusal: nothing loaded yet
     prepared = prepare(model, profile, cfg.simplify)
     with _blame_conversion(prepared.load.opset_upgrade):
         graph = ir.Graph(prepared.model)
@@ -175,15 +178,9 @@ def quantize(
         if calibration is not None:
             data = open_source(calibration, inputs, batch_size, cfg.preprocess)
         facts, view = GraphFacts.of(graph, profile), GraphView.of(graph, profile)
-        if load_calibration is not None:
-            held = held_batches(prepared.model, data, inputs, cfg.fidelity_batches)
-            measure: Calibration | CachedStatistics = CachedStatistics(
-                load_calibration, graph, profile.name, held
-            )
-        else:
-            assert data is not None
-            saving = save_calibration is not None
-            measure = Calibration(prepared.model, data, inputs, cfg.calibration, facts, saving)
+        measure = _measure(
+            prepared.model, facts, data, inputs, cfg, save_calibration, load_calibration
+        )
         placement = place(facts, profile, cfg.placement, measure)
         annotations, statistics = placement.annotations, placement.statistics
         cache = None  # written last: a run that fails or is interrupted leaves no file
@@ -229,6 +226,28 @@ def quantize(
     return QuantizedModel(prepared.model, report, prepared.source)
 
 
+def _measure(
+    model: onnx.ModelProto,
+    facts: GraphFacts,
+    data: Iterable[Any] | None,
+    inputs: list[InputSpec],
+    cfg: QuantConfig,
+    save_calibration: str | os.PathLike[str] | None,
+    load_calibration: str | os.PathLike[str] | None,
+) -> Calibration | CachedStatistics | RuntimeQuantization:
+    """Where the placement loop gets its statistics: none under ``--dynamic`` (the kernels
+    quantize at run time), a calibration cache, or the data."""
+    if cfg.dynamic or load_calibration is not None:
+        held = held_batches(model, data, inputs, cfg.fidelity_batches)
+        if cfg.dynamic:
+            return RuntimeQuantization(held)
+        assert load_calibration is not None
+        return CachedStatistics(load_calibration, facts.graph, cfg.backend, held)
+    assert data is not None
+    saving = save_calibration is not None
+    return Calibration(model, data, inputs, cfg.calibration, facts, saving)
+
+
 def _config(
     config: QuantConfig | str | os.PathLike[str] | dict[str, Any] | None,
     backend: str | None,
@@ -270,8 +289,10 @@ def _check_sources(
     calibration: Any,
     save_calibration: str | os.PathLike[str] | None,
     load_calibration: str | os.PathLike[str] | None,
+    cfg: QuantConfig,
 ) -> None:
-    """Refuse a run without data or statistics, and a cache that would overwrite an input."""
+    """Refuse a run without data or statistics (``--dynamic`` needs neither, and keeps none),
+    and a cache that would overwrite an input."""
     check_paths(
         {"calibration cache to save": save_calibration},
         {
@@ -279,6 +300,19 @@ def _check_sources(
             "calibration cache to load": load_calibration,
         },
     )
+    if cfg.dynamic and (save_calibration is not None or load_calibration is not None):
+        raise ConfigError(
+            "--dynamic quantizes activations at run time and keeps no calibration statistics: "
+            "drop --save-calibration / --load-calibration (--calib, if given, only feeds the "
+            "fidelity check)"
+        )
+    if cfg.dynamic and cfg.bias_correction:
+        raise ConfigError(
+            "bias_correction corrects the rounding of static quantization; --dynamic "
+            "quantizes activations at run time: drop one of them"
+        )
+    if cfg.dynamic:
+        return
     if calibration is None and load_calibration is None:
         raise CalibrationDataError(
             "no calibration data given; pass --calib DATA (a folder of "

@@ -1,5 +1,6 @@
-"""The two ways the placement loop (:func:`onnxq.place.loop.place`) gets statistics: calibrate
-on data (:class:`Calibration`) or read a calibration cache (:class:`CachedStatistics`).
+"""The ways the placement loop (:func:`onnxq.place.loop.place`) gets statistics: calibrate on
+data (:class:`Calibration`), read a calibration cache (:class:`CachedStatistics`), or none at
+all where the kernels quantize activations at run time (:class:`RuntimeQuantization`).
 
 Each is a callable ``measure(wanted) -> CalibrationResult`` over the activation tensors a
 placement quantizes (name -> whether its method needs a histogram).
@@ -21,6 +22,7 @@ from onnxq.calibrate import (
     calibrate,
     load_calibration,
 )
+from onnxq.errors import InternalError
 from onnxq.inputs import Batch, InputSpec
 from onnxq.options import CalibrationOptions
 from onnxq.place.facts import GraphFacts
@@ -110,6 +112,23 @@ class CachedStatistics:
             unobservable={t: why for t, why in unobserved.items() if t in wanted},
             body_runs=runs,
         )
+
+
+class RuntimeQuantization:
+    """No statistics: a dynamic profile's kernels quantize activations at run time, so the
+    placement asks for none; ``held``: batches of data kept for the fidelity check (none
+    without data)."""
+
+    def __init__(self, held: list[Batch]) -> None:
+        self._held = held
+
+    def __call__(self, wanted: Mapping[str, bool]) -> CalibrationResult:
+        if wanted:
+            raise InternalError(
+                f"a dynamic placement asked for statistics of {len(wanted)} tensor(s), e.g. "
+                f"{next(iter(wanted))!r}; its kernels quantize activations at run time"
+            )
+        return CalibrationResult({}, 0, self._held)
 
 
 def held_batches(

@@ -30,7 +30,9 @@ def tuned(
     target_cpu: str | None = None,
     cost_table: str | None = None,
 ) -> tuple[BackendProfile, str]:
-    return profile_for(TargetOptions(backend, reduce_range, target_cpu, cost_table))
+    return profile_for(
+        TargetOptions(backend, reduce_range, target_cpu, cost_table, "int8", False, ())
+    )
 
 
 def test_tensorrt_is_the_same_for_every_cpu():
