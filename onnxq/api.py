@@ -30,9 +30,8 @@ from onnxq.calibrate import calibration_cache
 from onnxq.config import QuantConfig
 from onnxq.data import model_inputs, open_source
 from onnxq.errors import CalibrationDataError, ConfigError, InternalError, OnnxqError, OutputError
-from onnxq.inputs import InputSpec
 from onnxq.materialize import materialize
-from onnxq.measure import CachedStatistics, Calibration, RuntimeQuantization, held_batches
+from onnxq.measure import statistics_source
 from onnxq.messages import GraphView, Outcome, messages, opset_conversion_hint
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
@@ -178,8 +177,9 @@ def quantize(
         if calibration is not None:
             data = open_source(calibration, inputs, batch_size, cfg.preprocess)
         facts, view = GraphFacts.of(graph, profile), GraphView.of(graph, profile)
-        measure = _measure(
-            prepared.model, facts, data, inputs, cfg, save_calibration, load_calibration
+        saving = save_calibration is not None
+        measure = statistics_source(
+            prepared.model, facts, profile, data, inputs, cfg.calibration, saving, load_calibration
         )
         placement = place(facts, profile, cfg.placement, measure)
         annotations, statistics = placement.annotations, placement.statistics
@@ -224,28 +224,6 @@ def quantize(
     if save_calibration is not None and cache is not None:
         ir.atomic_write_bytes(save_calibration, cache)
     return QuantizedModel(prepared.model, report, prepared.source)
-
-
-def _measure(
-    model: onnx.ModelProto,
-    facts: GraphFacts,
-    data: Iterable[Any] | None,
-    inputs: list[InputSpec],
-    cfg: QuantConfig,
-    save_calibration: str | os.PathLike[str] | None,
-    load_calibration: str | os.PathLike[str] | None,
-) -> Calibration | CachedStatistics | RuntimeQuantization:
-    """Where the placement loop gets its statistics: none under ``--dynamic`` (the kernels
-    quantize at run time), a calibration cache, or the data."""
-    if cfg.dynamic or load_calibration is not None:
-        held = held_batches(model, data, inputs, cfg.fidelity_batches)
-        if cfg.dynamic:
-            return RuntimeQuantization(held)
-        assert load_calibration is not None
-        return CachedStatistics(load_calibration, facts.graph, cfg.backend, held)
-    assert data is not None
-    saving = save_calibration is not None
-    return Calibration(model, data, inputs, cfg.calibration, facts, saving)
 
 
 def _config(

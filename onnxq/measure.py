@@ -16,6 +16,7 @@ from typing import Any
 import onnx
 
 from onnxq import ir
+from onnxq.backends.profile import BackendProfile
 from onnxq.calibrate import (
     CalibrationResult,
     cached_control_flow,
@@ -129,6 +130,29 @@ class RuntimeQuantization:
                 f"{next(iter(wanted))!r}; its kernels quantize activations at run time"
             )
         return CalibrationResult({}, 0, self._held)
+
+
+def statistics_source(
+    model: onnx.ModelProto,
+    facts: GraphFacts,
+    profile: BackendProfile,
+    data: Iterable[Any] | None,
+    inputs: list[InputSpec],
+    options: CalibrationOptions,
+    saving: bool,
+    cache: str | os.PathLike[str] | None,
+) -> Calibration | CachedStatistics | RuntimeQuantization:
+    """Where the placement loop gets its statistics: none for a dynamic profile (its kernels
+    quantize at run time), the calibration ``cache`` when one is given, else the data (with a
+    histogram for every tensor when ``saving`` a cache)."""
+    if profile.dynamic or cache is not None:
+        held = held_batches(model, data, inputs, options.fidelity_batches)
+        if profile.dynamic:
+            return RuntimeQuantization(held)
+        assert cache is not None
+        return CachedStatistics(cache, facts.graph, profile.name, held)
+    assert data is not None
+    return Calibration(model, data, inputs, options, facts, saving)
 
 
 def held_batches(

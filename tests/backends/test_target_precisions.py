@@ -94,6 +94,22 @@ def test_the_cli_refuses_in_one_line_and_writes_nothing(
     assert err.startswith("onnxq: error: ") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("flag", ["--save-calibration", "--load-calibration"])
+def test_the_cli_refuses_dynamic_with_a_calibration_cache(
+    tmp_path, model_file, calib_dir, capsys, flag
+):
+    m = graphs.conv_relu(32, 32)
+    out, cache = tmp_path / "out.onnx", tmp_path / "cache.json"
+    if flag == "--load-calibration":
+        cache.write_text("{}")
+    args = ["quantize", str(model_file(m)), "-o", str(out), "--calib", str(calib_dir(m))]
+    rc = main([*args, "--backend", "onnxruntime", "--dynamic", flag, str(cache)])
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert (flag == "--load-calibration") == cache.exists()
+    assert err.startswith("onnxq: error: --dynamic ") and err.count("\n") == 1
+
+
 @pytest.mark.skipif(FP8_MISSING is not None, reason=FP8_MISSING or "")
 def test_an_fp8_run_writes_opset_19_fp8_pairs_that_pass_the_check(tmp_path, model_file):
     m = graphs.residual_add(32)
