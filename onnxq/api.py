@@ -33,7 +33,7 @@ from onnxq.data import model_inputs, open_source
 from onnxq.errors import CalibrationDataError, ConfigError, InternalError, OnnxqError, OutputError
 from onnxq.heldout import hold_out
 from onnxq.materialize import materialize
-from onnxq.measure import CachedStatistics, Calibration, held_batches
+from onnxq.measure import statistics_source
 from onnxq.messages import GraphView, Outcome, messages, opset_conversion_hint
 from onnxq.mixed_precision import accuracy_target, search
 from onnxq.place.facts import GraphFacts
@@ -149,12 +149,14 @@ def quantize(
     heldout: Any = None,
     **options: Any,
 ) -> QuantizedModel:
-    """Quantize ``model`` to an INT8 Q/DQ model.
+    """Quantize ``model`` to a Q/DQ model (INT8, or the config's ``precision``), or with
+    ``dynamic`` to onnxruntime's dynamically quantized kernels.
 
     Args:
         model: an ONNX file path or an ``onnx.ModelProto`` (never modified).
         calibration: a folder of ``.npz``/``.npy`` batches, one ``.npz`` with a leading sample
-            axis, or any iterable of ``{input_name: np.ndarray}``.
+            axis, or any iterable of ``{input_name: np.ndarray}`` (optional with ``dynamic``:
+            then it only feeds the fidelity check).
         backend: ``tensorrt`` (default) or ``onnxruntime``.
         method: activation range method (``onnxq.observers.METHODS``).
         exclude: glob patterns over node names that stay float.
@@ -179,8 +181,8 @@ def quantize(
         A :class:`QuantizedModel` with ``.model``, ``.report`` and ``.save(path)``.
     """
     cfg = _config(config, backend, method, exclude, options)
-    _check_sources(model, calibration, save_calibration, load_calibration)
-    profile, profile_note = profile_for(cfg.target)
+    _check_sources(model, calibration, save_calibration, load_calibration, cfg)
+    profile, profile_note = profile_for(cfg.target)  # or a refusal: nothing loaded yet
     prepared = prepare(model, profile, cfg.simplify)
     with _blame_conversion(prepared.load.opset_upgrade):
         graph = ir.Graph(prepared.model)
@@ -194,15 +196,10 @@ def quantize(
                 data, heldout, inputs, cfg.accuracy.heldout_batches, batch_size, cfg.preprocess
             )
         facts, view = GraphFacts.of(graph, profile), GraphView.of(graph, profile)
-        if load_calibration is not None:
-            held = held_batches(prepared.model, data, inputs, cfg.fidelity_batches)
-            measure: Calibration | CachedStatistics = CachedStatistics(
-                load_calibration, graph, profile.name, held
-            )
-        else:
-            assert data is not None
-            saving = save_calibration is not None
-            measure = Calibration(prepared.model, data, inputs, cfg.calibration, facts, saving)
+        saving = save_calibration is not None
+        measure = statistics_source(
+            prepared.model, facts, profile, data, inputs, cfg.calibration, saving, load_calibration
+        )
         placement = place(facts, profile, cfg.placement, measure)
         mixed = None
         if goal is not None:
@@ -295,8 +292,10 @@ def _check_sources(
     calibration: Any,
     save_calibration: str | os.PathLike[str] | None,
     load_calibration: str | os.PathLike[str] | None,
+    cfg: QuantConfig,
 ) -> None:
-    """Refuse a run without data or statistics, and a cache that would overwrite an input."""
+    """Refuse a run without data or statistics (``--dynamic`` needs neither, and keeps none),
+    and a cache that would overwrite an input."""
     check_paths(
         {"calibration cache to save": save_calibration},
         {
@@ -304,6 +303,19 @@ def _check_sources(
             "calibration cache to load": load_calibration,
         },
     )
+    if cfg.dynamic and (save_calibration is not None or load_calibration is not None):
+        raise ConfigError(
+            "--dynamic quantizes activations at run time and keeps no calibration statistics: "
+            "drop --save-calibration / --load-calibration (--calib, if given, only feeds the "
+            "fidelity check)"
+        )
+    if cfg.dynamic and cfg.bias_correction:
+        raise ConfigError(
+            "bias_correction corrects the rounding of static quantization; --dynamic "
+            "quantizes activations at run time: drop one of them"
+        )
+    if cfg.dynamic:
+        return
     if calibration is None and load_calibration is None:
         raise CalibrationDataError(
             "no calibration data given; pass --calib DATA (a folder of "

@@ -40,6 +40,7 @@ from onnxq.inputs import Batch, InputSpec
 from onnxq.observers import dequantize_weight, quantize_weight, weight_qparams
 from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations
+from onnxq.precisions import tensor_qtype
 
 CORRECTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 MIN_SIGNIFICANCE = 2.0  # a channel's shift must exceed this many standard errors
@@ -167,7 +168,8 @@ def _targets(
             continue
         bias, axis, rank, scale = where
         qmax = limits[ann.tensor]
-        qp = weight_qparams(w, ann.axis, qmax, options.weight_method)
+        dtype = tensor_qtype("weight", ann.settings.precision, profile.activation_dtype).name
+        qp = weight_qparams(w, ann.axis, qmax, options.weight_method, dtype)
         dequantized = dequantize_weight(quantize_weight(w, qp, qmax), qp)
         out.append(_Target(node, bias, scale, axis, rank, dequantized))
     return out

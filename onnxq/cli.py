@@ -106,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--percentile", type=float, help="percentile kept by --method percentile (default 99.99)"
     )
+    _precision_flags(q)
     q.add_argument("--config", metavar="FILE.yaml", help="QuantConfig YAML (see docs/config.md)")
     q.add_argument(
         "--exclude",
@@ -270,6 +271,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--config", metavar="FILE.yaml")
     e.add_argument("--exclude", action="append", metavar="GLOB", default=None)
     _target_flags(e)
+    _precision_flags(e)
 
     t = sub.add_parser(
         "tune-cpu",
@@ -300,6 +302,26 @@ def _target_flags(parser: argparse.ArgumentParser) -> None:
         metavar="FILE.json",
         help="cost thresholds measured by `onnxq tune-cpu` (default: the shipped table of "
         "the target class)",
+    )
+
+
+def _precision_flags(parser: argparse.ArgumentParser) -> None:
+    """--precision and --dynamic (docs/precisions.md)."""
+    from onnxq.precisions import PRECISIONS
+
+    parser.add_argument(
+        "--precision",
+        choices=list(PRECISIONS),
+        help="element type of the quantized tensors: int8 (default), int16 (16-bit "
+        "activations, 8-bit weights; --backend onnxruntime) or fp8 (FP8 E4M3; --backend "
+        "tensorrt); docs/precisions.md",
+    )
+    parser.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="dynamic quantization (--backend onnxruntime): int8 weights per channel, "
+        "activations quantized at run time; no --calib needed (given, it feeds the fidelity "
+        "check)",
     )
 
 
@@ -408,6 +430,8 @@ def _quantize(args: argparse.Namespace) -> int:
         target_cpu=args.target_cpu,
         cost_table=args.cost_table,
         preprocess=args.preprocess,
+        precision=args.precision,
+        dynamic=True if args.dynamic else None,
         save_calibration=args.save_calibration,
         load_calibration=args.load_calibration,
         target_accuracy=args.target,
@@ -644,16 +668,22 @@ def _inspect(args: argparse.Namespace) -> int:
     if records is None:
         raise ModelLoadError(f"{path}: no onnxq quantization metadata (not made by onnxq?)")
     width = max([len("tensor"), *(len(t) for t in records)])
-    print(f"{'tensor':<{width}}  kind        bits  method              axis  symmetric")
+    print(
+        f"{'tensor':<{width}}  kind        bits  dtype         method              axis  symmetric"
+    )
     for name, r in records.items():
+        kind = f"{r.get('kind', '')}{'*' if r.get('runtime') else ''}"
         print(
-            f"{name:<{width}}  {r.get('kind', ''):<10}  {r.get('bits', ''):>4}  "
+            f"{name:<{width}}  {kind:<10}  {r.get('bits', ''):>4}  {r.get('dtype', 'int8')!s:<12}  "
             f"{r.get('method', '')!s:<18}  {r.get('axis')!s:>4}  {r.get('symmetric')}"
         )
-    print(f"{len(records)} quantized tensors")
+    dtypes = sorted({str(r.get("dtype", "int8")) for r in records.values()})
+    print(f"{len(records)} quantized tensors ({', '.join(dtypes)})")
     target = read_target_cpu(model)
     if target is not None:
         print(f"tuned for CPU class {target} (onnxruntime)")
+    if any(r.get("runtime") for r in records.values()):
+        print("* quantized at run time by onnxruntime's dynamic kernels (dynamic quantization)")
     return 0
 
 
@@ -673,6 +703,8 @@ def _explain(args: argparse.Namespace) -> int:
         exclude=tuple(args.exclude) if args.exclude else None,
         target_cpu=args.target_cpu,
         cost_table=args.cost_table,
+        precision=args.precision,
+        dynamic=True if args.dynamic else None,
     )
     profile, _ = profile_for(cfg.target)
     loaded = ir.load_model(args.model, profile.min_opset)

@@ -37,7 +37,13 @@ from onnxq.options import (
     WeightOptions,
     view,
 )
-from onnxq.overrides import Override, TensorSettings, check_method, parse_override
+from onnxq.overrides import (
+    Override,
+    TensorSettings,
+    check_method,
+    check_precision,
+    parse_override,
+)
 
 WEIGHT_STORAGE = ("int8", "qdq")
 
@@ -134,6 +140,14 @@ class QuantConfig:
             float when more than this fraction of its input's positions (frames) peak below
             1/16 of the tensor's peak (the normalisation scales their rounding noise up to full
             size); 1 turns the rule off.
+        precision: the element type of the quantized tensors (``onnxq.precisions``): ``int8``
+            (the default), ``int16`` (16-bit activations, 8-bit weights, A16W8; onnxruntime
+            backend) or ``fp8`` (FP8 E4M3 activations and weights; TensorRT backend, opset
+            >= 19); an override's ``precision`` mixes them per tensor or op.
+        dynamic: dynamic quantization (onnxruntime backend): int8 weights per channel, written
+            ahead of time; activations quantized at run time by onnxruntime's
+            DynamicQuantizeMatMul / MatMulIntegerToFloat / DynamicQuantizeLSTM kernels.  No
+            calibration data is needed (given, it only feeds the fidelity check).
         reduce_range: 7-bit int8 weights for the onnxruntime backend (its u8s8 CPU kernels
             saturate int16 sums on x86 CPUs without VNNI), or full-range int8 (False);
             ``None`` decides from ``target_cpu`` (uint8-stored 8-bit weights on ``x86-avx2``).
@@ -179,6 +193,8 @@ class QuantConfig:
     concat_range_ratio: float = option(8.0, must(lambda v: v >= 1, "be >= 1"))
     weak_channel_fraction: float = option(0.25, must(lambda v: 0.0 < v <= 1.0, "be in (0, 1]"))
     weak_position_fraction: float = option(0.25, must(lambda v: 0.0 < v <= 1.0, "be in (0, 1]"))
+    precision: str = option("int8", lambda name, value: check_precision(value, name))
+    dynamic: bool = option(False)
     reduce_range: bool | None = option(None)
     target_cpu: str | None = option(None, lambda name, value: _check_cpu_class(value, name))
     cost_table: str | None = option(None)
@@ -233,7 +249,8 @@ class QuantConfig:
         return self.placement.tensor_excluded(tensor_name)
 
     def settings_for(self, tensor_name: str, consumers: list[tuple[str, str]]) -> TensorSettings:
-        """Method, bits and scheme of a tensor (:meth:`PlacementOptions.settings_for`)."""
+        """Method, bits, scheme and precision of a tensor
+        (:meth:`PlacementOptions.settings_for`)."""
         return self.placement.settings_for(tensor_name, consumers)
 
     def unmatched(self, nodes: list[tuple[str, str]], tensors: set[str]) -> list[str]:

@@ -20,14 +20,19 @@ LOW_FIDELITY_HINT = (
 )
 SLOWER = 1.1  # the default session "runs slower" from this ratio on (timing noise below it)
 CPU_DEPLOYMENT = "to deploy on a CPU with onnxruntime, quantize with --backend onnxruntime"
+# why a run may hold no batches for the fidelity check (``Verification.unmeasured``)
+UNHELD = {
+    "no batches held": "statistics from a calibration cache without --calib data",
+    "no batches held (dynamic)": "--dynamic without --calib data",
+}
 
 
 def verification_messages(verification: Verification) -> tuple[list[str], list[str]]:
     """(warnings, notes) about the quantized model's fidelity."""
-    if verification.unmeasured == "no batches held":
+    if verification.unmeasured in UNHELD:
         return [], [
-            "fidelity not measured: no batches were held for it (statistics from a "
-            "calibration cache without --calib data, or fidelity_batches: 0)"
+            "fidelity not measured: no batches were held for it "
+            f"({UNHELD[verification.unmeasured]}, or fidelity_batches: 0)"
         ]
     if verification.unmeasured == "no float copy":
         return ["model too large to keep a float copy: fidelity not measured"], []

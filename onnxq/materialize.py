@@ -2,15 +2,18 @@
 
 Input: the annotations (which tensors, read by which consumers) and qparams per activation.
 Weights get their qparams here, from their own values (symmetric, per channel on the profile's
-axis), and are stored as int8 initializers behind a DequantizeLinear (uint8 ones, the values +
-128 behind zero point 128, where the profile's ``weight_dtype`` says so), or as float
-initializers behind Q -> DQ (``weight_storage``).  Only the annotated consumers are rewired to the
-dequantized tensor; other readers keep the float tensor.
+axis), and are stored quantized (int8, FP8) behind a DequantizeLinear (int8 weights as
+uint8, the values + 128 behind zero point 128, where the profile's ``weight_dtype`` says so),
+or as float initializers behind Q -> DQ (``weight_storage``).  Only the annotated consumers
+are rewired to the dequantized tensor; other readers keep the float tensor.  Each pair's
+element type is its tensor's precision's (``onnxq.precisions``); a 16-bit pair below opset 21
+goes into onnxruntime's ``com.microsoft`` domain.  A dynamic profile's annotations become
+onnxruntime's dynamic kernels instead (:mod:`onnxq.materialize_dynamic`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -18,23 +21,14 @@ import onnx
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.errors import InternalError
-from onnxq.observers import QParams, quantize_weight, weight_qparams
+from onnxq.metadata import METADATA_KEY, Placed, read_metadata, read_target_cpu, write_metadata
+from onnxq.observers import QParams, qtype_of_array, quantize_weight, weight_qparams
 from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations, TensorAnnotation
+from onnxq.precisions import QType, tensor_qtype
 
 QDQ_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear
 UINT8_MIDPOINT = 128  # the zero point of a symmetric weight stored as uint8
-
-
-@dataclass(frozen=True)
-class Placed:
-    """One tensor that received Q/DQ: its kind and qparams."""
-
-    tensor: str
-    kind: str
-    qparams: QParams
-    consumers: tuple[tuple[str, int], ...]
-    bits: int = 8
 
 
 def materialize(
@@ -50,6 +44,11 @@ def materialize(
     control-flow body's for an op inside it, one set per graph when a tensor is read in
     several (a Conv inside an If branch quantizes the activation it reads from the enclosing
     graph there)."""
+    if profile.dynamic:
+        from onnxq.materialize_dynamic import materialize_dynamic
+
+        return materialize_dynamic(model, annotations, profile, weights_options)
+    opset = max(ir.opset_version(model), QDQ_OPSET)  # where 16-bit pairs need a domain
     graph = ir.Graph(model)
     scopes = ir.scopes(graph)
     where = {n.name: (scope, n) for scope in scopes for n in scope.nodes}
@@ -60,30 +59,49 @@ def materialize(
         value = _reader_scope(ann, where, graph).const_value(ann.tensor)
         if value is None:
             raise InternalError(f"weight {ann.tensor!r} lost its constant value")
+        weight_type = _qtype(ann, profile).name
         weights[ann.tensor] = _stored_as(
-            weight_qparams(value, ann.axis, limits[ann.tensor], weights_options.weight_method),
-            profile.weight_dtype,
+            weight_qparams(
+                value, ann.axis, limits[ann.tensor], weights_options.weight_method, weight_type
+            ),
+            # uint8 storage is for onnxruntime's fused u8 x u8 kernels: int8 precision only
+            profile.weight_dtype if ann.settings.precision == "int8" else weight_type,
         )
     resolved = dict(activation_qparams)
     for ann in annotations.tensors.values():
         qp = _qparams(ann, resolved, weights, _reader_scope(ann, where, graph))
         if qp is None:
             continue  # no statistics (the report says so), or a bias that stays float
+        qtype = qtype_of_array(np.asarray(qp.zero_point))
         for scope, readers in _readers_by_scope(ann, where):
-            out = _insert(scope, ann, qp, limits.get(ann.tensor, 0), weights_options)
+            out = _insert(scope, ann, qp, limits.get(ann.tensor, 0), weights_options, opset)
             for node, index in readers:
                 scope.set_input(node, index, out)
-        # a weight limited to +-63 has 7 bits, whatever its storage type
-        bits = {"bias": 32, "weight": limits.get(ann.tensor, 0).bit_length() + 1}.get(
-            ann.kind, ann.settings.bits
-        )
-        placed.append(Placed(ann.tensor, ann.kind, qp, tuple(ann.consumers), bits))
+        bits = _bits(ann, qtype, limits.get(ann.tensor, 0))
+        placed.append(Placed(ann.tensor, ann.kind, qp, tuple(ann.consumers), bits, qtype.name))
+        if qtype.domain_for(opset):
+            ir.set_domain_opset(model, qtype.domain_for(opset), 1)
     if placed:
         ir.set_opset(model, QDQ_OPSET)
     for scope in reversed(scopes):  # bodies inside out, the top-level graph last
         scope.commit()
     write_metadata(model, placed, profile.target_cpu)
     return placed
+
+
+def _qtype(ann: TensorAnnotation, profile: BackendProfile) -> QType:
+    """The element type of an annotated tensor: its precision's, for its kind and backend."""
+    return tensor_qtype(ann.kind, ann.settings.precision, profile.activation_dtype)
+
+
+def _bits(ann: TensorAnnotation, qtype: QType, weight_limit: int) -> int:
+    """The bits a placed tensor uses: an integer weight's come from its limit (+-63: 7,
+    whatever its storage type), an activation's from a ``bits`` override, else its type's."""
+    if ann.kind == "bias":
+        return qtype.bits
+    if ann.kind == "weight" and not qtype.is_float:
+        return weight_limit.bit_length() + 1
+    return ann.settings.bits or qtype.bits
 
 
 def _reader_scope(
@@ -130,82 +148,18 @@ def _insert(
     qp: QParams,
     weight_limit: int,
     options: WeightOptions,
+    opset: int,
 ) -> str:
     """Q/DQ (or DQ of a stored constant) for ``ann`` in ``graph``; returns the tensor its
-    readers read instead (``weight_limit``: a weight's largest integer magnitude)."""
+    readers read instead (``weight_limit``: a weight's largest integer magnitude; ``opset``:
+    the model's, which decides the domain of a 16-bit pair)."""
     if ann.kind in ("activation", "shared"):
-        return _qdq(graph, ann.tensor, qp)
+        return _qdq(graph, ann.tensor, qp, opset)
     if ann.kind == "weight":
-        return _weight(graph, ann.tensor, qp, weight_limit, options)
+        return _weight(graph, ann.tensor, qp, weight_limit, options, opset)
     value = graph.const_value(ann.tensor)
     assert value is not None
     return _dequantize_const(graph, ann.tensor, _int32_bias(value, qp), qp)
-
-
-METADATA_KEY = "onnxq.quantization"
-
-
-def write_metadata(
-    model: onnx.ModelProto, placed: list[Placed], target_cpu: str | None = None
-) -> None:
-    """Record each quantized tensor's bit width, method and scheme in ``metadata_props``.
-
-    The value under :data:`METADATA_KEY` is JSON: ``{"version": ..., "tensors": {name: {"kind",
-    "bits", "method", "axis", "symmetric"}}}`` (Sparsebit's "extra bit info", as model
-    metadata so that every ONNX tool keeps it), with ``"target_cpu"``, the CPU class the
-    output was tuned for, when the backend's output depends on it.
-    """
-    import json
-
-    from onnxq.version import __version__
-
-    tensors = {
-        p.tensor: {
-            "kind": p.kind,
-            "bits": p.bits,
-            "method": p.qparams.method,
-            "axis": p.qparams.axis,
-            # a weight's zero point is 0, or 128 in uint8 storage: symmetric either way
-            "symmetric": p.kind == "weight" or bool(np.all(np.asarray(p.qparams.zero_point) == 0)),
-        }
-        for p in placed
-    }
-    record: dict[str, object] = {"version": __version__, "tensors": tensors}
-    if target_cpu is not None:
-        record["target_cpu"] = target_cpu
-    value = json.dumps(record, sort_keys=True)
-    for prop in model.metadata_props:
-        if prop.key == METADATA_KEY:
-            prop.value = value
-            return
-    model.metadata_props.add(key=METADATA_KEY, value=value)
-
-
-def read_target_cpu(model: onnx.ModelProto) -> str | None:
-    """The CPU class recorded by :func:`write_metadata` (``None`` if none was)."""
-    import json
-
-    for prop in model.metadata_props:
-        if prop.key == METADATA_KEY:
-            try:
-                value = json.loads(prop.value).get("target_cpu")
-            except (ValueError, AttributeError):
-                return None
-            return value if isinstance(value, str) else None
-    return None
-
-
-def read_metadata(model: onnx.ModelProto) -> dict[str, dict[str, object]] | None:
-    """The per-tensor records written by :func:`write_metadata` (``None`` if absent)."""
-    import json
-
-    for prop in model.metadata_props:
-        if prop.key == METADATA_KEY:
-            try:
-                return dict(json.loads(prop.value).get("tensors", {}))
-            except (ValueError, AttributeError):
-                return None
-    return None
 
 
 def _consts(graph: ir.Graph, base: str, qp: QParams) -> tuple[str, str]:
@@ -216,9 +170,12 @@ def _consts(graph: ir.Graph, base: str, qp: QParams) -> tuple[str, str]:
     return scale, zero
 
 
-def _qdq(graph: ir.Graph, tensor: str, qp: QParams) -> str:
+def _qdq(graph: ir.Graph, tensor: str, qp: QParams, opset: int) -> str:
     scale, zero = _consts(graph, tensor, qp)
-    attrs = {} if qp.axis is None else {"axis": qp.axis}
+    attrs: dict[str, object] = {} if qp.axis is None else {"axis": qp.axis}
+    domain = qtype_of_array(np.asarray(qp.zero_point)).domain_for(opset)
+    if domain:
+        attrs["domain"] = domain
     quantized = graph.unique_name(f"{tensor}_quantized")
     dequantized = graph.unique_name(f"{tensor}_dequantized")
     graph.add_node(
@@ -242,7 +199,8 @@ def weight_limits(
     graph: ir.Graph, annotations: Annotations, profile: BackendProfile
 ) -> dict[str, int]:
     """Each annotated weight's largest integer magnitude: the profile's limit (its depthwise
-    one for a weight that only depthwise convs read), narrowed by a ``bits`` override."""
+    one for a weight that only depthwise convs read), narrowed by a ``bits`` override (an FP8
+    weight takes FP8's own range: ``onnxq.observers.weight_qparams``)."""
     scopes = ir.scopes(graph) if profile.depthwise_weight_qmax else []
     readers = {n.name: (scope, n) for scope in scopes for n in scope.nodes}
     limits = {}
@@ -250,7 +208,8 @@ def weight_limits(
         limit = profile.weight_qmax
         if profile.depthwise_weight_qmax and _read_by_depthwise_convs(ann, readers):
             limit = profile.depthwise_weight_qmax
-        limits[ann.tensor] = min(limit, 2 ** (ann.settings.bits - 1) - 1)
+        bits = ann.settings.bits
+        limits[ann.tensor] = limit if bits is None else min(limit, 2 ** (bits - 1) - 1)
     return limits
 
 
@@ -277,14 +236,16 @@ def _read_by_depthwise_convs(
 def _stored_as(qp: QParams, dtype: str) -> QParams:
     """A symmetric weight's qparams for storage as ``dtype``: uint8 moves the zero point to 128
     (the values +128), which dequantizes to the same numbers."""
-    if dtype == "int8":
+    if dtype != "uint8":
         return qp
     return replace(qp, zero_point=np.full(np.shape(qp.zero_point), UINT8_MIDPOINT, np.uint8))
 
 
-def _weight(graph: ir.Graph, tensor: str, qp: QParams, qmax: int, options: WeightOptions) -> str:
+def _weight(
+    graph: ir.Graph, tensor: str, qp: QParams, qmax: int, options: WeightOptions, opset: int
+) -> str:
     if options.weight_storage == "qdq":
-        return _qdq(graph, tensor, qp)
+        return _qdq(graph, tensor, qp, opset)
     value = graph.const_value(tensor)
     assert value is not None
     q = quantize_weight(value, qp, qmax)
@@ -334,3 +295,16 @@ def _int32_bias(bias: np.ndarray, qp: QParams) -> np.ndarray:
     """A float bias at int32 with scale ``qp.scale``."""
     scaled = np.rint(bias.astype(np.float64) / qp.scale)
     return np.clip(scaled, -(2**31), 2**31 - 1).astype(np.int32)
+
+
+# Placed and the metadata functions live in onnxq.metadata; importing them from here still works
+__all__ = [
+    "METADATA_KEY",
+    "QDQ_OPSET",
+    "Placed",
+    "materialize",
+    "read_metadata",
+    "read_target_cpu",
+    "weight_limits",
+    "write_metadata",
+]

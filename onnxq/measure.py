@@ -1,5 +1,6 @@
-"""The two ways the placement loop (:func:`onnxq.place.loop.place`) gets statistics: calibrate
-on data (:class:`Calibration`) or read a calibration cache (:class:`CachedStatistics`).
+"""The ways the placement loop (:func:`onnxq.place.loop.place`) gets statistics: calibrate on
+data (:class:`Calibration`), read a calibration cache (:class:`CachedStatistics`), or none at
+all where the kernels quantize activations at run time (:class:`RuntimeQuantization`).
 
 Each is a callable ``measure(wanted) -> CalibrationResult`` over the activation tensors a
 placement quantizes (name -> whether its method needs a histogram).
@@ -15,12 +16,14 @@ from typing import Any
 import onnx
 
 from onnxq import ir
+from onnxq.backends.profile import BackendProfile
 from onnxq.calibrate import (
     CalibrationResult,
     cached_control_flow,
     calibrate,
     load_calibration,
 )
+from onnxq.errors import InternalError
 from onnxq.inputs import Batch, InputSpec
 from onnxq.options import CalibrationOptions
 from onnxq.place.facts import GraphFacts
@@ -110,6 +113,46 @@ class CachedStatistics:
             unobservable={t: why for t, why in unobserved.items() if t in wanted},
             body_runs=runs,
         )
+
+
+class RuntimeQuantization:
+    """No statistics: a dynamic profile's kernels quantize activations at run time, so the
+    placement asks for none; ``held``: batches of data kept for the fidelity check (none
+    without data)."""
+
+    def __init__(self, held: list[Batch]) -> None:
+        self._held = held
+
+    def __call__(self, wanted: Mapping[str, bool]) -> CalibrationResult:
+        if wanted:
+            raise InternalError(
+                f"a dynamic placement asked for statistics of {len(wanted)} tensor(s), e.g. "
+                f"{next(iter(wanted))!r}; its kernels quantize activations at run time"
+            )
+        return CalibrationResult({}, 0, self._held)
+
+
+def statistics_source(
+    model: onnx.ModelProto,
+    facts: GraphFacts,
+    profile: BackendProfile,
+    data: Iterable[Any] | None,
+    inputs: list[InputSpec],
+    options: CalibrationOptions,
+    saving: bool,
+    cache: str | os.PathLike[str] | None,
+) -> Calibration | CachedStatistics | RuntimeQuantization:
+    """Where the placement loop gets its statistics: none for a dynamic profile (its kernels
+    quantize at run time), the calibration ``cache`` when one is given, else the data (with a
+    histogram for every tensor when ``saving`` a cache)."""
+    if profile.dynamic or cache is not None:
+        held = held_batches(model, data, inputs, options.fidelity_batches)
+        if profile.dynamic:
+            return RuntimeQuantization(held)
+        assert cache is not None
+        return CachedStatistics(cache, facts.graph, profile.name, held)
+    assert data is not None
+    return Calibration(model, data, inputs, options, facts, saving)
 
 
 def held_batches(

@@ -110,6 +110,7 @@ def messages(outcome: Outcome) -> Messages:
     notes = [
         *load_notes(o.prepared),
         *o.annotations.notes,
+        *profile_notes(o.profile),
         *budget_note(o.statistics, o.config.calibration),
         *fidelity_notes,
     ]
@@ -136,8 +137,9 @@ def load_notes(prepared: Prepared) -> list[str]:
         )
     if (up := prepared.load.opset_upgrade) is not None:
         notes.append(
-            f"the model's opset {up.from_opset} was converted to {up.to_opset} (per-channel "
-            f"Q/DQ needs it): the output is an opset-{up.to_opset} model"
+            f"the model's opset {up.from_opset} was converted to {up.to_opset} "
+            f"({ir.opset_purpose(up.to_opset)} needs it): the output is an opset-{up.to_opset} "
+            "model"
         )
     if (ir_ := prepared.ir_downgrade) is not None:
         notes.append(
@@ -146,6 +148,23 @@ def load_notes(prepared: Prepared) -> list[str]:
             f"it and wrote the output as IR {ir_.to_ir}"
         )
     return notes
+
+
+DYNAMIC_NOTE = (
+    "dynamic quantization: weights int8 per output channel, stored ahead of time; "
+    "activations quantized per tensor to uint8 by onnxruntime's kernels on each run "
+    "(DynamicQuantizeMatMul, MatMulIntegerToFloat, DynamicQuantizeLSTM), so no calibration "
+    "data was needed"
+)
+
+
+def profile_notes(profile: BackendProfile) -> list[str]:
+    """What the run's profile means for its output: dynamic quantization, and how to check
+    the output in onnxruntime where its default session computes it wrong (FP8)."""
+    return [
+        *([DYNAMIC_NOTE] if profile.dynamic else []),
+        *([profile.validation_note] if profile.validation_note else []),
+    ]
 
 
 def weight_inputs(names: list[str]) -> list[str]:

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from onnxq.errors import CalibrationDataError, ConfigError
+from onnxq.errors import CalibrationDataError, ConfigError, InternalError
+from onnxq.precisions import QTYPES, QType
 
 BINS = 4096  # signed bins over [-R, R]; 2048 per side, as TensorRT's entropy calibrator uses
 _MIN_RANGE = 2.0**-24
@@ -634,7 +635,7 @@ def auto_choice(
     stats: TensorStats, symmetric: bool, opts: MethodOptions
 ) -> tuple[str, tuple[float, float]]:
     """The method (of the others) whose range has the least :func:`quantization_error`."""
-    levels = 254 if symmetric else 255
+    levels = 2 * opts.num_quant_levels - (2 if symmetric else 1)  # int8: 254 / 255
     best: tuple[float, str, tuple[float, float]] | None = None
     for name in AUTO_CANDIDATES:
         lo, hi = METHODS[name](stats, symmetric, opts)
@@ -695,16 +696,24 @@ def activation_qparams(
     dtype: str,
     symmetric: bool,
     opts: MethodOptions | None = None,
-    bits: int = 8,
+    bits: int | None = None,
     bounds: tuple[float, float] | None = None,
 ) -> QParams:
     """Per-tensor qparams of an activation from its statistics.
 
+    ``dtype``: the element type (:data:`onnxq.precisions.QTYPES`); ``bits`` narrows an integer
+    type (None: its full width).  A float type (FP8) takes its range from the tensor's amax
+    under ``auto``: the expected-error comparison behind ``auto`` assumes uniform steps, and
+    FP8's relative precision keeps small values where a clipped range would cut large ones.
     ``bounds``: (low, high) beyond which the tensor's readers saturate
     (:meth:`onnxq.place.facts.GraphFacts.saturation_bounds`); the method then sees the values
     clipped to them, and the range never passes them."""
+    qtype = QTYPES[dtype]
+    bits = qtype.bits if bits is None else bits
     opts = replace(opts or MethodOptions(), num_quant_levels=2 ** (bits - 1))
     seen = stats if bounds is None else stats.clamped(*bounds)
+    if method == "auto" and qtype.is_float:
+        method = "minmax"
     if method == "auto":
         method, (lo, hi) = auto_choice(seen, symmetric, opts)
         method = f"auto:{method}"
@@ -725,7 +734,7 @@ def activation_qparams(
         # a zero point rounds the grid's ends by up to half a step: a bound the range stops
         # at must stay on the grid, or every saturated value lands just inside it (a
         # hardswish of -2.9 instead of -3: -0.1 where the float model gives 0)
-        qmin = 0 if dtype == "uint8" else -(2 ** (bits - 1))
+        qmin = 0 if not qtype.signed else -(2 ** (bits - 1))
         at_lo, at_hi = lo == bounds[0], hi == bounds[1]  # the range stops at a bound
         for _ in range(4):
             step, zp = float(qp.scale), int(qp.zero_point)
@@ -739,30 +748,33 @@ def activation_qparams(
 
 
 def range_to_qparams(
-    lo: float, hi: float, dtype: str, symmetric: bool, method: str = "", bits: int = 8
+    lo: float, hi: float, dtype: str, symmetric: bool, method: str = "", bits: int | None = None
 ) -> QParams:
     """Scale and zero point that cover ``[lo, hi]`` (always including 0) with ``bits`` bits
-    inside the int8/uint8 storage."""
+    inside the storage of ``dtype`` (None: all of them).  A float type (FP8 E4M3) is symmetric:
+    scale = amax / its largest value (448), zero point 0."""
+    qtype = QTYPES[dtype]
+    bits = qtype.bits if bits is None else bits
     note = ""
-    if symmetric:
+    if symmetric or qtype.is_float:
         amax = max(abs(lo), abs(hi))
         if amax < _TINY:
             amax, note = 1.0, "constant zero on the calibration data: scale set to 1/qmax"
-        qmax = float(2 ** (bits - 1) - 1)
+        qmax = qtype.qmax if qtype.is_float else float(2 ** (bits - 1) - 1)
         scale = np.float32(amax / qmax)
-        zp = np.zeros((), dtype=np.int8)
-        if dtype == "uint8":  # symmetric uint8 is centred on 128
-            zp = np.array(128, dtype=np.uint8)
+        zp = qtype.zeros()
+        if not qtype.signed:  # symmetric unsigned is centred on 128 (32768 for 16 bits)
+            zp = np.array(2 ** (qtype.bits - 1), dtype=qtype.numpy_dtype)
         return QParams(np.asarray(scale, np.float32), zp, None, method, -amax, amax, note)
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     if hi - lo < _TINY:
         lo, hi, note = -1.0, 1.0, "constant zero on the calibration data: range set to [-1, 1]"
     levels = 2**bits - 1
-    qmin = 0 if dtype == "uint8" else -(2 ** (bits - 1))
+    qmin = 0 if not qtype.signed else -(2 ** (bits - 1))
     qmax = qmin + levels
     scale = np.float32((hi - lo) / (qmax - qmin))
     zp_value = int(np.clip(round(qmin - lo / float(scale)), qmin, qmax))
-    zp_arr = np.array(zp_value, dtype=np.uint8 if dtype == "uint8" else np.int8)
+    zp_arr = np.array(zp_value, dtype=qtype.numpy_dtype)
     return QParams(np.asarray(scale, np.float32), zp_arr, None, method, lo, hi, note)
 
 
@@ -771,13 +783,22 @@ _WEIGHT_CLIP_RATIOS = np.linspace(0.5, 1.0, 26, dtype=np.float32)
 
 
 def weight_qparams(
-    weight: np.ndarray, axis: int | None, qmax: int = 127, method: str = "minmax"
+    weight: np.ndarray,
+    axis: int | None,
+    qmax: float = 127,
+    method: str = "minmax",
+    dtype: str = "int8",
 ) -> QParams:
-    """Symmetric int8 qparams of a weight, per channel along ``axis`` (or per tensor).
+    """Symmetric qparams of a weight, per channel along ``axis`` (or per tensor).
 
     ``minmax`` covers each channel's largest magnitude; ``mse`` shrinks each channel's range
-    (down to half) where that lowers the channel's squared rounding + clipping error.
+    (down to half) where that lowers the channel's squared rounding + clipping error (integer
+    types; a float type, FP8, always takes the amax: scale = amax / 448, as TensorRT's FP8
+    recipe does).
     """
+    qtype = QTYPES[dtype]
+    if qtype.is_float:
+        method, qmax = "minmax", qtype.qmax
     w = np.asarray(weight, dtype=np.float32)
     moved = w.reshape(1, -1) if axis is None else np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
     amax = np.abs(moved).max(axis=1) if moved.size else np.zeros(len(moved), np.float32)
@@ -789,12 +810,13 @@ def weight_qparams(
     scale = (amax / np.float32(qmax)).astype(np.float32)
     if axis is None:
         scale = scale.reshape(())
-    zp = np.zeros(scale.shape, dtype=np.int8)
-    return QParams(scale, zp, axis, method, float(-amax.max()), float(amax.max()))
+    return QParams(
+        scale, qtype.zeros(scale.shape), axis, method, -float(amax.max()), float(amax.max())
+    )
 
 
 def _mse_weight_range(
-    rows: np.ndarray, amax: np.ndarray, qmax: int, block: int = 1 << 16
+    rows: np.ndarray, amax: np.ndarray, qmax: float, block: int = 1 << 16
 ) -> np.ndarray:
     """Per row, the clip among ``_WEIGHT_CLIP_RATIOS * amax`` with the least squared error.
 
@@ -828,15 +850,27 @@ def _mse_weight_range(
     return best
 
 
-def quantize_weight(weight: np.ndarray, qp: QParams, qmax: int = 127) -> np.ndarray:
-    """int8 values of ``weight`` under ``qp`` (round half to even, as QuantizeLinear)."""
+def quantize_weight(weight: np.ndarray, qp: QParams, qmax: float = 127) -> np.ndarray:
+    """Values of ``weight`` under ``qp`` in the zero point's type (int8; FP8 E4M3), rounded
+    half to even and saturated as QuantizeLinear does; integers within ``+-qmax``."""
     w = np.asarray(weight, dtype=np.float32)
-    q = np.rint(w / _broadcast_scale(qp, w.ndim))
-    return np.clip(q, -qmax, qmax).astype(np.int8)
+    scaled = w / _broadcast_scale(qp, w.ndim)
+    qtype = qtype_of_array(np.asarray(qp.zero_point))
+    if qtype.is_float:
+        return qtype.cast(scaled)
+    return np.clip(np.rint(scaled), -qmax, qmax).astype(qtype.numpy_dtype)
+
+
+def qtype_of_array(values: np.ndarray) -> QType:
+    """The :class:`~onnxq.precisions.QType` of an array's numpy type (int8, float8e4m3fn...)."""
+    for qtype in QTYPES.values():
+        if qtype.numpy_dtype == values.dtype:
+            return qtype
+    raise InternalError(f"no Q/DQ element type holds numpy {values.dtype}")
 
 
 def dequantize_weight(q: np.ndarray, qp: QParams) -> np.ndarray:
-    """The float32 values DequantizeLinear gives for the int8 ``q`` under ``qp``."""
+    """The float32 values DequantizeLinear gives for the quantized ``q`` under ``qp``."""
     return (q.astype(np.float32) * _broadcast_scale(qp, q.ndim)).astype(np.float32)
 
 

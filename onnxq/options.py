@@ -22,23 +22,33 @@ from onnxq.overrides import Override, TensorSettings
 
 @dataclass(frozen=True)
 class TargetOptions:
-    """What choosing the backend profile reads (``onnxq.backends.profile.profile_for``): the
-    backend, and for a backend whose output depends on the CPU the class it is tuned for, the
-    cost table of that class and the weight range."""
+    """What choosing the run's backend profile reads (``onnxq.backends.target.profile_for``):
+    the backend; for a backend whose output depends on the CPU the class it is tuned for, the
+    cost table of that class and the weight range; the precisions the run and its overrides
+    name, and whether activations are quantized at run time (``dynamic``)."""
 
     backend: str
     reduce_range: bool | None
     target_cpu: str | None
     cost_table: str | None
+    precision: str
+    dynamic: bool
+    overrides: tuple[Override, ...]
+
+    def precisions(self) -> list[str]:
+        """The precisions the run names: its own, then its overrides' (each once)."""
+        named = [self.precision, *(ov.precision for ov in self.overrides if ov.precision)]
+        return list(dict.fromkeys(named))
 
 
 @dataclass(frozen=True)
 class PlacementOptions:
-    """What placement reads: which nodes and tensors stay float, the per-tensor settings, the
-    small-op threshold and the thresholds of the data-driven exclusions
-    (:data:`onnxq.place.exclusions.EXCLUSIONS` names each by its field)."""
+    """What placement reads: which nodes and tensors stay float, the per-tensor settings (the
+    run's precision among them), the small-op threshold and the thresholds of the data-driven
+    exclusions (:data:`onnxq.place.exclusions.EXCLUSIONS` names each by its field)."""
 
     method: str
+    precision: str
     exclude: tuple[str, ...]
     overrides: tuple[Override, ...]
     min_channels: int | None
@@ -65,11 +75,12 @@ class PlacementOptions:
         return None
 
     def settings_for(self, tensor_name: str, consumers: list[tuple[str, str]]) -> TensorSettings:
-        """Method, bits and scheme of a tensor: overrides apply in order, field by field.
+        """Method, bits, scheme and precision of a tensor: overrides apply in order, field by
+        field.
 
         ``consumers`` lists ``(node_name, op_type)`` of the nodes that read the tensor.
         """
-        out = TensorSettings(self.method)
+        out = TensorSettings(self.method, precision=self.precision)
         for ov in self.overrides:
             if not (
                 ov.matches_tensor(tensor_name) or any(ov.matches_node(n, t) for n, t in consumers)
@@ -80,6 +91,7 @@ class PlacementOptions:
                 ov.bits if ov.bits is not None else out.bits,
                 ov.per_channel if ov.per_channel is not None else out.per_channel,
                 ov.symmetric if ov.symmetric is not None else out.symmetric,
+                ov.precision if ov.precision is not None else out.precision,
             )
         return out
 
@@ -101,6 +113,7 @@ class PlacementOptions:
                 ov.bits,
                 ov.per_channel,
                 ov.symmetric,
+                ov.precision,
             )
 
         hit = [

@@ -21,9 +21,11 @@ class Override:
     """Per-node settings, matched by glob over node name, op type or tensor name.
 
     A field left at ``None`` keeps the global setting.  ``exclude=True`` keeps the matched nodes
-    (or, with ``tensor``, the matched tensors) in float.  ``bits`` (2-8) narrows the integer
-    range inside the int8/uint8 storage; ``per_channel`` (weights) and ``symmetric``
-    (activations; the TensorRT backend only allows symmetric) change the scheme.
+    (or, with ``tensor``, the matched tensors) in float.  ``precision`` (``int8``, ``int16``,
+    ``fp8``: :data:`onnxq.precisions.PRECISIONS`) sets the element type of the matched tensors;
+    ``bits`` (2-16) narrows the integer range inside that storage (at most 8 for a weight or
+    an 8-bit activation); ``per_channel`` (weights) and ``symmetric`` (activations; the
+    TensorRT backend only allows symmetric) change the scheme.
     When several overrides match, the later one wins field by field.
     """
 
@@ -35,6 +37,7 @@ class Override:
     bits: int | None = None
     per_channel: bool | None = None
     symmetric: bool | None = None
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         check_override(vars(self), "overrides[]")
@@ -61,17 +64,19 @@ class Override:
 
 @dataclass(frozen=True)
 class TensorSettings:
-    """The resolved per-tensor settings (``None``: the backend's default)."""
+    """The resolved per-tensor settings (``None``: the backend's default; ``bits=None``: the
+    full width of the tensor's element type)."""
 
     method: str
-    bits: int = 8
+    bits: int | None = None
     per_channel: bool = True
     symmetric: bool | None = None
+    precision: str = "int8"
 
 
 def check_override(fields: Mapping[str, Any], where: str) -> None:
     """Raise :class:`ConfigError` (naming the entry as ``where``) unless the override's
-    ``fields`` select something and its method and bits are valid."""
+    ``fields`` select something and its method, bits and precision are valid."""
     if all(fields.get(key) is None for key in ("node", "op_type", "tensor")):
         raise ConfigError(
             f"{where}: each entry needs at least one of 'node', 'op_type' or 'tensor' "
@@ -80,8 +85,10 @@ def check_override(fields: Mapping[str, Any], where: str) -> None:
     if fields.get("method") is not None:
         check_method(fields["method"], f"{where}.method")
     bits = fields.get("bits")
-    if bits is not None and (isinstance(bits, bool) or not 2 <= bits <= 8):
-        raise ConfigError(f"{where}.bits: must be an integer 2..8, got {bits!r}")
+    if bits is not None and (isinstance(bits, bool) or not 2 <= bits <= 16):
+        raise ConfigError(f"{where}.bits: must be an integer 2..16, got {bits!r}")
+    if fields.get("precision") is not None:
+        check_precision(fields["precision"], f"{where}.precision")
 
 
 def check_method(name: str, where: str) -> None:
@@ -92,6 +99,14 @@ def check_method(name: str, where: str) -> None:
         raise ConfigError(
             f"{where}: unknown calibration method {name!r}; valid: {', '.join(sorted(METHODS))}"
         )
+
+
+def check_precision(name: str, where: str) -> None:
+    """Raise :class:`ConfigError` unless ``name`` is a precision (``onnxq.precisions``)."""
+    from onnxq.precisions import PRECISIONS
+
+    if name not in PRECISIONS:
+        raise ConfigError(f"{where}: unknown precision {name!r}; valid: {', '.join(PRECISIONS)}")
 
 
 def parse_override(index: int, value: Any, where: str) -> Override:
@@ -108,7 +123,7 @@ def parse_override(index: int, value: Any, where: str) -> Override:
                 f"{where}: overrides[{index}]: unknown key {key!r}; "
                 f"valid: {', '.join(sorted(valid))}"
             )
-    for key in ("node", "op_type", "tensor", "method"):
+    for key in ("node", "op_type", "tensor", "method", "precision"):
         if value.get(key) is not None and not isinstance(value[key], str):
             raise ConfigError(f"{where}: overrides[{index}].{key}: expected a string")
     for key in ("exclude", "per_channel", "symmetric"):
@@ -116,10 +131,17 @@ def parse_override(index: int, value: Any, where: str) -> Override:
             raise ConfigError(f"{where}: overrides[{index}].{key}: expected true or false")
     bits = value.get("bits")
     if bits is not None and (isinstance(bits, bool) or not isinstance(bits, int)):
-        raise ConfigError(f"{where}: overrides[{index}].bits: expected an integer 2..8")
+        raise ConfigError(f"{where}: overrides[{index}].bits: expected an integer 2..16")
     # checked under its own name first: Override() would name it "overrides[]"
     check_override(value, f"{where}: overrides[{index}]")
     return Override(**value)
 
 
-__all__ = ["Override", "TensorSettings", "check_method", "check_override", "parse_override"]
+__all__ = [
+    "Override",
+    "TensorSettings",
+    "check_method",
+    "check_override",
+    "check_precision",
+    "parse_override",
+]

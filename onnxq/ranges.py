@@ -1,5 +1,7 @@
 """From statistics to activation qparams: each annotated activation's range, by its method,
-clipped where its readers saturate.  What needs saying (a tensor that saw no float value, an
+in its element type (its precision's, signed or unsigned as the backend's activations),
+clipped where its readers saturate.  A dynamic profile has none: its kernels quantize
+activations at run time.  What needs saying (a tensor that saw no float value, an
 observer's note) comes back as data for the report's messages."""
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 from onnxq.backends.profile import BackendProfile
 from onnxq.observers import MethodOptions, QParams, TensorStats, activation_qparams
 from onnxq.place.annotations import Annotations
+from onnxq.precisions import tensor_qtype
 
 
 @dataclass(frozen=True)
@@ -36,10 +39,12 @@ def activation_ranges(
     percentile: float,
 ) -> ActivationRanges:
     """Qparams of the annotated activations from their statistics (one per tensor that is in
-    ``stats`` and saw at least one value)."""
+    ``stats`` and saw at least one value; none for a dynamic profile)."""
     opts = MethodOptions(percentile=percentile)
     qparams: dict[str, QParams] = {}
     remarks: list[RangeRemark] = []
+    if profile.dynamic:
+        return ActivationRanges(qparams, ())
     for ann in annotations.of_kind("activation"):
         seen = stats[ann.tensor]
         if seen.count == 0:
@@ -49,7 +54,7 @@ def activation_ranges(
         qp = activation_qparams(
             seen,
             ann.method,
-            profile.activation_dtype,
+            tensor_qtype("activation", ann.settings.precision, profile.activation_dtype).name,
             profile.activation_symmetric if symmetric is None else symmetric,
             opts,
             ann.settings.bits,

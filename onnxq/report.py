@@ -124,18 +124,30 @@ class Report:
         non-finite) is written as null, which JSON can hold."""
         return json.dumps(_finite(self.to_dict()), indent=2, allow_nan=False) + "\n"
 
+    def _headline(self) -> str:
+        """The summary's first line: the backend (and a precision other than int8), the ops
+        and tensors quantized, and where the ranges came from."""
+        precision = self.config.get("precision", "int8")
+        head = f"backend {self.backend}" + (f" ({precision})" if precision != "int8" else "")
+        head += f": {len(self.quantized_ops)} of {len(self.decisions)} ops quantized"
+        if any(p.runtime for p in self.placed):
+            return (
+                f"{head}, {len(self.placed)} tensors quantized (activations at run time: "
+                "dynamic quantization, no calibration)"
+            )
+        source = (
+            f"{self.calibration_batches} calibration batches"
+            if self.calibration_batches
+            else "statistics from a calibration cache"
+        )
+        return f"{head}, {len(self.placed)} tensors with Q/DQ, {source}"
+
     def summary(self, timing: bool = True) -> str:
         """A few readable lines for the terminal; ``timing``: with the latency measured in
         onnxruntime's default session (it changes from run to run, so the report file, and
         the HTML page, leave it out)."""
         lines = [
-            f"backend {self.backend}: {len(self.quantized_ops)} of {len(self.decisions)} ops "
-            f"quantized, {len(self.placed)} tensors with Q/DQ, "
-            + (
-                f"{self.calibration_batches} calibration batches"
-                if self.calibration_batches
-                else "statistics from a calibration cache"
-            ),
+            self._headline(),
             *([describe_target(self.target_cpu)] if self.target_cpu else []),
         ]
         reasons = _reason_lines(self.float_ops)
@@ -320,19 +332,29 @@ def _placed(p: Placed) -> dict[str, Any]:
         "tensor": p.tensor,
         "kind": p.kind,
         "method": qp.method,
-        "dtype": str(zp.dtype),
-        "scale": float(scale) if scale.ndim == 0 else [float(s) for s in scale],
-        "zero_point": int(zp) if zp.ndim == 0 else sorted({int(z) for z in zp.ravel()}),
+        "dtype": p.dtype,
+        "scale": float(scale) if scale.ndim == 0 else [float(s) for s in scale.ravel()],
+        "zero_point": _zero_points(zp),
         "axis": qp.axis,
         "range": [float(qp.low), float(qp.high)],
         "consumers": [f"{n}:{i}" for n, i in p.consumers],
         "bits": p.bits,
     }
+    if p.runtime:  # a dynamic kernel computes scale and zero point on each run
+        out.update(scale=None, zero_point=None, range=None, runtime=True)
     if qp.note:
         out["note"] = qp.note
     if qp.bound:
         out["bound"] = qp.bound
     return out
+
+
+def _zero_points(zp: np.ndarray) -> int | float | list[int | float]:
+    """A zero point as JSON: one number, or the distinct values of a per-channel one."""
+    kind = int if zp.dtype.kind in "iu" else float  # FP8 zero points are floats
+    if zp.ndim == 0:
+        return kind(zp)
+    return sorted({kind(z) for z in zp.ravel()})
 
 
 _QUOTED = re.compile(r"'[^']*'")

@@ -32,7 +32,27 @@ from onnxq.backends.validate import (
 from onnxq.errors import InternalError
 from onnxq.inputs import Batch
 
-Unmeasured = Literal["no batches held", "no float copy"]
+Unmeasured = Literal["no batches held", "no batches held (dynamic)", "no float copy"]
+
+# how the quantized model runs for the fidelity check, by what the profile says
+FIDELITY_MODES = {
+    "dynamic": "onnxruntime's default session: its dynamic int8 kernels",
+    "fused": "onnxruntime, Q/DQ fused into int8 kernels",
+    "unfused": "onnxruntime, fusion off: the Q/DQ graph's own arithmetic",
+}
+
+
+def fidelity_mode(profile: BackendProfile) -> str:
+    """How a model quantized for ``profile`` is run to measure its fidelity, in words."""
+    if profile.dynamic:
+        return FIDELITY_MODES["dynamic"]
+    return FIDELITY_MODES["fused" if profile.fused_validation else "unfused"]
+
+
+def compares_default_session(profile: BackendProfile) -> bool:
+    """Whether a model validated unfused is also run in onnxruntime's default session (not
+    where that session computes the profile's Q/DQ wrong: FP8)."""
+    return not profile.fused_validation and profile.compare_default_session
 
 
 @dataclass(frozen=True)
@@ -69,7 +89,7 @@ def float_reference(
     if reference is None or not held:
         return FloatReference(None)
     outputs = run_outputs(onnx.load_from_string(reference), held, profile.fused_validation, "float")
-    timed = None if profile.fused_validation else timing_copy(reference, model)
+    timed = timing_copy(reference, model) if compares_default_session(profile) else None
     return FloatReference(outputs, timed)
 
 
@@ -84,13 +104,11 @@ def verify(
             f"the quantized model breaks {len(violations)} {profile.name} constraint(s), first: "
             f"{violations[0]}"
         )
-    mode = (
-        "onnxruntime, Q/DQ fused into int8 kernels"
-        if profile.fused_validation
-        else "onnxruntime, fusion off: the Q/DQ graph's own arithmetic"
-    )
+    mode = fidelity_mode(profile)
     if not held:
-        return Verification(mode, [], "no batches held")
+        return Verification(
+            mode, [], "no batches held (dynamic)" if profile.dynamic else "no batches held"
+        )
     quantized = run_outputs(model, held, profile.fused_validation, "quantized", ours=True)
     if reference.outputs is None:
         return Verification(mode, [], "no float copy")
@@ -100,7 +118,7 @@ def verify(
         for f in fidelity(reference.outputs, quantized, class_axes(model), padding_masks(held))
     ]
     fused = None
-    if not profile.fused_validation and any(n.op_type in ir.QDQ_OPS for n in model.graph.node):
+    if compares_default_session(profile) and any(n.op_type in ir.QDQ_OPS for n in model.graph.node):
         fused = default_session_view(
             model, reference.outputs, held, outputs, reference.timing_model
         )

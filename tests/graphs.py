@@ -940,3 +940,55 @@ def nms_detector() -> onnx.ModelProto:
         inits,
         name="nms_detector",
     )
+
+
+def recurrent(
+    cell: str = "LSTM", steps: int | str = "t", features: int = 64, hidden: int = 64, seed: int = 0
+) -> onnx.ModelProto:
+    """x[steps, batch, F] -> LSTM/GRU/RNN (constant W, R, B) -> its output y -> MatMul
+    (constant [hidden, 128]) -> Relu -> out: a recurrent keyword spotter's core."""
+    r = rng(seed)
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[cell]
+    nodes = [
+        helper.make_node(
+            cell, ["x", "rnn.W", "rnn.R", "rnn.B"], ["y"], name="rnn", hidden_size=hidden
+        ),
+        helper.make_node("Squeeze", ["y", "one"], ["h"], name="squeeze"),
+        helper.make_node("MatMul", ["h", "fc.weight"], ["fc_out"], name="fc"),
+        helper.make_node("Relu", ["fc_out"], ["out"], name="relu"),
+    ]
+    inits = [
+        init("rnn.W", weight(r, 1, gates * hidden, features, scale=0.2)),
+        init("rnn.R", weight(r, 1, gates * hidden, hidden, scale=0.2)),
+        init("rnn.B", weight(r, 1, 2 * gates * hidden, scale=0.1)),
+        init("fc.weight", weight(r, hidden, 128)),
+        helper.make_tensor("one", TensorProto.INT64, [1], [1]),
+    ]
+    return model(
+        nodes,
+        [tensor("x", [steps, 2, features])],
+        [tensor("out", [steps, 2, 128])],
+        inits,
+        name=f"{cell.lower()}_model",
+    )
+
+
+def matmul_stack(k: int = 128, n: int = 256, seed: int = 0) -> onnx.ModelProto:
+    """x[B, 8, K] -> MatMul(W1 [K, N]) -> Relu -> MatMul(W2 [N, K]) -> y, and x @ x^T (an
+    activation x activation MatMul, as attention's scores) -> scores."""
+    r = rng(seed)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="up"),
+        helper.make_node("Relu", ["h"], ["hr"], name="relu"),
+        helper.make_node("MatMul", ["hr", "w2"], ["y"], name="down"),
+        helper.make_node("Transpose", ["x"], ["xt"], name="xt", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["x", "xt"], ["scores"], name="scores"),
+    ]
+    inits = [init("w1", weight(r, k, n)), init("w2", weight(r, n, k))]
+    return model(
+        nodes,
+        [tensor("x", ["b", 8, k])],
+        [tensor("y", ["b", 8, k]), tensor("scores", ["b", 8, 8])],
+        inits,
+        name="matmul_stack",
+    )

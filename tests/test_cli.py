@@ -327,7 +327,9 @@ def test_check_bad_model_exits_1_and_lists_violations(tmp_path, model_file, cali
     # onnxruntime's uint8 asymmetric activations and int32 bias break TensorRT's rules
     assert main(["check", str(out), "--backend", "tensorrt"]) == 1
     lines = capsys.readouterr().out.strip().splitlines()
-    assert any(": zero_point dtype: expected int8, got uint8" in line for line in lines)
+    assert any(
+        ": zero_point dtype: expected float8e4m3fn or int8, got uint8" in line for line in lines
+    )
     assert lines[-1].startswith(f"{out}: {len(lines) - 1} tensorrt violation(s)")
 
 

@@ -202,7 +202,7 @@ def test_a_value_error_in_a_config_file_names_the_file(tmp_path):
     bad.write_text("percentile: 0\n")
     with pytest.raises(ConfigError, match=r"bad\.yaml: percentile: must be in \(0, 100\]"):
         QuantConfig.from_yaml(bad)
-    bad.write_text("overrides:\n  - {node: a}\n  - {node: b, bits: 9}\n")
+    bad.write_text("overrides:\n  - {node: a}\n  - {node: b, bits: 17}\n")
     with pytest.raises(ConfigError, match=r"bad\.yaml: overrides\[1\]\.bits: must be"):
         QuantConfig.from_yaml(bad)
 

@@ -11,7 +11,7 @@ from onnxq import ir
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
 from onnxq.config import QuantConfig
-from onnxq.materialize import materialize
+from onnxq.materialize import materialize, read_metadata
 from onnxq.observers import quantize_weight, range_to_qparams, weight_qparams
 from tests import graphs
 from tests.placement import annotate_graph
@@ -175,3 +175,61 @@ def test_grouped_conv_transpose_int32_bias():
         float(np.dot(want.ravel(), got.ravel()) / (np.linalg.norm(want) * np.linalg.norm(got)))
         > 0.99
     )
+
+
+# --------------------------------------------------------------------- 16-bit activations
+def _sixteen_bit_run(model, **options):
+    import onnxq
+
+    return onnxq.quantize(model, graphs.random_batches(model, 8), backend="onnxruntime", **options)
+
+
+def _pairs(model):
+    return [
+        (n.op_type, n.domain)
+        for n in model.graph.node
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear")
+    ]
+
+
+def test_int16_writes_uint16_pairs_in_the_contrib_domain_below_opset_21():
+    m = graphs.residual_add(32)
+    int8 = _sixteen_bit_run(m)
+    a16 = _sixteen_bit_run(m, precision="int16")
+    acts = [p for p in a16.report.placed if p.kind == "activation"]
+    assert acts and {p.dtype for p in acts} == {"uint16"} and {p.bits for p in acts} == {16}
+    assert {p.dtype for p in a16.report.placed if p.kind == "weight"} == {"int8"}  # A16W8
+    assert ("QuantizeLinear", "com.microsoft") in _pairs(a16.model)
+    assert any(i.domain == "com.microsoft" for i in a16.model.opset_import)
+    assert ir.opset_version(a16.model) == 17  # no opset conversion
+    assert a16.report.violations == []
+    assert a16.report.fidelity[0].cosine > int8.report.fidelity[0].cosine
+
+
+def test_int16_at_opset_21_uses_the_default_domain():
+    m = graphs.residual_add(32)
+    m.opset_import[0].version = 21
+    a16 = _sixteen_bit_run(m, precision="int16")
+    assert _pairs(a16.model) and {d for _, d in _pairs(a16.model)} == {""}
+    assert a16.report.violations == []
+
+
+def test_an_override_mixes_8_and_16_bit_activations_in_one_model():
+    m = graphs.residual_add(32)
+    mixed = _sixteen_bit_run(m, overrides=[{"tensor": "skip", "precision": "int16"}])
+    dtypes = {p.tensor: p.dtype for p in mixed.report.placed if p.kind == "activation"}
+    assert dtypes["skip"] == "uint16" and dtypes["x"] == "uint8"
+    records = read_metadata(mixed.model)
+    assert records is not None
+    assert (records["skip"]["dtype"], records["skip"]["bits"]) == ("uint16", 16)
+    assert (records["x"]["dtype"], records["x"]["bits"]) == ("uint8", 8)
+    assert mixed.report.violations == []
+
+
+def test_bits_wider_than_a_weight_are_refused_before_calibration():
+    from onnxq.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"bits=12 for tensor 'conv1\.weight'"):
+        _sixteen_bit_run(
+            graphs.residual_add(32), precision="int16", overrides=[{"node": "conv1", "bits": 12}]
+        )

@@ -3,6 +3,8 @@ branch with results built in-test (no model is run)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -24,6 +26,7 @@ from onnxq.fidelity_messages import (
 )
 from onnxq.inputs import InputSpec
 from onnxq.messages import (
+    DYNAMIC_NOTE,
     GraphView,
     Outcome,
     bias_correction_skipped,
@@ -34,6 +37,7 @@ from onnxq.messages import (
     messages,
     nothing_quantized,
     opset_conversion_hint,
+    profile_notes,
     range_warnings,
     unmatched_patterns,
     weight_inputs,
@@ -84,6 +88,23 @@ def test_load_notes_say_what_loading_changed():
         "the model's IR version 12 is newer than onnxruntime 1.32.0 reads (11); it uses nothing "
         "those versions added, so onnxq calibrated it and wrote the output as IR 11",
     ]
+
+
+def test_an_upgrade_to_opset_19_says_fp8_needs_it():
+    record = ir.LoadRecord(opset_upgrade=ir.OpsetUpgrade(13, 19))
+    assert load_notes(prepared(load=record)) == [
+        "the model's opset 13 was converted to 19 (FP8 Q/DQ needs it): the output is an "
+        "opset-19 model"
+    ]
+
+
+def test_the_profile_notes_say_what_a_precision_means_for_the_output():
+    assert profile_notes(TRT) == []
+    fp8 = TRT.replace(validation_note="check it unfused")
+    assert profile_notes(fp8) == ["check it unfused"]
+    dynamic = PROFILES["onnxruntime"].replace(dynamic=True)
+    assert profile_notes(dynamic) == [DYNAMIC_NOTE]
+    assert "no calibration data was needed" in DYNAMIC_NOTE
 
 
 def test_the_opset_hint_comes_from_the_upgrade_record():
@@ -185,6 +206,13 @@ def test_unmeasured_fidelity_says_why():
         [
             "fidelity not measured: no batches were held for it (statistics from a calibration "
             "cache without --calib data, or fidelity_batches: 0)"
+        ],
+    )
+    assert verification_messages(Verification("m", [], "no batches held (dynamic)")) == (
+        [],
+        [
+            "fidelity not measured: no batches were held for it (--dynamic without --calib "
+            "data, or fidelity_batches: 0)"
         ],
     )
     assert verification_messages(Verification("m", [], "no float copy")) == (
@@ -390,3 +418,9 @@ def test_messages_come_in_the_reports_order():
     ]
     assert said.notes[0].startswith("the model's nodes were not in topological order")
     assert said.notes[1:] == ["scores note", budget_note(outcome.statistics, cfg.calibration)[0]]
+    fp8 = messages(dataclasses.replace(outcome, profile=TRT.replace(validation_note="unfused")))
+    assert fp8.notes[1:] == [
+        "scores note",
+        "unfused",  # the profile's, after placement's
+        budget_note(outcome.statistics, cfg.calibration)[0],
+    ]

@@ -22,6 +22,7 @@ from onnxq.observers import (
     MethodOptions,
     TensorStats,
     activation_qparams,
+    dequantize_weight,
     get_method,
     quantize_weight,
     range_to_qparams,
@@ -640,3 +641,47 @@ def test_a_bound_clips_the_range_and_stays_on_the_grid(method):
     assert (0 - int(qp.zero_point)) * float(qp.scale) <= -3.0
     symmetric = activation_qparams(stats, method, "int8", symmetric=True, bounds=(-3.0, np.inf))
     assert symmetric.high <= free.high + 1e-6 and symmetric.bound
+
+
+# --------------------------------------------------------------------- other element types
+def _observed(values: np.ndarray) -> TensorStats:
+    stats = TensorStats("t")
+    stats.update(values)
+    return stats
+
+
+def test_fp8_activation_scale_is_amax_over_448_and_auto_means_amax():
+    values = np.concatenate([np.random.default_rng(0).normal(0, 1, 10_000), [40.0]])
+    qp = activation_qparams(_observed(values.astype(np.float32)), "auto", "float8e4m3fn", True)
+    assert float(qp.scale) == pytest.approx(40.0 / 448, rel=1e-6)
+    assert qp.zero_point.dtype.name == "float8_e4m3fn" and float(qp.zero_point) == 0.0
+    assert qp.method == "minmax"  # int8's auto would clip the outlier; FP8 keeps it
+
+
+def test_sixteen_bit_activation_uses_the_full_uint16_range():
+    values = np.linspace(-1.0, 3.0, 1001, dtype=np.float32)
+    qp = activation_qparams(_observed(values), "minmax", "uint16", False)
+    assert float(qp.scale) == pytest.approx(4.0 / 65535, rel=1e-6)
+    assert qp.zero_point.dtype == np.uint16 and int(qp.zero_point) == round(1.0 / (4.0 / 65535))
+    narrowed = activation_qparams(_observed(values), "minmax", "uint16", False, bits=12)
+    assert float(narrowed.scale) == pytest.approx(4.0 / 4095, rel=1e-6)
+
+
+def test_sixteen_bit_auto_clips_less_than_eight_bit():
+    values = np.random.default_rng(1).laplace(0, 1, 50_000).astype(np.float32)
+    eight = activation_qparams(_observed(values), "auto", "uint8", False)
+    sixteen = activation_qparams(_observed(values), "auto", "uint16", False)
+    assert sixteen.high - sixteen.low >= eight.high - eight.low
+    assert sixteen.high == pytest.approx(values.max(), rel=1e-3)  # 65535 levels: no clipping
+
+
+def test_fp8_weight_is_per_channel_amax_and_keeps_three_mantissa_bits():
+    w = np.random.default_rng(2).normal(0, 1, (8, 16)).astype(np.float32)
+    w[3] *= 50
+    qp = weight_qparams(w, 0, method="mse", dtype="float8e4m3fn")  # mse is ignored for FP8
+    np.testing.assert_allclose(qp.scale, np.abs(w).max(axis=1) / 448, rtol=1e-6)
+    q = quantize_weight(w, qp)
+    assert q.dtype.name == "float8_e4m3fn"
+    back = dequantize_weight(q, qp)
+    # E4M3 keeps 3 mantissa bits: every value within 1/16 of itself (2^-4 relative)
+    assert np.all(np.abs(back - w) <= np.abs(w) / 16 + 1e-12)

@@ -39,7 +39,9 @@ def test_the_views_carry_the_configs_values():
     assert (cfg.calibration.max_batches, cfg.calibration.percentile) == (3, 99.0)
     assert cfg.weights == WeightOptions(weight_storage="qdq", weight_method="mse")
     tuned = QuantConfig(backend="onnxruntime", target_cpu="x86-avx2", cost_table="t.json")
-    assert tuned.target == TargetOptions("onnxruntime", None, "x86-avx2", "t.json")
+    assert tuned.target == TargetOptions(
+        "onnxruntime", None, "x86-avx2", "t.json", "int8", False, ()
+    )
 
 
 @pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(QuantConfig)])

@@ -240,7 +240,7 @@ def test_specific_overrides_show_in_the_quantized_models_metadata(tmp_path, caps
     capsys.readouterr()
     assert cli_main(["inspect", str(out)]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("r0 "))
-    assert line.split()[1:4] == ["activation", "4", "minmax"]
+    assert line.split()[1:5] == ["activation", "4", "int8", "minmax"]
 
 
 # -- what has no post-training equivalent --------------------------------------------------------

@@ -10,8 +10,18 @@ import onnxq
 from onnxq import ir
 from onnxq.backends import default_session
 from onnxq.backends.profile import PROFILES
-from onnxq.verify import FloatReference, float_reference, verify
+from onnxq.backends.target import profile_for
+from onnxq.config import QuantConfig
+from onnxq.verify import (
+    FIDELITY_MODES,
+    FloatReference,
+    compares_default_session,
+    fidelity_mode,
+    float_reference,
+    verify,
+)
 from tests import graphs
+from tests.test_precisions import FP8_MISSING
 
 TRT, ORT = PROFILES["tensorrt"], PROFILES["onnxruntime"]
 
@@ -68,3 +78,31 @@ def test_the_default_session_runs_for_a_qdq_model_validated_unfused(backend, opt
         view = verification.default_session
         assert view is not None and view.latency is not None and view.failure is None
         assert [o.name for o in view.outputs] == [f.name for f in verification.fidelity]
+
+
+def test_the_fidelity_mode_says_how_the_model_runs():
+    dynamic = profile_for(QuantConfig(backend="onnxruntime", dynamic=True).target)[0]
+    assert fidelity_mode(TRT) == FIDELITY_MODES["unfused"]
+    assert fidelity_mode(ORT) == FIDELITY_MODES["fused"]
+    assert fidelity_mode(dynamic) == FIDELITY_MODES["dynamic"]
+    assert "dynamic int8 kernels" in fidelity_mode(dynamic)
+
+
+@pytest.mark.skipif(FP8_MISSING is not None, reason=FP8_MISSING or "")
+def test_an_fp8_model_is_neither_timed_nor_compared_in_the_default_session():
+    # onnxruntime 1.32's default session computes FP8 Q/DQ wrong (its validation note says so)
+    fp8 = profile_for(QuantConfig(precision="fp8").target)[0]
+    assert not compares_default_session(fp8) and compares_default_session(TRT)
+    model, held = _quantized("tensorrt", precision="fp8")
+    float_model = graphs.conv_relu()
+    reference = float_reference(ir.serialize(float_model), float_model, held, fp8)
+    assert reference.outputs is not None and reference.timing_model is None
+    verification = verify(model, reference, held, fp8)
+    assert verification.default_session is None and verification.fidelity
+
+
+def test_a_dynamic_run_without_data_says_so():
+    dynamic = profile_for(QuantConfig(backend="onnxruntime", dynamic=True).target)[0]
+    model = onnxq.quantize(graphs.matmul_stack(), backend="onnxruntime", dynamic=True).model
+    verification = verify(model, FloatReference(None), [], dynamic)
+    assert verification.unmeasured == "no batches held (dynamic)"

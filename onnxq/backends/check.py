@@ -15,8 +15,10 @@ import onnx
 from onnx import TensorProto
 
 from onnxq import ir
+from onnxq.backends.check_precision import DYNAMIC_KERNELS, check_dynamic, check_qtype
 from onnxq.backends.profile import BackendProfile
 from onnxq.errors import Violation
+from onnxq.precisions import CONTRIB_DOMAIN
 
 
 def check(model: onnx.ModelProto, profile: BackendProfile) -> list[Violation]:
@@ -34,9 +36,16 @@ def check(model: onnx.ModelProto, profile: BackendProfile) -> list[Violation]:
                 out.append(
                     Violation(name, "op_type", f"Q/DQ format (no {node.op_type})", node.op_type)
                 )
-            if node.op_type in ir.QDQ_OPS and node.domain in ir.DEFAULT_DOMAINS:
+            if node.op_type in ir.QDQ_OPS and node.domain in QDQ_DOMAINS:
                 out.extend(_check_qdq(node, name, index, profile, opset))
+                out.extend(check_qtype(node, name, index, opset))
+            if node.domain == CONTRIB_DOMAIN and node.op_type in DYNAMIC_KERNELS:
+                out.extend(check_dynamic(node, name, index))
     return out
+
+
+# onnxruntime runs 16-bit Q/DQ below opset 21 in its contrib domain
+QDQ_DOMAINS = (*ir.DEFAULT_DOMAINS, CONTRIB_DOMAIN)
 
 
 class Scope:
@@ -184,6 +193,13 @@ def _check_zero_point(
     node: onnx.NodeProto, name: str, g: Scope, profile: BackendProfile, zp_name: str
 ) -> list[Violation]:
     if not zp_name:
+        output_dtype = ir.node_attrs(node).get("output_dtype")  # opset 21 names the type
+        if output_dtype:
+            dtype = TensorProto.DataType.Name(int(output_dtype)).lower()
+            if dtype in profile.allowed_qdq_dtypes:
+                return []
+            allowed = " or ".join(sorted(profile.allowed_qdq_dtypes))
+            return [Violation(name, "output_dtype", allowed, dtype)]
         if node.op_type == "QuantizeLinear" and "uint8" not in profile.allowed_qdq_dtypes:
             return [
                 Violation(

@@ -9,6 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from onnxq.backends.precision_facts import (  # FP8, INT16, dynamic, recurrent cells
+    FP8_CHANGES,
+    ONNXRUNTIME_DYNAMIC_CHANGES,
+    ONNXRUNTIME_FP8_REFUSAL,
+    ONNXRUNTIME_RECURRENT_REASON,
+    RECURRENT_OPS,
+    TENSORRT_DYNAMIC_REFUSAL,
+    TENSORRT_INT16_REFUSAL,
+    TENSORRT_RECURRENT_REASON,
+)
 from onnxq.ir.constants import INTEGER_OPS
 
 
@@ -89,6 +99,8 @@ class BackendProfile:
         min_opset: the lowest opset the output may have (13: per-axis Q/DQ).
         forbidden_ops: op types the backend's parser rejects in a Q/DQ model.
         allowed_qdq_dtypes: element types a Q/DQ node may produce or read.
+        stored_weight_dtypes: element types the backend's integer kernels take int8-valued
+            weights in (a CPU class's ``weight_dtype`` is used only where listed here).
         per_axis_activations: whether per-axis scales are allowed on non-constant tensors.
         min_channels: Conv/Gemm/MatMul with fewer input or output channels stay float.
         grouped_channel_multiple, grouped_min_kernel: with that small-op rule on
@@ -162,6 +174,24 @@ class BackendProfile:
         cost_table: where the cost thresholds come from (the table's measurement).
         depthwise_weight_qmax: the weight limit of a depthwise conv where it differs from
             ``weight_qmax`` (set with the reduced range and ``int32_depthwise``).
+        precisions: the precisions (``onnxq.precisions``) the backend runs, each with the
+            profile fields a run of that precision changes (FP8: opset 19, the convs
+            TensorRT's FP8 kernels take); :func:`onnxq.backends.target.profile_for`.
+        precision_refusals: why the backend cannot run the other precisions (the error text).
+        dynamic_changes: the profile fields of a ``--dynamic`` run (None: the backend has no
+            dynamic quantization; ``dynamic_refusal`` says why).
+        dynamic: this profile quantizes activations at run time (no calibration; materialize
+            writes onnxruntime's dynamic kernels instead of Q/DQ pairs).
+        min_conv_channels: a Conv with this many or fewer output channels or input channels
+            per group stays float (FP8: TensorRT's FP8 conv kernels lose to FP16 there).
+        max_conv_kernel_area: a Conv whose kernel area (kh x kw) passes it stays float
+            (TensorRT's FP8 conv kernels take filters of at most 32 elements).  0: no limit.
+        float_op_reasons: op type -> why it stays float on this backend (recurrent cells).
+        validation_note: what the report says about checking this profile's output in
+            onnxruntime (FP8: which session settings compute it right).
+        compare_default_session: an output validated unfused is also run in onnxruntime's
+            default (fused) session and compared (``onnxq.backends.default_session``); off
+            where that session computes the profile's Q/DQ wrong (FP8, ``validation_note``).
     """
 
     name: str
@@ -176,6 +206,7 @@ class BackendProfile:
     min_opset: int = 13
     forbidden_ops: frozenset[str] = frozenset()
     allowed_qdq_dtypes: frozenset[str] = frozenset({"int8"})
+    stored_weight_dtypes: frozenset[str] = frozenset({"int8"})
     per_axis_activations: bool = False
     fused_validation: bool = False
     min_channels: int = 0
@@ -203,6 +234,16 @@ class BackendProfile:
     target_cpu: str | None = None
     cost_table: str = ""
     depthwise_weight_qmax: int | None = None
+    precisions: dict[str, dict[str, object]] = field(default_factory=lambda: {"int8": {}})
+    precision_refusals: dict[str, str] = field(default_factory=dict)
+    dynamic_changes: dict[str, object] | None = None
+    dynamic_refusal: str = ""
+    dynamic: bool = False
+    min_conv_channels: int = 0
+    max_conv_kernel_area: int = 0
+    float_op_reasons: dict[str, str] = field(default_factory=dict)
+    validation_note: str = ""
+    compare_default_session: bool = True
 
     def replace(self, **changes: object) -> BackendProfile:
         """A copy with some fields changed."""
@@ -236,9 +277,13 @@ TENSORRT = BackendProfile(
             "QLinearConvTranspose",
         }
     ),
-    allowed_qdq_dtypes=frozenset({"int8"}),
+    allowed_qdq_dtypes=frozenset({"int8", "float8e4m3fn"}),
     fused_validation=False,
     min_channels=16,
+    precisions={"int8": {}, "fp8": FP8_CHANGES},
+    precision_refusals={"int16": TENSORRT_INT16_REFUSAL},
+    dynamic_refusal=TENSORRT_DYNAMIC_REFUSAL,
+    float_op_reasons=dict.fromkeys(RECURRENT_OPS, TENSORRT_RECURRENT_REASON),
 )
 
 # QLinearGlobalAveragePool, QLinearAveragePool, QLinearSigmoid, QLinearLeakyRelu
@@ -283,7 +328,8 @@ ONNXRUNTIME = BackendProfile(
     )
     | _ORT_UNARY_KERNELS,
     unary_kernel_ops=_ORT_UNARY_KERNELS,
-    allowed_qdq_dtypes=frozenset({"int8", "uint8", "int32"}),
+    allowed_qdq_dtypes=frozenset({"int8", "uint8", "int16", "uint16", "int32"}),
+    stored_weight_dtypes=frozenset({"int8", "uint8"}),
     fused_validation=True,
     float_grouped_convs=True,
     min_macs_per_output=32,
@@ -296,6 +342,10 @@ ONNXRUNTIME = BackendProfile(
     nhwc_only_ops=frozenset({"MaxPool"}),
     cpu_tuned=True,
     int32_depthwise=True,
+    precisions={"int8": {}, "int16": {}},
+    precision_refusals={"fp8": ONNXRUNTIME_FP8_REFUSAL},
+    dynamic_changes=ONNXRUNTIME_DYNAMIC_CHANGES,
+    float_op_reasons=dict.fromkeys(RECURRENT_OPS, ONNXRUNTIME_RECURRENT_REASON),
 )
 
 PROFILES: dict[str, BackendProfile] = {p.name: p for p in (TENSORRT, ONNXRUNTIME)}

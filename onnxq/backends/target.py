@@ -1,4 +1,6 @@
-"""A backend profile tuned for the CPU class a run targets: weight range and cost thresholds.
+"""The backend profile of one run: tuned for the CPU class the run targets (weight range and
+cost thresholds), with the fields of its precision or of dynamic quantization, or a one-line
+refusal when the backend cannot run what the config asks for.
 
 Only a profile with ``cpu_tuned`` (onnxruntime) changes with the CPU; a TensorRT output is the
 same on every machine.
@@ -13,15 +15,61 @@ from onnxq.backends.cost_tables import SHIPPED, CostTable
 from onnxq.backends.cpu import CPU_CLASSES, TargetCpu, resolve_target
 from onnxq.backends.profile import PROFILES, BackendProfile
 from onnxq.errors import ConfigError
+from onnxq.precisions import PRECISIONS
 
 if TYPE_CHECKING:
     from onnxq.options import TargetOptions
 
 
 def profile_for(options: TargetOptions) -> tuple[BackendProfile, str]:
-    """The profile for a run: the backend's, tuned for the CPU class it targets; and a note on
-    the weights (empty when they are int8 with their full range)."""
-    return tune_profile(PROFILES[options.backend], options)
+    """The profile of a run: the backend's, tuned for the CPU class it targets, with the
+    fields its precision (or ``dynamic``) changes; and a note on the weight range (empty when
+    weights have their full range).
+
+    A :class:`ConfigError` when the backend cannot run a precision the options name, or has
+    no dynamic quantization: raised before anything is loaded or written.  Everything here
+    reads profile data (``precisions``, ``precision_refusals``, ``dynamic_changes``).
+    """
+    backend = PROFILES[options.backend]
+    refusal = precision_refusal(backend, options)
+    if refusal is not None:
+        raise ConfigError(refusal)
+    if options.dynamic:
+        # the dynamic kernels' own weight types decide the weights' storage (tuned with them),
+        # and their fields win over the cost table's
+        dynamic = backend.dynamic_changes or {}
+        profile, note = tune_profile(backend.replace(**dynamic), options)
+        return profile.replace(**dynamic), note
+    profile, note = tune_profile(backend, options)
+    changes = dict(profile.precisions[options.precision])
+    # a precision an override names needs its opset too (FP8 Q/DQ: 19)
+    opsets = [profile.precisions[p].get("min_opset", 0) for p in options.precisions()]
+    opset = max(profile.min_opset, *(o for o in opsets if isinstance(o, int)))
+    if opset != profile.min_opset:
+        changes["min_opset"] = opset
+    return (profile.replace(**changes) if changes else profile), note
+
+
+def precision_refusal(profile: BackendProfile, options: TargetOptions) -> str | None:
+    """Why ``profile``'s backend cannot run the precisions (or the dynamic quantization)
+    ``options`` ask for, in one line; None when it can."""
+    for name in options.precisions():
+        if name not in profile.precisions:
+            why = profile.precision_refusals.get(
+                name, f"{profile.name} has no {PRECISIONS[name].summary} kernels"
+            )
+            return f"precision {name} with --backend {profile.name}: {why}"
+    if not options.dynamic:
+        return None
+    if profile.dynamic_changes is None:
+        return f"--dynamic with --backend {profile.name}: {profile.dynamic_refusal}"
+    others = [p for p in options.precisions() if p != "int8"]
+    if others:
+        return (
+            "--dynamic quantizes to int8 only (onnxruntime's dynamic kernels take 8-bit "
+            f"inputs): drop precision {', '.join(others)}"
+        )
+    return None
 
 
 def tune_profile(profile: BackendProfile, options: TargetOptions) -> tuple[BackendProfile, str]:
@@ -71,7 +119,7 @@ def _weight_format(
     why = f"the target CPU class {target.name} ({_source(target)})"
     if reduce_range is None:
         dtype = target.cpu.weight_dtype
-        if dtype != profile.weight_dtype and dtype in profile.allowed_qdq_dtypes:
+        if dtype != profile.weight_dtype and dtype in profile.stored_weight_dtypes:
             return {"weight_dtype": dtype}, ""  # the same numbers: nothing to warn about
         reduce_range = target.cpu.int16_pair_sums
     else:

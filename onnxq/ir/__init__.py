@@ -28,6 +28,7 @@ from onnxq.ir.graph import (
     has_subgraph,
     inner_op_types,
     node_attrs,
+    set_domain_opset,
     set_opset,
 )
 from onnxq.ir.load import (
@@ -40,6 +41,7 @@ from onnxq.ir.load import (
     load_model,
     lower_ir_version,
     name_nodes,
+    opset_purpose,
     opset_version,
     shapes_for_inputs,
     sort_nodes,
@@ -98,6 +100,7 @@ __all__ = [
     "node_attrs",
     "node_reads",
     "opens_body",
+    "opset_purpose",
     "opset_version",
     "runtime_ir_version",
     "save_model",
@@ -105,6 +108,7 @@ __all__ = [
     "scopes",
     "serialize",
     "session_bytes_or_path",
+    "set_domain_opset",
     "set_opset",
     "shapes_for_inputs",
     "sort_nodes",

@@ -501,3 +501,12 @@ def set_opset(model: onnx.ModelProto, version: int) -> None:
             imp.version = max(int(imp.version), version)
             return
     model.opset_import.add(domain="", version=version)
+
+
+def set_domain_opset(model: onnx.ModelProto, domain: str, version: int) -> None:
+    """Import ``domain`` (e.g. onnxruntime's ``com.microsoft``) at ``version`` or later."""
+    for imp in model.opset_import:
+        if imp.domain == domain:
+            imp.version = max(int(imp.version), version)
+            return
+    model.opset_import.add(domain=domain, version=version)

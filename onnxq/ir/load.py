@@ -290,13 +290,19 @@ def upgrade_opset(
             restored = _restore_weights(converted, model)
     except Exception as exc:
         raise UnsupportedModelError(
-            f"{where}: opset {current} is below {min_opset}, which per-channel Q/DQ needs, and "
-            f"the upgrade failed ({_first_line(exc)}); re-export the model with opset >= "
-            f"{min_opset}"
+            f"{where}: opset {current} is below {min_opset}, which {opset_purpose(min_opset)} "
+            f"needs, and the upgrade failed ({_first_line(exc)}); re-export the model with "
+            f"opset >= {min_opset}"
         ) from None
     if record is not None:
         record.opset_upgrade = OpsetUpgrade(current, min_opset)
     return restored
+
+
+def opset_purpose(opset: int) -> str:
+    """What needs the opset onnxq converts a model to (FP8 Q/DQ from 19, per-channel Q/DQ
+    from 13)."""
+    return "FP8 Q/DQ" if opset >= 19 else "per-channel Q/DQ"
 
 
 def _per_channel_prelu_slopes(model: onnx.ModelProto) -> None:

@@ -22,8 +22,10 @@ from onnxq.errors import ConfigError
 from onnxq.options import PlacementOptions
 from onnxq.place.annotations import Annotations, Decision, Excluded, TensorAnnotation
 from onnxq.place.facts import GraphFacts
+from onnxq.precisions import check_bits, tensor_qtype
 from onnxq.rewrites.pattern import Claim, Context, Decline, Match, Rule, Spec
-from onnxq.rewrites.rules import RULE_SETS, SHAPE_ONLY_DATA
+from onnxq.rewrites.rule_sets import RULE_SETS
+from onnxq.rewrites.rules import SHAPE_ONLY_DATA
 
 FLOAT_TYPES = frozenset(
     {
@@ -43,7 +45,7 @@ class _Placement:
     decisions: list[Decision] = field(default_factory=list)
     claimed: set[str] = field(default_factory=set)
     quantized: dict[str, str] = field(default_factory=dict)  # tensor -> kind
-    folded_into: dict[str, str] = field(default_factory=dict)  # folded node -> its claimer
+    folded_into: dict[str, str] = field(default_factory=dict)  # folded node -> into what
 
 
 def annotate(
@@ -95,15 +97,14 @@ def _decide(
 ) -> Decision:
     """The decision for one node; a successful claim is applied to ``state``."""
     if node.name in state.claimed:
-        into = state.folded_into.get(node.name, "its producer")
-        return Decision(
-            node.name, node.op_type, True, "fused", f"folded into {into}'s output quantization"
-        )
+        into = state.folded_into.get(node.name, "its producer's output quantization")
+        return Decision(node.name, node.op_type, True, "fused", f"folded into {into}")
     reason = _precheck(node, ctx)
     if reason:
         return Decision(node.name, node.op_type, False, "", reason)
     if not rules:
-        reason = f"no {ctx.profile.name} rule quantizes {node.op_type}: it stays float"
+        reason = ctx.profile.float_op_reasons.get(node.op_type)  # a recurrent cell, ...
+        reason = reason or f"no {ctx.profile.name} rule quantizes {node.op_type}: it stays float"
         return Decision(node.name, node.op_type, False, "", reason)
     closest: tuple[str, str] | None = None
     for r in rules:
@@ -194,7 +195,7 @@ def _apply(node: onnx.NodeProto, r: Rule, taken: Claim, ctx: Context, state: _Pl
     state.claimed.add(node.name)
     for name in taken.folded:
         state.claimed.add(name)
-        state.folded_into[name] = node.name
+        state.folded_into[name] = f"{node.name}'s {taken.folded_into}"
 
 
 def _reads_at_extremes(entry: TensorAnnotation, ctx: Context) -> bool:
@@ -233,6 +234,9 @@ def _merge(
         entry.settings = replace(entry.settings, method=output_method)
     if entry.kind == "weight" and not entry.settings.per_channel:
         entry.axis = None
+    if entry.kind in ("activation", "weight"):  # an override's bits must fit the type
+        qtype = tensor_qtype(entry.kind, entry.settings.precision, ctx.profile.activation_dtype)
+        check_bits(entry.settings.bits, qtype, spec.tensor)
     if (
         entry.kind == "activation"
         and entry.settings.symmetric is False

@@ -19,7 +19,13 @@ import onnx
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.place.heads import head_nodes, score_maps
-from onnxq.place.paths import grouped_conv_inputs, position_norm_convs, precision_paths, shape_path
+from onnxq.place.paths import (
+    gated_products,
+    grouped_conv_inputs,
+    position_norm_convs,
+    precision_paths,
+    shape_path,
+)
 
 Bounds = tuple[float, float]
 K = TypeVar("K")
@@ -55,6 +61,8 @@ class GraphFacts:
         position_norm_convs: 1-D Conv before a LayerNormalization -> its activation input.
         reader_bounds: (reader node, input index) -> the input range beyond which the
             reader's output no longer changes; readers without such bounds are absent.
+        gated_products: the outputs of gated linear units (a product of two unbounded
+            activations, :func:`onnxq.place.paths.gated_products`).
         bodies: the indexes of the control-flow bodies, depth first.
     """
 
@@ -67,6 +75,7 @@ class GraphFacts:
     grouped_convs: Mapping[str, str]
     position_norm_convs: Mapping[str, str]
     reader_bounds: Mapping[tuple[str, int], Bounds]
+    gated_products: frozenset[str] = frozenset()
     bodies: tuple[ir.BodyGraph, ...] = ()
 
     @classmethod
@@ -91,6 +100,7 @@ class GraphFacts:
             grouped_convs=_merged(scopes, grouped_conv_inputs),
             position_norm_convs=_merged(scopes, position_norm_convs),
             reader_bounds=_merged(scopes, _reader_bounds),
+            gated_products=frozenset().union(*map(gated_products, scopes)),
             bodies=tuple(s for s in scopes if isinstance(s, ir.BodyGraph)),
         )
 

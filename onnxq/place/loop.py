@@ -63,9 +63,11 @@ class Placement(Generic[S]):
     rounds: int
 
 
-def observed_tensors(annotations: Annotations) -> dict[str, bool]:
+def observed_tensors(annotations: Annotations, profile: BackendProfile) -> dict[str, bool]:
     """The activation tensors a placement needs statistics for -> whether their range method
-    needs a histogram."""
+    needs a histogram (none under a dynamic profile: its kernels quantize at run time)."""
+    if profile.dynamic:
+        return {}
     return {
         ann.tensor: ann.method in HISTOGRAM_METHODS for ann in annotations.of_kind("activation")
     }
@@ -87,7 +89,7 @@ def place(
     added = Excluded()
     for rounds in range(1, max_rounds + 1):
         annotations = annotate(facts, profile, options, excluded)
-        wanted = observed_tensors(annotations)
+        wanted = observed_tensors(annotations, profile)
         measured = measure(wanted)
         missing = sorted(t for t in wanted if t not in measured.stats)
         unobservable = {t: measured.unobservable[t] for t in missing if t in measured.unobservable}

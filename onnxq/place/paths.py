@@ -227,3 +227,34 @@ def _log_path_step(
     path.append(node.name)
     inputs = node.input[:1] if node.op_type in LOG_DATA_FIRST_OPS else node.input
     return [x for x in inputs if x and not graph.is_const(x)]
+
+
+# ops whose output is bounded whatever their input: a product with one of them is a gate
+BOUNDED_OPS = frozenset({"Sigmoid", "HardSigmoid", "Tanh", "Softmax", "Softsign", "Erf"})
+
+
+def gated_products(graph: ir.Graph) -> frozenset[str]:
+    """The outputs of Muls of two activations neither of which is bounded: a gated linear
+    unit's output (``SiLU(x W1) * (x W2)``, which SwiGLU's down projection reads).  ``x *
+    Sigmoid(x)`` (SiLU), GELU's ``x * 0.5 * (1 + Erf(...))`` and other gates are not."""
+    found = set()
+    for node in graph.nodes:
+        if node.op_type != "Mul" or node.domain not in ir.DEFAULT_DOMAINS:
+            continue
+        factors = [t for t in node.input if t and not graph.is_const(t)]
+        if len(factors) == 2 and not any(_bounded(graph, t) for t in factors):
+            found.add(node.output[0])
+    return frozenset(found)
+
+
+def _bounded(graph: ir.Graph, tensor: str, depth: int = 4) -> bool:
+    """Whether ``tensor`` comes out of a bounded op, possibly through constant shifts and
+    scales (GELU's ``0.5 * (1 + Erf(x / sqrt 2))``)."""
+    node = graph.producer.get(tensor)
+    if node is None or depth == 0:
+        return False
+    if node.op_type in BOUNDED_OPS:
+        return True
+    live = [t for t in node.input if t and not graph.is_const(t)]
+    affine = node.op_type in ("Add", "Sub", "Mul", "Div") and len(live) == 1
+    return affine and _bounded(graph, live[0], depth - 1)

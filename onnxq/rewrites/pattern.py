@@ -45,13 +45,15 @@ class Spec:
 @dataclass(frozen=True)
 class Claim:
     """What a rule takes for the node it matched: the specs to place, and the other nodes
-    ``folded`` into the node's quantization (a ReLU whose output carries the conv's Q/DQ)."""
+    ``folded`` into the node's quantization (a ReLU whose output carries the conv's Q/DQ);
+    ``folded_into`` says into what of the node (their decisions name it)."""
 
     specs: tuple[Spec, ...] = ()
     folded: tuple[str, ...] = ()
+    folded_into: str = "output quantization"
 
     def __add__(self, other: Claim) -> Claim:
-        return Claim(self.specs + other.specs, self.folded + other.folded)
+        return Claim(self.specs + other.specs, self.folded + other.folded, self.folded_into)
 
     def __bool__(self) -> bool:
         return bool(self.specs)

@@ -1,4 +1,4 @@
-"""Placement rules and the ordered rule sets that backend profiles name.
+"""Placement rules of static quantization (the rule sets in ``onnxq.rewrites.rule_sets``).
 
 Each rule anchors on one op type family and says which of the node's tensors get Q/DQ.  Order
 is priority: the first rule of a node's op type that does not decline claims the node.  What a
@@ -15,7 +15,8 @@ import onnx
 from onnx import TensorProto
 
 from onnxq.rewrites.cost import chain_decline, cost_decline, kernel_terms
-from onnxq.rewrites.pattern import Claim, Context, Decline, Match, Rule, Spec, claim, rule
+from onnxq.rewrites.kernel_limits import conv_kernel_decline
+from onnxq.rewrites.pattern import Claim, Context, Decline, Match, Spec, claim, rule
 
 CONV_LIKE = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 # why a float tensor on the shape path (``GraphFacts.shape_path``) is not quantized
@@ -248,6 +249,9 @@ def conv(m: Match, ctx: Context) -> Claim | Decline:
         return Decline(f"weight {m.input(1)!r} is not a constant of rank >= 3")
     group = int(m.attrs().get("group", 1))  # type: ignore[call-overload]
     per_output, unaligned = None, False
+    limited = conv_kernel_decline(ctx.profile, w.shape) if m.node.op_type == "Conv" else None
+    if limited:  # FP8: the convs TensorRT's FP8 kernels take
+        return limited
     if m.node.op_type == "Conv":
         out_c, in_c = w.shape[0], w.shape[1] * group
         per_output, _, unaligned = kernel_terms(ctx, m.node) or (None, False, False)
@@ -409,9 +413,3 @@ def passthrough(m: Match, ctx: Context) -> Claim | Decline:
     if not outs:
         return Decline("its output is a graph output or unread")
     return claim(activation(m, 0), Spec(out, "shared", outs.specs[0].consumers, inputs=(x,)))
-
-
-RULE_SETS: dict[str, tuple[Rule, ...]] = {
-    "tensorrt": (conv, gemm, matmul, residual_add),
-    "onnxruntime": (conv, gemm, matmul, binary, concat, unary, passthrough),
-}

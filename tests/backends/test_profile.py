@@ -36,7 +36,7 @@ def test_profiles_differ_only_in_data():
     assert not trt.quantize_outputs and ort.quantize_outputs
     assert {"QLinearConv", "ConvInteger", "MatMulInteger"} <= trt.forbidden_ops
     assert ort.forbidden_ops == frozenset()
-    assert trt.allowed_qdq_dtypes == {"int8"} and "uint8" in ort.allowed_qdq_dtypes
+    assert trt.allowed_qdq_dtypes == {"int8", "float8e4m3fn"} and "uint8" in ort.allowed_qdq_dtypes
     assert trt.rule_set == "tensorrt" and ort.rule_set == "onnxruntime"
     assert trt.min_opset == ort.min_opset == 13
 

@@ -31,7 +31,9 @@ def tuned(
     target_cpu: str | None = None,
     cost_table: str | None = None,
 ) -> tuple[BackendProfile, str]:
-    return profile_for(TargetOptions(backend, reduce_range, target_cpu, cost_table))
+    return profile_for(
+        TargetOptions(backend, reduce_range, target_cpu, cost_table, "int8", False, ())
+    )
 
 
 def test_tensorrt_is_the_same_for_every_cpu():
@@ -63,9 +65,11 @@ def test_reduce_range_on_x86_without_int8_dot_products_gives_7_bit_int8_but_8_bi
     assert "depthwise convs keep +-127" in note
 
 
-def test_a_class_whose_storage_type_the_profile_does_not_allow_gets_7_bit_weights():
-    int8_only = PROFILES["onnxruntime"].replace(allowed_qdq_dtypes=frozenset({"int8", "int32"}))
-    profile, note = tune_profile(int8_only, TargetOptions("onnxruntime", None, "x86-avx2", None))
+def test_a_class_whose_storage_type_the_kernels_do_not_take_gets_7_bit_weights():
+    int8_only = PROFILES["onnxruntime"].replace(stored_weight_dtypes=frozenset({"int8"}))
+    profile, note = tune_profile(
+        int8_only, TargetOptions("onnxruntime", None, "x86-avx2", None, "int8", False, ())
+    )
     assert (profile.weight_dtype, profile.weight_qmax) == ("int8", 63)
     assert note.startswith("weights limited to +-63 (7-bit): the target CPU class x86-avx2")
 
@@ -282,3 +286,11 @@ def test_the_cli_takes_the_target_and_the_table(tmp_path, model_file, calib_dir,
     with pytest.raises(SystemExit) as usage:  # argparse lists the classes
         main([*args, "--target-cpu", "x86-avx3"])
     assert usage.value.code == 2 and "choose from 'x86-avx2'" in capsys.readouterr().err
+
+
+def test_dynamic_kernels_get_7_bit_int8_weights_where_the_class_stores_uint8():
+    # DynamicQuantizeMatMul takes u8 x s8 only: the static kernels' uint8 storage is no way out
+    options = TargetOptions("onnxruntime", None, "x86-avx2", None, "int8", True, ())
+    profile, note = profile_for(options)
+    assert (profile.weight_dtype, profile.weight_qmax, profile.min_macs) == ("int8", 63, 0)
+    assert "7-bit" in note

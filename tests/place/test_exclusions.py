@@ -22,7 +22,7 @@ from onnxq.place.exclusions import (
     find_exclusions,
 )
 from onnxq.place.facts import GraphFacts
-from onnxq.rewrites.rules import RULE_SETS
+from onnxq.rewrites.rule_sets import RULE_SETS
 from tests import graphs
 
 

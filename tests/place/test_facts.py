@@ -11,7 +11,7 @@ from onnxq import ir
 from onnxq.backends.profile import PROFILES
 from onnxq.place.facts import GraphFacts
 from onnxq.place.heads import head_nodes
-from onnxq.place.paths import position_norm_convs, shape_path
+from onnxq.place.paths import gated_products, position_norm_convs, shape_path
 from tests import graphs
 
 
@@ -99,3 +99,30 @@ def test_reader_bounds_are_indexed_by_reader_and_input():
         graph.nodes[[n.name for n in graph.nodes].index(name)].op_type != "Conv"
         for name, _ in bounds
     )
+
+
+def test_gated_products_are_muls_of_two_unbounded_activations():
+    # SwiGLU's SiLU(g) * u is gated; SiLU itself (g * Sigmoid(g)) and a product with a
+    # shifted, scaled Erf (GELU) are not; nor is a product with a constant
+    r = graphs.rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "wg"], ["g"], name="gate"),
+        helper.make_node("MatMul", ["x", "wu"], ["u"], name="up"),
+        helper.make_node("Sigmoid", ["g"], ["sg"], name="sigmoid"),
+        helper.make_node("Mul", ["g", "sg"], ["silu"], name="silu"),
+        helper.make_node("Mul", ["silu", "u"], ["glu"], name="glu"),
+        helper.make_node("Erf", ["u"], ["e"], name="erf"),
+        helper.make_node("Add", ["e", "one"], ["e1"], name="shift"),
+        helper.make_node("Mul", ["u", "e1"], ["gelu"], name="gelu"),
+        helper.make_node("Mul", ["u", "one"], ["scaled"], name="scale"),
+        helper.make_node("Sum", ["glu", "gelu", "scaled"], ["y"], name="sum"),
+    ]
+    inits = [
+        graphs.init("wg", graphs.weight(r, 16, 16)),
+        graphs.init("wu", graphs.weight(r, 16, 16)),
+        graphs.init("one", graphs.weight(r, 1)),
+    ]
+    model = graphs.model(nodes, [graphs.tensor("x", [2, 16])], [graphs.tensor("y", [2, 16])], inits)
+    graph = ir.Graph(ir.infer_shapes(model))
+    assert gated_products(graph) == {"glu"}
+    assert facts_of(graph).gated_products == {"glu"}

@@ -11,7 +11,7 @@ from onnxq import ir
 from onnxq.backends.profile import PROFILES
 from onnxq.config import QuantConfig
 from onnxq.place.annotations import Annotations, Excluded
-from onnxq.rewrites.rules import RULE_SETS
+from onnxq.rewrites.rule_sets import RULE_SETS
 from tests import graphs
 from tests.placement import annotate_graph
 from tests.profiles import no_cost_rules

@@ -1,0 +1,132 @@
+"""Placement rules of dynamic quantization (``--dynamic``): which ops get onnxruntime's
+dynamically quantized kernels.
+
+A MatMul or Gemm with a constant 2-D weight becomes DynamicQuantizeMatMul and an LSTM becomes
+DynamicQuantizeLSTM (``onnxq.materialize_dynamic``): the weight is stored int8 per output channel
+ahead of time, the activation input is quantized by the kernel at run time.  The rules claim the
+same tensors as the static rules (activation input 0, the weight), so what stays float is decided
+the same way: shape paths, excluded nodes and tensors, ops on a logarithm's path, custom domains,
+and every op without a rule here (LayerNorm, Softmax, GELU, attention's activation x activation
+MatMuls).  Ops inside If/Loop/Scan bodies are placed like top-level ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+
+from onnxq import ir
+from onnxq.rewrites.pattern import Claim, Context, Decline, Match, Spec, claim, rule
+from onnxq.rewrites.rules import activation, activation_problem, small_decline, weight_spec
+
+# what a Decision says of the bias Add a DynamicQuantizeMatMul takes in
+KERNEL_BIAS = "kernel (it adds this bias itself)"
+
+
+def _weighted(m: Match, ctx: Context, k: int, n: int) -> Claim | Decline:
+    problem = activation_problem(m, ctx, m.input(0))
+    if problem:
+        return Decline(problem)
+    if m.input(0) in ctx.facts.gated_products:
+        return Decline(
+            f"its input {m.input(0)!r} is the product of two activations (a gated linear unit, "
+            "as SwiGLU's down projection reads): their outliers multiply, and the one 8-bit "
+            "scale the kernel computes per tensor at run time rounds most values to zero "
+            "(smollm2_135m: perplexity 28.2 with these quantized, 19.6 without, float 18.5), "
+            "so it stays float"
+        )
+    small = small_decline(m.node.op_type, k, n, ctx)
+    if small:
+        return Decline(
+            f"{small.reason} (onnxruntime's dynamic kernel quantizing its input at run time "
+            "costs more than it saves on so small a weight)"
+        )
+    w = weight_spec(m, ctx, 1)
+    return w if isinstance(w, Decline) else claim(activation(m, 0), w)
+
+
+@rule("dynamic_matmul", "MatMul")
+def dynamic_matmul(m: Match, ctx: Context) -> Claim | Decline:
+    """MatMul with a constant [K, N] weight -> DynamicQuantizeMatMul (per-column scales); a
+    following bias Add is folded into the kernel."""
+    b = ctx.graph.const_info(m.input(1))
+    if b is None:
+        return Decline("activation x activation MatMul (attention core) stays float")
+    if b.ndim != 2:
+        return Decline(
+            f"its weight has rank {b.ndim}; onnxruntime's DynamicQuantizeMatMul takes a 2-D one"
+        )
+    taken = _weighted(m, ctx, int(b.shape[0]), int(b.shape[1]))
+    add = bias_add(ctx.graph, m.node)
+    if isinstance(taken, Decline) or add is None:
+        return taken
+    if ctx.options.node_excluded(add.name, add.op_type) or add.name in ctx.float_nodes:
+        return taken
+    return Claim(taken.specs, (add.name,), KERNEL_BIAS)
+
+
+def bias_add(graph: ir.Graph, node: onnx.NodeProto) -> onnx.NodeProto | None:
+    """The one Add that reads a MatMul's output and a constant per-column vector (a Linear
+    layer's bias, which exporters write as MatMul + Add), or None: DynamicQuantizeMatMul adds
+    such a bias itself, one op fewer on every run."""
+    out = node.output[0]
+    readers = graph.consumers.get(out, [])
+    if len(readers) != 1 or out in graph.graph_outputs:
+        return None
+    add, index = readers[0]
+    if add.op_type != "Add" or add.domain not in ir.DEFAULT_DOMAINS or len(add.input) != 2:
+        return None
+    bias, weight = graph.const_info(add.input[1 - index]), graph.const_info(node.input[1])
+    if bias is None or weight is None or bias.dtype != "float32":
+        return None
+    columns = weight.shape[-1:]
+    return add if bias.shape[-1:] == columns and math.prod(bias.shape) == columns[0] else None
+
+
+@rule("dynamic_gemm", "Gemm")
+def dynamic_gemm(m: Match, ctx: Context) -> Claim | Decline:
+    """Gemm with a constant B and a per-column (or no) C -> DynamicQuantizeMatMul."""
+    attrs = m.attrs()
+    b = ctx.graph.const_info(m.input(1))
+    if b is None or b.ndim != 2:
+        return Decline("B is not a constant matrix (activation x activation Gemm stays float)")
+    if int(attrs.get("transA", 0)):  # type: ignore[call-overload]
+        return Decline("transA=1: DynamicQuantizeMatMul reads A as it is, untransposed")
+    trans_b = int(attrs.get("transB", 0))  # type: ignore[call-overload]
+    k, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+    c_name = m.input(2)
+    if c_name:
+        c = ctx.graph.const_info(c_name)
+        size = None if c is None else math.prod(c.shape)
+        if c is None or size not in (1, n) or (c.ndim == 2 and c.shape[0] != 1):
+            return Decline(
+                "its C is not a constant per-column bias; DynamicQuantizeMatMul adds a 1-D "
+                "bias only"
+            )
+    return _weighted(m, ctx, int(k), int(n))
+
+
+@rule("dynamic_lstm", "LSTM")
+def dynamic_lstm(m: Match, ctx: Context) -> Claim | Decline:
+    """LSTM with constant W and R -> DynamicQuantizeLSTM (per-gate-row scales)."""
+    if int(m.attrs().get("layout", 0)):  # type: ignore[call-overload]
+        return Decline("layout=1 (batch first): onnxruntime's DynamicQuantizeLSTM takes layout 0")
+    problem = activation_problem(m, ctx, m.input(0))
+    if problem:
+        return Decline(problem)
+    specs = [activation(m, 0)]
+    for index in (1, 2):
+        info = ctx.graph.const_info(m.input(index))
+        if info is None or info.ndim != 3 or info.dtype != "float32":
+            return Decline(f"{'WR'[index - 1]} is not a constant float32 [dirs, 4*hidden, n]")
+        specs.append(Spec(m.input(index), "weight", ((m.name, index),), axis=1))
+    w = ctx.graph.const_info(m.input(1))
+    assert w is not None
+    small = small_decline("LSTM", int(w.shape[2]), int(w.shape[1]) // 4, ctx)
+    if small:
+        return Decline(
+            f"{small.reason} (onnxruntime's DynamicQuantizeLSTM quantizing its input at run "
+            "time costs more than it saves on so small a cell)"
+        )
+    return claim(*specs)

@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""onnxq `--dynamic` against onnxruntime's `quantize_dynamic`: fidelity and latency side by side.
+
+    python scripts/bench_dynamic.py [--models all_minilm_l6_v2,silero_vad,gru_kws,crnn_kws,
+        lstm_kws,smollm2_135m] [--zoo /work/shared/zoo] [--recurrent DIR] [--out DIR]
+        [--rounds 5] [--threads 1]
+
+For each model it writes three files under ``--out`` (default: a temporary folder): the float
+model, onnxq's ``--dynamic`` output, and onnxruntime's ``quantize_dynamic`` output with its
+defaults (per-tensor weights, the peer the issue names; for silero_vad also with
+``EnableSubgraph``, which quantizes the LSTM inside its ``If`` branches).  Then:
+
+* fidelity: zoo models through ``zoo.py eval`` (its labelled score and its cosine against the
+  float model; smollm2_135m: perplexity, takes minutes); the recurrent keyword spotters of
+  ``scripts/make_gru_kws.py`` (built into ``--recurrent`` when missing) on their 512 held-out
+  utterances: logits cosine, top-1 agreement with float, accuracy;
+* latency: all variants of one model timed in turns in one process (onnxruntime default
+  session, ``--threads`` threads, the zoo's first calibration batch or 8 eval utterances as
+  input), ``--rounds`` rounds; the medians and each variant's time over float's.
+
+The header names the CPU and onnxruntime version; a machine shared with other jobs shows up as
+spread between rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+ZOO_MODELS = Path.home() / ".cache" / "onnxq-zoo" / "models"
+CALIB = Path("/work/zoo/calib")
+RECURRENT = ("gru_kws", "crnn_kws", "lstm_kws")
+DEFAULT = ("all_minilm_l6_v2", "silero_vad", *RECURRENT, "smollm2_135m")
+# the zoo metric that measures each model's fidelity to float (besides its score)
+ZOO_FIDELITY = {
+    "all_minilm_l6_v2": "sentence_embedding_cos",
+    "silero_vad": "prob_cos",
+    "smollm2_135m": "ppl",
+}
+
+
+def build_variants(name: str, src: Path, out: Path) -> dict[str, Path]:
+    """float / onnxq --dynamic / onnxruntime quantize_dynamic (and its subgraph variant)."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    import onnxq
+
+    paths = {"float": src}
+    started = time.perf_counter()
+    result = onnxq.quantize(src, backend="onnxruntime", dynamic=True, progress=False)
+    (out / "onnxq").mkdir(parents=True, exist_ok=True)
+    result.save(out / "onnxq" / f"{name}.onnx")
+    paths["onnxq --dynamic"] = out / "onnxq" / f"{name}.onnx"
+    print(
+        f"  onnxq --dynamic: {len(result.report.quantized_ops)} ops quantized in "
+        f"{time.perf_counter() - started:.1f} s",
+        flush=True,
+    )
+    peers = {"ort quantize_dynamic": {}}
+    if name == "silero_vad":
+        peers["ort quantize_dynamic (EnableSubgraph)"] = {"extra_options": {"EnableSubgraph": True}}
+    for label, options in peers.items():
+        folder = out / label.replace(" ", "_").replace("(", "").replace(")", "")
+        folder.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        try:
+            quantize_dynamic(src, folder / f"{name}.onnx", **options)
+        except Exception as exc:  # the peer's own failure: say it, compare the rest
+            print(f"  {label}: fails: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            continue
+        paths[label] = folder / f"{name}.onnx"
+        print(f"  {label}: {time.perf_counter() - started:.1f} s", flush=True)
+    return paths
+
+
+def zoo_fidelity(name: str, path: Path, zoo: Path) -> dict[str, float]:
+    """``zoo.py eval`` of one file: its score and the fidelity metric of :data:`ZOO_FIDELITY`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        link = Path(tmp) / f"{name}.onnx"
+        link.symlink_to(path.resolve())
+        report = Path(tmp) / "eval.json"
+        subprocess.run(
+            [sys.executable, "zoo.py", "eval", "--models", tmp, "--ref", str(ZOO_MODELS),
+             "--only", name, "--json", str(report)],
+            cwd=zoo, check=True, capture_output=True,
+        )  # fmt: skip
+        record = json.loads(report.read_text())[name]
+    if "error" in record:
+        return {"error": record["error"]}
+    metrics = {"score": record["score"]}
+    key = ZOO_FIDELITY[name]
+    if key == "ppl":
+        metrics["perplexity"] = record["metrics"]["ppl"]
+    else:
+        metrics["cosine"] = record["fidelity"][key]
+    return metrics
+
+
+def kws_fidelity(paths: dict[str, Path], data: Path) -> dict[str, dict[str, float]]:
+    """Logits cosine and top-1 agreement with float, and accuracy, on the held-out utterances."""
+    with np.load(data / "eval.npz") as z:
+        features, labels = z["features"], z["labels"]
+    ref = _session(paths["float"], 0).run(None, {"features": features})[0]
+    out = {}
+    for label, path in paths.items():
+        logits = _session(path, 0).run(None, {"features": features})[0]
+        cos = float((ref * logits).sum() / (np.linalg.norm(ref) * np.linalg.norm(logits)))
+        out[label] = {
+            "cosine": cos,
+            "top1_agreement": float((logits.argmax(1) == ref.argmax(1)).mean()),
+            "accuracy": float((logits.argmax(1) == labels).mean()),
+        }
+    return out
+
+
+def _session(path: Path, threads: int) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def latency(paths: dict[str, Path], feed: dict, rounds: int, threads: int) -> dict[str, float]:
+    """Median ms per run of each variant, timed in turns, ``rounds`` rounds."""
+    sessions = {label: _session(path, threads) for label, path in paths.items()}
+    for s in sessions.values():
+        s.run(None, feed)
+    once = time.perf_counter()
+    sessions["float"].run(None, feed)
+    runs = max(3, min(50, int(1.0 / max(time.perf_counter() - once, 1e-4))))
+    times: dict[str, list[float]] = {label: [] for label in sessions}
+    for _ in range(rounds):
+        for label, s in sessions.items():
+            started = time.perf_counter()
+            for _ in range(runs):
+                s.run(None, feed)
+            times[label].append((time.perf_counter() - started) / runs * 1e3)
+    return {label: statistics.median(t) for label, t in times.items()}
+
+
+def first_feed(name: str, recurrent: Path) -> dict:
+    if name in RECURRENT:
+        with np.load(recurrent / "eval.npz") as z:
+            return {"features": z["features"][:8]}
+    with np.load(sorted((CALIB / name).glob("*.npz"))[0]) as z:
+        return {k: z[k] for k in z.files}
+
+
+def describe_cpu() -> str:
+    from onnxq.backends.cpu import this_machine
+
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    target = this_machine()  # what onnxq tunes the onnxruntime output for (7-bit weights, ...)
+    return f"{name}, CPU class {target.name} ({target.source}); onnxruntime {ort.__version__}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(DEFAULT))
+    p.add_argument("--zoo", type=Path, default=Path("/work/shared/zoo"))
+    p.add_argument("--recurrent", type=Path, default=Path.home() / ".cache/onnxq-zoo/recurrent")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench_dynamic_"))
+    print(f"# {describe_cpu()}; {args.threads} thread(s); outputs in {out}")
+    names = args.models.split(",")
+    if any(n in RECURRENT for n in names) and not (args.recurrent / "eval.npz").exists():
+        sys.path.insert(0, str(Path(__file__).parent))
+        from make_gru_kws import main as make_recurrent
+
+        make_recurrent(args.recurrent)
+    rows = []
+    for name in names:
+        src = (args.recurrent if name in RECURRENT else ZOO_MODELS) / f"{name}.onnx"
+        print(f"{name}:", flush=True)
+        paths = build_variants(name, src, out)
+        if name in RECURRENT:
+            fidelity = kws_fidelity(paths, args.recurrent)
+        else:
+            fidelity = {label: zoo_fidelity(name, path, args.zoo) for label, path in paths.items()}
+        times = latency(paths, first_feed(name, args.recurrent), args.rounds, args.threads)
+        for label in paths:
+            fidelity[label]["kernels"] = integer_kernels(paths[label]) if label != "float" else "-"
+            rows.append((name, label, fidelity[label], times[label], times[label] / times["float"]))
+            print(f"  {label:40s} {_fmt(fidelity[label])}  {times[label]:9.2f} ms "
+                  f"({times[label] / times['float']:.2f}x float)", flush=True)  # fmt: skip
+    print("\n| model | variant | fidelity | ms | x float |\n|---|---|---|---|---|")
+    for name, label, fid, ms, ratio in rows:
+        print(f"| {name} | {label} | {_fmt(fid)} | {ms:.2f} | {ratio:.2f} |")
+
+
+def _fmt(metrics: dict) -> str:
+    digits = {"cosine": 6, "perplexity": 2}
+    return ", ".join(
+        f"{k} {v:.{digits.get(k, 4)}f}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in metrics.items()
+    )
+
+
+def integer_kernels(path: Path) -> str:
+    """The integer / dynamic kernels in a model (subgraphs included): what each tool quantized."""
+    counts: dict[str, int] = {}
+
+    def walk(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            if node.op_type in KERNELS:
+                counts[node.op_type] = counts.get(node.op_type, 0) + 1
+            for attr in node.attribute:
+                for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                    walk(sub)
+
+    walk(onnx.load(str(path), load_external_data=False).graph)
+    return " ".join(f"{op} x{n}" for op, n in sorted(counts.items())) or "none"
+
+
+KERNELS = frozenset(
+    {
+        "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
+        "MatMulInteger",
+        "DynamicQuantizeLSTM",
+        "ConvInteger",
+        "DequantizeLinear",
+    }
+)
+
+
+if __name__ == "__main__":
+    main()

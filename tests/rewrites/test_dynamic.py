@@ -1,0 +1,155 @@
+"""The dynamic rule set: which ops get onnxruntime's dynamic kernels, and why others stay float."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxq import ir
+from onnxq.backends.profile import ONNXRUNTIME, TENSORRT
+from onnxq.backends.target import profile_for
+from onnxq.config import QuantConfig
+from onnxq.place.engine import annotate
+from onnxq.place.facts import GraphFacts
+from tests import graphs
+
+CFG = QuantConfig(backend="onnxruntime", dynamic=True, target_cpu="x86-vnni")
+DYNAMIC = profile_for(CFG.target)[0]
+
+
+def decisions(model, profile=DYNAMIC, config=CFG):
+    graph = ir.Graph(ir.infer_shapes(model))
+    ann = annotate(GraphFacts.of(graph, profile), profile, config.placement)
+    return {d.node: d for d in ann.decisions}, ann
+
+
+def test_matmuls_with_a_constant_weight_are_claimed_and_attention_scores_are_not():
+    found, ann = decisions(graphs.matmul_stack())
+    assert found["up"].rule == found["down"].rule == "dynamic_matmul"
+    assert not found["scores"].quantized and "activation x activation" in found["scores"].reason
+    assert {t.tensor for t in ann.of_kind("weight")} == {"w1", "w2"}
+    assert {t.axis for t in ann.of_kind("weight")} == {1}  # per output column
+
+
+def swiglu(gate_op: str = "Mul"):
+    """x -> up = x W_up, g = x W_gate, SiLU(g) = g * Sigmoid(g); down(SiLU(g) * up)."""
+    from onnx import helper
+
+    r = graphs.rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "wg"], ["g"], name="gate"),
+        helper.make_node("MatMul", ["x", "wu"], ["u"], name="up"),
+        helper.make_node("Sigmoid", ["g"], ["sg"], name="sigmoid"),
+        helper.make_node("Mul", ["g", "sg"], ["silu"], name="silu"),
+        helper.make_node(gate_op, ["silu", "u"], ["h"], name="glu"),
+        helper.make_node("MatMul", ["h", "wd"], ["y"], name="down"),
+    ]
+    inits = [
+        graphs.init(n, graphs.weight(r, *s))
+        for n, s in (("wg", (128, 256)), ("wu", (128, 256)), ("wd", (256, 128)))
+    ]
+    return graphs.model(
+        nodes, [graphs.tensor("x", [2, 8, 128])], [graphs.tensor("y", [2, 8, 128])], inits
+    )
+
+
+def test_a_gated_linear_units_output_stays_float_and_a_silu_does_not():
+    found, _ = decisions(swiglu())
+    assert found["gate"].quantized and found["up"].quantized
+    assert not found["down"].quantized and "gated linear unit" in found["down"].reason
+    found, _ = decisions(swiglu(gate_op="Add"))  # a sum of two activations is no product
+    assert found["down"].quantized
+
+
+def test_a_decomposed_gelus_output_is_not_a_gated_product():
+    from onnx import helper
+
+    r = graphs.rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="up"),
+        helper.make_node("Div", ["h", "sqrt2"], ["hs"], name="div"),
+        helper.make_node("Erf", ["hs"], ["e"], name="erf"),
+        helper.make_node("Add", ["e", "one"], ["e1"], name="add"),
+        helper.make_node("Mul", ["e1", "half"], ["gate"], name="half_gate"),
+        helper.make_node("Mul", ["h", "gate"], ["g"], name="gelu"),
+        helper.make_node("MatMul", ["g", "w2"], ["y"], name="down"),
+    ]
+    inits = [
+        graphs.init("w1", graphs.weight(r, 128, 256)),
+        graphs.init("w2", graphs.weight(r, 256, 128)),
+        *(
+            graphs.init(n, np.array(v, np.float32))
+            for n, v in (("sqrt2", 1.4142135), ("one", 1.0), ("half", 0.5))
+        ),
+    ]
+    model = graphs.model(
+        nodes, [graphs.tensor("x", [2, 8, 128])], [graphs.tensor("y", [2, 8, 128])], inits
+    )
+    found, _ = decisions(model)
+    assert found["down"].quantized
+
+
+def linear(excluded: tuple[str, ...] = ()):
+    """x -> MatMul(W [128, 64]) -> Add(b [64]) -> y: a Linear layer as exporters write it."""
+    from onnx import helper
+
+    r = graphs.rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"], name="fc"),
+        helper.make_node("Add", ["xw", "b"], ["y"], name="bias"),
+    ]
+    inits = [graphs.init("w", graphs.weight(r, 128, 64)), graphs.init("b", graphs.weight(r, 64))]
+    model = graphs.model(
+        nodes, [graphs.tensor("x", [2, 128])], [graphs.tensor("y", [2, 64])], inits
+    )
+    return decisions(model, config=CFG.replace(exclude=excluded))[0]
+
+
+def test_a_linear_layers_bias_add_is_folded_into_the_kernel_unless_excluded():
+    found = linear()
+    assert found["fc"].rule == "dynamic_matmul"
+    assert found["bias"].rule == "fused" and "into fc's kernel" in found["bias"].reason
+    found = linear(excluded=("bias",))
+    assert found["fc"].quantized and not found["bias"].quantized
+
+
+def test_a_small_weight_stays_float_with_the_cost_reason():
+    found, _ = decisions(graphs.matmul_stack(k=32, n=32))
+    assert not found["up"].quantized
+    assert "costs more than it saves" in found["up"].reason
+
+
+def test_gemm_with_a_per_column_bias_is_claimed():
+    found, _ = decisions(graphs.gemm(trans_b=True, k=128, n=64))
+    assert found["gemm"].rule == "dynamic_gemm"
+
+
+def test_an_lstm_is_claimed_and_gru_and_rnn_stay_float_with_the_reason():
+    found, ann = decisions(graphs.recurrent("LSTM"))
+    assert found["rnn"].rule == "dynamic_lstm"
+    assert {t.tensor: t.axis for t in ann.of_kind("weight")}["rnn.R"] == 1
+    for cell in ("GRU", "RNN"):
+        found, _ = decisions(graphs.recurrent(cell))
+        assert not found["rnn"].quantized
+        assert "DynamicQuantizeLSTM" in found["rnn"].reason and "GRU and RNN" in found["rnn"].reason
+        assert found["fc"].quantized  # the cell stays float, its neighbours do not
+
+
+def test_a_small_lstm_stays_float():
+    found, _ = decisions(graphs.recurrent("LSTM", features=32, hidden=32))
+    assert not found["rnn"].quantized and "so small a cell" in found["rnn"].reason
+    found, _ = decisions(graphs.recurrent("LSTM", steps=1))  # one step: still quantized
+    assert found["rnn"].quantized
+
+
+def test_a_conv_stays_float_with_the_measured_reason():
+    found, _ = decisions(graphs.conv_relu(64, 64))
+    assert not found["conv"].quantized and "ConvInteger" in found["conv"].reason
+
+
+def test_static_backends_say_why_recurrent_cells_stay_float():
+    for profile, backend, text in (
+        (TENSORRT, "tensorrt", "FP32/FP16/BF16 only"),
+        (ONNXRUNTIME, "onnxruntime", "DynamicQuantizeLSTM under --dynamic"),
+    ):
+        found, _ = decisions(graphs.recurrent("GRU"), profile, QuantConfig(backend=backend))
+        assert not found["rnn"].quantized and text in found["rnn"].reason
