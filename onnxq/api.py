@@ -29,6 +29,7 @@ from onnxq.bias_correction import bias_correction_pass
 from onnxq.calibrate import calibration_cache
 from onnxq.config import QuantConfig
 from onnxq.data import model_inputs, open_source
+from onnxq.device import SessionSettings, check_device, using
 from onnxq.errors import CalibrationDataError, ConfigError, InternalError, OnnxqError, OutputError
 from onnxq.materialize import materialize
 from onnxq.measure import CachedStatistics, Calibration, held_batches
@@ -38,6 +39,7 @@ from onnxq.place.loop import place
 from onnxq.prepare import ModelLike, prepare
 from onnxq.ranges import activation_ranges
 from onnxq.report import Report
+from onnxq.scale.executor import Executor
 from onnxq.verify import float_reference, verify
 
 
@@ -142,6 +144,7 @@ def quantize(
     batch_size: int = 1,
     save_calibration: str | os.PathLike[str] | None = None,
     load_calibration: str | os.PathLike[str] | None = None,
+    executor: Executor | None = None,
     **options: Any,
 ) -> QuantizedModel:
     """Quantize ``model`` to an INT8 Q/DQ model.
@@ -160,15 +163,19 @@ def quantize(
             every tensor, so any method can be used when it is loaded).
         load_calibration: quantize from statistics saved earlier instead of data;
             ``calibration`` is then optional and, if given, used only to measure fidelity.
+        executor: where the calibration batches are observed, in shards whose statistics
+            merge exactly (``onnxq.scale.RayExecutor("auto")``: a Ray cluster); the output
+            is the same as without it.
 
     Returns:
         A :class:`QuantizedModel` with ``.model``, ``.report`` and ``.save(path)``.
     """
     cfg = _config(config, backend, method, exclude, options)
     _check_sources(model, calibration, save_calibration, load_calibration)
+    check_device(cfg.device)
     profile, profile_note = profile_for(cfg.target)
     prepared = prepare(model, profile, cfg.simplify)
-    with _blame_conversion(prepared.load.opset_upgrade):
+    with _blame_conversion(prepared.load.opset_upgrade), using(SessionSettings(cfg.device)):
         graph = ir.Graph(prepared.model)
         inputs = model_inputs(graph)
         data = None
@@ -183,7 +190,9 @@ def quantize(
         else:
             assert data is not None
             saving = save_calibration is not None
-            measure = Calibration(prepared.model, data, inputs, cfg.calibration, facts, saving)
+            measure = Calibration(
+                prepared.model, data, inputs, cfg.calibration, facts, saving, executor
+            )
         placement = place(facts, profile, cfg.placement, measure)
         annotations, statistics = placement.annotations, placement.statistics
         cache = None  # written last: a run that fails or is interrupted leaves no file

@@ -162,6 +162,19 @@ def _parser() -> argparse.ArgumentParser:
         "(default 16777216): beyond 256 samples each contributes fewer; 0 = no "
         "budget",
     )
+    q.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="observe the calibration batches as Ray tasks: auto (the cluster of `ray "
+        "start`), host:port, ray://host:10001, or local (Ray on this machine); the output is "
+        "the same as without (needs onnxq[ray]; docs/scale.md)",
+    )
+    q.add_argument(
+        "--device",
+        metavar="DEVICE",
+        help="where calibration and validation run: cpu (default), cuda or cuda:N "
+        "(needs onnxruntime-gpu)",
+    )
     _target_flags(q)
     q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
     q.add_argument(
@@ -384,6 +397,8 @@ def _quantize(args: argparse.Namespace) -> int:
         preprocess=args.preprocess,
         save_calibration=args.save_calibration,
         load_calibration=args.load_calibration,
+        device=args.device,
+        executor=_ray_executor(args.ray),
     )
     try:
         written = result.save(
@@ -404,6 +419,15 @@ def _quantize(args: argparse.Namespace) -> int:
         for warning in [*result.report.warnings, *([slower] if slower else [])]:
             print(f"onnxq: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _ray_executor(address: str | None) -> Any:
+    """A Ray executor for ``--ray ADDRESS`` (None without it); Ray disconnects at exit."""
+    if address is None:
+        return None
+    from onnxq.scale import RayExecutor
+
+    return RayExecutor(address)
 
 
 def _with_method_overrides(config: str | None, items: list[str]) -> Any:

@@ -27,6 +27,7 @@ from typing import Any
 
 from onnxq.backends.cpu import cpu_class
 from onnxq.backends.profile import BACKENDS
+from onnxq.device import is_device
 from onnxq.errors import ConfigError
 from onnxq.observers import WEIGHT_METHODS
 from onnxq.options import (
@@ -146,6 +147,9 @@ class QuantConfig:
             ``0-1``, ``tf``) or a spec (docs/calibration.md); in YAML also a mapping.
         simplify: run the simplify passes before placing Q/DQ.
         progress: show progress bars on stderr.
+        device: where the calibration and validation sessions run: ``cpu``, or ``cuda`` /
+            ``cuda:N`` (onnxruntime's CUDA execution provider: the ``onnxruntime-gpu``
+            package and a CUDA device; ``onnxq.device``).
     """
 
     backend: str = option("tensorrt", one_of(lambda: BACKENDS, "backend"))
@@ -172,6 +176,7 @@ class QuantConfig:
     preprocess: str | None = option(None, also=(dict,), parse=_preprocess_spec)
     simplify: bool = option(True)
     progress: bool = option(True)
+    device: str = option("cpu", must(is_device, "be cpu, cuda or cuda:N"))
 
     def __post_init__(self) -> None:
         # values from Python are checked like those from YAML: type first, then value

@@ -24,6 +24,7 @@ from onnxq.calibrate import (
 from onnxq.inputs import Batch, InputSpec
 from onnxq.options import CalibrationOptions
 from onnxq.place.facts import GraphFacts
+from onnxq.scale.executor import Executor
 
 
 class Calibration:
@@ -34,7 +35,8 @@ class Calibration:
     data can be read again.  When it cannot (a generator), those tensors are
     ``unobservable``: they stay float; so are the tensors of a control-flow body that never ran
     on the data (``body_runs`` says how often each body ran).  ``all_histograms``: every
-    tensor gets a histogram (a calibration cache then serves any method).
+    tensor gets a histogram (a calibration cache then serves any method).  ``executor``
+    (:mod:`onnxq.scale`): observe shards of the data there; the statistics are the same.
     """
 
     def __init__(
@@ -45,8 +47,10 @@ class Calibration:
         options: CalibrationOptions,
         facts: GraphFacts,
         all_histograms: bool = False,
+        executor: Executor | None = None,
     ) -> None:
         self._model, self._data, self._inputs = model, data, inputs
+        self._executor = executor
         self._options, self._all_histograms = options, all_histograms
         self._channels = frozenset(facts.grouped_convs.values())
         self._positions = frozenset(facts.position_norm_convs.values())
@@ -85,6 +89,7 @@ class Calibration:
             progress=o.progress,
             channels=self._channels,
             positions=self._positions,
+            executor=self._executor,
         )
 
 
