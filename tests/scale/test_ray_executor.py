@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -241,3 +242,24 @@ def test_a_cluster_that_cannot_be_reached_is_a_resource_error(monkeypatch, addre
         except ResourceError as exc:
             assert hint in str(exc)
             raise
+
+
+def test_onnxq_imports_and_shards_without_the_ray_package():
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import onnxq, onnxq.scale\n"
+        "from tests import graphs\n"
+        "m = graphs.conv_relu(); b = graphs.random_batches(m, 3)\n"
+        "one = onnxq.quantize(m, b, progress=False).model.SerializeToString()\n"
+        "two = onnxq.quantize(m, b, progress=False, executor=onnxq.scale.InProcess(1))\n"
+        "assert two.model.SerializeToString() == one\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
