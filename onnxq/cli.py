@@ -398,7 +398,7 @@ def _quantize(args: argparse.Namespace) -> int:
         save_calibration=args.save_calibration,
         load_calibration=args.load_calibration,
         device=args.device,
-        executor=_ray_executor(args.ray),
+        executor=_ray_executor(args.ray, args.device),
     )
     try:
         written = result.save(
@@ -421,13 +421,14 @@ def _quantize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ray_executor(address: str | None) -> Any:
-    """A Ray executor for ``--ray ADDRESS`` (None without it); Ray disconnects at exit."""
+def _ray_executor(address: str | None, device: str | None) -> Any:
+    """A Ray executor for ``--ray ADDRESS`` (None without it), each task on a GPU of its own
+    with ``--device cuda``; Ray disconnects at exit."""
     if address is None:
         return None
     from onnxq.scale import RayExecutor
 
-    return RayExecutor(address)
+    return RayExecutor(address, num_gpus=1.0 if device and device != "cpu" else 0.0)
 
 
 def _with_method_overrides(config: str | None, items: list[str]) -> Any:

@@ -123,6 +123,51 @@ def _folder(model: str, batches: int, root: Path) -> Path:
     return folder
 
 
+class _Recording:
+    """An in-process executor that records the pickled size of what a Ray task would carry:
+    the context (once per worker), each shard (the task's argument) and each result."""
+
+    def __init__(self, shard_batches: int) -> None:
+        from onnxq.scale import InProcess
+
+        self.inner, self.shard_batches, self.parallelism = InProcess(), shard_batches, 1
+        self.context = 0
+        self.shards: list[int] = []
+        self.results: list[int] = []
+
+    def map(self, task, setup, context, shards):  # type: ignore[no-untyped-def]
+        import pickle
+
+        self.context = max(self.context, len(pickle.dumps(context)))
+
+        def recorded():  # type: ignore[no-untyped-def]
+            for shard in shards:
+                self.shards.append(len(pickle.dumps(shard)))
+                yield shard
+
+        for result in self.inner.map(task, setup, context, recorded()):
+            self.results.append(len(pickle.dumps(result)))
+            yield result
+
+
+def _travel(model: str, calib: Path, shard: int) -> str:
+    """What travels per task, measured on the first 2 shards' worth of batches."""
+    import onnxq
+
+    small = calib.parent / "travel"
+    small.mkdir()
+    for path in sorted(calib.glob("*.npz"))[: 2 * shard]:
+        (small / path.name).symlink_to(path.resolve())
+    recording = _Recording(shard)
+    onnxq.quantize(model, small, progress=False, executor=recording)
+    kib = 1024
+    return (
+        f"per task ({shard} batches/shard, folder source): shard {max(recording.shards) / kib:.0f}"
+        f" KiB in, observer state {max(recording.results) / kib:.0f} KiB out; the model "
+        f"{recording.context / kib / kib:.1f} MiB once per worker"
+    )
+
+
 def _run(kind: str, args: argparse.Namespace, calib: Path) -> dict[str, object]:
     command = [sys.executable, __file__, "--child", kind, "--model", str(args.model)]
     command += ["--calib", str(calib), "--workers", str(args.workers)]
@@ -157,6 +202,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, object]]] = {"single": [], "ray": []}
     with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:
         calib = _folder(name, args.batches, Path(tmp))
+        print(_travel(args.model, calib, max(1, args.batches // (4 * args.workers))))
         for _ in range(args.repeats):
             for kind in ("single", "ray"):  # interleaved
                 run = _run(kind, args, calib)

@@ -12,8 +12,8 @@ up to ``max_retries`` times; an error a shard raises is not retried (it would ra
 reaches the caller as the error it is, unwrapped from Ray's ``RayTaskError``.  Closing the
 results early (an error, Ctrl-C) cancels every task still pending or running.  A worker whose
 onnxq or onnxruntime version differs from the driver's refuses its shard: its statistics could
-differ.  Sessions on a worker run on the driver's device, with as many threads as Ray gave the
-task CPUs.
+differ.  Sessions on a worker run on the driver's device (on CUDA: the GPU Ray assigned to the
+task, when tasks ask for GPUs), with as many threads as Ray gave the task CPUs.
 """
 
 from __future__ import annotations
@@ -67,7 +67,10 @@ def _run(
         _worker_state.update(key=key, state=setup(ray.get(holder[0])))
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
     threads = max(1, math.floor(cpus)) if cpus else 0
-    with device.using(device.SessionSettings(settings.device, threads)):
+    place = settings.device
+    if place != "cpu" and ray.get_gpu_ids():  # Ray shows the task only the GPU it assigned
+        place = "cuda"
+    with device.using(device.SessionSettings(place, threads)):
         return task(_worker_state["state"], shard)
 
 
