@@ -16,6 +16,7 @@ from onnxq.errors import (
     ModelLoadError,
     OnnxqError,
     OutputError,
+    ResourceError,
     UnsupportedModelError,
     Violation,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "Override",
     "QuantConfig",
     "QuantizedModel",
+    "ResourceError",
     "UnsupportedModelError",
     "Violation",
     "__version__",

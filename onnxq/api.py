@@ -30,6 +30,7 @@ from onnxq.bias_correction import bias_correction_pass
 from onnxq.calibrate import calibration_cache
 from onnxq.config import QuantConfig
 from onnxq.data import model_inputs, open_source
+from onnxq.device import SessionSettings, check_device, using
 from onnxq.errors import CalibrationDataError, ConfigError, InternalError, OnnxqError, OutputError
 from onnxq.heldout import hold_out
 from onnxq.materialize import materialize
@@ -41,6 +42,7 @@ from onnxq.place.loop import place
 from onnxq.prepare import ModelLike, prepare
 from onnxq.ranges import activation_ranges
 from onnxq.report import Report
+from onnxq.scale.executor import Executor
 from onnxq.verify import float_reference, verify
 
 
@@ -147,6 +149,7 @@ def quantize(
     load_calibration: str | os.PathLike[str] | None = None,
     target: AccuracyTarget | str | None = None,
     heldout: Any = None,
+    executor: Executor | None = None,
     **options: Any,
 ) -> QuantizedModel:
     """Quantize ``model`` to a Q/DQ model (INT8, or the config's ``precision``), or with
@@ -176,6 +179,9 @@ def quantize(
             target is a warning, and the best model found is returned.
         heldout: data to measure the target on (any calibration source); default: the first
             ``heldout_batches`` calibration batches, which calibration then skips.
+        executor: where the calibration batches are observed, in shards whose statistics
+            merge exactly (``onnxq.scale.RayExecutor("auto")``: a Ray cluster); the output
+            is the same as without it.
 
     Returns:
         A :class:`QuantizedModel` with ``.model``, ``.report`` and ``.save(path)``.
@@ -183,8 +189,9 @@ def quantize(
     cfg = _config(config, backend, method, exclude, options)
     _check_sources(model, calibration, save_calibration, load_calibration, cfg)
     profile, profile_note = profile_for(cfg.target)  # or a refusal: nothing loaded yet
+    check_device(cfg.device)
     prepared = prepare(model, profile, cfg.simplify)
-    with _blame_conversion(prepared.load.opset_upgrade):
+    with _blame_conversion(prepared.load.opset_upgrade), using(SessionSettings(cfg.device)):
         graph = ir.Graph(prepared.model)
         inputs = model_inputs(graph)
         data = None
@@ -198,7 +205,15 @@ def quantize(
         facts, view = GraphFacts.of(graph, profile), GraphView.of(graph, profile)
         saving = save_calibration is not None
         measure = statistics_source(
-            prepared.model, facts, profile, data, inputs, cfg.calibration, saving, load_calibration
+            prepared.model,
+            facts,
+            profile,
+            data,
+            inputs,
+            cfg.calibration,
+            saving,
+            load_calibration,
+            executor,
         )
         placement = place(facts, profile, cfg.placement, measure)
         mixed = None

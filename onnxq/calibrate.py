@@ -4,13 +4,18 @@ One augmented model exposes exactly the tensors to observe as extra outputs; onn
 it batch by batch, each batch's activations go to the tensors' :class:`TensorStats` and are
 dropped.  Memory depends on the number of observed tensors, never on the number of batches.
 A tensor that needs no histogram, that the graph keeps >= 0 and whose shape is a static
-(N, C, H, W) is observed inside the graph instead (:func:`_peaks_plan`): a GlobalMaxPool gives
+(N, C, H, W) is observed inside the graph instead (:func:`~onnxq.calibration_plan.peaks_plan`):
+a GlobalMaxPool gives
 its per-channel maxima without converting it out of onnxruntime's blocked layout.
 When exposing every tensor at once would pass ``memory_budget`` bytes for one batch, the tensors
 are observed in groups, one pass over the data per group (the data must then be re-iterable).
 A tensor inside an If/Loop/Scan body is threaded out to the top level (``onnxq.ir.probes``):
 its statistics cover every run of its body, and a body that never ran on the data leaves its
 tensors unobservable, with the reason.
+
+How each tensor is observed is decided first (:mod:`onnxq.calibration_plan`), then the batches
+are observed (:func:`observe`) in one pass, or in shards elsewhere (:mod:`onnxq.scale`) whose
+:class:`Observation` values merge exactly, in order (:func:`finish`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
-import math
 import os
 import sys
 import tempfile
@@ -27,21 +31,29 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
-from onnxq import ir
-from onnxq.data import batches_total, check_batch
+from onnxq import device, ir
+from onnxq.calibration_plan import (
+    DEFAULT_HISTOGRAM_BUDGET,
+    DEFAULT_HISTOGRAM_SAMPLE,
+    DEFAULT_MEMORY_BUDGET,
+    CalibrationPlan,
+    PeaksPlan,
+    batch_samples,
+    plan_calibration,
+)
+from onnxq.data import check_batch
 from onnxq.errors import CalibrationDataError, InternalError, UnsupportedModelError
 from onnxq.inputs import Batch, InputSpec
 from onnxq.observers import TensorStats
 
-DEFAULT_MEMORY_BUDGET = 4 * 2**30
-DEFAULT_HISTOGRAM_SAMPLE = 65536  # values per sample that go into a histogram
-DEFAULT_HISTOGRAM_BUDGET = 2**24  # values one histogram counts over the whole calibration
-MIN_SAMPLE_SHARE = 1024  # the budget never takes a sample's share below this
+if TYPE_CHECKING:
+    from onnxq.scale.calibration import CalibrationShard
+    from onnxq.scale.executor import Executor
 
 
 @dataclass
@@ -70,7 +82,8 @@ def make_session(
     workdir: Path | None = None,
     spinning: bool = False,
 ):
-    """An onnxruntime CPU session for ``model`` (external data for huge models).
+    """An onnxruntime session for ``model`` (external data for huge models), on the device
+    and with the threads of :mod:`onnxq.device` (by default: the CPU, onnxruntime's threads).
 
     ``spinning``: let idle onnxruntime threads spin; only when no other thread of ours needs
     a core (a statistics worker competing with spinning threads loses).
@@ -98,12 +111,17 @@ def make_session(
             if not spinning:
                 opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             opts.graph_optimization_level = level
+            placed = device.configure(opts)
             try:
                 # onnxruntime prints an "EP Error ... retrying" banner on stdout on failure
                 with contextlib.redirect_stdout(io.StringIO()):
-                    return ort.InferenceSession(payload, opts, providers=["CPUExecutionProvider"])
+                    session = ort.InferenceSession(
+                        payload, opts, providers=device.providers(), **placed
+                    )
             except Exception as exc:  # the next level, or the error below
                 failure = exc
+                continue
+            return device.confirm(session)
         raise UnsupportedModelError(
             f"onnxruntime cannot load the model: {_one_line(failure)}; onnxq calibrates with "
             "onnxruntime, so the model must run there",
@@ -150,6 +168,7 @@ def calibrate(
     progress: bool = True,
     channels: frozenset[str] = frozenset(),
     positions: frozenset[str] = frozenset(),
+    executor: Executor | None = None,
 ) -> CalibrationResult:
     """Observe ``tensors`` (name -> needs a histogram) over the batches of ``source``.
 
@@ -169,148 +188,279 @@ def calibrate(
     minimum is recorded as 0: every range includes 0, so no scale changes.  When such a tensor
     needs no histogram and has a static (N, C, H, W) shape, its maxima are taken inside the
     graph (a GlobalMaxPool) instead of exposing it whole.
+
+    ``executor`` (:mod:`onnxq.scale`): observe shards of the batches there (on a Ray
+    cluster, say) and merge them; the result is the same as without it.
     """
     graph = ir.Graph(model)
-    defined_in = ir.scope_index(ir.scopes(graph))
-    scope = {name: defined_in.get(name, graph) for name in tensors}  # a body's, or the top
-    stats = {
-        name: TensorStats(
-            name,
-            histogram=hist,
-            channels=name in channels,
-            positions=name in positions,
-            nonnegative=scope[name].nonnegative(name),
-        )
-        for name, hist in tensors.items()
-    }
-    names = sorted(tensors)
-    first = _first_batch(source, inputs)
-    concrete = _concrete_shapes(model, graph, names, first)
-    shapes = {name: concrete.get(name) or scope[name].shape(name) for name in names}
-    peaks = {
-        name: plan
-        for name in names
-        if not tensors[name]
-        and name not in positions
-        and scope[name] is graph
-        and (plan := _peaks_plan(graph, name, concrete.get(name)))
-    }
-    sizes = {
-        name: 4 * peaks[name].channels if name in peaks else 4 * _numel(shapes[name])
-        for name in names
-    }
-    share = sample_share(
-        histogram_sample,
-        histogram_budget,
-        _samples_total(first, _total(source, max_batches), inputs),
+    plan = plan_calibration(
+        model,
+        tensors,
+        source,
+        inputs,
+        max_batches=max_batches,
+        memory_budget=memory_budget,
+        histogram_sample=histogram_sample,
+        histogram_budget=histogram_budget,
+        channels=channels,
+        positions=positions,
+        graph=graph,
     )
-    symbols = batch_symbols(graph)
-    axes = {name: axis for name in names if (axis := batch_axis(graph.shape(name), symbols))}
-    strides = {
-        name: _tensor_stride(shapes[name], share, axes.get(name, 0))
-        for name in names
-        if tensors[name]
-    }
-    budget_sampled = (
-        sum(
-            stride != _tensor_stride(shapes[name], histogram_sample, axes.get(name, 0))
-            for name, stride in strides.items()
+    if executor is not None:
+        from onnxq.scale.calibration import observe_sharded
+
+        held, shards = observe_sharded(
+            executor, observe_shard, worker_state, model, plan, source, inputs, hold, progress
         )
-        if share != histogram_sample
-        else 0
+        return finish(plan, shards, held)
+    observed = observe(
+        model,
+        plan,
+        lambda: _limit(source, max_batches),
+        inputs,
+        hold=hold,
+        progress=progress,
+        graph=graph,
     )
-    groups = _groups(names, sizes, memory_budget)
-    if len(groups) > 1 and iter(source) is source:  # type: ignore[comparison-overlap]
-        raise CalibrationDataError(
-            f"observing {len(names)} tensors needs {len(groups)} passes over the data (memory "
-            "budget), but the calibration source can be read only once; pass a folder, a list, "
-            "or raise the memory budget"
-        )
-    held: list[Batch] = []
-    seen = samples = 0
-    runs: dict[str, int] = {}  # control-flow body -> how often it ran
-    unobservable: dict[str, str] = {}
+    return finish(plan, [observed], observed.held)
+
+
+@dataclass
+class Observation:
+    """What a :class:`CalibrationPlan` saw over consecutive batches (all of them, or one shard
+    of them): the statistics, the batches and samples, how often each control-flow body ran,
+    the body tensors the probes could not thread out (-> why), and for each body tensor the
+    bodies around it, outermost first, with why it has no value if one never ran
+    (:func:`onnxq.ir.unrun`); ``held``: the first batches, when asked to hold them."""
+
+    stats: dict[str, TensorStats]
+    batches: int = 0
+    samples: int = 0
+    runs: dict[str, int] = field(default_factory=dict)
+    declined: dict[str, str] = field(default_factory=dict)
+    bodies: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    held: list[Batch] = field(default_factory=list)
+
+    def merge(self, later: Observation) -> Observation:
+        """Add the observation of the batches right after these, in place; exact
+        (:meth:`TensorStats.merge`), so shards merge into one pass over all of them."""
+        for name, stats in self.stats.items():
+            stats.merge(later.stats[name])
+        self.batches += later.batches
+        self.samples += later.samples
+        for key, count in later.runs.items():
+            self.runs[key] = self.runs.get(key, 0) + count
+        self.declined.update(later.declined)
+        self.bodies.update(later.bodies)
+        return self
+
+
+def observe(
+    model: onnx.ModelProto,
+    plan: CalibrationPlan,
+    batches: Callable[[], Iterable[Any]],
+    inputs: list[InputSpec],
+    *,
+    start: int = 0,
+    hold: int = 0,
+    progress: bool = False,
+    graph: ir.Graph | None = None,
+    sessions: SessionCache | None = None,
+) -> Observation:
+    """One pass per group of ``plan`` over the batches that ``batches()`` gives (called once
+    per pass; its first batch is batch ``start`` of the whole calibration), holding the first
+    ``hold`` of them.  ``sessions``: where a caller that observes several shards keeps the
+    last group's session for the next one."""
+    graph = graph if graph is not None else ir.Graph(model)
+    observer = _Observer(model, graph, plan, inputs, sessions or SessionCache())
     # statistics of batch i are taken on a worker thread while onnxruntime runs batch i+1
     # (both release the GIL); once that run is done the main thread takes the tensors of batch
     # i that the worker has not started (:class:`_BatchWork`), so no core waits idle.  At most
     # two batches of activations are alive at once.  min/max alone is cheaper than a thread
     # hand-off: only histograms go to the worker
-    workers = 1 if any(s.histogram for s in stats.values()) else 0
-    with _executor(workers) as pool:
-        for gi, group in enumerate(groups):
-            plans = [peaks[name] for name in group if name in peaks]
-            exposed = [name for name in group if name not in peaks]
-            try:
-                session, probes = (
-                    _peaks_session(model, graph, exposed, plans, workers == 0)
-                    if group
-                    else (None, ir.ProbePlan())
-                )
-            except UnsupportedModelError as exc:
-                raise _blamed(model, None, exc) from None
-            unobservable.update(probes.declined)
-            exposed = [name for name in exposed if name not in probes.declined]
-            outputs = [name for name in exposed if name not in probes.probes]
-            outputs += [vi.name for vi in probes.outputs] + ([ir.PEAKS_OUTPUT] if plans else [])
-            group_runs: dict[str, int] = {}
-            starts = np.cumsum([0] + [plan.channels for plan in plans])  # in the joined output
-            order = sorted(range(len(exposed)), key=lambda k: -sizes[exposed[k]])  # big first
-            label = "calibrating" if len(groups) == 1 else f"calibrating {gi + 1}/{len(groups)}"
-            seen = 0
-            pending: _BatchWork | None = None
-            buffers = _OutputBuffers(session, outputs) if session is not None else None
-            for index, raw in enumerate(
-                _progress(_limit(source, max_batches), label, progress, _total(source, max_batches))
-            ):
-                batch = check_batch(raw, inputs, index)
-                if gi == 0 and len(held) < hold:
-                    held.append(batch)
-                if gi == 0:
-                    samples += _batch_samples(batch, inputs)
-                if buffers is not None:
-                    try:
-                        values = buffers.run(batch, index)
-                    except UnsupportedModelError as exc:
-                        raise _blamed(model, batch, exc) from None
-                    outs: dict[str, Any] = dict(zip(outputs, values, strict=True))
-                    if probes.markers:
-                        _take_probes(probes, outs, group_runs)
-                    if pending is not None:
-                        pending.finish()  # re-raises a NaN/Inf error of the previous batch
-                    pending = _BatchWork(
-                        _observe_tasks(stats, exposed, plans, starts, outs, strides, axes, index),
-                        order,
-                    )
-                    pending.start(pool)
-                seen += 1
-            if pending is not None:
-                pending.finish()
-            for key, count in group_runs.items():  # every pass sees the same batches
-                runs[key] = max(runs.get(key, 0), count)
-            for name in probes.probes:
-                if (why := probes.never_ran(name, runs)) is not None:
-                    unobservable[name] = why
-            session = buffers = None  # free this group's weights (and buffers) before the
-            # next session loads its own
-            if seen == 0:
-                raise CalibrationDataError(
-                    "the calibration data yielded no batches; give at least one batch"
-                )
-    if samples == 0:
+    with _executor(0 if observer.spinning else 1) as pool:
+        for gi, group in enumerate(plan.groups):
+            count = len(plan.groups)
+            label = "calibrating" if count == 1 else f"calibrating {gi + 1}/{count}"
+            source = _progress(iter(batches()), label, progress, plan.total)
+            observer.pass_over(group, source, start, hold if gi == 0 else -1, pool)
+    return observer.seen
+
+
+def finish(
+    plan: CalibrationPlan, observations: Iterable[Observation], held: list[Batch]
+) -> CalibrationResult:
+    """The result of ``observations`` of consecutive shards of the data, in order: their
+    merge, with the tensors that have no statistics (-> why) left out."""
+    total: Observation | None = None
+    for observed in observations:
+        total = observed if total is None else total.merge(observed)
+    if total is None or total.batches == 0:
         raise CalibrationDataError(
-            f"the {seen} calibration batch(es) hold no samples (their inputs are empty along "
-            "the first axis); give batches with at least one sample"
+            "the calibration data yielded no batches; give at least one batch"
         )
-    for name in unobservable:
-        del stats[name]
-    return CalibrationResult(stats, seen, held, share, budget_sampled, samples, unobservable, runs)
+    if total.samples == 0:
+        raise CalibrationDataError(
+            f"the {total.batches} calibration batch(es) hold no samples (their inputs are "
+            "empty along the first axis); give batches with at least one sample"
+        )
+    unobservable = dict(total.declined)
+    for name, bodies in total.bodies.items():
+        if (why := ir.unrun(bodies, total.runs)) is not None:
+            unobservable[name] = why
+    stats = {name: s for name, s in total.stats.items() if name not in unobservable}
+    return CalibrationResult(
+        stats,
+        total.batches,
+        held,
+        plan.share,
+        plan.budget_sampled,
+        total.samples,
+        unobservable,
+        total.runs,
+    )
+
+
+class SessionCache:
+    """The calibration session (and its probe plan) of the last group observed, for the next
+    shard under the same plan; one at a time: the old one goes before a new one is built."""
+
+    def __init__(self) -> None:
+        self._key: object = None
+        self._value: Any = None
+
+    def get(self, key: object, build: Callable[[], Any]) -> Any:
+        """The value cached under ``key``, else what ``build()`` gives (then cached)."""
+        if self._key != key:
+            self._key = self._value = None  # free the old session's weights first
+            self._value = build()
+            self._key = key
+        return self._value
+
+
+@dataclass
+class WorkerState:
+    """What a worker of a sharded calibration keeps between shards: the model, its graph,
+    the last session (:mod:`onnxq.scale.calibration`)."""
+
+    model: onnx.ModelProto
+    graph: ir.Graph
+    sessions: SessionCache
+
+
+def worker_state(model: onnx.ModelProto) -> WorkerState:
+    """A worker's state for ``model`` (the executor's ``setup``)."""
+    return WorkerState(model, ir.Graph(model), SessionCache())
+
+
+def observe_shard(state: WorkerState, shard: CalibrationShard) -> Observation:
+    """Observe one shard of a sharded calibration (the executor's ``task``)."""
+    return observe(
+        state.model,
+        shard.plan,
+        lambda: shard.batches,
+        shard.inputs,
+        start=shard.start,
+        graph=state.graph,
+        sessions=state.sessions,
+    )
+
+
+class _Observer:
+    """Observes the groups of a plan, one pass each, into :attr:`seen`."""
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        graph: ir.Graph,
+        plan: CalibrationPlan,
+        inputs: list[InputSpec],
+        sessions: SessionCache,
+    ) -> None:
+        self.model, self.graph, self.plan, self.inputs = model, graph, plan, inputs
+        self.sessions = sessions
+        # no statistics thread (min/max only): onnxruntime's idle threads may spin
+        self.spinning = not any(plan.tensors.values())
+        self.seen = Observation(
+            {
+                name: TensorStats(
+                    name,
+                    histogram=hist,
+                    channels=name in plan.channels,
+                    positions=name in plan.positions,
+                    nonnegative=name in plan.nonnegative,
+                )
+                for name, hist in plan.tensors.items()
+            }
+        )
+
+    def _session(self, exposed: list[str], plans: list[PeaksPlan]) -> Any:
+        if not exposed and not plans:
+            return None, ir.ProbePlan()
+        key = (tuple(exposed), tuple(plan.tensor for plan in plans), self.spinning)
+        try:
+            return self.sessions.get(
+                key, lambda: _peaks_session(self.model, self.graph, exposed, plans, self.spinning)
+            )
+        except UnsupportedModelError as exc:
+            raise _blamed(self.model, None, exc) from None
+
+    def pass_over(
+        self, group: list[str], batches: Iterator[Any], start: int, hold: int, pool: Any
+    ) -> None:
+        """One pass over ``batches`` for the tensors of ``group``; ``hold`` >= 0: the first
+        pass, which holds that many batches and counts the samples."""
+        plan, seen = self.plan, self.seen
+        plans = [plan.peaks[name] for name in group if name in plan.peaks]
+        exposed = [name for name in group if name not in plan.peaks]
+        session, probes = self._session(exposed, plans)
+        seen.declined.update(probes.declined)
+        exposed = [name for name in exposed if name not in probes.declined]
+        outputs = [name for name in exposed if name not in probes.probes]
+        outputs += [vi.name for vi in probes.outputs] + ([ir.PEAKS_OUTPUT] if plans else [])
+        runs: dict[str, int] = {}
+        starts = np.cumsum([0] + [p.channels for p in plans])  # in the joined output
+        order = sorted(range(len(exposed)), key=lambda k: -plan.sizes[exposed[k]])  # big first
+        pending: _BatchWork | None = None
+        buffers = _OutputBuffers(session, outputs) if session is not None else None
+        count = 0
+        for index, raw in enumerate(batches, start):
+            batch = check_batch(raw, self.inputs, index)
+            if len(seen.held) < hold:
+                seen.held.append(batch)
+            if hold >= 0:
+                seen.samples += batch_samples(batch, self.inputs)
+            count += 1
+            if buffers is None:
+                continue
+            try:
+                values = buffers.run(batch, index)
+            except UnsupportedModelError as exc:
+                raise _blamed(self.model, batch, exc) from None
+            outs: dict[str, Any] = dict(zip(outputs, values, strict=True))
+            if probes.markers:
+                _take_probes(probes, outs, runs)
+            if pending is not None:
+                pending.finish()  # re-raises a NaN/Inf error of the previous batch
+            tasks = _observe_tasks(
+                seen.stats, exposed, plans, starts, outs, plan.strides, plan.axes, index
+            )
+            pending = _BatchWork(tasks, order)
+            pending.start(pool)
+        if pending is not None:
+            pending.finish()
+        seen.batches = count  # every pass sees the same batches
+        for key, ran in runs.items():
+            seen.runs[key] = max(seen.runs.get(key, 0), ran)
+        for name in probes.probes:
+            seen.bodies[name] = probes.conditions(name)
 
 
 def _peaks_session(
     model: onnx.ModelProto,
     graph: ir.Graph,
     exposed: list[str],
-    plans: list[_PeaksPlan],
+    plans: list[PeaksPlan],
     spinning: bool,
 ) -> tuple[Any, ir.ProbePlan]:
     """A session whose outputs are the top-level tensors of ``exposed``, the probes of its
@@ -346,108 +496,6 @@ def _joined(parts: list[np.ndarray]) -> list[np.ndarray]:
     if run:
         out.append(np.concatenate(run) if len(run) > 1 else run[0])
     return out
-
-
-def batch_symbols(graph: ir.Graph) -> frozenset[str]:
-    """The symbolic first dimensions of the model's inputs: their batch axes' names."""
-    out = set()
-    for name in graph.graph_inputs:
-        shape = graph.shape(name)
-        if shape and len(shape) >= 2 and isinstance(shape[0], str):
-            out.add(shape[0])
-    return frozenset(out)
-
-
-def batch_axis(shape: tuple[int | str | None, ...] | None, symbols: frozenset[str]) -> int:
-    """The axis of a tensor that holds the samples: the first, unless it is not an input's batch
-    symbol and exactly one other axis is (a time-major [T, N, C] tensor inside an RNN)."""
-    if not shape or not symbols or shape[0] in symbols:
-        return 0
-    found = [k for k, d in enumerate(shape) if isinstance(d, str) and d in symbols]
-    return found[0] if len(found) == 1 else 0
-
-
-def _batch_samples(batch: Batch, inputs: list[InputSpec] | None = None) -> int:
-    """Samples in one batch: its first input of rank >= 2 along its first axis, else 1.
-
-    An input of rank 3 or less whose declared first dimension is fixed while a later one is
-    symbolic has no batch axis ([3, H, W]: one image, as torchvision's detectors take it):
-    one sample.  (Rank 4 and more: the first axis is the batch, as in NCHW.)"""
-    declared = {spec.name: spec.shape for spec in inputs or ()}
-    for name, value in batch.items():
-        if getattr(value, "ndim", 0) >= 2:
-            shape = declared.get(name)
-            if (
-                shape
-                and len(shape) <= 3
-                and isinstance(shape[0], int)
-                and any(not isinstance(d, int) for d in shape[1:])
-            ):
-                return 1
-            return int(value.shape[0])
-    return 1
-
-
-def sample_share(histogram_sample: int, budget: int, samples: int | None) -> int:
-    """Values per sample that go into a histogram: ``histogram_sample`` (0: every value),
-    lowered to ``budget / samples`` rounded down to a power of two (at least
-    :data:`MIN_SAMPLE_SHARE`) when ``samples`` is known and the budget would be passed.
-    The power of two keeps the share the same for sample counts that differ a little (a
-    last, shorter batch)."""
-    if histogram_sample <= 0 or budget <= 0 or not samples:
-        return histogram_sample
-    fair = budget // samples
-    if fair >= histogram_sample:
-        return histogram_sample
-    return min(histogram_sample, max(MIN_SAMPLE_SHARE, 1 << max(0, fair.bit_length() - 1)))
-
-
-def _samples_total(
-    first: Batch | None, batches: int | None, inputs: list[InputSpec] | None = None
-) -> int | None:
-    """Samples in the whole calibration, from the number of batches and the first batch's
-    samples (:func:`_batch_samples`); None when either is unknown."""
-    if first is None or not batches:
-        return None
-    return batches * max(_batch_samples(first, inputs), 1)
-
-
-def _tensor_stride(shape: tuple[int | str | None, ...] | None, target: int, axis: int = 0) -> int:
-    """The histogram stride of a tensor: 1 unless its concrete shape is known and a sample
-    (everything but the batch ``axis``; all of it for rank <= 1) has more than ``target``."""
-    if target <= 0 or shape is None or not all(isinstance(d, int) and d > 0 for d in shape):
-        return 1
-    dims = [int(d) for d in shape]  # type: ignore[arg-type]
-    per_sample = _numel(shape[:axis] + shape[axis + 1 :] if len(shape) >= 2 else shape)
-    return _stride(per_sample, dims, target)
-
-
-def _numel(shape: tuple[int | str | None, ...] | None) -> int:
-    """Number of elements; unknown dimensions count as 64 (an unknown shape as 1M)."""
-    if shape is None:
-        return 1024 * 1024
-    n = 1
-    for d in shape:
-        n *= d if isinstance(d, int) and d > 0 else 64
-    return n
-
-
-def _stride(per_sample: int, dims: list[int], target: int) -> int:
-    """1 when a sample has at most ``target`` values, else the smallest prime >= the ratio
-    that divides no dimension (a stride sharing a factor with a dimension would sample the
-    same few channels or columns over and over)."""
-    if per_sample <= target:
-        return 1
-    p = max(2, -(-per_sample // target))
-    while not _is_prime(p) or any(d % p == 0 for d in dims):
-        p += 1
-    return p
-
-
-def _is_prime(n: int) -> bool:
-    if n < 2:
-        return False
-    return all(n % k for k in range(2, math.isqrt(n) + 1))
 
 
 class _Inline:
@@ -587,7 +635,7 @@ class _OutputBuffers:
 def _observe_tasks(
     stats: dict[str, TensorStats],
     exposed: list[str],
-    plans: list[_PeaksPlan],
+    plans: list[PeaksPlan],
     starts: np.ndarray,
     outs: dict[str, np.ndarray],
     strides: dict[str, int],
@@ -619,7 +667,7 @@ def _observe_tasks(
 
 def _observe_peaks(
     stats: dict[str, TensorStats],
-    plans: list[_PeaksPlan],
+    plans: list[PeaksPlan],
     starts: np.ndarray,
     joined: np.ndarray,
     index: int,
@@ -685,87 +733,9 @@ class _BatchWork:
                 self._errors[k] = exc
 
 
-@dataclass(frozen=True)
-class _PeaksPlan:
-    """A tensor observed inside the graph through its per-channel maxima."""
-
-    tensor: str
-    channels: int
-    per_sample: int  # values per sample (C*H*W, static)
-
-
-def _peaks_plan(
-    graph: ir.Graph, name: str, concrete: tuple[int | str | None, ...] | None = None
-) -> _PeaksPlan | None:
-    """Observe ``name`` through in-graph per-channel maxima when that is exact: a float32
-    tensor the graph keeps >= 0 (so its maxima give its whole range) with a static (N, C, H, W)
-    shape, which onnxruntime may hold in its blocked layout.  (Only for tensors without a
-    histogram: a histogram needs the values themselves, and a grid of them sampled in the
-    graph chose worse ranges than the per-value stride; docs/calibration.md.)
-
-    ``concrete``: the shape inferred afresh for the first batch, which must agree (a model's
-    own shape annotations can be stale)."""
-    shape = graph.shape(name)
-    if (
-        shape is None
-        or len(shape) != 4
-        or graph.elem_type(name) != onnx.TensorProto.FLOAT
-        or not all(isinstance(d, int) and d > 0 for d in shape[1:])
-        or (concrete is not None and tuple(concrete[1:]) != tuple(shape[1:]))
-        or not graph.nonnegative(name)
-    ):
-        return None
-    c, h, w = (int(d) for d in shape[1:])  # type: ignore[arg-type]
-    return _PeaksPlan(name, c, c * h * w)
-
-
-def _first_batch(source: Iterable[Batch], inputs: list[InputSpec]) -> Batch | None:
-    """The first batch of a re-iterable source (to size the observed tensors), else None."""
-    if iter(source) is source:  # type: ignore[comparison-overlap]
-        return None
-    for raw in source:
-        return check_batch(raw, inputs, 0)
-    return None
-
-
-def _concrete_shapes(
-    model: onnx.ModelProto, graph: ir.Graph, names: list[str], first: Batch | None
-) -> dict[str, tuple[int | str | None, ...]]:
-    """The observed tensors' shapes inferred with the first batch's concrete input shapes
-    (graph shapes where that inference knows nothing)."""
-    if first is None:
-        return {}
-    concrete: dict[str, tuple[int | str | None, ...]] = dict(
-        ir.shapes_for_inputs(model, {k: v.shape for k, v in first.items()})
-    )
-    concrete.update({k: tuple(v.shape) for k, v in first.items()})
-    return {name: concrete[name] for name in names if name in concrete}
-
-
-def _groups(names: list[str], sizes: dict[str, int], budget: int) -> list[list[str]]:
-    """Split tensors so that one batch of each group stays under ``budget`` bytes."""
-    groups: list[list[str]] = [[]]
-    used = 0
-    for name in names:
-        size = sizes[name]
-        if groups[-1] and used + size > budget:
-            groups.append([])
-            used = 0
-        groups[-1].append(name)
-        used += size
-    return groups
-
-
 def _limit(source: Iterable[Batch], max_batches: int | None) -> Iterator[Batch]:
     it = iter(source)
     return it if max_batches is None else itertools.islice(it, max_batches)
-
-
-def _total(source: Iterable[Batch], max_batches: int | None) -> int | None:
-    total = batches_total(source)
-    if total is None:
-        return max_batches
-    return total if max_batches is None else min(total, max_batches)
 
 
 def _progress(it: Iterator[Batch], label: str, enabled: bool, total: int | None) -> Iterator[Batch]:

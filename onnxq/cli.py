@@ -177,7 +177,22 @@ def _parser() -> argparse.ArgumentParser:
         "batches, which calibration then skips)",
     )
     q.add_argument(
-        "--heldout-batches", type=_positive, help="batches held out for --target (default 16)"
+        "--heldout-batches",
+        type=_positive,
+        help="batches held out for --target (default 16)",
+    )
+    q.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="observe the calibration batches as Ray tasks: auto (the cluster of `ray "
+        "start`), host:port, ray://host:10001, or local (Ray on this machine); the output is "
+        "the same as without (needs onnxq[ray]; docs/scale.md)",
+    )
+    q.add_argument(
+        "--device",
+        metavar="DEVICE",
+        help="where calibration and validation run: cpu (default), cuda or cuda:N "
+        "(needs onnxruntime-gpu)",
     )
     _target_flags(q)
     q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
@@ -437,6 +452,8 @@ def _quantize(args: argparse.Namespace) -> int:
         target_accuracy=args.target,
         heldout_batches=args.heldout_batches,
         heldout=args.heldout,
+        device=args.device,
+        executor=_ray_executor(args.ray, args.device),
     )
     try:
         written = result.save(
@@ -471,6 +488,16 @@ def _target_missed(record: dict[str, Any] | None, out: Path) -> None:
         f"(all INT8: {record['int8_score']}); lower the target or keep more layers float "
         "with --exclude"
     )
+
+
+def _ray_executor(address: str | None, device: str | None) -> Any:
+    """A Ray executor for ``--ray ADDRESS`` (None without it), each task on a GPU of its own
+    with ``--device cuda``; Ray disconnects at exit."""
+    if address is None:
+        return None
+    from onnxq.scale import RayExecutor
+
+    return RayExecutor(address, num_gpus=1.0 if device and device != "cpu" else 0.0)
 
 
 def _with_method_overrides(config: str | None, items: list[str]) -> Any:

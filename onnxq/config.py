@@ -27,6 +27,7 @@ from typing import Any
 
 from onnxq.backends.cpu import cpu_class
 from onnxq.backends.profile import BACKENDS
+from onnxq.device import is_device
 from onnxq.errors import ConfigError
 from onnxq.observers import WEIGHT_METHODS
 from onnxq.options import (
@@ -176,6 +177,9 @@ class QuantConfig:
         heldout_batches: batches held out to measure the accuracy target: the first ones of
             the calibration data, which calibration then skips (at most a quarter of them),
             unless held-out data is given.
+        device: where the calibration and validation sessions run: ``cpu``, or ``cuda`` /
+            ``cuda:N`` (onnxruntime's CUDA execution provider: the ``onnxruntime-gpu``
+            package and a CUDA device; ``onnxq.device``).
     """
 
     backend: str = option("tensorrt", one_of(lambda: BACKENDS, "backend"))
@@ -206,6 +210,7 @@ class QuantConfig:
     progress: bool = option(True)
     target_accuracy: str | None = option(None, lambda name, value: _check_target(value, name))
     heldout_batches: int = option(16, must(lambda v: v >= 1, "be >= 1"))
+    device: str = option("cpu", must(is_device, "be cpu, cuda or cuda:N"))
 
     def __post_init__(self) -> None:
         # values from Python are checked like those from YAML: type first, then value

@@ -7,11 +7,14 @@ Anything iterable that yields ``{input_name: np.ndarray}`` is a source.  From di
 * a folder of ``.npy`` files, for single-input models;
 * one ``.npz`` whose arrays share a leading sample axis, cut into batches of ``batch_size``.
 
-Files are read lazily, one batch at a time, with ``allow_pickle=False``.
+Files are read lazily, one batch at a time, with ``allow_pickle=False``.  A source read from
+files also offers ``window(start, stop)``: its batches ``start:stop`` as a small source of their
+own, which another process that sees the same files reads (a shard, ``onnxq.scale``).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import zipfile
 import zlib
@@ -57,6 +60,13 @@ class NpzFolder:
     def __iter__(self) -> Iterator[Batch]:
         for path in self.files:
             yield _read_batch(path, self.inputs)
+
+    def window(self, start: int, stop: int) -> NpzFolder:
+        """Batches ``start:stop`` as a source of their own: a small value (file names) that
+        any process seeing the same files reads (:mod:`onnxq.scale`)."""
+        part = copy.copy(self)
+        part.files = self.files[start:stop]
+        return part
 
 
 class NpzSamples:

@@ -53,6 +53,11 @@ class OutputError(OnnxqError):
     """The output cannot be written where the user asked."""
 
 
+class ResourceError(OnnxqError):
+    """What the run asked to run on is missing or failing: a CUDA device (``--device cuda``),
+    a Ray cluster or its workers (``--ray``)."""
+
+
 @dataclass(frozen=True)
 class Violation:
     """One broken backend constraint: which node, which field, what was expected, what was found."""
@@ -91,5 +96,7 @@ class InternalError(Exception):
     backend's constraints or fails in onnxruntime.  The message ends asking for a report."""
 
     def __init__(self, message: str, *, onnxruntime_failed: bool = False) -> None:
-        super().__init__(f"{message}; {REPORT_REQUEST}")
+        # (a message that already asks, e.g. when unpickled from a Ray worker, is kept)
+        suffix = "" if message.endswith(REPORT_REQUEST) else f"; {REPORT_REQUEST}"
+        super().__init__(f"{message}{suffix}")
         self.onnxruntime_failed = onnxruntime_failed

@@ -8,6 +8,7 @@ imported lazily.  The spec grammar of :meth:`Preprocess.from_spec` is in ``docs/
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -280,6 +281,24 @@ class ImageFolder:
     def __len__(self) -> int:
         """The number of batches."""
         return self._len
+
+    def window(self, start: int, stop: int) -> ImageFolder:
+        """Batches ``start:stop`` as a source of their own: a small value (file names and the
+        preprocessing) that any process seeing the same files reads (:mod:`onnxq.scale`)."""
+        part = copy.copy(self)
+        stop = min(max(start, stop), self._len)
+        part.files = self.files[start * self.batch_size : stop * self.batch_size]
+        part._len = stop - start
+        return part
+
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if k != "_image"}  # a module
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        from PIL import Image
+
+        self.__dict__.update(state)
+        self._image = Image
 
     def __iter__(self) -> Iterator[Batch]:
         for i in range(self._len):

@@ -27,6 +27,7 @@ from onnxq.errors import InternalError
 from onnxq.inputs import Batch, InputSpec
 from onnxq.options import CalibrationOptions
 from onnxq.place.facts import GraphFacts
+from onnxq.scale.executor import Executor
 
 
 class Calibration:
@@ -37,7 +38,8 @@ class Calibration:
     data can be read again.  When it cannot (a generator), those tensors are
     ``unobservable``: they stay float; so are the tensors of a control-flow body that never ran
     on the data (``body_runs`` says how often each body ran).  ``all_histograms``: every
-    tensor gets a histogram (a calibration cache then serves any method).
+    tensor gets a histogram (a calibration cache then serves any method).  ``executor``
+    (:mod:`onnxq.scale`): observe shards of the data there; the statistics are the same.
     """
 
     def __init__(
@@ -48,8 +50,10 @@ class Calibration:
         options: CalibrationOptions,
         facts: GraphFacts,
         all_histograms: bool = False,
+        executor: Executor | None = None,
     ) -> None:
         self._model, self._data, self._inputs = model, data, inputs
+        self._executor = executor
         self._options, self._all_histograms = options, all_histograms
         self._channels = frozenset(facts.grouped_convs.values())
         self._positions = frozenset(facts.position_norm_convs.values())
@@ -88,6 +92,7 @@ class Calibration:
             progress=o.progress,
             channels=self._channels,
             positions=self._positions,
+            executor=self._executor,
         )
 
 
@@ -141,10 +146,11 @@ def statistics_source(
     options: CalibrationOptions,
     saving: bool,
     cache: str | os.PathLike[str] | None,
+    executor: Executor | None = None,
 ) -> Calibration | CachedStatistics | RuntimeQuantization:
     """Where the placement loop gets its statistics: none for a dynamic profile (its kernels
     quantize at run time), the calibration ``cache`` when one is given, else the data (with a
-    histogram for every tensor when ``saving`` a cache)."""
+    histogram for every tensor when ``saving`` a cache), observed on ``executor`` if given."""
     if profile.dynamic or cache is not None:
         held = held_batches(model, data, inputs, options.fidelity_batches)
         if profile.dynamic:
@@ -152,7 +158,7 @@ def statistics_source(
         assert cache is not None
         return CachedStatistics(cache, facts.graph, profile.name, held)
     assert data is not None
-    return Calibration(model, data, inputs, options, facts, saving)
+    return Calibration(model, data, inputs, options, facts, saving, executor)
 
 
 def held_batches(

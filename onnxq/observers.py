@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from onnxq.errors import CalibrationDataError, ConfigError, InternalError
+from onnxq.exact import exact, exact_sum, rounded
 from onnxq.precisions import QTYPES, QType
 
 BINS = 4096  # signed bins over [-R, R]; 2048 per side, as TensorRT's entropy calibrator uses
@@ -76,8 +77,10 @@ class TensorStats:
     range: float = 0.0  # R, a power of two, 0 until the first non-empty update
     counts: np.ndarray = field(default_factory=lambda: np.zeros(BINS, dtype=np.int64))
     samples: int = 0  # samples along the leading axis, for the moving-average min/max
-    sample_min_sum: float = 0.0
-    sample_max_sum: float = 0.0
+    # the sums of the per-sample minima and maxima, exact (:mod:`onnxq.exact`): the same for
+    # any batching, and shards of data merge into the same value
+    sample_min_total: int = 0
+    sample_max_total: int = 0
     channels: bool = False  # also track each channel's peak |x| (axis 1)
     channel_amax: np.ndarray | None = None
     # also count the positions (sample, t) of a rank-3 [N, C, T] tensor by their peak |x| over
@@ -160,8 +163,8 @@ class TensorStats:
         self.count += count
         self.samples += len(row_max)
         if row_min is not None:
-            self.sample_min_sum += float(row_min.sum())
-        self.sample_max_sum += float(row_max.sum())
+            self.sample_min_total += exact_sum(row_min)
+        self.sample_max_total += exact_sum(row_max)
         self.min = min(self.min, lo)
         self.max = max(self.max, hi)
         if peak is not None:
@@ -308,8 +311,8 @@ class TensorStats:
             self.positions, self.position_counts = False, None
         self.nonnegative = self.nonnegative and other.nonnegative
         self.samples += other.samples
-        self.sample_min_sum += other.sample_min_sum
-        self.sample_max_sum += other.sample_max_sum
+        self.sample_min_total += other.sample_min_total
+        self.sample_max_total += other.sample_max_total
         if self.count == 0:
             self.count, self.min, self.max = other.count, other.min, other.max
             self.range, self.counts = other.range, other.counts.copy()
@@ -347,6 +350,16 @@ class TensorStats:
                 out.counts[b] += out.counts[b + 1 :].sum()
                 out.counts[b + 1 :] = 0
         return out
+
+    @property
+    def sample_min_sum(self) -> float:
+        """The sum of the per-sample minima."""
+        return rounded(self.sample_min_total)
+
+    @property
+    def sample_max_sum(self) -> float:
+        """The sum of the per-sample maxima."""
+        return rounded(self.sample_max_total)
 
     # -- views of the histogram -------------------------------------------------------------
     def abs_histogram(self) -> tuple[np.ndarray, float]:
@@ -393,8 +406,8 @@ class TensorStats:
             max=float(data["max"]),
             range=float(data["range"]),
             samples=int(data["samples"]),
-            sample_min_sum=float(data["sample_min_sum"]),
-            sample_max_sum=float(data["sample_max_sum"]),
+            sample_min_total=exact(float(data["sample_min_sum"])),
+            sample_max_total=exact(float(data["sample_max_sum"])),
             histogram=bool(data["histogram"]),
             nonnegative=bool(data.get("nonnegative", False)),
         )

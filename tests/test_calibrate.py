@@ -8,16 +8,8 @@ import onnxruntime as ort
 import pytest
 
 from onnxq import ir
-from onnxq.calibrate import (
-    MIN_SAMPLE_SHARE,
-    _OutputBuffers,
-    _peaks_plan,
-    _stride,
-    calibrate,
-    exposing,
-    make_session,
-    sample_share,
-)
+from onnxq.calibrate import _OutputBuffers, calibrate, exposing, make_session
+from onnxq.calibration_plan import MIN_SAMPLE_SHARE, _stride, peaks_plan, sample_share
 from onnxq.data import model_inputs
 from onnxq.errors import CalibrationDataError, InternalError, UnsupportedModelError
 from onnxq.observers import BINS, TensorStats
@@ -389,7 +381,7 @@ def _time_major() -> onnx.ModelProto:
 
 
 def test_a_time_major_tensor_is_observed_per_sample_along_its_batch_axis():
-    from onnxq.calibrate import batch_axis, batch_symbols
+    from onnxq.calibration_plan import batch_axis, batch_symbols
 
     model, inputs = prepared(_time_major())
     graph = ir.Graph(model)
@@ -526,8 +518,8 @@ def test_a_relu_output_is_observed_in_the_graph_with_the_same_statistics():
     # max, count, per-sample sums and channel peaks equal those of the whole tensor
     model, inputs = prepared(batched_conv())
     graph = ir.Graph(model)
-    assert _peaks_plan(graph, "y") is not None  # observed in the graph
-    assert _peaks_plan(graph, "conv_out") is None  # signed: exposed whole
+    assert peaks_plan(graph, "y") is not None  # observed in the graph
+    assert peaks_plan(graph, "conv_out") is None  # signed: exposed whole
     batches = [graphs.random_inputs(model, seed=i, dynamic=3) for i in range(4)]
     got = calibrate(
         model, {"y": False}, batches, inputs, channels=frozenset({"y"}), progress=False
@@ -558,7 +550,7 @@ def test_nan_in_an_in_graph_observed_tensor_is_an_error():
     model, inputs = prepared(
         graphs.model(nodes, [graphs.tensor("x", [1, 4, 8, 8])], [graphs.tensor("e", [1, 4, 8, 8])])
     )
-    assert _peaks_plan(ir.Graph(model), "e") is not None
+    assert peaks_plan(ir.Graph(model), "e") is not None
     with pytest.raises(CalibrationDataError, match="'e' has NaN or Inf values in calibration"):
         calibrate(
             model, {"e": False}, [{"x": -np.ones((1, 4, 8, 8), np.float32)}], inputs, progress=False
@@ -570,7 +562,7 @@ def test_stale_declared_shapes_do_not_mix_up_channels():
     model = graphs.conv_relu()
     model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 8
     model, inputs = prepared(model)
-    assert ir.Graph(model).shape("y") == (1, 8, 8, 8) and _peaks_plan(ir.Graph(model), "y")
+    assert ir.Graph(model).shape("y") == (1, 8, 8, 8) and peaks_plan(ir.Graph(model), "y")
     batches = graphs.random_batches(model, 3)
     # a re-iterable source: shapes inferred afresh for the first batch disagree, so y is
     # read whole and its statistics are right
@@ -612,19 +604,19 @@ def test_batch_work_runs_every_job_once_and_raises_the_first_failure_by_position
 
 def test_an_unbatched_image_input_counts_one_sample_per_batch():
     # torchvision's detectors take [3, H, W]: its fixed 3 is channels, not 3 samples
-    from onnxq.calibrate import _batch_samples, _samples_total
+    from onnxq.calibration_plan import batch_samples, samples_total
     from onnxq.data import InputSpec
 
     image = {"image": np.zeros((3, 64, 48), np.float32)}
     unbatched = [InputSpec("image", np.dtype(np.float32), (3, "height", "width"))]
-    assert _batch_samples(image, unbatched) == 1
-    assert _samples_total(image, 16, unbatched) == 16
+    assert batch_samples(image, unbatched) == 1
+    assert samples_total(image, 16, unbatched) == 16
     batched = [InputSpec("image", np.dtype(np.float32), ("n", 64, 48))]
-    assert _batch_samples(image, batched) == 3
+    assert batch_samples(image, batched) == 3
     static = [InputSpec("image", np.dtype(np.float32), (3, 64, 48))]  # no symbol: as given
-    assert _batch_samples(image, static) == 3
+    assert batch_samples(image, static) == 3
     nchw = {"x": np.zeros((2, 3, 64, 48), np.float32)}  # a fixed batch of 2, dynamic H/W
-    assert _batch_samples(nchw, [InputSpec("x", np.dtype(np.float32), (2, 3, "h", "w"))]) == 2
+    assert batch_samples(nchw, [InputSpec("x", np.dtype(np.float32), (2, 3, "h", "w"))]) == 2
 
 
 def test_a_session_that_onnxruntimes_layout_optimizer_breaks_falls_back(capsys):

@@ -19,6 +19,7 @@ from onnxq.errors import (
     ModelLoadError,
     OnnxqError,
     OutputError,
+    ResourceError,
     UnsupportedModelError,
     Violation,
 )
@@ -32,6 +33,7 @@ EXPECTED: list[tuple[BaseException, int]] = [
     (ConfigError("bad option"), 2),
     (CalibrationDataError("wrong shape"), 2),
     (OutputError("no folder"), 2),
+    (ResourceError("no CUDA device"), 2),
     (BackendConstraintError("refused"), 2),
     (BackendConstraintError("violations", [Violation("n", "zero point", "0", "3")]), 1),
     (AccuracyError("top-1 71.2% < target 75%"), 1),

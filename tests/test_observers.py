@@ -685,3 +685,43 @@ def test_fp8_weight_is_per_channel_amax_and_keeps_three_mantissa_bits():
     back = dequantize_weight(q, qp)
     # E4M3 keeps 3 mantissa bits: every value within 1/16 of itself (2^-4 relative)
     assert np.all(np.abs(back - w) <= np.abs(w) / 16 + 1e-12)
+
+
+def _all_fields(stats: TensorStats) -> dict[str, object]:
+    out = {}
+    for name, value in vars(stats).items():
+        out[name] = value.tolist() if isinstance(value, np.ndarray) else value
+    return out
+
+
+@SETTINGS
+@given(
+    st.integers(0, 2**32 - 1),
+    st.lists(st.integers(1, 5), min_size=1, max_size=6),
+    st.booleans(),
+)
+def test_shards_merge_into_exactly_the_statistics_of_one_pass(seed, sizes, nonnegative):
+    # every field equal (the sample sums bit for bit), however the batches are split
+    r = np.random.default_rng(seed)
+    scales = 10.0 ** r.uniform(-3, 3, size=sum(sizes))  # the range grows and shrinks
+    batches = [
+        (r.standard_normal((2, 3, 5)) * scale).astype(np.float32) for scale in scales.tolist()
+    ]
+    if nonnegative:
+        batches = [np.abs(b) for b in batches]
+
+    def fresh() -> TensorStats:
+        return TensorStats("t", channels=True, positions=True, nonnegative=nonnegative)
+
+    whole = fresh()
+    for b in batches:
+        whole.update(b, stride=2)
+    merged, at = fresh(), 0
+    for size in sizes:
+        shard = fresh()
+        for b in batches[at : at + size]:
+            shard.update(b, stride=2)
+        merged.merge(shard)
+        at += size
+    assert _all_fields(merged) == _all_fields(whole)
+    assert merged.sample_max_sum == whole.sample_max_sum

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxq import ir
+from onnxq import device, ir
 from onnxq.backends.cpu import this_machine
 from onnxq.backends.validate import (
     OutputFidelity,
@@ -124,7 +124,9 @@ def default_session_view(
     default session cannot load or run comes back with the reason in ``failure``."""
     cpu = this_machine().name
     try:
-        quantized = run_outputs(model, held, True, "quantized")
+        # the default session on this machine's CPU, whatever the run's --device
+        with device.using(device.SessionSettings("cpu")):
+            quantized = run_outputs(model, held, True, "quantized")
     except UnsupportedModelError as exc:  # the Q/DQ graph ran: onnxruntime's fusion fails
         return DefaultSessionView(cpu, failure=str(exc))
     fused = fidelity(reference, quantized, class_axes(model), padding_masks(held))

@@ -16,7 +16,7 @@ from typing import Any, cast
 import numpy as np
 import onnx
 
-from onnxq import ir
+from onnxq import device, ir
 from onnxq.errors import InternalError, UnsupportedModelError
 from onnxq.inputs import Batch
 
@@ -136,7 +136,8 @@ def _unpadded(
 def validation_session(
     model: onnx.ModelProto, fused: bool, what: str = "quantized", ours: bool = False
 ) -> Any:
-    """An onnxruntime CPU session for ``model``, with Q/DQ fusion (all optimizations) or none.
+    """An onnxruntime session for ``model``, with Q/DQ fusion (all optimizations) or none, on
+    the device of :mod:`onnxq.device` (by default the CPU).
 
     Nodes run in the model's priority order, not onnxruntime's default order: the default
     runs every weight's DequantizeLinear first, so an unfused model would hold all its weights
@@ -157,13 +158,15 @@ def validation_session(
     )
     with tempfile.TemporaryDirectory(prefix="onnxq-") as workdir:
         payload = ir.session_bytes_or_path(model, Path(workdir))
+        placed = device.configure(opts)
         try:
-            return ort.InferenceSession(payload, opts, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(payload, opts, providers=device.providers(), **placed)
         except Exception as exc:
             message = f"onnxruntime cannot load the {what} model: {_one_line(exc, 400)}"
             if ours:
                 raise InternalError(message, onnxruntime_failed=True) from None
             raise UnsupportedModelError(message, onnxruntime_failed=True) from None
+        return device.confirm(session)
 
 
 def run_outputs(

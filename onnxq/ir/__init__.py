@@ -49,7 +49,7 @@ from onnxq.ir.load import (
     upgrade_opset,
 )
 from onnxq.ir.order import attr_graphs, node_reads
-from onnxq.ir.probe_plan import Probe, ProbePlan, never_ran
+from onnxq.ir.probe_plan import Probe, ProbePlan, never_ran, unrun
 from onnxq.ir.probes import with_probes
 from onnxq.ir.save import (
     atomic_write_bytes,
@@ -112,6 +112,7 @@ __all__ = [
     "set_opset",
     "shapes_for_inputs",
     "sort_nodes",
+    "unrun",
     "unshare_biases",
     "upgrade_opset",
     "with_channel_peaks",

@@ -74,14 +74,32 @@ class ProbePlan:
         ``runs``: the outermost body around it that never ran; None if all ran."""
         return never_ran(self.chains.get(tensor, ()), runs)
 
+    def conditions(self, tensor: str) -> tuple[tuple[str, str], ...]:
+        """The bodies around ``tensor``, outermost first, as (body key, why the tensor has no
+        value when that body never ran): plain data, for :func:`unrun` elsewhere."""
+        return run_conditions(self.chains.get(tensor, ()))
+
+
+def run_conditions(chain: Sequence[Body]) -> tuple[tuple[str, str], ...]:
+    """(body key, why a value inside it has none if it never ran) for each body of ``chain``."""
+    out = []
+    for body in chain:
+        if body.owner.op_type == "If":
+            why = f"branch never taken on the calibration data ({body.label})"
+        else:
+            why = f"body never run on the calibration data ({body.label}: no iteration)"
+        out.append((body.key, why))
+    return tuple(out)
+
+
+def unrun(conditions: Sequence[tuple[str, str]], runs: Mapping[str, int]) -> str | None:
+    """Why a value has none, given the ``conditions`` of its bodies (:func:`run_conditions`)
+    and each body's total ``runs``: the outermost body whose ``runs`` are 0 (a body missing
+    from ``runs`` was not counted and is taken to have run); None if all ran."""
+    return next((why for key, why in conditions if runs.get(key, 1) == 0), None)
+
 
 def never_ran(chain: Sequence[Body], runs: Mapping[str, int]) -> str | None:
-    """Why the innermost body of ``chain`` (outermost first) never ran on the calibration data:
-    the outermost of them whose ``runs`` are 0 (a body missing from ``runs`` was not counted
-    and is taken to have run); None if all ran."""
-    for body in chain:
-        if runs.get(body.key, 1) == 0:
-            if body.owner.op_type == "If":
-                return f"branch never taken on the calibration data ({body.label})"
-            return f"body never run on the calibration data ({body.label}: no iteration)"
-    return None
+    """Why the innermost body of ``chain`` (outermost first) never ran on the calibration data
+    (:func:`unrun`); None if all ran."""
+    return unrun(run_conditions(chain), runs)
