@@ -58,8 +58,10 @@ from onnxq.ir.save import (
     serialize,
     session_bytes_or_path,
 )
+from onnxq.ir.twin import ACCUMULATED, LOCAL, Twin, twin_model
 
 __all__ = [
+    "ACCUMULATED",
     "BIAS_READERS",
     "CONTROL_FLOW_OPS",
     "DEFAULT_DOMAINS",
@@ -71,10 +73,12 @@ __all__ = [
     "BodyGraph",
     "ConstInfo",
     "Graph",
+    "LOCAL",
     "LoadRecord",
     "OpsetUpgrade",
     "Probe",
     "ProbePlan",
+    "Twin",
     "all_bodies",
     "atomic_write_bytes",
     "attr_graphs",
@@ -108,6 +112,7 @@ __all__ = [
     "set_opset",
     "shapes_for_inputs",
     "sort_nodes",
+    "twin_model",
     "unshare_biases",
     "upgrade_opset",
     "with_channel_peaks",
