@@ -12,8 +12,7 @@ import html
 import json
 import itertools
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -21,6 +20,7 @@ import onnx
 
 from onnxq import ir
 from onnxq.advice import advise, quantized_op, weight_sqnr_db
+from onnxq.analysis_view import print_analysis, write_analysis
 from onnxq.calibrate import DEFAULT_MEMORY_BUDGET, augmented_session, run_batch
 from onnxq.data import Batch, InputSpec, check_batch, model_inputs
 from onnxq.error_stats import ErrorSums
@@ -279,22 +279,4 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def write_analysis(path: str | Path, layers: list[LayerError]) -> None:
-    """JSON, or an HTML table for a ``.html`` path (atomically)."""
-    p = Path(path)
-    if p.suffix.lower() in (".html", ".htm"):
-        rows = "".join(
-            f"<tr><td>{html.escape(x.tensor)}</td><td>{html.escape(x.op_type)}</td>"
-            f"<td>{x.cosine:.6f}</td><td>{x.relative_error:.4g}</td>"
-            f"<td>{x.nonfinite_mismatches}</td></tr>"
-            for x in layers
-        )
-        text = (
-            "<!doctype html><meta charset='utf-8'><title>onnxq analyze</title>"
-            "<table border=1><tr><th>tensor</th><th>op</th><th>cosine</th>"
-            "<th>relative error</th><th>NaN/Inf mismatches</th></tr>"
-            f"{rows}</table>"
-        )
-    else:
-        text = json.dumps({"layers": [asdict(x) for x in layers]}, indent=1) + "\n"
-    ir.atomic_write_bytes(p, text.encode("utf-8"))
+__all__ = ["LayerError", "analyze", "print_analysis", "write_analysis"]

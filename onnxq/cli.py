@@ -210,9 +210,10 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser(
         "analyze",
         help="per-layer error of a quantized model vs its float model",
-        description="Run the float and the quantized model on calibration data "
-        "and report, per tensor in graph order, cosine similarity and relative "
-        "error: the first layer where the error jumps is the one to exclude.",
+        description="Run the float and the quantized model on calibration data and report, "
+        "per tensor, the accumulated error (everything up to it quantized) and, per quantized "
+        "op, the local error (the op alone quantized) as SQNR and cosine; the ops are ranked "
+        "by their local error (where the error jumps), each with what should help.",
     )
     a.add_argument("float_model")
     a.add_argument("quant_model")
@@ -227,6 +228,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     a.add_argument(
         "--top", type=_positive, default=15, help="print the N worst tensors (default 15)"
+    )
+    a.add_argument(
+        "--memory-budget",
+        type=_positive,
+        metavar="MB",
+        help="activation memory per batch (default 4096, as calibration's); above it the "
+        "tensors are compared in several passes",
     )
 
     e = sub.add_parser(
@@ -525,8 +533,9 @@ def _shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
 
 def _analyze(args: argparse.Namespace) -> int:
     from onnxq import ir
-    from onnxq.analyze import analyze, write_analysis
+    from onnxq.analyze import analyze, print_analysis, write_analysis
     from onnxq.api import check_paths
+    from onnxq.calibrate import DEFAULT_MEMORY_BUDGET
     from onnxq.data import model_inputs, open_source
 
     check_paths(
@@ -551,18 +560,12 @@ def _analyze(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     data = open_source(args.calib, model_inputs(ir.Graph(float_model)), 1, args.preprocess)
-    layers = analyze(float_model, quant_model, data, args.max_batches, args.fused)
+    budget = (args.memory_budget or DEFAULT_MEMORY_BUDGET // 2**20) * 2**20
+    layers = analyze(float_model, quant_model, data, args.max_batches, args.fused, budget)
     if args.report:
         write_analysis(args.report, layers)
-    worst = sorted(layers, key=lambda x: (x.cosine, x.tensor))[: args.top]
-    print(f"{len(layers)} tensors compared; the {len(worst)} least faithful:")
-    for x in worst:
-        odd = (
-            f"  ({x.nonfinite_mismatches} values NaN/Inf in one model only)"
-            if x.nonfinite_mismatches
-            else ""
-        )
-        print(f"  cos {x.cosine:.6f}  rel {x.relative_error:8.4g}  {x.op_type:<18} {x.tensor}{odd}")
+    outputs = [o.name for o in float_model.graph.output]
+    print_analysis(layers, outputs, args.top)
     return 0
 
 

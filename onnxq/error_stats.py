@@ -28,29 +28,37 @@ class ErrorSums:
 
     def add(self, a: np.ndarray, b: np.ndarray, samples: int) -> None:
         """Add one batch: ``a`` the reference, ``b`` the compared value; ``samples`` is the
-        batch's sample count (a tensor whose leading axis has that size is split per sample)."""
-        a64, b64 = a.astype(np.float64), b.astype(np.float64)
-        finite = np.isfinite(a64) & np.isfinite(b64)
+        batch's sample count (a tensor whose leading axis has that size is split per sample).
+        Sums run in float64 over the float32 values, row by row (one pass per sum)."""
+        finite = np.isfinite(a) & np.isfinite(b)
         if not finite.all():
             odd = ~finite
-            same = (a64[odd] == b64[odd]) | (np.isnan(a64[odd]) & np.isnan(b64[odd]))
+            same = (a[odd] == b[odd]) | (np.isnan(a[odd]) & np.isnan(b[odd]))
             self.mismatches += int((~same).sum())
-            a64, b64 = np.where(finite, a64, 0.0), np.where(finite, b64, 0.0)
-        d = b64 - a64
-        self.dot += float(np.vdot(a64, b64))
-        self.ref += float(np.vdot(a64, a64))
-        self.got += float(np.vdot(b64, b64))
-        self.diff += float(np.vdot(d, d))
+            a, b = np.where(finite, a, 0), np.where(finite, b, 0)
+        per_sample = a.ndim >= 2 and a.shape[0] == samples > 0 and a[0].size >= 2
+        rows = samples if per_sample else 1
+        ra, rb = a.reshape(rows, -1), b.reshape(rows, -1)
+        d = rb - ra
+
+        def dots(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+            return np.einsum("ij,ij->i", x, y, dtype=np.float64)
+
+        dot, ref, got, diff = dots(ra, rb), dots(ra, ra), dots(rb, rb), dots(d, d)
+        self.dot += float(dot.sum())
+        self.ref += float(ref.sum())
+        self.got += float(got.sum())
+        self.diff += float(diff.sum())
         self.count += int(finite.sum())
-        self.peak = max(self.peak, float(np.abs(a64).max(initial=0.0)))
-        if a.ndim >= 2 and a.shape[0] == samples and samples > 0 and a[0].size >= 2:
-            rows_a, rows_b = a64.reshape(samples, -1), b64.reshape(samples, -1)
-            self.samples.extend(cosine(x, y) for x, y in zip(rows_a, rows_b, strict=True))
+        self.peak = max(self.peak, float(np.abs(a).max(initial=0.0)))
+        if per_sample:
+            self.samples.extend(_cosines(dot, ref, got, diff))
         if a.ndim >= 2 and a.shape[1] > 1:
-            shift = np.moveaxis(d, 1, 0).reshape(a.shape[1], -1).sum(axis=1)
-            if self.channel_shift is None or self.channel_shift.shape != shift.shape:
-                self.channel_shift, self.channel_count = np.zeros_like(shift), 0
-            self.channel_shift += shift
+            shift = np.moveaxis(d.reshape(a.shape), 1, 0).reshape(a.shape[1], -1)
+            total = shift.sum(axis=1, dtype=np.float64)
+            if self.channel_shift is None or self.channel_shift.shape != total.shape:
+                self.channel_shift, self.channel_count = np.zeros_like(total), 0
+            self.channel_shift += total
             self.channel_count += d.size // a.shape[1]
 
     @property
@@ -89,13 +97,15 @@ class ErrorSums:
         return tuple(int(i) for i in order[:k])
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine of two float64 vectors, scaled by their common peak first (no overflow)."""
-    peak = max(float(np.abs(a).max(initial=0.0)), float(np.abs(b).max(initial=0.0)))
-    if peak > 0:
-        a, b = a / peak, b / peak
-    denom = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return float(a @ b / denom) if denom > 0 else float(np.array_equal(a, b))
+def _cosines(dot: np.ndarray, ref: np.ndarray, got: np.ndarray, diff: np.ndarray) -> list[float]:
+    """Cosine per row from its sums (1.0 for two all-zero rows, 0.0 for one)."""
+    out = []
+    for k in range(len(dot)):
+        if ref[k] > 0 and got[k] > 0:
+            out.append(float(dot[k] / np.sqrt(ref[k] * got[k])))
+        else:
+            out.append(float(diff[k] == 0))
+    return out
 
 
 def sqnr_to_db(signal: float, noise: float) -> float | None:

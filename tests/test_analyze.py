@@ -110,7 +110,7 @@ def test_cli_writes_report_and_lists_worst_tensors(tmp_path, calib_dir, capsys):
     assert main(["quantize", str(f), "-o", str(q), "--calib", str(calib), "-q"]) == 0
     report = tmp_path / "a.json"
     assert main(["analyze", str(f), str(q), "--calib", str(calib), "--report", str(report)]) == 0
-    assert "least faithful" in capsys.readouterr().out
+    assert "where the error jumps" in capsys.readouterr().out
     layers = json.loads(report.read_text())["layers"]
     assert {"tensor", "producer", "op_type", "cosine", "relative_error"} <= set(layers[0])
     html_path = tmp_path / "a.html"
