@@ -88,9 +88,7 @@ ADVICE: tuple[Advice, ...] = (
     Advice(
         "weights",
         _weights_dominate,
-        lambda m: (
-            f"its weights lose most ({_sources(m)}): try --adaround"
-        ),
+        lambda m: f"its weights lose most ({_sources(m)}): try --adaround",
     ),
     Advice(
         "input outliers",

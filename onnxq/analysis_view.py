@@ -109,9 +109,7 @@ def _html(layers: list[LayerError]) -> str:
         "advice",
     )
     head = "".join(f"<th>{f.replace('_', ' ')}</th>" for f in fields)
-    rows = "".join(
-        "<tr>" + "".join(cell(getattr(x, f)) for f in fields) + "</tr>" for x in layers
-    )
+    rows = "".join("<tr>" + "".join(cell(getattr(x, f)) for f in fields) + "</tr>" for x in layers)
     return (
         "<!doctype html><meta charset='utf-8'><title>onnxq analyze</title>"
         f"<table border=1><tr>{head}</tr>{rows}</table>"

@@ -85,8 +85,7 @@ def analyze(
     if not shared:
         return []
     held = [
-        check_batch(raw, inputs, i)
-        for i, raw in enumerate(itertools.islice(batches, max_batches))
+        check_batch(raw, inputs, i) for i, raw in enumerate(itertools.islice(batches, max_batches))
     ]
     if not held:
         raise CalibrationDataError("no batches to analyze; give calibration data with --calib")

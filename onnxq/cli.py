@@ -112,8 +112,10 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         metavar="GLOB",
         default=None,
-        help="node-name glob that stays float (repeatable)",
+        help="node-name glob that stays float (repeatable); a name that matches no node "
+        "but a tensor (as `onnxq analyze` lists them) keeps the tensor's producer float",
     )
+    _selection_flags(q)
     q.add_argument("--report", metavar="FILE", help="write the report as .json or .html")
     q.add_argument(
         "--preprocess",
@@ -251,6 +253,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--config", metavar="FILE.yaml")
     e.add_argument("--exclude", action="append", metavar="GLOB", default=None)
+    _selection_flags(e)
     _target_flags(e)
 
     t = sub.add_parser(
@@ -265,6 +268,34 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("-o", "--output", required=True, help="table file to write (.json)")
     t.add_argument("--runs", type=_positive, default=60, help="timed runs per model (default 60)")
     return p
+
+
+def _selection_flags(parser: argparse.ArgumentParser) -> None:
+    """--exclude-op-type and --exclude-module (placement selections beside --exclude)."""
+    parser.add_argument(
+        "--exclude-op-type",
+        action="append",
+        metavar="GLOB",
+        default=None,
+        help="op type that stays float, e.g. Softmax (glob, repeatable)",
+    )
+    parser.add_argument(
+        "--exclude-module",
+        action="append",
+        metavar="GLOB",
+        default=None,
+        help="exporter module path whose nodes stay float, e.g. 'encoder.*.attn*' (glob over "
+        "the nodes' module metadata of a torch.onnx dynamo export, else over TorchScript "
+        "node-name scopes; repeatable)",
+    )
+
+
+def _selections(args: argparse.Namespace) -> dict[str, tuple[str, ...] | None]:
+    """The selection flags as QuantConfig options (None: the config's)."""
+    return {
+        "exclude_op_types": tuple(args.exclude_op_type) if args.exclude_op_type else None,
+        "exclude_modules": tuple(args.exclude_module) if args.exclude_module else None,
+    }
 
 
 def _target_flags(parser: argparse.ArgumentParser) -> None:
@@ -392,6 +423,7 @@ def _quantize(args: argparse.Namespace) -> int:
         preprocess=args.preprocess,
         save_calibration=args.save_calibration,
         load_calibration=args.load_calibration,
+        **_selections(args),
     )
     try:
         written = result.save(
@@ -615,6 +647,7 @@ def _explain(args: argparse.Namespace) -> int:
         exclude=tuple(args.exclude) if args.exclude else None,
         target_cpu=args.target_cpu,
         cost_table=args.cost_table,
+        **_selections(args),
     )
     profile, _ = profile_for(cfg.target)
     loaded = ir.load_model(args.model, profile.min_opset)

@@ -99,7 +99,12 @@ class QuantConfig:
             ``onnxruntime`` (Q/DQ groups that onnxruntime's CPU kernels fuse).
         method: activation range method, a name from ``onnxq.observers.METHODS``.
         percentile: the percentile kept by the ``percentile`` method (0 < p <= 100).
-        exclude: glob patterns over node names; matching nodes stay float.
+        exclude: glob patterns over node names; matching nodes stay float.  A pattern that
+            matches no node but a tensor keeps the tensor's producer float.
+        exclude_op_types: glob patterns over op types (``Softmax``); matching nodes stay float.
+        exclude_modules: glob patterns over exporter module paths (``encoder.*.attn*``), read
+            from the nodes' metadata (torch.onnx dynamo: ``pkg.torch.onnx.name_scopes``,
+            ``namespace``) or, without it, from TorchScript-style node-name scopes.
         overrides: per-node/op-type/tensor settings (:class:`Override`).
         max_batches: use at most this many calibration batches (``None``: all).
         fidelity_batches: how many calibration batches are kept to measure the quantized model
@@ -152,6 +157,8 @@ class QuantConfig:
     method: str = option("auto", lambda name, value: check_method(value, name))
     percentile: float = option(99.99, must(lambda v: 0.0 < v <= 100.0, "be in (0, 100]"))
     exclude: tuple[str, ...] = option(())
+    exclude_op_types: tuple[str, ...] = option(())
+    exclude_modules: tuple[str, ...] = option(())
     overrides: tuple[Override, ...] = option(())
     max_batches: int | None = option(None, must(lambda v: v >= 1, "be >= 1"))
     fidelity_batches: int = option(4, must(lambda v: v >= 0, "be >= 0"))
