@@ -55,10 +55,7 @@ def print_analysis(
         if x.advice:
             echo(f"      {x.advice}")
     by_name = {x.tensor: x for x in layers}
-    for name in outputs:
-        x = by_name.get(name)
-        if x is None:
-            continue
+    for x in (by_name[name] for name in outputs if name in by_name):
         odd = (
             f"; {x.nonfinite_mismatches} values NaN/Inf in one model only"
             if x.nonfinite_mismatches

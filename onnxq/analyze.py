@@ -8,8 +8,6 @@ first layer where the error jumps is the one to exclude or re-calibrate.
 
 from __future__ import annotations
 
-import html
-import json
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
