@@ -67,7 +67,9 @@ def print_analysis(
             if x.worst_sample_cosine is not None
             else ""
         )
-        echo(f"output {x.tensor!r}: cosine {x.cosine:.6f}, SQNR {_db(x.sqnr_db).strip()}{worst}{odd}")
+        echo(
+            f"output {x.tensor!r}: cosine {x.cosine:.6f}, SQNR {_db(x.sqnr_db).strip()}{worst}{odd}"
+        )
     if ranked and ranked[0].advice:
         echo(f"helps most: {ranked[0].producer}: {ranked[0].advice}")
 

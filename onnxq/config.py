@@ -147,6 +147,8 @@ class QuantConfig:
             calibration: with more samples than ``histogram_budget / histogram_sample``, each
             sample contributes fewer values (its share, rounded down to a power of two, at
             least 1024); 0: no budget.  Calibrations of up to 256 samples are not affected.
+        agreement_threshold: the fidelity check compares each sigmoid output of the model at
+            this threshold too (the share of values on the same side in both models).
         preprocess: how a folder of images becomes model inputs: a preset (``imagenet``,
             ``0-1``, ``tf``) or a spec (docs/calibration.md); in YAML also a mapping.
         simplify: run the simplify passes before placing Q/DQ.
@@ -176,6 +178,7 @@ class QuantConfig:
     memory_budget_mb: int = option(4096, must(lambda v: v >= 1, "be >= 1"))
     histogram_sample: int = option(65536, must(lambda v: v >= 0, "be >= 0"))
     histogram_budget: int = option(2**24, must(lambda v: v >= 0, "be >= 0"))
+    agreement_threshold: float = option(0.5)
     preprocess: str | None = option(None, also=(dict,), parse=_preprocess_spec)
     simplify: bool = option(True)
     progress: bool = option(True)
