@@ -153,7 +153,8 @@ def _measure(
     sums = {(ref, other): ErrorSums() for ref, others in pairs.items() for other in others}
     for group in _groups(pairs, sizes, budget):
         names = [n for ref in group for n in (ref, *pairs[ref])]
-        session = augmented_session(twin.model, tg, names, optimize=fused)
+        with ir.pruned(twin.model, names) as part:
+            session = augmented_session(part, tg, names, optimize=fused)
         for index, batch in enumerate(held):
             values = dict(zip(names, run_batch(session, names, batch, index), strict=True))
             samples = _samples(batch)

@@ -58,7 +58,7 @@ from onnxq.ir.save import (
     serialize,
     session_bytes_or_path,
 )
-from onnxq.ir.twin import ACCUMULATED, LOCAL, Twin, twin_model
+from onnxq.ir.twin import ACCUMULATED, LOCAL, Twin, pruned, twin_model
 
 __all__ = [
     "ACCUMULATED",
@@ -103,6 +103,7 @@ __all__ = [
     "node_reads",
     "opens_body",
     "opset_version",
+    "pruned",
     "runtime_ir_version",
     "save_model",
     "scope_index",

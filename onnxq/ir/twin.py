@@ -14,11 +14,13 @@ bodies stays accumulated in the local copy (only top-level QuantizeLinear nodes 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 import onnx
 
-from onnxq.ir.order import attr_graphs
+from onnxq.ir.order import attr_graphs, outer_reads
 
 ACCUMULATED = "@onnxq_acc"
 LOCAL = "@onnxq_local"
@@ -86,6 +88,41 @@ def twin_model(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> Tw
     }
     _merge_opsets(out, quant_model)
     return Twin(out, fake)
+
+
+@contextlib.contextmanager
+def pruned(model: onnx.ModelProto, wanted: Collection[str]) -> Iterator[onnx.ModelProto]:
+    """``model`` with only the nodes that ``wanted`` depends on, for the duration of the
+    block (a group of analyze's tensors needs a part of the three copies; onnxruntime then
+    runs only that part).  The nodes are restored afterwards, even on error."""
+    graph = model.graph
+    saved = [onnx.NodeProto.FromString(n.SerializeToString()) for n in graph.node]
+    keep = _ancestors(saved, wanted)
+    del graph.node[:]
+    try:
+        graph.node.extend(n for i, n in enumerate(saved) if i in keep)
+        yield model
+    finally:
+        del graph.node[:]
+        graph.node.extend(saved)
+
+
+def _ancestors(nodes: list[onnx.NodeProto], wanted: Collection[str]) -> set[int]:
+    """Indices of the nodes that compute ``wanted`` (inputs and names their bodies read)."""
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    keep: set[int] = set()
+    todo = [producer[w] for w in wanted if w in producer]
+    while todo:
+        i = todo.pop()
+        if i in keep:
+            continue
+        keep.add(i)
+        reads = set(nodes[i].input)
+        for attr in nodes[i].attribute:
+            for body in attr_graphs(attr):
+                reads |= outer_reads(body)
+        todo.extend(producer[r] for r in reads if r in producer)
+    return keep
 
 
 def _defined(graph: onnx.GraphProto) -> set[str]:
