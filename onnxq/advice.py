@@ -9,16 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from onnxq import ir
 from onnxq.error_stats import ErrorSums, sqnr_to_db
-
-if TYPE_CHECKING:
-    from onnxq.analyze import LayerError
+from onnxq.layer_error import LayerError
 
 OFFSET_SHARE = 0.3  # a per-channel offset this share of the error: bias correction removes it
 DOMINATES_DB = 3.0  # one noise source dominates the other from this SQNR gap on

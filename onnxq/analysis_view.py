@@ -9,12 +9,9 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from onnxq import ir
-
-if TYPE_CHECKING:
-    from onnxq.analyze import LayerError
+from onnxq.layer_error import LayerError
 
 
 def jumps(layers: list[LayerError]) -> list[LayerError]:
