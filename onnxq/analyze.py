@@ -8,56 +8,22 @@ first layer where the error jumps is the one to exclude or re-calibrate.
 
 from __future__ import annotations
 
-import html
-import json
-import math
+import itertools
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import onnx
 
 from onnxq import ir
-from onnxq.calibrate import augmented_session, run_batch
+from onnxq.advice import advise, quantized_op, weight_sqnr_db
+from onnxq.analysis_view import print_analysis, write_analysis
+from onnxq.calibrate import DEFAULT_MEMORY_BUDGET, augmented_session, run_batch
 from onnxq.data import Batch, InputSpec, check_batch, model_inputs
+from onnxq.error_stats import ErrorSums
 from onnxq.errors import CalibrationDataError, UnsupportedModelError
-
-
-@dataclass(frozen=True)
-class LayerError:
-    """Agreement of one tensor between the float and the quantized model."""
-
-    tensor: str
-    producer: str
-    op_type: str
-    cosine: float
-    relative_error: float
-    # values that are NaN/Inf in one model and not the same in the other (the cosine and the
-    # error cover the values finite in both; equal non-finite values, a Log(0) in both, agree)
-    nonfinite_mismatches: int = 0
-
-
-@dataclass
-class _Acc:
-    dot: float = 0.0
-    ref: float = 0.0
-    got: float = 0.0
-    diff: float = 0.0
-    mismatches: int = 0
-
-    def add(self, a: np.ndarray, b: np.ndarray) -> None:
-        a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-        finite = np.isfinite(a64) & np.isfinite(b64)
-        if not finite.all():
-            odd = ~finite
-            same = (a64[odd] == b64[odd]) | (np.isnan(a64[odd]) & np.isnan(b64[odd]))
-            self.mismatches += int((~same).sum())
-            a64, b64 = a64[finite], b64[finite]
-        self.dot += float(a64 @ b64)
-        self.ref += float(a64 @ a64)
-        self.got += float(b64 @ b64)
-        self.diff += float((a64 - b64) @ (a64 - b64))
+from onnxq.layer_error import LayerError
 
 
 def analyze(
@@ -66,12 +32,37 @@ def analyze(
     batches: Iterable[Batch],
     max_batches: int = 16,
     fused: bool = False,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> list[LayerError]:
     """Per-tensor error over up to ``max_batches`` batches (quantized model unfused by default:
-    the Q/DQ graph's own arithmetic)."""
+    the Q/DQ graph's own arithmetic), accumulated and local (:class:`LayerError`).
+
+    One comparison model holds the float model and two copies of the quantized one
+    (:func:`onnxq.ir.twin_model`); its tensors are exposed in groups that stay under
+    ``memory_budget`` bytes per batch (one session per group, as calibration does), so memory
+    does not grow with the model's activations or the number of batches."""
     float_model, quant_model = (ir.infer_shapes(_copy(m)) for m in (float_model, quant_model))
     fg, qg = ir.Graph(float_model), ir.Graph(quant_model)
-    _same_inputs(model_inputs(fg), model_inputs(qg))
+    inputs = model_inputs(fg)
+    _same_inputs(inputs, model_inputs(qg))
+    shared = _compared(fg, qg)
+    if not shared:
+        return []
+    held = [
+        check_batch(raw, inputs, i) for i, raw in enumerate(itertools.islice(batches, max_batches))
+    ]
+    if not held:
+        raise CalibrationDataError("no batches to analyze; give calibration data with --calib")
+    if ir.opset_version(float_model) < ir.opset_version(quant_model):
+        float_model = ir.upgrade_opset(float_model, ir.opset_version(quant_model), "float model")
+    twin = ir.twin_model(float_model, quant_model)
+    pairs = _pairs(shared, twin)
+    sums = _measure(twin, pairs, held, fused, memory_budget, _sizes(float_model, held[0]))
+    return [_layer(name, fg, qg, twin, sums) for name in shared]
+
+
+def _compared(fg: ir.Graph, qg: ir.Graph) -> list[str]:
+    """The float tensors of the float model that the quantized model computes too."""
     drawn = _random_draws(fg)
     shared = [
         n.output[0]
@@ -83,60 +74,136 @@ def analyze(
         and n.output[0] not in fg.subgraph_reads
         and n.output[0] not in drawn
     ]
-    if not shared:
-        if any(
-            fg.elem_type(n.output[0]) in (None, onnx.TensorProto.FLOAT)
-            for n in fg.nodes
-            if n.output and n.op_type != "Constant"
-        ):
-            raise UnsupportedModelError(
-                "no float tensor of the float model has a namesake in the quantized model, so "
-                "nothing can be compared: give the float model the quantized one was made from"
-            )
-        return []
-    sessions = (
-        augmented_session(float_model, fg, shared),
-        augmented_session(quant_model, qg, shared, optimize=fused),
-    )
-    inputs = model_inputs(fg)
-    acc = {t: _Acc() for t in shared}
-    seen = 0
-    for index, raw in enumerate(batches):
-        if index >= max_batches:
-            break
-        batch = check_batch(raw, inputs, index)
-        ref, got = (
-            run_batch(s, shared, batch, index, what)
-            for s, what in zip(sessions, ("float", "quantized"), strict=True)
+    if not shared and any(
+        fg.elem_type(n.output[0]) in (None, onnx.TensorProto.FLOAT)
+        for n in fg.nodes
+        if n.output and n.op_type != "Constant"
+    ):
+        raise UnsupportedModelError(
+            "no float tensor of the float model has a namesake in the quantized model, so "
+            "nothing can be compared: give the float model the quantized one was made from"
         )
-        for name, a, b in zip(shared, ref, got, strict=True):
-            if a.shape != b.shape:
-                # quantization never changes a tensor's shape: these are different models
-                raise UnsupportedModelError(
-                    f"tensor {name!r} has shape {list(a.shape)} in the float model but "
-                    f"{list(b.shape)} in the quantized one (batch {index}): the quantized "
-                    "model is not a quantization of this float model; give the float model "
-                    "it was made from"
-                )
-            if a.dtype.kind == "f" and b.dtype.kind == "f":
-                acc[name].add(a, b)
-        seen += 1
-    if seen == 0:
-        raise CalibrationDataError("no batches to analyze; give calibration data with --calib")
-    out = []
-    for name in shared:
-        sums = acc[name]
-        cos = (
-            sums.dot / math.sqrt(sums.ref * sums.got)
-            if sums.ref > 0 and sums.got > 0
-            else float(sums.diff == 0)
-        )
-        rel = math.sqrt(sums.diff / sums.ref) if sums.ref > 0 else math.sqrt(sums.diff)
-        node = fg.producer[name]
-        out.append(
-            LayerError(name, node.name, node.op_type, round(cos, 6), round(rel, 6), sums.mismatches)
-        )
+    return shared
+
+
+def _pairs(shared: list[str], twin: ir.Twin) -> dict[str, list[str]]:
+    """Float tensor -> the comparison model's tensors compared with it."""
+    pairs = {t: [twin.accumulated(t), twin.local(t)] for t in shared}
+    for fake, tensor in sorted(twin.fake_quantized.items()):
+        pairs.setdefault(tensor, []).append(fake)
+    return pairs
+
+
+def _sizes(model: onnx.ModelProto, first: Batch) -> dict[str, int]:
+    """Bytes of one batch of each tensor (shapes inferred for the first batch's inputs)."""
+    shapes = ir.shapes_for_inputs(model, {k: v.shape for k, v in first.items()})
+    out = {}
+    for name, shape in shapes.items():
+        n = 1
+        for d in shape:
+            n *= d if isinstance(d, int) and d > 0 else 64
+        out[name] = 4 * n
     return out
+
+
+def _measure(
+    twin: ir.Twin,
+    pairs: dict[str, list[str]],
+    held: list[Batch],
+    fused: bool,
+    budget: int,
+    sizes: dict[str, int],
+) -> dict[tuple[str, str], ErrorSums]:
+    """Run the comparison model over ``held`` once per group of tensors and sum the errors."""
+    tg = ir.Graph(twin.model)
+    sums = {(ref, other): ErrorSums() for ref, others in pairs.items() for other in others}
+    for group in _groups(pairs, sizes, budget):
+        names = [n for ref in group for n in (ref, *pairs[ref])]
+        with ir.pruned(twin.model, names) as part:
+            session = augmented_session(part, tg, names, optimize=fused)
+        for index, batch in enumerate(held):
+            values = dict(zip(names, run_batch(session, names, batch, index), strict=True))
+            samples = _samples(batch)
+            for ref in group:
+                for other in pairs[ref]:
+                    _add(sums[ref, other], ref, values[ref], values[other], index, samples)
+            del values
+        del session
+    return sums
+
+
+def _groups(pairs: dict[str, list[str]], sizes: dict[str, int], budget: int) -> list[list[str]]:
+    """Float tensors in groups whose exposed values (each with its copies) fit ``budget``."""
+    groups: list[list[str]] = [[]]
+    used = 0
+    for ref, others in pairs.items():
+        size = sizes.get(ref, 4 * 2**20) * (1 + len(others))
+        if groups[-1] and used + size > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(ref)
+        used += size
+    return groups
+
+
+def _add(sums: ErrorSums, name: str, a: Any, b: Any, index: int, samples: int) -> None:
+    if a.shape != b.shape:
+        # quantization never changes a tensor's shape: these are different models
+        raise UnsupportedModelError(
+            f"tensor {name!r} has shape {list(a.shape)} in the float model but "
+            f"{list(b.shape)} in the quantized one (batch {index}): the quantized "
+            "model is not a quantization of this float model; give the float model "
+            "it was made from"
+        )
+    if a.dtype.kind == "f" and b.dtype.kind == "f":
+        sums.add(a, b, samples)
+
+
+def _samples(batch: Batch) -> int:
+    """The batch's sample count: the leading size of its inputs (1 for scalars)."""
+    sizes = [v.shape[0] for v in batch.values() if getattr(v, "ndim", 0) >= 1]
+    return int(sizes[0]) if sizes and all(s == sizes[0] for s in sizes) else 1
+
+
+def _layer(
+    name: str,
+    fg: ir.Graph,
+    qg: ir.Graph,
+    twin: ir.Twin,
+    sums: dict[tuple[str, str], ErrorSums],
+) -> LayerError:
+    acc, local = sums[name, twin.accumulated(name)], sums[name, twin.local(name)]
+    node, qnode = fg.producer[name], qg.producer[name]
+    quantized = quantized_op(qg, qnode)
+    inputs = [
+        sums[x, dq]
+        for dq, x in twin.fake_quantized.items()
+        if dq.removesuffix(ir.LOCAL) in qnode.input
+    ]
+    input_sqnr = [s for x in inputs if (s := x.sqnr_db) is not None]
+    worst = acc.worst_samples()
+    layer = LayerError(
+        name,
+        node.name,
+        node.op_type,
+        round(acc.cosine, 6),
+        round(acc.relative_error, 6),
+        acc.mismatches,
+        _round(acc.sqnr_db),
+        quantized,
+        round(local.cosine, 6),
+        _round(local.sqnr_db),
+        _round(min(input_sqnr)) if quantized and input_sqnr else None,
+        _round(weight_sqnr_db(qg, qnode)) if quantized else None,
+        round(local.offset_share, 3) if quantized else None,
+        round(min(acc.samples), 6) if acc.samples else None,
+        worst if acc.samples else (),
+    )
+    return replace(layer, advice=advise(layer, local, inputs)) if quantized else layer
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def _random_draws(graph: ir.Graph) -> set[str]:
@@ -176,22 +243,4 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def write_analysis(path: str | Path, layers: list[LayerError]) -> None:
-    """JSON, or an HTML table for a ``.html`` path (atomically)."""
-    p = Path(path)
-    if p.suffix.lower() in (".html", ".htm"):
-        rows = "".join(
-            f"<tr><td>{html.escape(x.tensor)}</td><td>{html.escape(x.op_type)}</td>"
-            f"<td>{x.cosine:.6f}</td><td>{x.relative_error:.4g}</td>"
-            f"<td>{x.nonfinite_mismatches}</td></tr>"
-            for x in layers
-        )
-        text = (
-            "<!doctype html><meta charset='utf-8'><title>onnxq analyze</title>"
-            "<table border=1><tr><th>tensor</th><th>op</th><th>cosine</th>"
-            "<th>relative error</th><th>NaN/Inf mismatches</th></tr>"
-            f"{rows}</table>"
-        )
-    else:
-        text = json.dumps({"layers": [asdict(x) for x in layers]}, indent=1) + "\n"
-    ir.atomic_write_bytes(p, text.encode("utf-8"))
+__all__ = ["LayerError", "analyze", "print_analysis", "write_analysis"]

@@ -243,7 +243,9 @@ def quantize(
         placed = materialize(prepared.model, annotations, ranges.qparams, profile, cfg.weights)
         if ir.external.lazy_nbytes(prepared.model) < ir.external.LAZY_BYTES:
             ir.external.load_all(prepared.model)  # float weights that stayed float (biases)
-        verification = verify(prepared.model, reference, statistics.held, profile)
+        verification = verify(
+            prepared.model, reference, statistics.held, profile, cfg.agreement_threshold
+        )
     outcome = Outcome(
         config=cfg,
         profile=profile,

@@ -113,8 +113,10 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         metavar="GLOB",
         default=None,
-        help="node-name glob that stays float (repeatable)",
+        help="node-name glob that stays float (repeatable); a name that matches no node "
+        "but a tensor (as `onnxq analyze` lists them) keeps the tensor's producer float",
     )
+    _selection_flags(q)
     q.add_argument("--report", metavar="FILE", help="write the report as .json or .html")
     q.add_argument(
         "--preprocess",
@@ -242,9 +244,10 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser(
         "analyze",
         help="per-layer error of a quantized model vs its float model",
-        description="Run the float and the quantized model on calibration data "
-        "and report, per tensor in graph order, cosine similarity and relative "
-        "error: the first layer where the error jumps is the one to exclude.",
+        description="Run the float and the quantized model on calibration data and report, "
+        "per tensor, the accumulated error (everything up to it quantized) and, per quantized "
+        "op, the local error (the op alone quantized) as SQNR and cosine; the ops are ranked "
+        "by their local error (where the error jumps), each with what should help.",
     )
     a.add_argument("float_model")
     a.add_argument("quant_model")
@@ -270,6 +273,13 @@ def _parser() -> argparse.ArgumentParser:
         "float, quantizing FLOAT for BACKEND (default tensorrt) from --calib, one calibration "
         "(what --target searches over)",
     )
+    a.add_argument(
+        "--memory-budget",
+        type=_positive,
+        metavar="MB",
+        help="activation memory per batch (default 4096, as calibration's); above it the "
+        "tensors are compared in several passes",
+    )
 
     e = sub.add_parser(
         "explain",
@@ -285,6 +295,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--config", metavar="FILE.yaml")
     e.add_argument("--exclude", action="append", metavar="GLOB", default=None)
+    _selection_flags(e)
     _target_flags(e)
     _precision_flags(e)
 
@@ -300,6 +311,34 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("-o", "--output", required=True, help="table file to write (.json)")
     t.add_argument("--runs", type=_positive, default=60, help="timed runs per model (default 60)")
     return p
+
+
+def _selection_flags(parser: argparse.ArgumentParser) -> None:
+    """--exclude-op-type and --exclude-module (placement selections beside --exclude)."""
+    parser.add_argument(
+        "--exclude-op-type",
+        action="append",
+        metavar="GLOB",
+        default=None,
+        help="op type that stays float, e.g. Softmax (glob, repeatable)",
+    )
+    parser.add_argument(
+        "--exclude-module",
+        action="append",
+        metavar="GLOB",
+        default=None,
+        help="exporter module path whose nodes stay float, e.g. 'encoder.*.attn*' (glob over "
+        "the nodes' module metadata of a torch.onnx dynamo export, else over TorchScript "
+        "node-name scopes; repeatable)",
+    )
+
+
+def _selections(args: argparse.Namespace) -> dict[str, Any]:
+    """The selection flags as QuantConfig options (None: the config's)."""
+    return {
+        "exclude_op_types": tuple(args.exclude_op_type) if args.exclude_op_type else None,
+        "exclude_modules": tuple(args.exclude_module) if args.exclude_module else None,
+    }
 
 
 def _target_flags(parser: argparse.ArgumentParser) -> None:
@@ -454,6 +493,7 @@ def _quantize(args: argparse.Namespace) -> int:
         heldout=args.heldout,
         device=args.device,
         executor=_ray_executor(args.ray, args.device),
+        **_selections(args),
     )
     try:
         written = result.save(
@@ -619,8 +659,9 @@ def _shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
 
 def _analyze(args: argparse.Namespace) -> int:
     from onnxq import ir
-    from onnxq.analyze import analyze, write_analysis
+    from onnxq.analyze import analyze, print_analysis, write_analysis
     from onnxq.api import check_paths
+    from onnxq.calibrate import DEFAULT_MEMORY_BUDGET
     from onnxq.data import model_inputs, open_source
 
     check_paths(
@@ -645,18 +686,12 @@ def _analyze(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     data = open_source(args.calib, model_inputs(ir.Graph(float_model)), 1, args.preprocess)
-    layers = analyze(float_model, quant_model, data, args.max_batches, args.fused)
+    budget = (args.memory_budget or DEFAULT_MEMORY_BUDGET // 2**20) * 2**20
+    layers = analyze(float_model, quant_model, data, args.max_batches, args.fused, budget)
     if args.report:
         write_analysis(args.report, layers)
-    worst = sorted(layers, key=lambda x: (x.cosine, x.tensor))[: args.top]
-    print(f"{len(layers)} tensors compared; the {len(worst)} least faithful:")
-    for x in worst:
-        odd = (
-            f"  ({x.nonfinite_mismatches} values NaN/Inf in one model only)"
-            if x.nonfinite_mismatches
-            else ""
-        )
-        print(f"  cos {x.cosine:.6f}  rel {x.relative_error:8.4g}  {x.op_type:<18} {x.tensor}{odd}")
+    outputs = [o.name for o in float_model.graph.output]
+    print_analysis(layers, outputs, args.top)
     if args.sensitivity:
         _print_sensitivity(args)
     return 0
@@ -732,6 +767,7 @@ def _explain(args: argparse.Namespace) -> int:
         cost_table=args.cost_table,
         precision=args.precision,
         dynamic=True if args.dynamic else None,
+        **_selections(args),
     )
     profile, _ = profile_for(cfg.target)
     loaded = ir.load_model(args.model, profile.min_opset)

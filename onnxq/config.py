@@ -114,7 +114,12 @@ class QuantConfig:
             ``onnxruntime`` (Q/DQ groups that onnxruntime's CPU kernels fuse).
         method: activation range method, a name from ``onnxq.observers.METHODS``.
         percentile: the percentile kept by the ``percentile`` method (0 < p <= 100).
-        exclude: glob patterns over node names; matching nodes stay float.
+        exclude: glob patterns over node names; matching nodes stay float.  A pattern that
+            matches no node but a tensor keeps the tensor's producer float.
+        exclude_op_types: glob patterns over op types (``Softmax``); matching nodes stay float.
+        exclude_modules: glob patterns over exporter module paths (``encoder.*.attn*``), read
+            from the nodes' metadata (torch.onnx dynamo: ``pkg.torch.onnx.name_scopes``,
+            ``namespace``) or, without it, from TorchScript-style node-name scopes.
         overrides: per-node/op-type/tensor settings (:class:`Override`).
         max_batches: use at most this many calibration batches (``None``: all).
         fidelity_batches: how many calibration batches are kept to measure the quantized model
@@ -166,6 +171,8 @@ class QuantConfig:
             calibration: with more samples than ``histogram_budget / histogram_sample``, each
             sample contributes fewer values (its share, rounded down to a power of two, at
             least 1024); 0: no budget.  Calibrations of up to 256 samples are not affected.
+        agreement_threshold: the fidelity check compares each sigmoid output of the model at
+            this threshold too (the share of values on the same side in both models).
         preprocess: how a folder of images becomes model inputs: a preset (``imagenet``,
             ``0-1``, ``tf``) or a spec (docs/calibration.md); in YAML also a mapping.
         simplify: run the simplify passes before placing Q/DQ.
@@ -186,6 +193,8 @@ class QuantConfig:
     method: str = option("auto", lambda name, value: check_method(value, name))
     percentile: float = option(99.99, must(lambda v: 0.0 < v <= 100.0, "be in (0, 100]"))
     exclude: tuple[str, ...] = option(())
+    exclude_op_types: tuple[str, ...] = option(())
+    exclude_modules: tuple[str, ...] = option(())
     overrides: tuple[Override, ...] = option(())
     max_batches: int | None = option(None, must(lambda v: v >= 1, "be >= 1"))
     fidelity_batches: int = option(4, must(lambda v: v >= 0, "be >= 0"))
@@ -205,6 +214,7 @@ class QuantConfig:
     memory_budget_mb: int = option(4096, must(lambda v: v >= 1, "be >= 1"))
     histogram_sample: int = option(65536, must(lambda v: v >= 0, "be >= 0"))
     histogram_budget: int = option(2**24, must(lambda v: v >= 0, "be >= 0"))
+    agreement_threshold: float = option(0.5)
     preprocess: str | None = option(None, also=(dict,), parse=_preprocess_spec)
     simplify: bool = option(True)
     progress: bool = option(True)

@@ -18,6 +18,8 @@ LOW_FIDELITY_HINT = (
     "check it on your metric; `onnxq analyze` ranks the tensors that lose "
     "most, and --exclude keeps their ops float"
 )
+WORST_SAMPLE = 0.9  # a sample's output cosine below which a user sees it degraded
+THRESHOLD_AGREEMENT = 0.98  # a sigmoid output flipping more values at its threshold warns
 SLOWER = 1.1  # the default session "runs slower" from this ratio on (timing noise below it)
 CPU_DEPLOYMENT = "to deploy on a CPU with onnxruntime, quantize with --backend onnxruntime"
 # why a run may hold no batches for the fidelity check (``Verification.unmeasured``)
@@ -204,6 +206,22 @@ FIDELITY_WARNINGS: tuple[FidelityWarning, ...] = (
         ),
     ),
     FidelityWarning(
+        "worst samples lost",
+        lambda out: (
+            _cosine(out)
+            and out.worst_sample_cosine is not None
+            and out.worst_sample_cosine < WORST_SAMPLE
+        ),
+        lambda out: (
+            f"output {out.name!r} agrees with the float model at cosine {out.cosine:.3f} "
+            f"over all held samples ({out.sample_cosine_mean:.3f} per sample on average), "
+            f"but its worst sample only at {out.worst_sample_cosine:.3f} (< {WORST_SAMPLE}; "
+            f"held samples {', '.join(map(str, out.worst_samples))}, worst first, counted "
+            "in calibration order): a user sees such samples degraded; "
+            f"{LOW_FIDELITY_HINT}"
+        ),
+    ),
+    FidelityWarning(
         "a few positions lost",
         lambda out: _cosine(out) and 0 < out.float_max_abs < out.max_abs_error,
         lambda out: (
@@ -220,6 +238,18 @@ FIDELITY_WARNINGS: tuple[FidelityWarning, ...] = (
             f"output {out.name!r}: its largest class differs from the float model's in "
             f"{1 - (out.top1_agreement or 0.0):.1%} of its rows on the held batches (< "
             f"{LOW_FIDELITY:.0%} agree): {LOW_FIDELITY_HINT}"
+        ),
+    ),
+    FidelityWarning(
+        "threshold flips",
+        lambda out: (
+            out.threshold_agreement is not None and out.threshold_agreement < THRESHOLD_AGREEMENT
+        ),
+        lambda out: (
+            f"output {out.name!r} (a sigmoid) agrees with the float model at cosine "
+            f"{out.cosine:.3f}, but {1 - (out.threshold_agreement or 0.0):.1%} of its values "
+            f"fall on the other side of {out.threshold:g} on the held batches (set the "
+            f"threshold you use with agreement_threshold): {LOW_FIDELITY_HINT}"
         ),
     ),
     FidelityWarning(

@@ -50,6 +50,8 @@ class PlacementOptions:
     method: str
     precision: str
     exclude: tuple[str, ...]
+    exclude_op_types: tuple[str, ...]
+    exclude_modules: tuple[str, ...]
     overrides: tuple[Override, ...]
     min_channels: int | None
     mask_threshold: float
@@ -102,6 +104,7 @@ class PlacementOptions:
             f"--exclude {p!r}"
             for p in self.exclude
             if not any(fnmatch.fnmatchcase(name, p) for name, _ in nodes)
+            and not any(fnmatch.fnmatchcase(t, p) for t in tensors)  # its producer stays float
         ]
 
         def key(ov: Override) -> tuple[object, ...]:

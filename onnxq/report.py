@@ -107,7 +107,7 @@ class Report:
             ),
             "fidelity": {
                 "mode": self.fidelity_mode,
-                "outputs": [asdict(f) for f in self.fidelity],
+                "outputs": [asdict(f, dict_factory=_listed) for f in self.fidelity],
                 **(
                     {"onnxruntime_default_session": self.default_session.to_dict()}
                     if self.default_session is not None
@@ -179,6 +179,10 @@ class Report:
             elif f.compared == "cosine":
                 top1 = (
                     "" if f.top1_agreement is None else f", top-1 agreement {f.top1_agreement:.2%}"
+                ) + (
+                    ""
+                    if f.threshold_agreement is None
+                    else f", {f.threshold_agreement:.2%} on the same side of {f.threshold:g}"
                 )
                 worst = (
                     ""
@@ -196,7 +200,13 @@ class Report:
                     ""
                     if f.sample_cosine_mean is None or f.sample_cosine_mean >= f.cosine - 0.01
                     else f", per sample {f.sample_cosine_mean:.6f} on average (worst "
-                    f"{f.worst_sample_cosine:.6f})"
+                    f"{f.worst_sample_cosine:.6f}"
+                    + (
+                        f", held samples {', '.join(map(str, f.worst_samples))}"
+                        if f.worst_samples
+                        else ""
+                    )
+                    + ")"
                 )
                 lines.append(
                     f"fidelity {f.name} ({self.fidelity_mode}): cosine {f.cosine:.6f}, "
@@ -284,6 +294,8 @@ class Report:
                     "cosine",
                     "max_abs_error",
                     "top1_agreement",
+                    "threshold_agreement",
+                    "worst_sample_cosine",
                     "worst_slice_cosine",
                 ],
             )
@@ -413,3 +425,8 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def _listed(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``asdict`` with tuples as lists (what JSON gives back)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in items}

@@ -20,6 +20,7 @@ import onnx
 from onnxq import ir
 from onnxq.backends.check import check
 from onnxq.backends.default_session import DefaultSessionView, default_session_view, timing_copy
+from onnxq.backends.output_kinds import output_kinds
 from onnxq.backends.profile import BackendProfile
 from onnxq.backends.validate import (
     OutputFidelity,
@@ -94,10 +95,14 @@ def float_reference(
 
 
 def verify(
-    model: onnx.ModelProto, reference: FloatReference, held: list[Batch], profile: BackendProfile
+    model: onnx.ModelProto,
+    reference: FloatReference,
+    held: list[Batch],
+    profile: BackendProfile,
+    threshold: float = 0.5,
 ) -> Verification:
     """Check ``model`` (onnxq's output) against ``profile`` and compare it with the float
-    model's outputs ``reference`` on ``held``."""
+    model's outputs ``reference`` on ``held`` (sigmoid outputs also at ``threshold``)."""
     violations = check(model, profile)
     if violations:
         raise InternalError(
@@ -115,7 +120,13 @@ def verify(
     selected = selected_outputs(model)
     outputs = [
         dataclasses.replace(f, selected_by=selected.get(f.name))
-        for f in fidelity(reference.outputs, quantized, class_axes(model), padding_masks(held))
+        for f in fidelity(
+            reference.outputs,
+            quantized,
+            class_axes(model),
+            padding_masks(held),
+            output_kinds(model, threshold),
+        )
     ]
     fused = None
     if compares_default_session(profile) and any(n.op_type in ir.QDQ_OPS for n in model.graph.node):

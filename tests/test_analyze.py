@@ -110,7 +110,7 @@ def test_cli_writes_report_and_lists_worst_tensors(tmp_path, calib_dir, capsys):
     assert main(["quantize", str(f), "-o", str(q), "--calib", str(calib), "-q"]) == 0
     report = tmp_path / "a.json"
     assert main(["analyze", str(f), str(q), "--calib", str(calib), "--report", str(report)]) == 0
-    assert "least faithful" in capsys.readouterr().out
+    assert "where the error jumps" in capsys.readouterr().out
     layers = json.loads(report.read_text())["layers"]
     assert {"tensor", "producer", "op_type", "cosine", "relative_error"} <= set(layers[0])
     html_path = tmp_path / "a.html"
@@ -173,3 +173,115 @@ def test_random_draws_are_not_compared():
     layers = analyze(model, model, graphs.random_batches(model, 2))
     # the draw and what only it feeds are left out; y mixes x in (scale 0: equal runs)
     assert [x.tensor for x in layers] == ["y"] and layers[0].cosine == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------- local and accumulated error
+def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:
+    ref, got = ref.astype(np.float64), got.astype(np.float64)
+    return 10 * np.log10((ref * ref).sum() / ((ref - got) ** 2).sum())
+
+
+def _run(model: onnx.ModelProto, outputs: list[str], batch: dict) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    del exposed.graph.output[:]
+    exposed.graph.output.extend(onnx.helper.make_empty_tensor_value_info(o) for o in outputs)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(exposed.SerializeToString(), opts)
+    return session.run(outputs, batch)
+
+
+def test_local_and_accumulated_error_match_onnxruntime_on_the_op_alone(tmp_path):
+    model = graphs.residual_add()
+    batches = graphs.random_batches(model, 3)
+    quant = onnxq.quantize(model, batches, progress=False).model
+    layers = {x.tensor: x for x in analyze(model, quant, batches)}
+    # oracle: the quantized model's Q/DQ -> conv2 alone, fed the float model's `skip`
+    onnx.save(quant, tmp_path / "q.onnx")
+    onnx.utils.extract_model(
+        str(tmp_path / "q.onnx"), str(tmp_path / "alone.onnx"), ["skip"], ["conv2_out"]
+    )
+    alone = onnx.load(tmp_path / "alone.onnx")
+    ref, skip, acc = [], [], []
+    for b in batches:
+        r, s = _run(model, ["conv2_out", "skip"], b)
+        ref.append(r)
+        skip.append(s)
+        acc.append(_run(quant, ["conv2_out"], b)[0])
+    local = [_run(alone, ["conv2_out"], {"skip": s})[0] for s in skip]
+    conv2 = layers["conv2_out"]
+    assert conv2.quantized and conv2.producer == "conv2"
+    assert conv2.local_sqnr_db == pytest.approx(_sqnr(np.stack(ref), np.stack(local)), abs=0.01)
+    assert conv2.sqnr_db == pytest.approx(_sqnr(np.stack(ref), np.stack(acc)), abs=0.01)
+    # conv1 reads the graph input: nothing before it, so local and accumulated agree; conv2
+    # inherits conv1's error, so its accumulated error is larger than its own
+    assert layers["conv1_out"].local_sqnr_db == layers["conv1_out"].sqnr_db
+    assert conv2.sqnr_db < conv2.local_sqnr_db
+    assert conv2.weight_sqnr_db is not None and conv2.input_sqnr_db is not None
+    assert not layers["skip"].quantized and layers["skip"].advice is None
+    assert "--exclude 'conv2' keeps it float" in (conv2.advice or "")
+
+
+def test_a_memory_budget_splits_the_comparison_into_passes_with_the_same_result(monkeypatch):
+    import onnxq.analyze as module
+
+    model = graphs.residual_add()
+    batches = graphs.random_batches(model, 2)
+    quant = onnxq.quantize(model, batches, progress=False).model
+    whole = analyze(model, quant, batches)
+    sessions = []
+    real = module.augmented_session
+
+    def counting(model, graph, names, **kwargs):
+        sessions.append(len(names))
+        return real(model, graph, names, **kwargs)
+
+    monkeypatch.setattr(module, "augmented_session", counting)
+    split = analyze(model, quant, batches, memory_budget=1)
+    assert split == whole
+    # one pass per float tensor: itself and its copies (accumulated, local, fake-quantized)
+    assert len(sessions) == len(whole) + 1 and max(sessions) <= 4
+
+
+def test_the_worst_samples_are_named():
+    model = graphs.conv_relu()
+    calib = graphs.random_batches(model, 4)
+    quant = onnxq.quantize(model, calib, progress=False).model
+    batches = graphs.random_batches(model, 6, seed=3)
+    batches[4] = {"x": batches[4]["x"] * np.float32(1e-3)}  # far below the calibrated range
+    y = {x.tensor: x for x in analyze(model, quant, batches)}["conv_out"]
+    assert y.worst_samples[0] == 4 and len(y.worst_samples) == 3
+    assert y.worst_sample_cosine < y.cosine
+
+
+def test_analyze_compares_through_a_control_flow_model():
+    model = graphs.if_model()
+    batches = graphs.random_batches(model, 2)
+    quant = onnxq.quantize(model, batches, progress=False).model
+    layers = analyze(model, quant, batches)
+    assert layers and all(np.isfinite(x.cosine) for x in layers)
+    assert all(x.local_cosine is not None and x.local_cosine > 0.9 for x in layers)
+
+
+def test_cli_ranks_by_where_the_error_jumps_and_names_the_worst_samples(
+    tmp_path, calib_dir, capsys
+):
+    model = graphs.residual_add()
+    f, q = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(model, f)
+    calib = calib_dir(model)
+    assert main(["quantize", str(f), "-o", str(q), "--calib", str(calib), "-q"]) == 0
+    capsys.readouterr()
+    args = ["analyze", str(f), str(q), "--calib", str(calib), "--memory-budget", "1"]
+    assert main([*args, "--report", str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("  local")]
+    locals_ = [float(line.split()[1]) for line in lines]
+    assert locals_ == sorted(locals_) and len(lines) == 3  # conv1, conv2, add
+    assert "output 'y': cosine" in out and "worst sample cosine" in out
+    assert "helps most:" in out
+    saved = json.loads((tmp_path / "a.json").read_text())
+    assert saved["jumps"][0] in {x["tensor"] for x in saved["layers"]}

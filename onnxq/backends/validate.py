@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from onnxq import device, ir
+from onnxq.backends.output_kinds import OutputKinds, score_axis, threshold_agreement
 from onnxq.errors import InternalError, UnsupportedModelError
 from onnxq.inputs import Batch
 
@@ -64,6 +65,12 @@ class OutputFidelity:
     # samples with the largest outputs, which can hide that most others are lost.
     sample_cosine_mean: float | None = None
     worst_sample_cosine: float | None = None
+    # the indices of the worst samples (over the held batches, in order), worst first
+    worst_samples: tuple[int, ...] = ()
+    # for a sigmoid output (:mod:`onnxq.backends.output_kinds`): the share of values on the
+    # same side of ``threshold`` in both models
+    threshold: float | None = None
+    threshold_agreement: float | None = None
 
     def difference(self) -> str:
         """The comparison in a few words: ``cosine 0.930``, ``5.0% of its values differ``."""
@@ -297,6 +304,7 @@ def fidelity(
     quantized: list[dict[str, np.ndarray]],
     axes: dict[str, int] | None = None,
     masks: list[np.ndarray | None] | None = None,
+    kinds: OutputKinds | None = None,
 ) -> list[OutputFidelity]:
     """Cosine similarity and max absolute error per output, over all batches; for the outputs
     in ``axes`` (name -> class axis, :func:`class_axes`) also the top-1 agreement along it.
@@ -321,6 +329,8 @@ def fidelity(
             )
             continue
         class_axis = (axes or {}).get(name)
+        if class_axis is None and kinds is not None:
+            class_axis = score_axis(ref_arrays, name in kinds.logits)
         ref_arrays, padded = _unpadded(ref_arrays, masks)
         if padded:  # [batch, sequence, ...] became [rows, ...]
             got_arrays, _ = _unpadded(got_arrays, masks)
@@ -367,6 +377,13 @@ def fidelity(
                 result,
                 sample_cosine_mean=round(float(per_sample.mean()), 6),
                 worst_sample_cosine=round(float(per_sample.min()), 6),
+                worst_samples=tuple(int(i) for i in np.argsort(per_sample, kind="stable")[:3]),
+            )
+        if kinds is not None and name in kinds.sigmoids:
+            result = replace(
+                result,
+                threshold=kinds.threshold,
+                threshold_agreement=threshold_agreement(ref_arrays, got_arrays, kinds.threshold),
             )
         sliced = (
             None

@@ -60,12 +60,15 @@ from onnxq.ir.save import (
     serialize,
     session_bytes_or_path,
 )
+from onnxq.ir.twin import ACCUMULATED, LOCAL, Twin, pruned, twin_model
 
 __all__ = [
+    "ACCUMULATED",
     "BIAS_READERS",
     "CONTROL_FLOW_OPS",
     "DEFAULT_DOMAINS",
     "INTEGER_OPS",
+    "LOCAL",
     "PEAKS_OUTPUT",
     "PROTO_LIMIT",
     "QDQ_OPS",
@@ -77,6 +80,7 @@ __all__ = [
     "OpsetUpgrade",
     "Probe",
     "ProbePlan",
+    "Twin",
     "all_bodies",
     "atomic_write_bytes",
     "attr_graphs",
@@ -102,6 +106,7 @@ __all__ = [
     "opens_body",
     "opset_purpose",
     "opset_version",
+    "pruned",
     "runtime_ir_version",
     "save_model",
     "scope_index",
@@ -112,6 +117,7 @@ __all__ = [
     "set_opset",
     "shapes_for_inputs",
     "sort_nodes",
+    "twin_model",
     "unrun",
     "unshare_biases",
     "upgrade_opset",

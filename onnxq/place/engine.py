@@ -22,6 +22,7 @@ from onnxq.errors import ConfigError
 from onnxq.options import PlacementOptions
 from onnxq.place.annotations import Annotations, Decision, Excluded, TensorAnnotation
 from onnxq.place.facts import GraphFacts
+from onnxq.place.selection import select
 from onnxq.precisions import check_bits, tensor_qtype
 from onnxq.rewrites.pattern import Claim, Context, Decline, Match, Rule, Spec
 from onnxq.rewrites.rule_sets import RULE_SETS
@@ -63,7 +64,8 @@ def annotate(
     """
     excluded = excluded or Excluded()
     state = _Placement()
-    float_nodes = {**facts.precision_paths, **excluded.nodes}
+    selected = select(ir.every_node(facts.graph.proto), options)
+    float_nodes = {**facts.precision_paths, **selected.nodes, **excluded.nodes}
     rules = _rules_by_op(RULE_SETS[profile.rule_set], profile)
     for scope in facts.scopes():
         ctx = Context(
@@ -80,7 +82,8 @@ def annotate(
     for ann in state.tensors.values():
         if ann.kind == "activation":
             ann.bounds = facts.saturation_bounds(ann.consumers)
-    return Annotations(state.tensors, state.decisions, _notes(facts, profile, state))
+    notes = _notes(facts, profile, state) + selected.notes
+    return Annotations(state.tensors, state.decisions, notes)
 
 
 def _rules_by_op(rules: tuple[Rule, ...], profile: BackendProfile) -> dict[str, list[Rule]]:
