@@ -152,7 +152,7 @@ def test_html_is_escaped_and_self_contained(tmp_path):
     assert "&lt;b&gt;model&lt;/b&gt;.onnx" in html and "<b>model" not in html
     assert "&lt;x&gt;" in html and "n&amp;1" in html and "a &lt;reason&gt;" in html
     assert "http" not in html  # nothing fetched from elsewhere
-    assert "<h2>Violations</h2>" not in html  # only when there are some
+    assert "Violations" not in html  # only when there are some
     path = tmp_path / "r.html"
     report.write(path)
     assert path.read_text(encoding="utf-8") == html
@@ -230,10 +230,11 @@ def test_html_lists_quantized_ops_rules_and_violations():
         violations=[Violation("conv", "zero_point", "0", "3")],
     )
     html = report.to_html()
-    assert "<h2>Quantized ops</h2>" in html
+    assert "<summary>Quantized ops (1)</summary>" in html
     assert "<td>conv</td><td>Conv</td><td>weighted_op</td><td>x, w</td>" in html
     assert "<td>ln</td><td>LayerNormalization</td><td>kept float</td><td>weighted_op</td>" in html
-    assert "<h2>Violations</h2>" in html and "<td>zero_point</td><td>0</td><td>3</td>" in html
+    assert "<summary>Violations (1)</summary>" in html
+    assert "<td>zero_point</td><td>0</td><td>3</td>" in html
     assert '"method": "auto &lt;x&gt;"' in html
 
 

@@ -57,6 +57,7 @@ from onnxq.ir.save import (
     save_model,
     serialize,
     session_bytes_or_path,
+    weight_nbytes,
 )
 
 __all__ = [
@@ -105,6 +106,7 @@ __all__ = [
     "scopes",
     "serialize",
     "session_bytes_or_path",
+    "weight_nbytes",
     "set_opset",
     "shapes_for_inputs",
     "sort_nodes",
