@@ -20,8 +20,9 @@ from onnxq.data import Batch
 from onnxq.html_page import ALERT_COLOR, INT8_COLOR, cards, esc, page, table
 
 SQNR_CAP_DB = 80.0  # an exact tensor (no error) is drawn at the top of the plot
-CLIPS = 0.01  # a range that clips more than this share of the values is too narrow
+CLIPS = 0.001  # a range that clips more than this share of the values is too narrow
 SPREAD = 8.0  # a range this many times wider than 99.9% of the values is set by outliers
+SMALL_DB = 30.0  # an accumulated SQNR from here up is an error of at most ~3% of the signal
 Row = dict[str, Any]
 
 
@@ -63,6 +64,11 @@ def suggested_action(row: Row, ranges: Sequence[TensorRange]) -> str:
     """What to try for this op: the analysis's own advice, else what its inputs' ranges say."""
     if row.get("advice"):
         return str(row["advice"])
+    if sqnr_db(row) >= SMALL_DB:
+        return (
+            f"none needed: the error here is small ({sqnr_db(row):.0f} dB); act only if an "
+            "output loses accuracy"
+        )
     for r in ranges:
         if r.clipped > CLIPS:
             return (

@@ -80,6 +80,8 @@ def test_suggested_action_follows_the_data():
     assert "--method-for 't=percentile'" in suggested_action(row, [_range(values, -60.0, 60.0)])
     assert suggested_action(row, [_range(values, -4.5, 4.5)]) == "keep it float: --exclude 'conv'"
     assert suggested_action(dict(row, advice="try CLE"), []) == "try CLE"
+    small = _row("out", "conv", 0.01)  # 40 dB
+    assert suggested_action(small, [_range(values, -1.0, 1.0)]).startswith("none needed")
 
 
 def test_page_draws_every_tensor_marks_the_worst_and_keeps_extra_fields():
