@@ -94,7 +94,9 @@ def example_section() -> list[str]:
         "`examples/digits/digits_cnn.onnx` quantized with default settings, compared by "
         "`examples/digits/evaluate.py` (latency: one image, one thread, float and INT8 in "
         "turns, median of 200 runs; INT8 accuracy and agreement in onnxruntime's default "
-        "session).",
+        "session). The `tensorrt` output is laid out for TensorRT; in onnxruntime's CPU "
+        "session its float ops run behind DequantizeLinear nodes, so there it can be slower "
+        "than float: deploy on CPU with `--backend onnxruntime`.",
         "",
     ]
     with tempfile.TemporaryDirectory() as tmp:
