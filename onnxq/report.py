@@ -207,7 +207,7 @@ class Report:
         """A self-contained HTML page: summary, Q/DQ along the graph, reasons, tables."""
         from onnxq.report_html import report_html
 
-        return report_html(self)
+        return report_html(self, _finite(self.to_dict()), reason_lines(self.float_ops))
 
     def write(self, path: str | os.PathLike[str]) -> None:
         """Write as JSON, or HTML for a ``.html`` path (atomically)."""

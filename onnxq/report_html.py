@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from onnxq.backends.default_session import DefaultSessionView
+from onnxq.backends.validate import OutputFidelity
 from onnxq.html_page import (
     ALERT_COLOR,
     FLOAT_COLOR,
@@ -27,20 +29,40 @@ from onnxq.html_page import (
     stacked_bars,
     table,
 )
+from onnxq.materialize import Placed
+from onnxq.place.annotations import Decision
 
-if TYPE_CHECKING:
-    from onnxq.report import Report
+
+class Report(Protocol):
+    """What the page reads of :class:`onnxq.report.Report` (which imports this module)."""
+
+    model: str
+    backend: str
+    decisions: list[Decision]
+    placed: list[Placed]
+    calibration_batches: int
+    fidelity: list[OutputFidelity]
+    fidelity_mode: str
+    warnings: list[str]
+    notes: list[str]
+    default_session: DefaultSessionView | None
+    weight_bytes: tuple[int, int] | None
+
+    @property
+    def quantized_ops(self) -> list[Decision]: ...
+
+    @property
+    def float_ops(self) -> list[Decision]: ...
+
 
 # ops whose INT8 version carries the speed-up and the size reduction (display only: which of
 # them a backend quantizes is its profile's business)
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
-def report_html(report: Report) -> str:
-    """The report as one self-contained HTML page."""
-    from onnxq.report import _finite, reason_lines
-
-    d = _finite(report.to_dict())
+def report_html(report: Report, d: dict[str, Any], reasons: dict[str, int]) -> str:
+    """The report as one self-contained HTML page; ``d``: its JSON-ready dict, ``reasons``:
+    its float ops' reasons with their counts."""
     body = [
         f"<h1>onnxq report: {esc(report.model)}</h1>",
         f"<p class='sub'>backend {esc(report.backend)} · onnxq {esc(d['onnxq_version'])} · "
@@ -64,12 +86,7 @@ def report_html(report: Report) -> str:
         "<h2>Why ops stay float</h2>",
         table(
             ["ops", "op type and reason"],
-            [
-                (n, line)
-                for line, n in sorted(
-                    reason_lines(report.float_ops).items(), key=lambda kv: (-kv[1], kv[0])
-                )
-            ],
+            [(n, line) for line, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))],
         )
         if report.float_ops
         else "<p>Every op is quantized.</p>",

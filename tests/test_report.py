@@ -34,7 +34,11 @@ def test_report_dict_summarises_the_run(residual_report):
         "float_ops": 1,
         "quantized_tensors": 4,
         "calibration_batches": 3,
+        "weight_bytes": d["summary"]["weight_bytes"],
     }
+    # two 16x16x3x3 float convs with biases; int8 weights plus scales are under a third
+    assert d["summary"]["weight_bytes"]["float"] == 2 * 4 * (16 * 16 * 9 + 16)
+    assert d["summary"]["weight_bytes"]["quantized"] < 18560 / 3
     assert [t["tensor"] for t in d["quantized_tensors"]] == [
         "x",
         "conv1.weight",
@@ -214,7 +218,7 @@ def test_summary_says_how_each_output_was_compared():
     html = report.to_html()
     assert "<td>agreement</td>" in html
     # top-1 agreement: 0.875 for the softmax output, '-' where it does not apply
-    assert "<td>0.875</td>" in html and "<td>-</td>" in html
+    assert "'>0.875</td>" in html and "<td>-</td>" in html
 
 
 def test_html_lists_quantized_ops_rules_and_violations():
