@@ -240,6 +240,7 @@ def quantize(
         reference = float_reference(
             prepared.take_reference(), prepared.model, statistics.held, profile
         )
+        float_weight_bytes = ir.weight_nbytes(prepared.model)
         placed = materialize(prepared.model, annotations, ranges.qparams, profile, cfg.weights)
         if ir.external.lazy_nbytes(prepared.model) < ir.external.LAZY_BYTES:
             ir.external.load_all(prepared.model)  # float weights that stayed float (biases)
@@ -262,6 +263,7 @@ def quantize(
         mixed_precision=mixed,
     )
     report = _report(outcome)
+    report.weight_bytes = (float_weight_bytes, ir.weight_nbytes(prepared.model))
     if save_calibration is not None and cache is not None:
         ir.atomic_write_bytes(save_calibration, cache)
     return QuantizedModel(prepared.model, report, prepared.source)

@@ -688,7 +688,18 @@ def _analyze(args: argparse.Namespace) -> int:
     data = open_source(args.calib, model_inputs(ir.Graph(float_model)), 1, args.preprocess)
     budget = (args.memory_budget or DEFAULT_MEMORY_BUDGET // 2**20) * 2**20
     layers = analyze(float_model, quant_model, data, args.max_batches, args.fused, budget)
-    if args.report:
+    if args.report and Path(args.report).suffix.lower() in (".html", ".htm"):
+        from dataclasses import asdict
+
+        from onnxq.analyze_html import analysis_page
+
+        again = open_source(args.calib, model_inputs(ir.Graph(float_model)), 1, args.preprocess)
+        title = f"onnxq analyze: {Path(args.float_model).name} vs {Path(args.quant_model).name}"
+        text = analysis_page(
+            [asdict(x) for x in layers], float_model, quant_model, again, args.max_batches, title
+        )
+        ir.atomic_write_bytes(Path(args.report), text.encode("utf-8"))
+    elif args.report:
         write_analysis(args.report, layers)
     outputs = [o.name for o in float_model.graph.output]
     print_analysis(layers, outputs, args.top)

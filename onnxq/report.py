@@ -5,7 +5,6 @@ The same inputs give the same bytes: no timestamps, no absolute paths, lists in 
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import os
@@ -49,6 +48,8 @@ class Report:
     default_session: DefaultSessionView | None = None
     # the accuracy target's search (onnxq.mixed_precision.MixedPrecision.to_dict); None: none
     mixed_precision: dict[str, Any] | None = None
+    # initializer bytes of the float model (after simplify) and of the quantized one
+    weight_bytes: tuple[int, int] | None = None
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -78,6 +79,15 @@ class Report:
                 "float_ops": len(self.float_ops),
                 "quantized_tensors": len(self.placed),
                 "calibration_batches": self.calibration_batches,
+                **(
+                    {
+                        "weight_bytes": dict(
+                            zip(("float", "quantized"), self.weight_bytes, strict=True)
+                        )
+                    }
+                    if self.weight_bytes is not None
+                    else {}
+                ),
             },
             "quantized_tensors": [_placed(p) for p in self.placed],
             "quantized_ops": [
@@ -150,7 +160,7 @@ class Report:
             self._headline(),
             *([describe_target(self.target_cpu)] if self.target_cpu else []),
         ]
-        reasons = _reason_lines(self.float_ops)
+        reasons = reason_lines(self.float_ops)
         if reasons:
             lines.append("left float:")
             for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:12]:
@@ -227,84 +237,10 @@ class Report:
         return "\n".join(lines)
 
     def to_html(self) -> str:
-        """A self-contained HTML page of the same content."""
-        d = self.to_dict()
-        esc = html.escape
+        """A self-contained HTML page: summary, Q/DQ along the graph, reasons, tables."""
+        from onnxq.report_html import report_html
 
-        def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
-            head = "".join(f"<th>{esc(c)}</th>" for c in cols)
-            body = "".join(
-                "<tr>" + "".join(f"<td>{esc(_short(r.get(c, '')))}</td>" for c in cols) + "</tr>"
-                for r in rows
-            )
-            return f"<table><tr>{head}</tr>{body}</table>"
-
-        return (
-            "<!doctype html><meta charset='utf-8'><title>onnxq report</title>"
-            "<style>body{font-family:sans-serif}td,th{border:1px solid #ccc;padding:2px 6px}"
-            "table{border-collapse:collapse;margin-bottom:1em}</style>"
-            f"<h1>onnxq report: {esc(self.model)}</h1><pre>{esc(self.summary(timing=False))}</pre>"
-            "<h2>Quantized tensors</h2>"
-            + table(
-                d["quantized_tensors"],
-                [
-                    "tensor",
-                    "kind",
-                    "method",
-                    "scale",
-                    "zero_point",
-                    "axis",
-                    "range",
-                    "bound",
-                    "note",
-                ],
-            )
-            + "<h2>Quantized ops</h2>"
-            + table(d["quantized_ops"], ["node", "op_type", "rule", "tensors", "note"])
-            + "<h2>Float ops</h2>"
-            + table(d["float_ops"], ["node", "op_type", "reason", "closest_rule"])
-            + (
-                "<h2>Violations</h2>" + table(d["violations"], ["node", "field", "expected", "got"])
-                if d["violations"]
-                else ""
-            )
-            + (
-                "<h2>Bias corrections</h2>"
-                + table(
-                    d["bias_corrections"],
-                    [
-                        "node",
-                        "bias",
-                        "channels",
-                        "corrected",
-                        "max_shift",
-                        "mean_abs_shift",
-                        "bias_max_abs",
-                    ],
-                )
-                if d["bias_corrections"]
-                else ""
-            )
-            + "<h2>Fidelity</h2>"
-            + table(
-                d["fidelity"]["outputs"],
-                [
-                    "name",
-                    "compared",
-                    "cosine",
-                    "max_abs_error",
-                    "top1_agreement",
-                    "threshold_agreement",
-                    "worst_sample_cosine",
-                    "worst_slice_cosine",
-                ],
-            )
-            + "<h2>Config</h2><pre>"
-            + esc(
-                json.dumps(_finite(d["config"]), indent=1, sort_keys=True, default=str), quote=False
-            )
-            + "</pre>"
-        )
+        return report_html(self, _finite(self.to_dict()), reason_lines(self.float_ops))
 
     def write(self, path: str | os.PathLike[str]) -> None:
         """Write as JSON, or HTML for a ``.html`` path (atomically)."""
@@ -373,7 +309,7 @@ _QUOTED = re.compile(r"'[^']*'")
 NAME_LIMIT = 60  # a quoted name longer than this is shown by its start and its end
 
 
-def _reason_lines(float_ops: list[Decision]) -> dict[str, int]:
+def reason_lines(float_ops: list[Decision]) -> dict[str, int]:
     """One line per op type and reason -> its count.  Reasons that differ only in the names
     they quote (a tensor, a node) share a line, which shows the first op's names and says how
     many more there are: a line per op would bury the reasons."""
@@ -399,21 +335,6 @@ def _short_name(quoted: re.Match[str]) -> str:
     if len(name) <= NAME_LIMIT:
         return quoted.group(0)
     return f"'{name[:24]}…{name[-(NAME_LIMIT - 25) :]}'"
-
-
-def _short(value: Any) -> str:
-    if value is None:  # a field that does not apply (per-tensor axis, top-1 of a non-softmax)
-        return "-"
-    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        return ", ".join(value)  # tensor names: every one, they are what a reader looks for
-    if isinstance(value, list) and len(value) > 4:
-        return (
-            f"[{', '.join(f'{v:.4g}' if isinstance(v, float) else str(v) for v in value[:3])}"
-            f", ... {len(value)} values]"
-        )
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
 
 
 def _finite(value: Any) -> Any:

@@ -11,7 +11,7 @@ QLinearConv, runs each under onnxruntime's profiler on one thread and prints the
 time of the Conv node alone (no Q/DQ, layout or reorder nodes: inside a chain of convs those
 are shared) and float / int8 (> 1: int8 is faster).  ``onnxq tune-cpu`` derives a cost table
 from the same models timed with their Q/DQ; the numbers for the machine the shipped x86-vnni
-table comes from are in docs/benchmarks.md.
+table comes from are in git: docs/benchmarks.md.
 """
 
 from __future__ import annotations

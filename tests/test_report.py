@@ -34,7 +34,11 @@ def test_report_dict_summarises_the_run(residual_report):
         "float_ops": 1,
         "quantized_tensors": 4,
         "calibration_batches": 3,
+        "weight_bytes": d["summary"]["weight_bytes"],
     }
+    # two 16x16x3x3 float convs with biases; int8 weights plus scales are under a third
+    assert d["summary"]["weight_bytes"]["float"] == 2 * 4 * (16 * 16 * 9 + 16)
+    assert d["summary"]["weight_bytes"]["quantized"] < 18560 / 3
     assert [t["tensor"] for t in d["quantized_tensors"]] == [
         "x",
         "conv1.weight",
@@ -152,7 +156,7 @@ def test_html_is_escaped_and_self_contained(tmp_path):
     assert "&lt;b&gt;model&lt;/b&gt;.onnx" in html and "<b>model" not in html
     assert "&lt;x&gt;" in html and "n&amp;1" in html and "a &lt;reason&gt;" in html
     assert "http" not in html  # nothing fetched from elsewhere
-    assert "<h2>Violations</h2>" not in html  # only when there are some
+    assert "Violations" not in html  # only when there are some
     path = tmp_path / "r.html"
     report.write(path)
     assert path.read_text(encoding="utf-8") == html
@@ -214,7 +218,7 @@ def test_summary_says_how_each_output_was_compared():
     html = report.to_html()
     assert "<td>agreement</td>" in html
     # top-1 agreement: 0.875 for the softmax output, '-' where it does not apply
-    assert "<td>0.875</td>" in html and "<td>-</td>" in html
+    assert "'>0.875</td>" in html and "<td>-</td>" in html
 
 
 def test_html_lists_quantized_ops_rules_and_violations():
@@ -230,10 +234,11 @@ def test_html_lists_quantized_ops_rules_and_violations():
         violations=[Violation("conv", "zero_point", "0", "3")],
     )
     html = report.to_html()
-    assert "<h2>Quantized ops</h2>" in html
+    assert "<summary>Quantized ops (1)</summary>" in html
     assert "<td>conv</td><td>Conv</td><td>weighted_op</td><td>x, w</td>" in html
     assert "<td>ln</td><td>LayerNormalization</td><td>kept float</td><td>weighted_op</td>" in html
-    assert "<h2>Violations</h2>" in html and "<td>zero_point</td><td>0</td><td>3</td>" in html
+    assert "<summary>Violations (1)</summary>" in html
+    assert "<td>zero_point</td><td>0</td><td>3</td>" in html
     assert '"method": "auto &lt;x&gt;"' in html
 
 

@@ -106,9 +106,9 @@ def _xeon(cpu: str) -> CostTable:
     return CostTable(
         cpu=cpu,
         measured_on=(
-            "Intel Xeon with AVX-512 VNNI and AMX-INT8, onnxruntime 1.31.1 (docs/benchmarks.md, "
-            "Latency); kept on an AMD EPYC Zen 4 (onnxruntime 1.32.0), where its own tuned "
-            "table ran whole zoo models no faster"
+            "Intel Xeon with AVX-512 VNNI and AMX-INT8, onnxruntime 1.31.1; kept on an AMD "
+            "EPYC Zen 4 (onnxruntime 1.32.0), where its own tuned table ran whole zoo models "
+            "no faster"
         ),
         float_grouped_convs=True,
         min_macs_per_output=32,

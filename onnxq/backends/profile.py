@@ -122,7 +122,7 @@ class BackendProfile:
             averages a clipped input out.  A model whose outputs are per-element sigmoid
             scores (:func:`onnxq.place.heads.score_maps`: detectors, segmentation maps) gets it
             for every activation: on YOLOv8n, YOLOX and PP-OCRv4 det, clipping anywhere moved
-            the scores (docs/benchmarks.md).  ``None``: no special case.
+            the scores (git: docs/benchmarks.md).  ``None``: no special case.
         folded_activations: activations right after a weighted op that the backend drops when
             the output Q's range already clips (onnxruntime's ReluQuantFusion and
             ClipQuantFusion): the Q/DQ goes after them.
@@ -154,7 +154,7 @@ class BackendProfile:
             step; a conv over a count that is not a multiple of it is "unaligned".  0: none.
         min_macs_per_output_unaligned: the same threshold for a conv with a kernel larger than
             1x1 over unaligned input channels: onnxruntime's int8 kernel runs a 3x3 conv over
-            10 channels at 0.9-1.2x float, over 12 at 1.7-2.7x (docs/benchmarks.md, Latency,
+            10 channels at 0.9-1.2x float, over 12 at 1.7-2.7x (git: docs/benchmarks.md, Latency,
             session 9).  0: off.
         min_macs: the same for an op with fewer multiply-adds per sample (static shapes only):
             its Q/DQ nodes would cost more than it saves.  0: off.
@@ -298,7 +298,7 @@ ONNXRUNTIME = BackendProfile(
     bias="int32",
     reduced_weight_qmax=63,
     # Gemm -> QGemm; MatMul with a constant right-hand side -> MatMulIntegerToFloat (an LM
-    # head of [768, 50257]: 3.9-6.0x faster than float here, docs/benchmarks.md)
+    # head of [768, 50257]: 3.9-6.0x faster than float here, git: docs/benchmarks.md)
     float_output_kernel_ops=frozenset({"Gemm", "MatMul"}),
     output_method="robust_minmax",
     folded_activations=frozenset({"Relu", "Clip"}),

@@ -59,6 +59,7 @@ from onnxq.ir.save import (
     save_model,
     serialize,
     session_bytes_or_path,
+    weight_nbytes,
 )
 from onnxq.ir.twin import ACCUMULATED, LOCAL, Twin, pruned, twin_model
 
@@ -121,6 +122,7 @@ __all__ = [
     "unrun",
     "unshare_biases",
     "upgrade_opset",
+    "weight_nbytes",
     "with_channel_peaks",
     "with_outputs",
     "with_probes",

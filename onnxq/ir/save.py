@@ -25,6 +25,11 @@ def model_nbytes(model: onnx.ModelProto) -> int:
     return sum(_nbytes(t) for t in model.graph.initializer) + 1_000_000
 
 
+def weight_nbytes(model: onnx.ModelProto) -> int:
+    """Bytes of the model's initializers (lazy ones included): its weights' size on disk."""
+    return sum(_nbytes(t) for t in model.graph.initializer)
+
+
 def inline_nbytes(model: onnx.ModelProto) -> int:
     """Approximate size of what the proto itself holds (weights left on disk excluded)."""
     return (

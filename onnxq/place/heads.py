@@ -82,7 +82,7 @@ def score_maps(graph: ir.Graph) -> list[str]:
     """Graph outputs of rank >= 3 read from a weighted op through a Sigmoid (or HardSigmoid)
     and the ops of :func:`head_nodes`' paths: per-element scores a detector or a segmentation
     model thresholds, so their extremes decide.  Clipping any activation moved them on every
-    such model measured (docs/benchmarks.md)."""
+    such model measured (git: docs/benchmarks.md)."""
     return [
         out
         for out in graph.graph_outputs

@@ -2,7 +2,7 @@
 
 An int8 kernel replaces a float one, and every edge between an int8 op and a float op costs a
 QuantizeLinear or a DequantizeLinear (a full pass over the tensor).  Measured with onnxruntime
-1.31 on a Xeon that reports AVX-512, VNNI and AMX-INT8, one thread (``docs/benchmarks.md``,
+1.31 on a Xeon that reports AVX-512, VNNI and AMX-INT8, one thread (``git: docs/benchmarks.md``,
 Latency).  The thresholds are per CPU class: the profile takes them from the target class's
 cost table (``onnxq.backends.cost_tables``; ``onnxq tune-cpu`` measures one), and the shipped
 tables all hold that CPU's values:
