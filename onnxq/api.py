@@ -214,6 +214,12 @@ def quantize(
             "calibration cache to load": load_calibration,
         },
     )
+    if cfg.weights is not None:  # weight-only (int4/int8 MatMul weights): its own pipeline
+        from onnxq.weightonly.pipeline import quantize_weight_only
+
+        return quantize_weight_only(
+            model, calibration, cfg, batch_size, save_calibration, load_calibration
+        )
     if calibration is None and load_calibration is None:
         raise CalibrationDataError(
             "no calibration data given; pass --calib DATA (a folder of "

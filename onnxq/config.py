@@ -17,6 +17,8 @@ from onnxq.errors import ConfigError
 
 BACKENDS = ("tensorrt", "onnxruntime")
 WEIGHT_STORAGE = ("int8", "qdq")
+WEIGHT_ONLY = ("int4", "int8")  # weight-only widths (docs/weight-only.md)
+WEIGHT_ALGORITHMS = ("auto", "rtn", "gptq", "awq", "awq+gptq")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class Override:
     bits: int | None = None
     per_channel: bool | None = None
     symmetric: bool | None = None
+    block_size: int | None = None  # weight-only: blocks along K (0: per output channel)
+    algorithm: str | None = None  # weight-only: one of WEIGHT_ALGORITHMS
 
     def __post_init__(self) -> None:
         if self.node is None and self.op_type is None and self.tensor is None:
@@ -49,6 +53,7 @@ class Override:
             _check_method(self.method, "overrides[].method")
         if self.bits is not None and (isinstance(self.bits, bool) or not 2 <= self.bits <= 8):
             raise ConfigError(f"overrides[].bits: must be an integer 2..8, got {self.bits!r}")
+        _check_weight_only("overrides[].", self.block_size, self.algorithm)
 
     def matches_node(self, node_name: str, op_type: str) -> bool:
         """True if this override's node/op_type patterns (those given) all match."""
@@ -61,6 +66,21 @@ class Override:
     def matches_tensor(self, tensor_name: str) -> bool:
         """True if this override names tensors and ``tensor_name`` matches."""
         return self.tensor is not None and fnmatch.fnmatchcase(tensor_name, self.tensor)
+
+
+def _check_weight_only(where: str, block_size: int | None, algorithm: str | None) -> None:
+    """Validate the weight-only block size and algorithm (``where``: the key's prefix)."""
+    if block_size is not None and (
+        isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 0
+    ):
+        raise ConfigError(
+            f"{where}block_size: expected an integer >= 0 (0: per output channel), "
+            f"got {block_size!r}"
+        )
+    if algorithm is not None and algorithm not in WEIGHT_ALGORITHMS:
+        raise ConfigError(
+            f"{where}algorithm: unknown {algorithm!r}; valid: {', '.join(WEIGHT_ALGORITHMS)}"
+        )
 
 
 def _check_method(name: str, where: str) -> None:
@@ -133,6 +153,19 @@ class QuantConfig:
             ``0-1``, ``tf``) or a spec (docs/calibration.md); in YAML also a mapping.
         simplify: run the simplify passes before placing Q/DQ.
         progress: show progress bars on stderr.
+        weights: ``None`` (INT8 Q/DQ of weights and activations) or ``int4`` / ``int8``:
+            weight-only quantization of MatMul/Gemm weights (and embedding tables where the
+            backend runs them), activations untouched (docs/weight-only.md).
+        block_size: weight-only: weights share a scale per block of this many input rows
+            (``None``: 128; 0: one scale per output channel); a backend without blocks for
+            the width (TensorRT int8) uses per-channel scales.
+        algorithm: weight-only: ``rtn`` (round to nearest, error-minimising clip search),
+            ``gptq``, ``awq``, ``awq+gptq``, or ``auto`` (the measured default with
+            calibration data, ``rtn`` without).
+        weight_symmetric: weight-only: zero points fixed at 0 (TensorRT needs it) or an
+            integer zero point per block (onnxruntime).
+        accuracy_level: weight-only, onnxruntime: MatMulNBits' ``accuracy_level`` (0-4;
+            4 computes with int8 activations); ``None``: the measured default.
     """
 
     backend: str = "tensorrt"
@@ -157,6 +190,11 @@ class QuantConfig:
     preprocess: str | None = None
     simplify: bool = True
     progress: bool = True
+    weights: str | None = None
+    block_size: int | None = None
+    algorithm: str = "auto"
+    weight_symmetric: bool = True
+    accuracy_level: int | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # dict overrides and preprocess specs from Python too
@@ -198,6 +236,11 @@ class QuantConfig:
             raise ConfigError(f"histogram_budget: must be >= 0, got {self.histogram_budget}")
         if self.min_channels is not None and self.min_channels < 0:
             raise ConfigError(f"min_channels: must be >= 0, got {self.min_channels}")
+        if self.weights is not None and self.weights not in WEIGHT_ONLY:
+            raise ConfigError(f"weights: got {self.weights!r}; valid: {', '.join(WEIGHT_ONLY)}")
+        _check_weight_only("", self.block_size, self.algorithm)
+        if self.accuracy_level is not None and not 0 <= self.accuracy_level <= 4:
+            raise ConfigError(f"accuracy_level: must be 0..4, got {self.accuracy_level}")
         # Normalise lists given from Python or YAML into tuples so the config stays hashable.
         object.__setattr__(self, "exclude", tuple(self.exclude))
         object.__setattr__(self, "overrides", tuple(self.overrides))
@@ -231,6 +274,8 @@ class QuantConfig:
                 ov.bits,
                 ov.per_channel,
                 ov.symmetric,
+                ov.block_size,
+                ov.algorithm,
             )
 
         hit = [
@@ -364,6 +409,11 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "preprocess": (str, dict, type(None)),
     "simplify": (bool,),
     "progress": (bool,),
+    "weights": (str, type(None)),
+    "block_size": (int, type(None)),
+    "algorithm": (str,),
+    "weight_symmetric": (bool,),
+    "accuracy_level": (int, type(None)),
 }
 
 
@@ -402,7 +452,7 @@ def _override(index: int, value: Any, where: str) -> Override:
                 f"{where}: overrides[{index}]: unknown key {key!r}; "
                 f"valid: {', '.join(sorted(valid))}"
             )
-    for key in ("node", "op_type", "tensor", "method"):
+    for key in ("node", "op_type", "tensor", "method", "algorithm"):
         if value.get(key) is not None and not isinstance(value[key], str):
             raise ConfigError(f"{where}: overrides[{index}].{key}: expected a string")
     for key in ("exclude", "per_channel", "symmetric"):
@@ -436,4 +486,4 @@ def _describe(ov: Override) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
-__all__ = ["BACKENDS", "Override", "QuantConfig"]
+__all__ = ["BACKENDS", "WEIGHT_ALGORITHMS", "WEIGHT_ONLY", "Override", "QuantConfig"]

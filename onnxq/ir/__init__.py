@@ -16,6 +16,7 @@ from onnxq.ir.constants import (
     INTEGER_OPS,
     PROTO_LIMIT,
     QDQ_OPS,
+    WEIGHT_ONLY_OPS,
     is_integer_op,
 )
 from onnxq.ir.graph import (
@@ -57,6 +58,7 @@ __all__ = [
     "PEAKS_OUTPUT",
     "PROTO_LIMIT",
     "QDQ_OPS",
+    "WEIGHT_ONLY_OPS",
     "Graph",
     "atomic_write_bytes",
     "check_model",

@@ -1,0 +1,107 @@
+"""Choosing each layer's integer weights: the algorithms run layer group by layer group.
+
+Layers that read the same input form a group.  With calibration data the groups are visited in
+graph order: a :class:`~onnxq.weightonly.layerwise.LayerwiseRunner` computes the group's input
+with every earlier group already quantized, its statistics (``X^T X``, mean ``|x|``) are
+streamed, and the group's layers are quantized by their algorithm; their dequantized weights
+then feed the later stages.  Without data every layer is rounded to nearest on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from onnxq import ir
+from onnxq.data import Batch
+from onnxq.weightonly.awq import search_scales
+from onnxq.weightonly.blocks import BlockQuantized, output_error, quantize_rtn
+from onnxq.weightonly.gptq import gptq
+from onnxq.weightonly.layerwise import LayerwiseRunner
+from onnxq.weightonly.stats import InputStats
+from onnxq.weightonly.targets import Layer, weight_matrix
+
+GPTQ_DAMP = 0.01
+
+
+@dataclass
+class Quantized:
+    """A layer's result: its codes, its AWQ input scales, its relative output error on the
+    calibration data (None without data) and the algorithm that ran."""
+
+    codes: BlockQuantized
+    input_scale: np.ndarray | None
+    error: float | None
+    algorithm: str
+
+
+def quantize_layers(
+    model: onnx.ModelProto,
+    layers: list[Layer],
+    batches: list[Batch] | None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Quantized]:
+    """Codes for every layer (by node name)."""
+    graph = ir.Graph(model)
+    out: dict[str, Quantized] = {}
+    data_free = [x for x in layers if batches is None or x.activation is None or x.algorithm == "shared"]
+    for layer in data_free:
+        w = weight_matrix(graph, layer)
+        out[layer.node] = Quantized(quantize_rtn(w, layer.fmt), None, None, "rtn")
+    if batches is None:
+        return out
+    groups: dict[str, list[Layer]] = {}
+    for layer in layers:
+        if layer.node not in out:
+            groups.setdefault(layer.activation or "", []).append(layer)
+    runner = LayerwiseRunner(model, [[x] for x in groups], batches)
+    for layer in data_free:  # quantized tables feed every later stage
+        runner.set_weight(layer.weight, _stored(out[layer.node], layer))
+    for i, (tensor, members) in enumerate(groups.items()):
+        if progress is not None:
+            progress(f"layer group {i + 1}/{len(groups)}: {', '.join(m.node for m in members)}")
+        stats = InputStats(members[0].k)
+        for values in runner.run():
+            stats.update(values[tensor])
+        for layer, result in _quantize_group(graph, members, stats).items():
+            out[layer.node] = result
+            runner.set_weight(layer.weight, _stored(result, layer))
+    return out
+
+
+def _quantize_group(graph: ir.Graph, members: list[Layer], stats: InputStats) -> dict[Layer, Quantized]:
+    """Quantize the layers that read one input, by their algorithms."""
+    hessian = stats.hessian
+    weights = {m: weight_matrix(graph, m) for m in members}
+    awq = [m for m in members if m.algorithm in ("awq", "awq+gptq")]
+    scale = None
+    if awq:
+        scale, alpha = search_scales([weights[m] for m in awq], hessian, stats.mean_abs, awq[0].fmt)
+        if alpha == 0.0:  # plain rounding was best: no scales, no Mul
+            scale = None
+    out = {}
+    for m in members:
+        w = weights[m]
+        s = scale if m in awq and scale is not None else None
+        h = hessian if s is None else hessian / np.outer(s, s)
+        ws = w if s is None else w * s[:, None]
+        if m.algorithm in ("gptq", "awq+gptq"):
+            codes = gptq(ws, h, m.fmt, damp=GPTQ_DAMP)
+        else:
+            codes = quantize_rtn(ws, m.fmt, importance=np.diag(h))
+        deq = codes.dequantize()
+        if s is not None:
+            deq = deq / s[:, None]
+        out[m] = Quantized(codes, s, output_error(w, deq, hessian), m.algorithm)
+    return out
+
+
+def _stored(result: Quantized, layer: Layer) -> np.ndarray:
+    """The dequantized weight in the layout the model stores it in."""
+    deq = result.codes.dequantize()
+    if result.input_scale is not None:
+        deq = deq / result.input_scale[:, None]
+    return np.ascontiguousarray(deq.T) if layer.transposed else deq
