@@ -26,6 +26,7 @@ calibration data (--calib):
 
 examples:
   onnxq quantize model.onnx -o model.int8.onnx --calib calib/
+  onnxq quantize lm.onnx -o lm.int4.onnx --weights int4 --calib calib/ --backend onnxruntime
   onnxq quantize model.onnx -o out.onnx --calib calib/ --backend onnxruntime --report r.json
   onnxq check model.int8.onnx --backend tensorrt
   onnxq explain model.onnx --backend tensorrt
@@ -137,6 +138,26 @@ def _parser() -> argparse.ArgumentParser:
         help="values one tensor's histogram counts over the whole calibration "
         "(default 16777216): beyond 256 samples each contributes fewer; 0 = no "
         "budget",
+    )
+    q.add_argument(
+        "--weights",
+        choices=("int4", "int8"),
+        help="weight-only quantization: MatMul/Gemm weights (and embedding tables where the "
+        "backend runs them) to int4 blocks or int8, activations stay float; --calib optional "
+        "(docs/weight-only.md)",
+    )
+    q.add_argument(
+        "--block-size",
+        type=int,
+        metavar="N",
+        help="with --weights: input rows sharing a scale (default 128 for int4, per channel "
+        "for int8; 0: per channel; onnxruntime: a power of two >= 16, tensorrt: 64 or 128)",
+    )
+    q.add_argument(
+        "--algorithm",
+        choices=("auto", "rtn", "gptq", "awq", "awq+gptq"),
+        help="with --weights: rtn (round to nearest, clip search; no data needed), gptq, awq, "
+        "awq+gptq (these need --calib); auto: gptq with data, else rtn",
     )
     q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
     q.add_argument(
@@ -298,6 +319,9 @@ def _quantize(args: argparse.Namespace) -> int:
         histogram_sample=args.histogram_sample,
         histogram_budget=args.histogram_budget,
         preprocess=args.preprocess,
+        weights=args.weights,
+        block_size=args.block_size,
+        weight_algorithm=args.algorithm,
         save_calibration=args.save_calibration,
         load_calibration=args.load_calibration,
     )
@@ -359,7 +383,11 @@ def _check(args: argparse.Namespace) -> int:
     for v in violations:
         print(v)
     qdq = sum(n.op_type in ir.QDQ_OPS for n in model.graph.node)
-    print(f"{args.model}: {len(violations)} {profile.name} violation(s), {qdq} Q/DQ nodes")
+    weight_only = sum(n.op_type in ir.WEIGHT_ONLY_OPS for n in model.graph.node)
+    print(
+        f"{args.model}: {len(violations)} {profile.name} violation(s), {qdq} Q/DQ nodes"
+        + (f", {weight_only} weight-only ops" if weight_only else "")
+    )
     integer = Counter(n.op_type for n in model.graph.node if ir.is_integer_op(n.op_type))
     if qdq == 0 and integer:
         found = ", ".join(f"{op} x{k}" for op, k in sorted(integer.items()))
@@ -368,12 +396,13 @@ def _check(args: argparse.Namespace) -> int:
             "Q/DQ nodes: onnxq checks Q/DQ models, and TensorRT reads only those; quantize the "
             "float original with onnxq quantize"
         )
-    elif qdq == 0:
+    elif qdq == 0 and not weight_only:
         print(
             "note: the model has no Q/DQ nodes, so there was nothing to check; quantize it "
             "first (onnxq quantize)"
         )
-    if profile.fused_validation and qdq:  # the backend runs fused integer kernels: which fused
+    activations = any(n.op_type == "QuantizeLinear" for n in model.graph.node)
+    if profile.fused_validation and activations:  # fused integer kernels: which fused
         from onnxq.backends.fusion import fusion_report
 
         fusion = fusion_report(model, profile.integer_kernel_ops, profile.folded_activations)

@@ -68,8 +68,10 @@ class Override:
         return self.tensor is not None and fnmatch.fnmatchcase(tensor_name, self.tensor)
 
 
-def _check_weight_only(where: str, block_size: int | None, algorithm: str | None) -> None:
-    """Validate the weight-only block size and algorithm (``where``: the key's prefix)."""
+def _check_weight_only(
+    where: str, block_size: int | None, algorithm: str | None, key: str = "algorithm"
+) -> None:
+    """Validate the weight-only block size and algorithm (``where``: the keys' prefix)."""
     if block_size is not None and (
         isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 0
     ):
@@ -79,7 +81,7 @@ def _check_weight_only(where: str, block_size: int | None, algorithm: str | None
         )
     if algorithm is not None and algorithm not in WEIGHT_ALGORITHMS:
         raise ConfigError(
-            f"{where}algorithm: unknown {algorithm!r}; valid: {', '.join(WEIGHT_ALGORITHMS)}"
+            f"{where}{key}: unknown {algorithm!r}; valid: {', '.join(WEIGHT_ALGORITHMS)}"
         )
 
 
@@ -159,12 +161,12 @@ class QuantConfig:
         block_size: weight-only: weights share a scale per block of this many input rows
             (``None``: 128; 0: one scale per output channel); a backend without blocks for
             the width (TensorRT int8) uses per-channel scales.
-        algorithm: weight-only: ``rtn`` (round to nearest, error-minimising clip search),
+        weight_algorithm: weight-only: ``rtn`` (round to nearest, error-minimising clip search),
             ``gptq``, ``awq``, ``awq+gptq``, or ``auto`` (the measured default with
             calibration data, ``rtn`` without).
         weight_symmetric: weight-only: zero points fixed at 0 (TensorRT needs it) or an
             integer zero point per block (onnxruntime).
-        accuracy_level: weight-only, onnxruntime: MatMulNBits' ``accuracy_level`` (0-4;
+        weight_accuracy_level: weight-only, onnxruntime: MatMulNBits' ``accuracy_level`` (0-4;
             4 computes with int8 activations); ``None``: the measured default.
     """
 
@@ -192,9 +194,9 @@ class QuantConfig:
     progress: bool = True
     weights: str | None = None
     block_size: int | None = None
-    algorithm: str = "auto"
+    weight_algorithm: str = "auto"
     weight_symmetric: bool = True
-    accuracy_level: int | None = None
+    weight_accuracy_level: int | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # dict overrides and preprocess specs from Python too
@@ -238,9 +240,10 @@ class QuantConfig:
             raise ConfigError(f"min_channels: must be >= 0, got {self.min_channels}")
         if self.weights is not None and self.weights not in WEIGHT_ONLY:
             raise ConfigError(f"weights: got {self.weights!r}; valid: {', '.join(WEIGHT_ONLY)}")
-        _check_weight_only("", self.block_size, self.algorithm)
-        if self.accuracy_level is not None and not 0 <= self.accuracy_level <= 4:
-            raise ConfigError(f"accuracy_level: must be 0..4, got {self.accuracy_level}")
+        _check_weight_only("", self.block_size, self.weight_algorithm, "weight_algorithm")
+        level = self.weight_accuracy_level
+        if level is not None and not 0 <= level <= 4:
+            raise ConfigError(f"weight_accuracy_level: must be 0..4, got {level}")
         # Normalise lists given from Python or YAML into tuples so the config stays hashable.
         object.__setattr__(self, "exclude", tuple(self.exclude))
         object.__setattr__(self, "overrides", tuple(self.overrides))
@@ -411,9 +414,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "progress": (bool,),
     "weights": (str, type(None)),
     "block_size": (int, type(None)),
-    "algorithm": (str,),
+    "weight_algorithm": (str,),
     "weight_symmetric": (bool,),
-    "accuracy_level": (int, type(None)),
+    "weight_accuracy_level": (int, type(None)),
 }
 
 

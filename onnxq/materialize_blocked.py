@@ -22,6 +22,7 @@ node per input tensor.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -58,24 +59,30 @@ def materialize_weight_only(
         raise InternalError(f"backend {profile.name} has no weight-only format")
     graph = ir.Graph(model)
     by_name = {n.name: n for n in graph.nodes}
-    written: dict[str, tuple[str, ...]] = {}  # weight -> stored tensors (shared weights)
+    written: dict[str, Any] = {}  # weight -> stored tensors (shared weights)
     scaled: dict[tuple[str, bytes], str] = {}
     doomed = []
     for layer in layers:
         node = by_name[layer.node]
         if layer.input_scale is not None:
             graph.set_input(node, 0, _scaled_input(graph, node, layer, layers, scaled))
-        if fmt.writer == "matmul_nbits" and (layer.codes.fmt.block_size or node.op_type == "Gather"):
+        if fmt.writer == "matmul_nbits" and (
+            layer.codes.fmt.block_size or node.op_type == "Gather"
+        ):
             _write_ms(graph, node, layer, written, accuracy_level)
             doomed.append(node)
         else:
             _write_dq(graph, node, layer, written)
     graph.remove_nodes(doomed)
     graph.commit()
-    if any(n.domain == MS_DOMAIN for n in model.graph.node):
-        if not any(imp.domain == MS_DOMAIN for imp in model.opset_import):
-            model.opset_import.add(domain=MS_DOMAIN, version=1)
-    if any(ir.node_attrs(n).get("block_size") for n in model.graph.node if n.op_type == "DequantizeLinear"):
+    ms_ops = any(n.domain == MS_DOMAIN for n in model.graph.node)
+    if ms_ops and not any(imp.domain == MS_DOMAIN for imp in model.opset_import):
+        model.opset_import.add(domain=MS_DOMAIN, version=1)
+    if any(
+        ir.node_attrs(n).get("block_size")
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear"
+    ):
         ir.set_opset(model, fmt.blocked_opset)
     elif any(n.op_type == "DequantizeLinear" for n in model.graph.node):
         ir.set_opset(model, 13)
@@ -86,7 +93,7 @@ def _write_ms(
     graph: ir.Graph,
     node: onnx.NodeProto,
     layer: WeightOnlyLayer,
-    written: dict[str, tuple[str, ...]],
+    written: dict[str, Any],
     accuracy_level: int,
 ) -> None:
     """Replace ``node`` by MatMulNBits / GatherBlockQuantized (the caller removes it)."""
@@ -110,7 +117,7 @@ def _write_ms(
         return
     attrs = ir.node_attrs(node)
     alpha = float(attrs.get("alpha", 1.0)) if node.op_type == "Gemm" else 1.0
-    key = f"{layer.weight}@{alpha}"
+    key = f"{layer.weight}@{alpha}@{codes.fmt}"
     stored = written.get(key) or _store_nbits(graph, layer, alpha)
     written[key] = stored
     blob, scales, zero, block = stored
@@ -140,14 +147,20 @@ def _write_ms(
         beta = float(attrs.get("beta", 1.0))
         c = node.input[2]
         if beta != 1.0:
-            factor = graph.add_initializer(graph.unique_name(f"{node.name}_beta"), np.float32(beta))
+            factor = graph.add_initializer(
+                graph.unique_name(f"{node.name}_beta"), np.asarray(beta, np.float32)
+            )
             scaled_c = graph.unique_name(f"{c}_beta")
-            graph.add_node("Mul", [c, factor], [scaled_c], graph.unique_name(f"{node.name}_beta_mul"))
+            graph.add_node(
+                "Mul", [c, factor], [scaled_c], graph.unique_name(f"{node.name}_beta_mul")
+            )
             c = scaled_c
         graph.add_node("Add", [target, c], [out], graph.unique_name(f"{node.name}_bias_add"))
 
 
-def _store_nbits(graph: ir.Graph, layer: WeightOnlyLayer, alpha: float) -> tuple[str, str, str, int]:
+def _store_nbits(
+    graph: ir.Graph, layer: WeightOnlyLayer, alpha: float
+) -> tuple[str, str, str, int]:
     """The packed blob ``[N, blocks, block*bits/8]``, scales ``[N * blocks]`` and zero points
     of MatMulNBits; returns their names and the block size."""
     codes = layer.codes
@@ -157,7 +170,7 @@ def _store_nbits(graph: ir.Graph, layer: WeightOnlyLayer, alpha: float) -> tuple
     blocks = -(-k // block)
     offset = 0 if codes.zero_point is not None else 2 ** (bits - 1)
     u = np.full((n, blocks * block), offset, np.uint8)
-    u[:, :k] = (codes.q.T + offset).astype(np.uint8)
+    u[:, :k] = (codes.q.T.astype(np.int16) + offset).astype(np.uint8)
     blob = _pack(u.reshape(n, blocks, block), bits)
     base = layer.weight
     names = [
@@ -186,12 +199,11 @@ def _store_gather(graph: ir.Graph, layer: WeightOnlyLayer) -> tuple[str, str, st
     base = layer.weight
     q = codes.q.T  # [V, H]
     if bits == 4:
-        data = graph.add_tensor(
-            packed_4bit(graph.unique_name(f"{base}_quantized"), q, signed=sym)
-        )
+        data = graph.add_tensor(packed_4bit(graph.unique_name(f"{base}_quantized"), q, signed=sym))
     else:
         data = graph.add_initializer(
-            graph.unique_name(f"{base}_quantized"), (q + (128 if sym else 0)).astype(np.uint8)
+            graph.unique_name(f"{base}_quantized"),
+            (q.astype(np.int16) + (128 if sym else 0)).astype(np.uint8),
         )
     scales = graph.add_initializer(
         graph.unique_name(f"{base}_scales"), codes.scale.T.astype(np.float32)
@@ -202,7 +214,9 @@ def _store_gather(graph: ir.Graph, layer: WeightOnlyLayer) -> tuple[str, str, st
         zero = (
             graph.add_tensor(packed_4bit(graph.unique_name(f"{base}_zero_points"), zp, False))
             if bits == 4
-            else graph.add_initializer(graph.unique_name(f"{base}_zero_points"), zp.astype(np.uint8))
+            else graph.add_initializer(
+                graph.unique_name(f"{base}_zero_points"), zp.astype(np.uint8)
+            )
         )
     return data, scales, zero
 
@@ -212,7 +226,8 @@ def _gemm_bias(graph: ir.Graph, node: onnx.NodeProto) -> str | None:
     if len(node.input) < 3 or not node.input[2]:
         return None
     c = graph.const_value(node.input[2])
-    n = int(graph.shape(node.input[1])[ir.node_attrs(node).get("transB", 0) == 0 and 1 or 0])  # type: ignore[index]
+    shape = graph.shape(node.input[1]) or (0, 0)
+    n = int(shape[0] if ir.node_attrs(node).get("transB", 0) else shape[1])  # type: ignore[arg-type]
     if c is None or c.size != n or (c.ndim == 2 and c.shape[0] != 1) or c.ndim > 2:
         return None
     beta = float(ir.node_attrs(node).get("beta", 1.0))
@@ -246,7 +261,10 @@ def packed_4bit(name: str, codes: np.ndarray, signed: bool) -> TensorProto:
 
 # ----------------------------------------------------------------------- DequantizeLinear
 def _write_dq(
-    graph: ir.Graph, node: onnx.NodeProto, layer: WeightOnlyLayer, written: dict[str, tuple[str, ...]]
+    graph: ir.Graph,
+    node: onnx.NodeProto,
+    layer: WeightOnlyLayer,
+    written: dict[str, Any],
 ) -> None:
     """Point ``node``'s weight input at a DequantizeLinear of the integer weight."""
     index = 1 if node.op_type in ("MatMul", "Gemm") else 0
@@ -261,7 +279,11 @@ def _store_dq(graph: ir.Graph, node: onnx.NodeProto, layer: WeightOnlyLayer) -> 
     transposed = node.op_type == "Gemm" and ir.node_attrs(node).get("transB", 0) == 1
     q = codes.q.T if transposed else codes.q  # the weight's own layout
     scale = codes.scale.T if transposed else codes.scale
-    zero = None if codes.zero_point is None else (codes.zero_point.T if transposed else codes.zero_point)
+    zero = (
+        None
+        if codes.zero_point is None
+        else (codes.zero_point.T if transposed else codes.zero_point)
+    )
     k_axis = 1 if transposed else 0
     base = layer.weight
     signed = zero is None
@@ -277,14 +299,24 @@ def _store_dq(graph: ir.Graph, node: onnx.NodeProto, layer: WeightOnlyLayer) -> 
         zero = None if zero is None else zero.reshape(-1)
     else:
         attrs = {"axis": k_axis, "block_size": fmt.block_size}
-    inputs.append(graph.add_initializer(graph.unique_name(f"{base}_scale"), scale.astype(np.float32)))
+    inputs.append(
+        graph.add_initializer(graph.unique_name(f"{base}_scale"), scale.astype(np.float32))
+    )
     if zero is not None:
         if fmt.bits == 4:
-            inputs.append(graph.add_tensor(packed_4bit(graph.unique_name(f"{base}_zero_point"), zero, False)))
+            inputs.append(
+                graph.add_tensor(packed_4bit(graph.unique_name(f"{base}_zero_point"), zero, False))
+            )
         else:
-            inputs.append(graph.add_initializer(graph.unique_name(f"{base}_zero_point"), zero.astype(np.uint8)))
+            inputs.append(
+                graph.add_initializer(
+                    graph.unique_name(f"{base}_zero_point"), zero.astype(np.uint8)
+                )
+            )
     out = graph.unique_name(f"{base}_dequantized")
-    graph.add_node("DequantizeLinear", inputs, [out], graph.unique_name(f"{base}_DequantizeLinear"), **attrs)
+    graph.add_node(
+        "DequantizeLinear", inputs, [out], graph.unique_name(f"{base}_DequantizeLinear"), **attrs
+    )
     return out
 
 
@@ -314,7 +346,9 @@ def _scaled_input(
     if folded:
         done[key] = x
         return x
-    inv = graph.add_initializer(graph.unique_name(f"{x}_awq_scale"), (1.0 / scale).astype(np.float32))
+    inv = graph.add_initializer(
+        graph.unique_name(f"{x}_awq_scale"), (1.0 / scale).astype(np.float32)
+    )
     out = graph.unique_name(f"{x}_awq")
     graph.add_node("Mul", [x, inv], [out], graph.unique_name(f"{x}_awq_Mul"))
     done[key] = out

@@ -15,7 +15,7 @@ from onnxq import ir
 from onnxq.backends.profile import BackendProfile, WeightOnlyFormat
 from onnxq.errors import Violation
 
-_BITS = {
+_BITS: dict[int, tuple[int, bool]] = {
     TensorProto.INT4: (4, True),
     TensorProto.UINT4: (4, False),
     TensorProto.INT8: (8, True),
@@ -38,7 +38,11 @@ def check_blocked_dq(
     attrs = ir.node_attrs(node)
     block, axis = int(attrs["block_size"]), int(attrs.get("axis", 1))
     if fmt is None:
-        return [Violation(name, "block_size", f"no blocked DequantizeLinear on {profile.name}", str(block))]
+        return [
+            Violation(
+                name, "block_size", f"no blocked DequantizeLinear on {profile.name}", str(block)
+            )
+        ]
     v: list[Violation] = []
     if opset < fmt.blocked_opset:
         v.append(Violation(name, "opset", f">= {fmt.blocked_opset} for block_size", str(opset)))
@@ -69,7 +73,9 @@ def check_blocked_dq(
         if tuple(value.shape) != want:
             v.append(Violation(name, f"{label} shape", str(list(want)), str(list(value.shape))))
         if label == "scale" and (not np.all(np.isfinite(value)) or np.any(value <= 0)):
-            v.append(Violation(name, "scale", "> 0 and finite", "a non-positive or non-finite value"))
+            v.append(
+                Violation(name, "scale", "> 0 and finite", "a non-positive or non-finite value")
+            )
         if label == "zero_point" and fmt.symmetric_only and np.any(value != 0):
             v.append(Violation(name, "zero_point", "0 (symmetric)", "non-zero values"))
     v.extend(_reduction_axis(node, name, g, profile, axis, rank))
@@ -88,7 +94,12 @@ def _reduction_axis(
         want = 1 - spec.resolve(ir.node_attrs(consumer), rank)
         if want != axis:
             out.append(
-                Violation(name, "axis", f"{want} (input channels of {consumer.op_type} {consumer.name})", str(axis))
+                Violation(
+                    name,
+                    "axis",
+                    f"{want} (input channels of {consumer.op_type} {consumer.name})",
+                    str(axis),
+                )
             )
     return out
 

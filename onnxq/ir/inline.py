@@ -79,7 +79,9 @@ def _split(buf: memoryview, path: Path) -> tuple[onnx.ModelProto, list[LeftInFil
     return model, left
 
 
-def _tensor(buf: memoryview, start: int, end: int) -> tuple[onnx.TensorProto, tuple[int, int] | None]:
+def _tensor(
+    buf: memoryview, start: int, end: int
+) -> tuple[onnx.TensorProto, tuple[int, int] | None]:
     """A TensorProto from ``buf[start:end]``; a large ``raw_data`` is left out and returned as
     (offset, length)."""
     kept = bytearray()

@@ -124,7 +124,9 @@ def stage_model(
         if tensor.name not in wanted:
             continue
         if tensor.name in weights:
-            inits.append(numpy_helper.from_array(np.ascontiguousarray(weights[tensor.name]), tensor.name))
+            inits.append(
+                numpy_helper.from_array(np.ascontiguousarray(weights[tensor.name]), tensor.name)
+            )
         else:
             copy = onnx.TensorProto()
             copy.CopyFrom(tensor)

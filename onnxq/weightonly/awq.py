@@ -1,10 +1,13 @@
-"""AWQ (Lin et al., 2023): activation-aware per-input-channel scales, searched per layer group.
+"""AWQ (Lin et al., 2023): activation-aware per-input-channel scales and clipping, searched
+per layer group.
 
 The layers that read one input ``X`` are rewritten as ``(X / s) (s W)``: the float model computes
 the same, but rounding ``s W`` hurts the input channels with large activations less.  With the
-channels' mean magnitude ``m``, ``s = m^alpha`` (normalised to a geometric mean of 1) for the
-``alpha`` on a grid with the least output error of the group's layers, measured with the
-inputs' ``X^T X`` (``|X dW|^2 = tr(dW^T H dW)``, no pass over the data per candidate).
+channels' mean magnitude ``m``, ``s = m^alpha`` (normalised so that its largest times its
+smallest is 1) for the ``alpha`` on a grid with the least output error of the group's layers,
+measured with the inputs' ``X^T X`` (``|X dW|^2 = tr(dW^T H dW)``, no pass over the data per
+candidate).  Each block's clip is searched on the same measure (its rows weighted by the mean
+square of their input), AWQ's activation-aware clipping.
 """
 
 from __future__ import annotations

@@ -36,6 +36,11 @@ class BlockFormat:
         """Largest integer code."""
         return 2 ** (self.bits - 1) - 1 if self.symmetric else 2**self.bits - 1
 
+    @property
+    def code_dtype(self) -> type[np.integer]:  # type: ignore[type-arg]
+        """The numpy type that holds the codes: int8 (symmetric) or uint8."""
+        return np.int8 if self.symmetric else np.uint8
+
     def rows(self, k: int) -> int:
         """Rows per block for a weight with ``k`` input rows."""
         return k if self.block_size is None else self.block_size
@@ -52,8 +57,8 @@ class BlockFormat:
 
 @dataclass
 class BlockQuantized:
-    """Integer codes ``q[K, N]`` (int16 holds every format), ``scale[blocks, N]`` (float32)
-    and, asymmetric, ``zero_point[blocks, N]`` (integer codes)."""
+    """Integer codes ``q[K, N]`` (int8, or uint8 when asymmetric: one byte per weight),
+    ``scale[blocks, N]`` (float32) and, asymmetric, ``zero_point[blocks, N]`` (codes)."""
 
     q: np.ndarray
     scale: np.ndarray
@@ -137,14 +142,14 @@ def _fake_quant(
 def codes(
     w: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, fmt: BlockFormat
 ) -> np.ndarray:
-    """Integer codes of ``w[K, N]`` for per-block ``scale`` (and ``zero``), int16."""
+    """Integer codes of ``w[K, N]`` for per-block ``scale`` (and ``zero``)."""
     k = w.shape[0]
     rows = fmt.rows(k)
     s = np.repeat(scale, rows, axis=0)[:k]
     q = np.rint(w / s)
     if zero is not None:
         q = q + np.repeat(zero, rows, axis=0)[:k]
-    return np.clip(q, fmt.qmin, fmt.qmax).astype(np.int16)
+    return np.clip(q, fmt.qmin, fmt.qmax).astype(fmt.code_dtype)
 
 
 def quantize_rtn(
@@ -157,7 +162,7 @@ def quantize_rtn(
     False (then the block's full range)."""
     scale, zero = block_params(w, fmt, importance, CLIP_RATIOS if clip else (1.0,))
     q = codes(np.asarray(w, np.float32), scale, zero, fmt)
-    zp = None if zero is None else zero.astype(np.int16)
+    zp = None if zero is None else zero.astype(fmt.code_dtype)
     return BlockQuantized(q, scale, zp, fmt)
 
 

@@ -19,12 +19,13 @@ from onnxq import ir
 from onnxq.data import Batch
 from onnxq.weightonly.awq import search_scales
 from onnxq.weightonly.blocks import BlockQuantized, output_error, quantize_rtn
-from onnxq.weightonly.gptq import gptq
+from onnxq.weightonly.gptq import Factor, gptq
 from onnxq.weightonly.layerwise import LayerwiseRunner
 from onnxq.weightonly.stats import InputStats
 from onnxq.weightonly.targets import Layer, weight_matrix
 
 GPTQ_DAMP = 0.01
+GPTQ_ACT_ORDER = False
 
 
 @dataclass
@@ -47,7 +48,12 @@ def quantize_layers(
     """Codes for every layer (by node name)."""
     graph = ir.Graph(model)
     out: dict[str, Quantized] = {}
-    data_free = [x for x in layers if batches is None or x.activation is None or x.algorithm == "shared"]
+    readers: dict[str, int] = {}
+    for x in layers:
+        readers[x.weight] = readers.get(x.weight, 0) + 1
+    data_free = [
+        x for x in layers if batches is None or x.activation is None or readers[x.weight] > 1
+    ]
     for layer in data_free:
         w = weight_matrix(graph, layer)
         out[layer.node] = Quantized(quantize_rtn(w, layer.fmt), None, None, "rtn")
@@ -72,7 +78,9 @@ def quantize_layers(
     return out
 
 
-def _quantize_group(graph: ir.Graph, members: list[Layer], stats: InputStats) -> dict[Layer, Quantized]:
+def _quantize_group(
+    graph: ir.Graph, members: list[Layer], stats: InputStats
+) -> dict[Layer, Quantized]:
     """Quantize the layers that read one input, by their algorithms."""
     hessian = stats.hessian
     weights = {m: weight_matrix(graph, m) for m in members}
@@ -83,15 +91,21 @@ def _quantize_group(graph: ir.Graph, members: list[Layer], stats: InputStats) ->
         if alpha == 0.0:  # plain rounding was best: no scales, no Mul
             scale = None
     out = {}
+    factors: dict[bool, Factor] = {}  # one per Hessian (scaled by AWQ or not)
     for m in members:
         w = weights[m]
         s = scale if m in awq and scale is not None else None
         h = hessian if s is None else hessian / np.outer(s, s)
         ws = w if s is None else w * s[:, None]
         if m.algorithm in ("gptq", "awq+gptq"):
-            codes = gptq(ws, h, m.fmt, damp=GPTQ_DAMP)
-        else:
+            scaled = s is not None
+            if scaled not in factors:
+                factors[scaled] = Factor(h, GPTQ_DAMP, GPTQ_ACT_ORDER)
+            codes = gptq(ws, factors[scaled], m.fmt)
+        elif s is not None or m.algorithm == "awq":  # AWQ: clip search on the output error
             codes = quantize_rtn(ws, m.fmt, importance=np.diag(h))
+        else:  # round to nearest: the data only measures the error
+            codes = quantize_rtn(ws, m.fmt)
         deq = codes.dequantize()
         if s is not None:
             deq = deq / s[:, None]

@@ -31,41 +31,48 @@ def inverse_factor(hessian: np.ndarray, damp: float) -> np.ndarray:
     mean = float(np.mean(np.diag(h))) or 1.0
     for attempt in range(6):
         try:
-            lower = np.linalg.cholesky(h + np.eye(len(h)) * damp * mean * 10**attempt)
-            eye = np.eye(len(h))
-            inv_lower = np.linalg.solve(lower, eye)  # L^-1
-            inverse = inv_lower.T @ inv_lower
-            return np.linalg.cholesky(inverse).T
+            inverse = np.linalg.inv(h + np.eye(len(h)) * damp * mean * 10**attempt)
+            return np.linalg.cholesky((inverse + inverse.T) / 2).T
         except np.linalg.LinAlgError:
             continue
     return np.diag(1.0 / np.sqrt(np.maximum(np.diag(h), 1e-12) + mean))
 
 
+class Factor:
+    """What GPTQ needs of a Hessian, computed once for all the layers that share it: the row
+    order, the rows' importance ``diag(H)`` and the inverse factor in that order."""
+
+    def __init__(self, hessian: np.ndarray, damp: float = 0.01, act_order: bool = False):
+        h = np.array(hessian, dtype=np.float64)
+        self.dead = np.diag(h) <= 0
+        h[self.dead, self.dead] = 1.0
+        self.importance = np.diag(h).astype(np.float32)
+        self.act_order = act_order
+        self.order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(len(h))
+        self.u = inverse_factor(h[np.ix_(self.order, self.order)], damp).astype(np.float32)
+
+
 def gptq(
     w: np.ndarray,
-    hessian: np.ndarray,
+    hessian: np.ndarray | Factor,
     fmt: BlockFormat,
     damp: float = 0.01,
     act_order: bool = False,
-    clip: bool = True,
 ) -> BlockQuantized:
-    """GPTQ-quantize ``w[K, N]`` for inputs whose ``X^T X`` is ``hessian[K, K]``."""
+    """GPTQ-quantize ``w[K, N]`` for inputs whose ``X^T X`` is ``hessian[K, K]`` (or its
+    :class:`Factor`, which then fixes ``damp`` and ``act_order``)."""
+    f = hessian if isinstance(hessian, Factor) else Factor(hessian, damp, act_order)
     k, n = w.shape
     work = np.array(w, dtype=np.float32)
-    h = np.array(hessian, dtype=np.float64)
-    dead = np.diag(h) <= 0
-    h[dead, dead] = 1.0
-    work[dead] = 0.0
-    rows = fmt.rows(k)
-    importance = np.diag(h).astype(np.float32)
-    order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(k)
+    work[f.dead] = 0.0
+    rows, importance, order, u = fmt.rows(k), f.importance, f.order, f.u
+    act_order = f.act_order
     scale = np.zeros((fmt.blocks(k), n), np.float32)
     zero = None if fmt.symmetric else np.zeros((fmt.blocks(k), n), np.float32)
     if act_order:  # scales fixed from the original weight
         scale, zero = block_params(work, fmt, importance)
-    u = inverse_factor(h[np.ix_(order, order)], damp).astype(np.float32)
     work = work[order]
-    q = np.zeros((k, n), np.int16)
+    q = np.zeros((k, n), fmt.code_dtype)
     # every block lies inside one lazy batch, so its scale sees all earlier updates
     batch = rows * max(1, LAZY_ROWS // rows)
     per_row = BlockFormat(fmt.bits, None, fmt.symmetric)
@@ -94,5 +101,5 @@ def gptq(
             part[j + 1 :] -= np.outer(u[i, i + 1 : i2], err)
             errors[j] = err
         work[i2:] -= u[i1:i2, i2:].T @ errors
-    zp = None if zero is None else zero.astype(np.int16)
+    zp = None if zero is None else zero.astype(fmt.code_dtype)
     return BlockQuantized(q, scale, zp, fmt)

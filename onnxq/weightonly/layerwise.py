@@ -81,7 +81,9 @@ class LayerwiseRunner:
     def _run_session(self, k: int, stage: Stage) -> Iterator[dict[str, np.ndarray]]:
         from onnxq.calibrate import make_session
 
-        types = {x: helper.np_dtype_to_tensor_dtype(self._store[x][0].dtype) for x in stage.inputs}
+        types = {
+            x: int(helper.np_dtype_to_tensor_dtype(self._store[x][0].dtype)) for x in stage.inputs
+        }
         sub = stage_model(self.model, stage, types, self._weights)
         keep = [x for x in stage.outputs if self._last.get(x, -1) > k]
         results: dict[str, list[np.ndarray]] = {x: [] for x in keep}

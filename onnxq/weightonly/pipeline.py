@@ -9,6 +9,7 @@ model computes (:mod:`onnxq.weightonly.engine`).
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Any
 
 import onnx
@@ -19,7 +20,12 @@ from onnxq.backends.profile import PROFILES, BackendProfile
 from onnxq.backends.validate import class_axes, fidelity, run_outputs
 from onnxq.config import QuantConfig
 from onnxq.data import Batch, model_inputs, open_source
-from onnxq.errors import BackendConstraintError, CalibrationDataError, ConfigError, UnsupportedModelError
+from onnxq.errors import (
+    BackendConstraintError,
+    CalibrationDataError,
+    ConfigError,
+    UnsupportedModelError,
+)
 from onnxq.materialize_blocked import WeightOnlyLayer, materialize_weight_only
 from onnxq.weightonly.engine import Quantized, quantize_layers
 from onnxq.weightonly.report import LayerRecord, WeightOnlyReport
@@ -63,25 +69,37 @@ def quantize_weight_only(
         raise UnsupportedModelError(
             f"{source.name if source else 'the model'} has no MatMul or Gemm with a constant "
             "2-D float32 weight"
-            + (f" ({len(skipped)} weighted op(s) left float, first: {skipped[0].reason})" if skipped else "")
+            + (
+                f" ({len(skipped)} weighted op(s) left float, first: {skipped[0].reason})"
+                if skipped
+                else ""
+            )
             + ": there is nothing for weight-only quantization; for INT8 of weights and "
             "activations drop --weights"
         )
-    notes, warnings = _shared_weights(layers), []
+    layers, notes = _shared_weights(layers)
+    warnings: list[str] = []
     batches = _batches(loaded, calibration, cfg, batch_size, layers)
     layers = [_resolve_algorithm(x, batches is not None) for x in layers]
     held = batches[:FIDELITY_BATCHES] if batches and cfg.fidelity_batches else []
-    reference = run_outputs(loaded, held, True, "float") if held else None
+    reference = run_outputs(loaded, held, profile.fused_validation, "float") if held else None
     progress = _progress(cfg)
     results = quantize_layers(loaded, layers, batches, progress)
     before = sum(x.k * x.n * 4 for x in {x.weight: x for x in layers}.values())
-    level = DEFAULT_ACCURACY_LEVEL if cfg.accuracy_level is None else cfg.accuracy_level
+    level = (
+        DEFAULT_ACCURACY_LEVEL if cfg.weight_accuracy_level is None else cfg.weight_accuracy_level
+    )
     materialize_weight_only(
         loaded,
-        [WeightOnlyLayer(x.node, x.weight, results[x.node].codes, results[x.node].input_scale) for x in layers],
+        [
+            WeightOnlyLayer(x.node, x.weight, results[x.node].codes, results[x.node].input_scale)
+            for x in layers
+        ],
         profile,
         level if fmt.writer == "matmul_nbits" else 0,
     )
+    if ir.external.lazy_nbytes(loaded) < ir.external.LAZY_BYTES:
+        ir.external.load_all(loaded)  # weights that stayed float (norms, a float table)
     notes += _format_notes(layers, profile, level)
     report = WeightOnlyReport(
         model=source.name if source else "<in-memory model>",
@@ -116,7 +134,12 @@ def check_block_size(cfg: QuantConfig, profile: BackendProfile) -> None:
                 f"block_size {size}: {profile.name} runs blocks of a power of two >= "
                 f"{fmt.min_block_size} (16, 32, 64, 128, ...); 0 gives one scale per output channel"
             )
-    if cfg.block_size == 0 and cfg.weights == "int4" and 4 not in fmt.bits - fmt.blocked_bits and fmt.block_sizes:
+    if (
+        cfg.block_size == 0
+        and cfg.weights == "int4"
+        and 4 not in fmt.bits - fmt.blocked_bits
+        and fmt.block_sizes
+    ):
         raise ConfigError(
             f"block_size 0 (per channel): {profile.name} runs int4 weights block-wise only "
             f"({' or '.join(str(b) for b in sorted(fmt.block_sizes))})"
@@ -165,28 +188,33 @@ def _batches(
 
 
 def _resolve_algorithm(layer: Layer, has_data: bool) -> Layer:
-    from dataclasses import replace
-
     if layer.algorithm == "auto":
-        return replace(layer, algorithm=DEFAULT_ALGORITHM if has_data and layer.activation else "rtn")
+        return replace(
+            layer, algorithm=DEFAULT_ALGORITHM if has_data and layer.activation else "rtn"
+        )
     return layer
 
 
-def _shared_weights(layers: list[Layer]) -> list[str]:
-    """Layers that read one weight are quantized once, by round to nearest (no single input
-    to calibrate against): say so."""
+def _shared_weights(layers: list[Layer]) -> tuple[list[Layer], list[str]]:
+    """Layers that read one weight share its storage: they get one format (the widest their
+    settings ask for) and round to nearest (there is no single input to calibrate it
+    against).  Returns the layers and a note per shared weight."""
     readers: dict[str, list[Layer]] = {}
     for x in layers:
         readers.setdefault(x.weight, []).append(x)
-    notes = []
+    notes, shared = [], {}
     for weight, group in readers.items():
-        if len(group) > 1:
-            names = ", ".join(x.node for x in group)
-            notes.append(
-                f"weight {weight!r} is read by {len(group)} layers ({names}): stored once, rounded "
-                "to nearest with the clip search (no single input to calibrate it against)"
-            )
-    return notes
+        if len(group) < 2:
+            continue
+        fmt = max((x.fmt for x in group), key=lambda f: (f.bits, -(f.block_size or 1 << 30)))
+        for x in group:
+            shared[x.node] = replace(x, fmt=fmt, algorithm="rtn")
+        notes.append(
+            f"weight {weight!r} is read by {len(group)} layers "
+            f"({', '.join(x.node for x in group)}): stored once as {fmt.describe()}, rounded to "
+            "nearest (no single input to calibrate it against)"
+        )
+    return [shared.get(x.node, x) for x in layers], notes
 
 
 def _format_notes(layers: list[Layer], profile: BackendProfile, level: int) -> list[str]:
@@ -250,8 +278,12 @@ def _validate(
     if reference is None:
         report.notes.append("fidelity not measured: no calibration data")
         return
-    report.fidelity_mode = "onnxruntime, weight-only layers as the backend file holds them"
-    quant = run_outputs(model, held, True, "quantized")
+    report.fidelity_mode = (
+        "onnxruntime with its optimizations (the weight-only kernels users run)"
+        if profile.fused_validation
+        else "onnxruntime, optimizations off: the DequantizeLinear graph's own arithmetic"
+    )
+    quant = run_outputs(model, held, profile.fused_validation, "quantized")
     report.fidelity = fidelity(reference, quant, class_axes(model))
 
 

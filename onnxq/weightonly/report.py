@@ -72,10 +72,16 @@ class WeightOnlyReport(Report):
             f"backend {self.backend}, weight-only: {len(self.layers)} layers quantized, "
             f"{len(self.skipped)} left float; weights {before / 2**20:.1f} MB -> "
             f"{after / 2**20:.1f} MB"
-            + (f"; {self.calibration_batches} calibration batches" if self.calibration_batches else "")
+            + (
+                f"; {self.calibration_batches} calibration batches"
+                if self.calibration_batches
+                else ""
+            )
         ]
         lines += [f"  {count:4d} x {key}" for key, count in sorted(formats.items())]
-        errors = sorted((r for r in self.layers if r.error is not None), key=lambda r: -(r.error or 0))
+        errors = sorted(
+            (r for r in self.layers if r.error is not None), key=lambda r: -(r.error or 0)
+        )
         if errors:
             worst = ", ".join(f"{r.node} {r.error:.3g}" for r in errors[:3])
             lines.append(f"largest relative output errors: {worst}")
@@ -87,13 +93,19 @@ class WeightOnlyReport(Report):
             reasons[f"{op}: {why}"] = reasons.get(f"{op}: {why}", 0) + 1
         if reasons:
             lines.append("left float:")
-            lines += [f"  {n:4d} x {why}" for why, n in sorted(reasons.items(), key=lambda x: -x[1])[:12]]
+            lines += [
+                f"  {n:4d} x {why}" for why, n in sorted(reasons.items(), key=lambda x: -x[1])[:12]
+            ]
         for f in self.fidelity:
             if f.compared == "cosine":
                 lines.append(
                     f"fidelity {f.name}: cosine {f.cosine:.6f}, max abs error "
                     f"{f.max_abs_error:.4g} (float range {f.float_max_abs:.4g})"
-                    + ("" if f.top1_agreement is None else f", top-1 agreement {f.top1_agreement:.2%}")
+                    + (
+                        ""
+                        if f.top1_agreement is None
+                        else f", top-1 agreement {f.top1_agreement:.2%}"
+                    )
                 )
             else:
                 lines.append(f"fidelity {f.name}: {f.compared}")
@@ -104,16 +116,20 @@ class WeightOnlyReport(Report):
     def to_html(self) -> str:
         """A self-contained HTML page: the summary and the per-layer table."""
         esc = html.escape
+
+        def cell(v: object) -> str:
+            text = "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
+            return f"<td>{esc(text)}</td>"
+
         rows = "".join(
             "<tr>"
-            + "".join(
-                f"<td>{esc('-' if v is None else (f'{v:.4g}' if isinstance(v, float) else str(v)))}</td>"
-                for v in (r.node, r.op_type, r.format, r.algorithm, r.error, r.why)
-            )
+            + "".join(cell(v) for v in (r.node, r.op_type, r.format, r.algorithm, r.error, r.why))
             + "</tr>"
             for r in self.layers
         )
-        head = "".join(f"<th>{c}</th>" for c in ("node", "op", "format", "algorithm", "error", "why"))
+        head = "".join(
+            f"<th>{c}</th>" for c in ("node", "op", "format", "algorithm", "error", "why")
+        )
         return (
             "<!doctype html><meta charset='utf-8'><title>onnxq report</title>"
             "<style>body{font-family:sans-serif}td,th{border:1px solid #ccc;padding:2px 6px}"

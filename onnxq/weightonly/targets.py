@@ -102,7 +102,7 @@ def _weight_shape(graph: ir.Graph, node: onnx.NodeProto) -> tuple[int, int] | st
         return f"its weight {name!r} is not float32 (quantize the float32 model)"
     shape = graph.shape(name)
     if shape is None or len(shape) != 2 or not all(isinstance(d, int) and d > 0 for d in shape):
-        return f"its weight {name!r} is not 2-D (shape {list(shape or [])}): batched weights stay float"
+        return f"its weight {name!r} is not 2-D ({list(shape or [])}): batched weights stay float"
     return int(shape[0]), int(shape[1])  # type: ignore[arg-type]
 
 
@@ -157,7 +157,7 @@ def _settings(
     block = cfg.block_size
     if block is None:  # int4: blocks of 128; int8: per output channel
         block = DEFAULT_BLOCK if bits == 4 else 0
-    algorithm = cfg.algorithm
+    algorithm = cfg.weight_algorithm
     for ov in cfg.overrides:
         if not (ov.matches_node(node.name, node.op_type) or ov.matches_tensor(weight)):
             continue
