@@ -19,6 +19,7 @@ import numpy as np
 from onnxq.weightonly.blocks import BlockFormat, BlockQuantized, quantize_rtn
 
 ALPHAS = tuple(float(a) for a in np.linspace(0.0, 1.0, 21))
+SEARCH_RATIOS = (1.0, 0.9, 0.8, 0.7)  # the clip grid while alpha is searched (coarser)
 Quantizer = Callable[[np.ndarray, np.ndarray], BlockQuantized]
 
 
@@ -47,7 +48,7 @@ def search_scales(
         s = channel_scales(mean_abs, alpha)
         err = 0.0
         for w in weights:
-            q = quantize_rtn(w * s[:, None], fmt, importance=diag / s**2)
+            q = quantize_rtn(w * s[:, None], fmt, importance=diag / s**2, ratios=SEARCH_RATIOS)
             diff = q.dequantize() / s[:, None] - w
             err += float(np.einsum("ij,ij->", h32 @ diff, diff, dtype=np.float64))
         if best is None or err < best[0]:

@@ -14,6 +14,7 @@ import numpy as np
 
 # clip ratios tried per block: the scale is ratio x (largest magnitude / qmax)
 CLIP_RATIOS = tuple(float(r) for r in np.linspace(1.0, 0.5, 21))
+CHUNK_BYTES = 16 * 2**20  # float32 columns handled at once by quantize_rtn
 
 
 @dataclass(frozen=True)
@@ -67,13 +68,16 @@ class BlockQuantized:
 
     def dequantize(self) -> np.ndarray:
         """The float weight ``W[K, N]`` that the codes stand for (float32)."""
-        k = self.q.shape[0]
+        k, n = self.q.shape
         rows = self.fmt.rows(k)
-        scale = np.repeat(self.scale, rows, axis=0)[:k]
-        codes = self.q.astype(np.float32)
-        if self.zero_point is not None:
-            codes = codes - np.repeat(self.zero_point, rows, axis=0)[:k].astype(np.float32)
-        return (codes * scale).astype(np.float32)
+        out = np.empty((k, n), np.float32)
+        for b in range(self.fmt.blocks(k)):
+            span = slice(b * rows, min((b + 1) * rows, k))
+            codes = self.q[span].astype(np.float32)
+            if self.zero_point is not None:
+                codes -= self.zero_point[b].astype(np.float32)
+            out[span] = codes * self.scale[b]
+        return out
 
 
 def to_blocks(w: np.ndarray, fmt: BlockFormat) -> np.ndarray:
@@ -157,13 +161,26 @@ def quantize_rtn(
     fmt: BlockFormat,
     importance: np.ndarray | None = None,
     clip: bool = True,
+    ratios: tuple[float, ...] | None = None,
 ) -> BlockQuantized:
-    """Round to nearest per block, with the error-minimising clip search unless ``clip`` is
-    False (then the block's full range)."""
-    scale, zero = block_params(w, fmt, importance, CLIP_RATIOS if clip else (1.0,))
-    q = codes(np.asarray(w, np.float32), scale, zero, fmt)
-    zp = None if zero is None else zero.astype(fmt.code_dtype)
-    return BlockQuantized(q, scale, zp, fmt)
+    """Round to nearest per block, with the error-minimising clip search over ``ratios``
+    (default :data:`CLIP_RATIOS`) unless ``clip`` is False (then the block's full range).  Columns are handled in slices of about
+    :data:`CHUNK_BYTES` of float32, so that a large weight (an LM head) needs little more
+    memory than its codes."""
+    w = np.asarray(w, np.float32)
+    k, n = w.shape
+    q = np.empty((k, n), fmt.code_dtype)
+    scale = np.empty((fmt.blocks(k), n), np.float32)
+    zero = None if fmt.symmetric else np.empty((fmt.blocks(k), n), fmt.code_dtype)
+    step = max(1, CHUNK_BYTES // (4 * k))
+    for c in range(0, n, step):
+        part = w[:, c : c + step]
+        s, z = block_params(part, fmt, importance, (ratios or CLIP_RATIOS) if clip else (1.0,))
+        q[:, c : c + step] = codes(part, s, z, fmt)
+        scale[:, c : c + step] = s
+        if zero is not None and z is not None:
+            zero[:, c : c + step] = z
+    return BlockQuantized(q, scale, zero, fmt)
 
 
 def output_error(w: np.ndarray, deq: np.ndarray, hessian: np.ndarray | None) -> float:

@@ -172,6 +172,8 @@ def _settings(
             block, why = ov.block_size, "override"
         if ov.algorithm is not None:
             algorithm = ov.algorithm
+    if node.op_type == "Gather" and not block:  # tables are stored block-wise only
+        block = DEFAULT_BLOCK
     return bits, block, algorithm, why
 
 
@@ -182,7 +184,11 @@ def matches(pattern: str, name: str) -> bool:
 
 def weight_matrix(graph: ir.Graph, layer: Layer) -> np.ndarray:
     """The layer's weight as ``W[K, N]`` (float32; read from disk when it was left there)."""
-    value = graph.const_value(layer.weight)
+    tensor = graph.initializers.get(layer.weight)
+    # read past Graph's cache: every weight of a large model would stay in it
+    value = (
+        ir.external.tensor_array(tensor) if tensor is not None else graph.const_value(layer.weight)
+    )
     assert value is not None
     value = np.asarray(value, np.float32)
     return np.ascontiguousarray(value.T) if layer.transposed else value
