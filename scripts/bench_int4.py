@@ -19,6 +19,7 @@ Methods (``--methods``, comma-separated; ``-B`` is the block size):
 * ``onnxq-B``: ``onnxq quantize --weights int4 --backend onnxruntime --block-size B --calib``
   (MatMulNBits; the defaults: GPTQ, head at 8 bits);  ``onnxq-trt-B``: the same for
   ``--backend tensorrt`` (blocked int4 DequantizeLinear, run here by onnxruntime);
+  ``onnxq-acc0-B``: MatMulNBits with ``weight_accuracy_level: 0`` (float compute);
   ``onnxq-rtn-B``: ``--algorithm rtn`` without calibration data.
 * ``ort-rtn-B`` / ``ort-rtn-asym-B``: onnxruntime's ``MatMulNBitsQuantizer``, default
   (round-to-nearest) algorithm, symmetric / asymmetric; ``ort-hqq-B``: its HQQ (asymmetric).
@@ -52,12 +53,16 @@ import numpy as np
 
 HOME = Path.home() / ".cache" / "onnxq-zoo"
 ZOO = Path(os.environ.get("ZOO_DIR", "/work/shared/zoo"))
-DEFAULT_METHODS = "onnxq-128,onnxq-32,onnxq-trt-128,ort-rtn-128,ort-rtn-32,ort-rtn-asym-128,ort-hqq-128,ort-hqq-32"
+DEFAULT_METHODS = (
+    "onnxq-128,onnxq-32,onnxq-trt-128,ort-rtn-128,ort-rtn-32,"
+    "ort-rtn-asym-128,ort-hqq-128,ort-hqq-32"
+)
 
 ORT_CHILD = """
 import sys
 from onnxruntime.quantization import matmul_nbits_quantizer as q
-src, out, algo, block, sym = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
+src, out, algo = sys.argv[1:4]
+block, sym = int(sys.argv[4]), sys.argv[5] == "1"
 if algo == "hqq":
     config = q.HQQWeightOnlyQuantConfig(block_size=block, bits=4)
 else:
@@ -89,6 +94,7 @@ def run_child(cmd: list[str], log: Path, timeout_s: float) -> dict[str, object]:
         if code == 0
         else ("timeout" if time.time() - start > timeout_s else "error"),
         "seconds": round(time.time() - start, 1),
+        "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
         "peak_rss_mib": round(max(usage.ru_maxrss / 1024, peak)),
     }
 
@@ -115,29 +121,17 @@ def command(method: str, args: argparse.Namespace, out: Path) -> list[str] | str
     name = "-".join(kind)
     model = str(args.model)
     onnxq = [sys.executable, "-m", "onnxq.cli", "quantize", model, "-o", str(out), "-q"]
-    if name in ("onnxq", "onnxq-trt"):
+    if name in ("onnxq", "onnxq-trt", "onnxq-acc0"):
         backend = "tensorrt" if name == "onnxq-trt" else "onnxruntime"
-        return onnxq + [
-            "--weights",
-            "int4",
-            "--backend",
-            backend,
-            "--block-size",
-            block,
-            "--calib",
-            str(args.calib),
-        ]
+        flags = ["--weights", "int4", "--backend", backend, "--block-size", block]
+        if name == "onnxq-acc0":  # MatMulNBits computing in float (accuracy_level 0)
+            config = out.with_suffix(".yaml")
+            config.write_text("weight_accuracy_level: 0\n")
+            flags += ["--config", str(config)]
+        return [*onnxq, *flags, "--calib", str(args.calib)]
     if name == "onnxq-rtn":
-        return onnxq + [
-            "--weights",
-            "int4",
-            "--backend",
-            "onnxruntime",
-            "--block-size",
-            block,
-            "--algorithm",
-            "rtn",
-        ]
+        flags = ["--weights", "int4", "--backend", "onnxruntime", "--block-size", block]
+        return [*onnxq, *flags, "--algorithm", "rtn"]
     if name in ("ort-rtn", "ort-rtn-asym", "ort-hqq"):
         algo = "hqq" if name == "ort-hqq" else "default"
         sym = "1" if name == "ort-rtn" else "0"
@@ -264,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     ids = np.load(args.eval_ids)[: args.windows]
     print(
-        f"CPU: {_cpu()}; onnxruntime {ort.__version__}; {os.cpu_count()} cores; python {platform.python_version()}"
+        f"CPU: {_cpu()}; onnxruntime {ort.__version__}; {os.cpu_count()} cores; "
+        f"python {platform.python_version()}"
     )
     records = [{"method": "float", "path": str(args.model), "status": "ok"}]
     for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
@@ -302,23 +297,27 @@ def print_table(records: list[dict[str, object]]) -> None:
     """The markdown table: one row per method, latency also as a ratio to float."""
     base = next(r for r in records if r["method"] == "float")
     print(
-        "\n| method | perplexity | top-1 | file MiB | quantize s | peak RSS MiB | ms seq 1 (x float) | ms seq 128 (x float) |"
+        "\n| method | perplexity | top-1 | file MiB | quantize s (CPU s) | peak RSS MiB "
+        "| ms seq 1 (x float) | ms seq 128 (x float) |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for r in records:
         if r["status"] != "ok":
             print(f"| {r['method']} | {r['status']}: {r.get('why', 'see its .log')} | | | | | | |")
             continue
-
-        def ms(key: str) -> str:
-            if key not in r:
-                return "-"
-            return f"{r[key]:.1f} ({float(r[key]) / float(base[key]):.2f})"  # type: ignore[arg-type]
-
+        seq1, seq128 = _ms(r, base, "ms_seq1"), _ms(r, base, "ms_seq128")
         print(
             f"| {r['method']} | {r['ppl']:.3f} | {r['top1']:.3f} | {r['file_mib']} | "
-            f"{r.get('seconds', '-')} | {r.get('peak_rss_mib', '-')} | {ms('ms_seq1')} | {ms('ms_seq128')} |"
+            f"{r.get('seconds', '-')} ({r.get('cpu_seconds', '-')}) | {r.get('peak_rss_mib', '-')} "
+            f"| {seq1} | {seq128} |"
         )
+
+
+def _ms(record: dict[str, object], base: dict[str, object], key: str) -> str:
+    if key not in record:
+        return "-"
+    value, ref = float(record[key]), float(base[key])  # type: ignore[arg-type]
+    return f"{value:.1f} ({value / ref:.2f})"
 
 
 def _cpu() -> str:

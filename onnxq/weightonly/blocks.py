@@ -164,9 +164,9 @@ def quantize_rtn(
     ratios: tuple[float, ...] | None = None,
 ) -> BlockQuantized:
     """Round to nearest per block, with the error-minimising clip search over ``ratios``
-    (default :data:`CLIP_RATIOS`) unless ``clip`` is False (then the block's full range).  Columns are handled in slices of about
-    :data:`CHUNK_BYTES` of float32, so that a large weight (an LM head) needs little more
-    memory than its codes."""
+    (default :data:`CLIP_RATIOS`) unless ``clip`` is False (then the block's full range).
+    Columns are handled in slices of about :data:`CHUNK_BYTES` of float32, so that a large
+    weight (an LM head) needs little more memory than its codes."""
     w = np.asarray(w, np.float32)
     k, n = w.shape
     q = np.empty((k, n), fmt.code_dtype)

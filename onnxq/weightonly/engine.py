@@ -18,7 +18,7 @@ import onnx
 from onnxq import ir
 from onnxq.data import Batch
 from onnxq.weightonly.awq import search_scales
-from onnxq.weightonly.blocks import BlockQuantized, output_error, quantize_rtn
+from onnxq.weightonly.blocks import BlockFormat, BlockQuantized, output_error, quantize_rtn
 from onnxq.weightonly.gptq import Factor, gptq
 from onnxq.weightonly.layerwise import LayerwiseRunner
 from onnxq.weightonly.stats import InputStats
@@ -26,17 +26,22 @@ from onnxq.weightonly.targets import Layer, weight_matrix
 
 GPTQ_DAMP = 0.01
 GPTQ_ACT_ORDER = False
+# a default int4 layer whose relative output error on the calibration data passes this keeps
+# 8 bits (None: never); measured on smollm2_135m (docs/weight-only.md)
+PROMOTE_ERROR: float | None = None
 
 
 @dataclass
 class Quantized:
     """A layer's result: its codes, its AWQ input scales, its relative output error on the
-    calibration data (None without data) and the algorithm that ran."""
+    calibration data (None without data), the algorithm that ran and a note (a format the
+    data chose)."""
 
     codes: BlockQuantized
     input_scale: np.ndarray | None
     error: float | None
     algorithm: str
+    note: str = ""
 
 
 def quantize_layers(
@@ -96,21 +101,49 @@ def _quantize_group(
         w = weights[m]
         s = scale if m in awq and scale is not None else None
         h = hessian if s is None else hessian / np.outer(s, s)
-        ws = w if s is None else w * s[:, None]
-        if m.algorithm in ("gptq", "awq+gptq"):
-            scaled = s is not None
-            if scaled not in factors:
-                factors[scaled] = Factor(h, GPTQ_DAMP, GPTQ_ACT_ORDER)
-            codes = gptq(ws, factors[scaled], m.fmt)
-        elif s is not None or m.algorithm == "awq":  # AWQ: clip search on the output error
-            codes = quantize_rtn(ws, m.fmt, importance=np.diag(h))
-        else:  # round to nearest: the data only measures the error
-            codes = quantize_rtn(ws, m.fmt)
-        deq = codes.dequantize()
-        if s is not None:
-            deq = deq / s[:, None]
-        out[m] = Quantized(codes, s, output_error(w, deq, hessian), m.algorithm)
+        result = _quantize_one(m, w, s, h, hessian, m.fmt, factors)
+        if (
+            PROMOTE_ERROR is not None
+            and m.fmt.bits == 4
+            and m.why == "default"
+            and result.error is not None
+            and result.error > PROMOTE_ERROR
+        ):  # a layer int4 loses too much in: 8 bits (the measured default)
+            wide = BlockFormat(8, m.fmt.block_size, m.fmt.symmetric)
+            promoted = _quantize_one(m, w, s, h, hessian, wide, factors)
+            promoted.note = (
+                f"int4 output error {result.error:.3g} > {PROMOTE_ERROR}: 8 bits (measured default)"
+            )
+            result = promoted
+        out[m] = result
     return out
+
+
+def _quantize_one(
+    m: Layer,
+    w: np.ndarray,
+    s: np.ndarray | None,
+    h: np.ndarray,
+    hessian: np.ndarray,
+    fmt: BlockFormat,
+    factors: dict[bool, Factor],
+) -> Quantized:
+    """One layer in ``fmt`` by its algorithm; ``s``: AWQ input scales, ``h`` the Hessian of
+    the (scaled) input, ``hessian`` the unscaled one (for the error)."""
+    ws = w if s is None else w * s[:, None]
+    if m.algorithm in ("gptq", "awq+gptq"):
+        scaled = s is not None
+        if scaled not in factors:
+            factors[scaled] = Factor(h, GPTQ_DAMP, GPTQ_ACT_ORDER)
+        codes = gptq(ws, factors[scaled], fmt)
+    elif s is not None or m.algorithm == "awq":  # AWQ: clip search on the output error
+        codes = quantize_rtn(ws, fmt, importance=np.diag(h))
+    else:  # round to nearest: the data only measures the error
+        codes = quantize_rtn(ws, fmt)
+    deq = codes.dequantize()
+    if s is not None:
+        deq = deq / s[:, None]
+    return Quantized(codes, s, output_error(w, deq, hessian), m.algorithm)
 
 
 def _stored(result: Quantized, layer: Layer) -> np.ndarray:

@@ -32,7 +32,7 @@ from onnxq.weightonly.report import LayerRecord, WeightOnlyReport
 from onnxq.weightonly.targets import Layer, find_layers
 
 # measured defaults (docs/weight-only.md, scripts/bench_int4.py)
-DEFAULT_ALGORITHM = "gptq"
+DEFAULT_ALGORITHM = "awq+gptq"
 DEFAULT_BATCHES = 16  # calibration batches used when max_batches is not set
 DEFAULT_ACCURACY_LEVEL = 4
 FIDELITY_BATCHES = 2
@@ -238,9 +238,9 @@ def _record(layer: Layer, result: Quantized) -> LayerRecord:
         layer.node,
         layer.op_type,
         layer.weight,
-        layer.fmt.describe(),
+        result.codes.fmt.describe(),
         result.algorithm + (" (input scales)" if result.input_scale is not None else ""),
-        layer.why,
+        result.note or layer.why,
         result.error,
     )
 
