@@ -31,6 +31,7 @@ from onnx import TensorProto
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.errors import InternalError
+from onnxq.materialize_input_scales import scaled_input
 from onnxq.weightonly.blocks import BlockQuantized
 
 MS_DOMAIN = "com.microsoft"
@@ -65,7 +66,7 @@ def materialize_weight_only(
     for layer in layers:
         node = by_name[layer.node]
         if layer.input_scale is not None:
-            graph.set_input(node, 0, _scaled_input(graph, node, layer, layers, scaled))
+            graph.set_input(node, 0, scaled_input(graph, node, layer, layers, scaled))
         if fmt.writer == "matmul_nbits" and (
             layer.codes.fmt.block_size or node.op_type == "Gather"
         ):
@@ -318,56 +319,3 @@ def _store_dq(graph: ir.Graph, node: onnx.NodeProto, layer: WeightOnlyLayer) -> 
         "DequantizeLinear", inputs, [out], graph.unique_name(f"{base}_DequantizeLinear"), **attrs
     )
     return out
-
-
-# ----------------------------------------------------------------------- input scales (AWQ)
-def _scaled_input(
-    graph: ir.Graph,
-    node: onnx.NodeProto,
-    layer: WeightOnlyLayer,
-    layers: list[WeightOnlyLayer],
-    done: dict[tuple[str, bytes], str],
-) -> str:
-    """The input of ``node`` divided by ``layer.input_scale``: folded into the constant of the
-    Mul that makes it when only this scale's layers read it, else through one new Mul."""
-    x = node.input[0]
-    assert layer.input_scale is not None
-    scale = np.asarray(layer.input_scale, np.float32)
-    key = (x, scale.tobytes())
-    if key in done:
-        return done[key]
-    readers = {n.name for n, _ in graph.consumers.get(x, [])}
-    ours = {
-        other.node
-        for other in layers
-        if other.input_scale is not None and np.array_equal(other.input_scale, scale)
-    }
-    folded = _fold_into_mul(graph, x, scale) if readers <= ours else False
-    if folded:
-        done[key] = x
-        return x
-    inv = graph.add_initializer(
-        graph.unique_name(f"{x}_awq_scale"), (1.0 / scale).astype(np.float32)
-    )
-    out = graph.unique_name(f"{x}_awq")
-    graph.add_node("Mul", [x, inv], [out], graph.unique_name(f"{x}_awq_Mul"))
-    done[key] = out
-    return out
-
-
-def _fold_into_mul(graph: ir.Graph, x: str, scale: np.ndarray) -> bool:
-    """Divide the constant operand of the Mul producing ``x`` by ``scale`` (channel-wise, last
-    axis), if it has one of shape ``[K]`` (or ``[1, ..., K]``) that nothing else reads."""
-    producer = graph.producer.get(x)
-    if producer is None or producer.op_type != "Mul" or producer.domain not in ir.DEFAULT_DOMAINS:
-        return False
-    for i in (0, 1):
-        name = producer.input[i]
-        value = graph.const_value(name) if name in graph.initializers else None
-        if value is None or value.dtype != np.float32 or value.shape[-1:] != scale.shape:
-            continue
-        if any(d != 1 for d in value.shape[:-1]) or len(graph.consumers.get(name, [])) != 1:
-            continue
-        graph.set_initializer(name, (value / scale).astype(np.float32))
-        return True
-    return False

@@ -8,7 +8,9 @@ Usage::
 
 Each method quantizes the float model in a child process (wall time, and peak RSS from
 ``os.wait4`` and ``/proc`` polling of its process group); then, in this process, every output
-and the float model are evaluated the same way: perplexity over ``--windows`` windows of the
+and the float model are evaluated the same way (the TensorRT-format outputs, onnxq-trt and
+ModelOpt, with float activations as TensorRT computes them; onnxruntime would otherwise
+quantize them to int8 inside its fused kernel): perplexity over ``--windows`` windows of the
 evaluation ids (``zoo.py eval``'s measure: every token after the first predicted), top-1
 next-token accuracy, file size (model + external data), and onnxruntime CPU latency at batch 1,
 sequence length 1 and 128, one thread, median of ``--latency-runs`` runs, measured interleaved
@@ -57,6 +59,9 @@ DEFAULT_METHODS = (
     "onnxq-128,onnxq-32,onnxq-trt-128,ort-rtn-128,ort-rtn-32,"
     "ort-rtn-asym-128,ort-hqq-128,ort-hqq-32"
 )
+
+# outputs whose perplexity is measured with float activations (what TensorRT computes)
+FLOAT_DQ = ("onnxq-trt", "modelopt")
 
 ORT_CHILD = """
 import sys
@@ -173,11 +178,18 @@ def _modelopt_calibration(folder: Path, out: Path, windows: int) -> None:
     np.savez(out, **{k: np.concatenate([b[k] for b in batches]) for k in batches[0]})
 
 
-def perplexity(path: Path, ids: np.ndarray) -> tuple[float, float]:
-    """Perplexity and top-1 next-token accuracy over the windows ``ids`` ([windows, tokens])."""
+def perplexity(path: Path, ids: np.ndarray, float_dq: bool = False) -> tuple[float, float]:
+    """Perplexity and top-1 next-token accuracy over the windows ``ids`` ([windows, tokens]).
+
+    ``float_dq``: keep onnxruntime's fusion of a blocked DequantizeLinear -> MatMul into
+    MatMulNBits computing in float (accuracy level 0), what TensorRT computes; by default it
+    quantizes the activations to int8 there (level 4)."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    opts = ort.SessionOptions()
+    if float_dq:
+        opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     inputs = {i.name for i in session.get_inputs()}
     nll, hits, count = 0.0, 0, 0
     for window in ids:
@@ -280,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     done = [r for r in records if r["status"] == "ok"]
     for r in done:
         path = Path(str(r["path"]))
-        r["ppl"], r["top1"] = perplexity(path, ids)
+        r["ppl"], r["top1"] = perplexity(path, ids, float_dq=str(r["method"]).startswith(FLOAT_DQ))
         r["file_mib"] = round(file_mib(path), 1)
         print(f"evaluated: {r['method']}: perplexity {r['ppl']:.3f}", flush=True)
     if not args.no_latency:
