@@ -219,7 +219,7 @@ def latency(paths: dict[str, Path], runs: int) -> dict[str, dict[int, float]]:
     rng = np.random.default_rng(0)
     out: dict[str, dict[int, float]] = {name: {} for name in paths}
     for seq in (1, 128):
-        ids = rng.integers(0, 1000, size=(1, seq)).astype(np.int64)
+        ids = rng.integers(0, 96, size=(1, seq)).astype(np.int64)  # ids every vocabulary has
         feeds = {
             name: {
                 i.name: (ids if i.name == "input_ids" else np.ones_like(ids))
@@ -258,7 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--modelopt-windows", type=int, default=32, help="calibration windows for ModelOpt"
     )
-    p.add_argument("--workdir", type=Path)
+    p.add_argument("--workdir", type=Path, help="outputs and per-method records (kept)")
+    p.add_argument(
+        "--reuse", action="store_true", help="keep a method's earlier record in --workdir"
+    )
+    p.add_argument("--no-float-eval", action="store_true", help="skip the float perplexity")
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--latency-runs", type=int, default=15)
     p.add_argument("--no-latency", action="store_true")
@@ -271,30 +275,17 @@ def main(argv: list[str] | None = None) -> int:
     ids = np.load(args.eval_ids)[: args.windows]
     print(
         f"CPU: {_cpu()}; onnxruntime {ort.__version__}; {os.cpu_count()} cores; "
-        f"python {platform.python_version()}"
+        f"python {platform.python_version()}; {len(ids)} evaluation windows",
+        flush=True,
     )
-    records = [{"method": "float", "path": str(args.model), "status": "ok"}]
+    base: dict[str, object] = {"method": "float", "path": str(args.model), "status": "ok"}
+    if not args.no_float_eval:
+        base["ppl"], base["top1"] = perplexity(args.model, ids)
+    base["file_mib"] = round(file_mib(args.model), 1)
+    records = [base]
     for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
-        out = work / f"{method}.onnx"
-        cmd = command(method, args, out)
-        if isinstance(cmd, str):
-            records.append({"method": method, "status": "skipped", "why": cmd})
-            continue
-        print(f"quantizing: {method}: {' '.join(shlex.quote(c) for c in cmd[:8])} ...", flush=True)
-        rec = {
-            "method": method,
-            "path": str(out),
-            **run_child(cmd, work / f"{method}.log", args.timeout),
-        }
-        if rec["status"] == "ok" and not out.exists():
-            rec["status"] = "error"
-        records.append(rec)
+        records.append(run_method(method, args, work, ids))
     done = [r for r in records if r["status"] == "ok"]
-    for r in done:
-        path = Path(str(r["path"]))
-        r["ppl"], r["top1"] = perplexity(path, ids, float_dq=str(r["method"]).startswith(FLOAT_DQ))
-        r["file_mib"] = round(file_mib(path), 1)
-        print(f"evaluated: {r['method']}: perplexity {r['ppl']:.3f}", flush=True)
     if not args.no_latency:
         lat = latency({str(r["method"]): Path(str(r["path"])) for r in done}, args.latency_runs)
         for r in done:
@@ -303,6 +294,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(records, indent=1))
     return 0
+
+
+def run_method(
+    method: str, args: argparse.Namespace, work: Path, ids: np.ndarray
+) -> dict[str, object]:
+    """Quantize with ``method`` and evaluate its output; the record is also written to
+    ``work/METHOD.json`` (``--reuse`` takes it from there)."""
+    out, saved = work / f"{method}.onnx", work / f"{method}.json"
+    if args.reuse and saved.exists() and out.exists():
+        return dict(json.loads(saved.read_text()))
+    cmd = command(method, args, out)
+    if isinstance(cmd, str):
+        return {"method": method, "status": "skipped", "why": cmd}
+    print(f"quantizing: {method}: {' '.join(shlex.quote(c) for c in cmd[:8])} ...", flush=True)
+    rec: dict[str, object] = {"method": method, "path": str(out)}
+    rec.update(run_child(cmd, work / f"{method}.log", args.timeout))
+    if rec["status"] == "ok" and not out.exists():
+        rec["status"] = "error"
+    if rec["status"] == "ok":
+        rec["ppl"], rec["top1"] = perplexity(out, ids, float_dq=method.startswith(FLOAT_DQ))
+        rec["file_mib"] = round(file_mib(out), 1)
+        print(f"evaluated: {method}: perplexity {rec['ppl']:.3f} ({rec})", flush=True)
+    saved.write_text(json.dumps(rec, indent=1))
+    return rec
 
 
 def print_table(records: list[dict[str, object]]) -> None:
@@ -318,8 +333,9 @@ def print_table(records: list[dict[str, object]]) -> None:
             print(f"| {r['method']} | {r['status']}: {r.get('why', 'see its .log')} | | | | | | |")
             continue
         seq1, seq128 = _ms(r, base, "ms_seq1"), _ms(r, base, "ms_seq128")
+        ppl = f"{r['ppl']:.3f} | {r['top1']:.3f}" if "ppl" in r else "- | -"
         print(
-            f"| {r['method']} | {r['ppl']:.3f} | {r['top1']:.3f} | {r['file_mib']} | "
+            f"| {r['method']} | {ppl} | {r['file_mib']} | "
             f"{r.get('seconds', '-')} ({r.get('cpu_seconds', '-')}) | {r.get('peak_rss_mib', '-')} "
             f"| {seq1} | {seq128} |"
         )
@@ -329,7 +345,7 @@ def _ms(record: dict[str, object], base: dict[str, object], key: str) -> str:
     if key not in record:
         return "-"
     value, ref = float(record[key]), float(base[key])  # type: ignore[arg-type]
-    return f"{value:.1f} ({value / ref:.2f})"
+    return f"{value:.3g} ({value / ref:.2f})"
 
 
 def _cpu() -> str:
