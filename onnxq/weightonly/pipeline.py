@@ -35,7 +35,7 @@ from onnxq.weightonly.targets import Layer, find_layers
 DEFAULT_ALGORITHM = "awq+gptq"
 DEFAULT_BATCHES = 16  # calibration batches used when max_batches is not set
 DEFAULT_ACCURACY_LEVEL = 4
-FIDELITY_BATCHES = 2
+FIDELITY_BATCHES = 1  # held batches (a float and a quantized pass; an LM's logits are large)
 
 
 def quantize_weight_only(

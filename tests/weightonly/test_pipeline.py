@@ -59,7 +59,7 @@ def test_tensorrt_writes_blocked_int4_dequantize_linear_that_check_accepts():
     assert len(blocked) == 3  # the head is int8 per channel
     assert onnx.defs.onnx_opset_version() >= 21 and q.model.opset_import[0].version >= 21
     assert check(q.model, PROFILES["tensorrt"]) == []
-    assert {r.algorithm for r in q.report.layers} == {"gptq"}
+    assert {r.algorithm.split(" ")[0] for r in q.report.layers} == {"awq+gptq"}
     assert all(r.error is not None and r.error < 0.05 for r in q.report.layers)
     assert q.report.fidelity and q.report.fidelity[0].cosine > 0.97
 
@@ -195,3 +195,21 @@ def test_a_large_model_is_read_weight_by_weight_and_saved_whole(tmp_path, monkey
     ids = models.token_batches(1, seed=2)[0]
     got = ort.InferenceSession(str(out)).run(None, ids)[0]
     assert _cosine(_logits(m, ids), got) > 0.97
+
+
+def test_a_layer_int4_loses_too_much_in_keeps_8_bits(monkeypatch):
+    from onnxq.weightonly import engine
+
+    monkeypatch.setattr(engine, "PROMOTE_ERROR", 1e-9)  # every int4 layer passes it
+    q = onnxq.quantize(
+        models.decoder(),
+        models.token_batches(),
+        weights="int4",
+        backend="onnxruntime",
+        block_size=32,
+        progress=False,
+    )
+    promoted = [r for r in q.report.layers if "int4 output error" in r.why]
+    assert {r.node for r in promoted} == {"gate_proj", "up_proj", "down_proj"}
+    assert all(r.format == "int8 sym block 32" for r in promoted)
+    assert check(q.model, PROFILES["onnxruntime"]) == []
