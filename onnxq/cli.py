@@ -157,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
         "--algorithm",
         choices=("auto", "rtn", "gptq", "awq", "awq+gptq"),
         help="with --weights: rtn (round to nearest, clip search; no data needed), gptq, awq, "
-        "awq+gptq (these need --calib); auto: gptq with data, else rtn",
+        "awq+gptq (these need --calib); auto: awq+gptq with data, else rtn",
     )
     q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
     q.add_argument(

@@ -162,8 +162,8 @@ class QuantConfig:
             (``None``: 128; 0: one scale per output channel); a backend without blocks for
             the width (TensorRT int8) uses per-channel scales.
         weight_algorithm: weight-only: ``rtn`` (round to nearest, error-minimising clip search),
-            ``gptq``, ``awq``, ``awq+gptq``, or ``auto`` (the measured default with
-            calibration data, ``rtn`` without).
+            ``gptq``, ``awq``, ``awq+gptq``, or ``auto`` (the measured default:
+            ``awq+gptq`` with calibration data, ``rtn`` without).
         weight_symmetric: weight-only: zero points fixed at 0 (TensorRT needs it) or an
             integer zero point per block (onnxruntime).
         weight_accuracy_level: weight-only, onnxruntime: MatMulNBits' ``accuracy_level`` (0-4;

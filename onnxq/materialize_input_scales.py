@@ -1,8 +1,9 @@
 """Input scales of weight-only layers (AWQ), written by :mod:`onnxq.materialize_blocked`.
 
-A layer group whose weights were stored as ``s W`` must read ``x / s``.  The division is folded
-into the constant of the Mul that produces ``x`` (a normalisation's weight) when only these
-layers read ``x``; otherwise one Mul node per input tensor is added before them.
+A layer group whose weights were stored as ``s W`` must read ``x / s``.  When only these layers
+read ``x``, the division is folded into the constant of the Mul that produces ``x`` (an RMSNorm's
+weight as exporters write it) or into the scale and bias of a LayerNormalization; otherwise one
+Mul node per input tensor is added before them.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def scaled_input(
         for other in layers
         if other.input_scale is not None and np.array_equal(other.input_scale, scale)
     }
-    folded = _fold_into_mul(graph, x, scale) if readers <= ours else False
+    folded = readers <= ours and (
+        _fold_into_mul(graph, x, scale) or _fold_into_layer_norm(graph, x, scale)
+    )
     if folded:
         done[key] = x
         return x
@@ -68,3 +71,28 @@ def _fold_into_mul(graph: ir.Graph, x: str, scale: np.ndarray) -> bool:
         graph.set_initializer(name, (value / scale).astype(np.float32))
         return True
     return False
+
+
+def _fold_into_layer_norm(graph: ir.Graph, x: str, scale: np.ndarray) -> bool:
+    """Divide the scale and bias of the LayerNormalization producing ``x`` (over its last
+    axis) by ``scale``, if they are constant vectors of size K that nothing else reads."""
+    producer = graph.producer.get(x)
+    if (
+        producer is None
+        or producer.op_type != "LayerNormalization"
+        or producer.domain not in ir.DEFAULT_DOMAINS
+        or int(ir.node_attrs(producer).get("axis", -1)) != -1
+        or producer.output[0] != x
+    ):
+        return False
+    params = [name for name in producer.input[1:3] if name]
+    values = [graph.const_value(name) if name in graph.initializers else None for name in params]
+    for name, value in zip(params, values, strict=True):
+        if value is None or value.dtype != np.float32 or value.shape != scale.shape:
+            return False
+        if len(graph.consumers.get(name, [])) != 1:
+            return False
+    for name, value in zip(params, values, strict=True):
+        assert value is not None
+        graph.set_initializer(name, (value / scale).astype(np.float32))
+    return True

@@ -151,3 +151,32 @@ def test_input_scales_go_into_a_mul_when_the_input_is_not_a_constant_scaled_one(
     x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float32)
     want = _run(_with_deq(m, "w", codes.dequantize() / s[:, None]), {"x": x})
     np.testing.assert_allclose(_run(q, {"x": x}), want, rtol=1e-4, atol=1e-4)
+
+
+def test_input_scales_fold_into_a_layer_normalization():
+    r = graphs.rng(6)
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["n"], name="ln", axis=-1),
+        helper.make_node("MatMul", ["n", "w"], ["y"], name="fc"),
+    ]
+    m = graphs.model(
+        nodes,
+        [graphs.tensor("x", ["rows", 32])],
+        [graphs.tensor("y", ["rows", 16])],
+        [
+            graphs.init("gamma", r.random(32).astype(np.float32) + 0.5),
+            graphs.init("beta", graphs.weight(r, 32)),
+            graphs.init("w", graphs.weight(r, 32, 16)),
+        ],
+        opset=21,
+    )
+    w = onnx.numpy_helper.to_array(m.graph.initializer[2])
+    s = np.linspace(0.5, 2.0, 32).astype(np.float32)
+    codes = quantize_rtn(w * s[:, None], BlockFormat(4, 32, True))
+    q = onnx.ModelProto()
+    q.CopyFrom(m)
+    materialize_weight_only(q, [WeightOnlyLayer("fc", "w", codes, s)], ONNXRUNTIME, 0)
+    assert [n.op_type for n in q.graph.node] == ["LayerNormalization", "MatMulNBits"]
+    x = r.standard_normal((4, 32)).astype(np.float32)
+    want = _run(_with_deq(m, "w", codes.dequantize() / s[:, None]), {"x": x})
+    np.testing.assert_allclose(_run(q, {"x": x}), want, rtol=1e-4, atol=1e-4)
