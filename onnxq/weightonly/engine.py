@@ -111,7 +111,7 @@ def _quantize_group(
             and result.error is not None
             and result.error > PROMOTE_ERROR
         ):  # a layer int4 loses too much in: 8 bits (the measured default)
-            wide = BlockFormat(8, m.fmt.block_size, m.fmt.symmetric)
+            wide = m.wide or BlockFormat(8, m.fmt.block_size, m.fmt.symmetric)
             promoted = _quantize_one(m, w, s, h, hessian, wide, factors)
             promoted.note = (
                 f"int4 output error {result.error:.3g} > {PROMOTE_ERROR}: 8 bits (measured default)"

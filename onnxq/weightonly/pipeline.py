@@ -89,15 +89,14 @@ def quantize_weight_only(
     level = (
         DEFAULT_ACCURACY_LEVEL if cfg.weight_accuracy_level is None else cfg.weight_accuracy_level
     )
-    materialize_weight_only(
-        loaded,
-        [
-            WeightOnlyLayer(x.node, x.weight, results[x.node].codes, results[x.node].input_scale)
-            for x in layers
-        ],
-        profile,
-        level if fmt.writer == "matmul_nbits" else 0,
-    )
+    records = [_record(x, results[x.node]) for x in layers]
+    written = [
+        WeightOnlyLayer(x.node, x.weight, results[x.node].codes, results[x.node].input_scale)
+        for x in layers
+    ]
+    del results  # the codes live on in ``written`` until they are packed into the model
+    materialize_weight_only(loaded, written, profile, level if fmt.writer == "matmul_nbits" else 0)
+    del written
     if ir.external.lazy_nbytes(loaded) < ir.external.LAZY_BYTES:
         ir.external.load_all(loaded)  # weights that stayed float (norms, a float table)
     notes += _format_notes(layers, profile, level)
@@ -106,7 +105,7 @@ def quantize_weight_only(
         backend=profile.name,
         config=cfg.to_dict(),
         calibration_batches=len(batches or []),
-        layers=[_record(x, results[x.node]) for x in layers],
+        layers=records,
         skipped=[(s.node, s.op_type, s.reason) for s in skipped],
         weight_bytes=(before, _stored_bytes(loaded, layers)),
         notes=notes,
@@ -283,8 +282,40 @@ def _validate(
         if profile.fused_validation
         else "onnxruntime, optimizations off: the DequantizeLinear graph's own arithmetic"
     )
-    quant = run_outputs(model, held, profile.fused_validation, "quantized")
+    quant = _outputs_from_file(model, held, profile.fused_validation)
     report.fidelity = fidelity(reference, quant, class_axes(model))
+
+
+def _outputs_from_file(
+    model: onnx.ModelProto, held: list[Batch], fused: bool
+) -> list[dict[str, Any]]:
+    """The quantized model's outputs on ``held``, from a session that reads the model from a
+    temporary file with external data: a serialized copy of a large model (and onnxruntime's
+    copy of that) would otherwise sit next to the model during the check."""
+    import tempfile
+    from pathlib import Path
+
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    opts.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if fused
+        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    with tempfile.TemporaryDirectory(prefix="onnxq-") as tmp:
+        path = Path(tmp) / "quantized.onnx"
+        ir.save_model(model, path, external_data=True)
+        try:
+            session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise UnsupportedModelError(
+                f"onnxruntime cannot load the quantized model: {' '.join(str(exc).split())[:400]}"
+            ) from None
+        return run_outputs(session, held, fused, "quantized")
 
 
 __all__ = ["check_block_size", "quantize_weight_only"]

@@ -42,6 +42,7 @@ class Layer:
     fmt: BlockFormat
     algorithm: str
     why: str  # how the format was chosen ("default", "head", an override, ...)
+    wide: BlockFormat | None = None  # the 8-bit format the backend runs, for a promotion
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ def _layer(
         BlockFormat(bits, block or None, symmetric),
         algorithm if activation is not None else "rtn",
         why,
+        BlockFormat(8, (block or None) if 8 in fmt.blocked_bits else None, symmetric),
     )
 
 

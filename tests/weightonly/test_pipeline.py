@@ -213,3 +213,15 @@ def test_a_layer_int4_loses_too_much_in_keeps_8_bits(monkeypatch):
     assert {r.node for r in promoted} == {"gate_proj", "up_proj", "down_proj"}
     assert all(r.format == "int8 sym block 32" for r in promoted)
     assert check(q.model, PROFILES["onnxruntime"]) == []
+
+
+def test_on_tensorrt_a_layer_kept_at_8_bits_is_per_channel(monkeypatch):
+    from onnxq.weightonly import engine
+
+    monkeypatch.setattr(engine, "PROMOTE_ERROR", 1e-9)
+    q = onnxq.quantize(
+        models.decoder(hidden=128, ffn=256), models.token_batches(), weights="int4", progress=False
+    )
+    promoted = [r for r in q.report.layers if "int4 output error" in r.why]
+    assert promoted and {r.format for r in promoted} == {"int8 sym per-channel"}
+    assert check(q.model, PROFILES["tensorrt"]) == []
