@@ -91,7 +91,9 @@ def _quantize_group(
     """Quantize the layers that read one input, by their algorithms."""
     hessian = stats.hessian
     weights = {m: weight_matrix(graph, m) for m in members}
-    awq = [m for m in members if m.algorithm in ("awq", "awq+gptq")]
+    # AWQ's scales are searched for int4 layers: at 8 bits they buy nothing measurable, and an
+    # LM head's search alone would cost minutes and its weight's size several times over
+    awq = [m for m in members if m.algorithm in ("awq", "awq+gptq") and m.fmt.bits < 8]
     scale = None
     if awq:
         scale, alpha = search_scales([weights[m] for m in awq], hessian, stats.mean_abs, awq[0].fmt)
