@@ -185,11 +185,19 @@ def quantize_rtn(
 
 def output_error(w: np.ndarray, deq: np.ndarray, hessian: np.ndarray | None) -> float:
     """Relative error of the layer's output: ``|X dW|^2 / |X W|^2`` from ``hessian = X^T X``
-    (without one: of the weight itself)."""
-    diff = (deq - w).astype(np.float64)
-    ref = np.asarray(w, np.float64)
-    if hessian is None:
-        return float((diff**2).sum() / max((ref**2).sum(), 1e-30))
-    num = float(np.einsum("ij,ij->", hessian @ diff, diff))
-    den = float(np.einsum("ij,ij->", hessian @ ref, ref))
+    (without one: of the weight itself).  Columns are taken in slices (float32 products
+    summed in float64), so a large weight needs little memory beyond itself."""
+    k, n = w.shape
+    h = None if hessian is None else np.asarray(hessian, np.float32)
+    num = den = 0.0
+    step = max(1, CHUNK_BYTES // (4 * k))
+    for c in range(0, n, step):
+        ref = np.asarray(w[:, c : c + step], np.float32)
+        diff = np.asarray(deq[:, c : c + step], np.float32) - ref
+        if h is None:
+            num += float(np.sum(diff.astype(np.float64) ** 2))
+            den += float(np.sum(ref.astype(np.float64) ** 2))
+        else:
+            num += float(np.einsum("ij,ij->", h @ diff, diff, dtype=np.float64))
+            den += float(np.einsum("ij,ij->", h @ ref, ref, dtype=np.float64))
     return num / max(den, 1e-30)

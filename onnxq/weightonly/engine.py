@@ -81,7 +81,8 @@ def quantize_layers(
             stats.update(values[tensor])
         for layer, result in _quantize_group(graph, members, stats).items():
             out[layer.node] = result
-            runner.set_weight(layer.weight, _stored(result, layer))
+            if runner.reads_later(layer.weight):  # the LM head: no later stage reads it
+                runner.set_weight(layer.weight, _stored(result, layer))
     return out
 
 

@@ -51,6 +51,10 @@ class LayerwiseRunner:
         """How many batches each stage runs."""
         return self._batches
 
+    def reads_later(self, name: str) -> bool:
+        """Whether a stage still to run reads initializer ``name``."""
+        return self._weight_last.get(name, -1) >= self._next
+
     def set_weight(self, name: str, value: np.ndarray) -> None:
         """Use ``value`` for initializer ``name`` in the stages still to run (dropped once the
         last stage that reads it has run; never kept when no later stage reads it)."""
