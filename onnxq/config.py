@@ -33,10 +33,12 @@ from onnxq.options import (
     CalibrationOptions,
     PlacementOptions,
     TargetOptions,
+    WeightOnlyOptions,
     WeightOptions,
     view,
 )
 from onnxq.overrides import Override, TensorSettings, check_method, parse_override
+from onnxq.weightonly import WEIGHT_ALGORITHMS, WEIGHT_ONLY
 
 WEIGHT_STORAGE = ("int8", "qdq")
 
@@ -146,6 +148,19 @@ class QuantConfig:
             ``0-1``, ``tf``) or a spec (docs/calibration.md); in YAML also a mapping.
         simplify: run the simplify passes before placing Q/DQ.
         progress: show progress bars on stderr.
+        weight_only: ``None`` (INT8 Q/DQ of weights and activations) or ``int4`` / ``int8``:
+            weight-only quantization of MatMul/Gemm weights (and embedding tables where the
+            backend runs them), activations untouched (docs/weight-only.md).
+        block_size: weight-only: weights share a scale per block of this many input rows
+            (``None``: 128 for int4, per channel for int8; 0: one scale per output channel);
+            a backend without blocks for the width (TensorRT int8) uses per-channel scales.
+        weight_algorithm: weight-only: ``rtn`` (round to nearest, error-minimising clip
+            search), ``gptq``, ``awq``, ``awq+gptq``, or ``auto`` (the measured default:
+            ``awq+gptq`` with calibration data, ``rtn`` without).
+        weight_symmetric: weight-only: zero points fixed at 0 (TensorRT needs it) or an
+            integer zero point per block (onnxruntime).
+        weight_accuracy_level: weight-only, onnxruntime: MatMulNBits' ``accuracy_level``
+            (0-4; 4 computes with int8 activations); ``None``: the measured default.
     """
 
     backend: str = option("tensorrt", one_of(lambda: BACKENDS, "backend"))
@@ -172,6 +187,11 @@ class QuantConfig:
     preprocess: str | None = option(None, also=(dict,), parse=_preprocess_spec)
     simplify: bool = option(True)
     progress: bool = option(True)
+    weight_only: str | None = option(None, must(lambda v: v in WEIGHT_ONLY, "be int4 or int8"))
+    block_size: int | None = option(None, must(lambda v: v >= 0, "be >= 0 (0: per channel)"))
+    weight_algorithm: str = option("auto", one_of(lambda: WEIGHT_ALGORITHMS, "algorithm"))
+    weight_symmetric: bool = option(True)
+    weight_accuracy_level: int | None = option(None, must(lambda v: 0 <= v <= 4, "be 0..4"))
 
     def __post_init__(self) -> None:
         # values from Python are checked like those from YAML: type first, then value
@@ -199,6 +219,11 @@ class QuantConfig:
     def weights(self) -> WeightOptions:
         """The options the weight passes (materialize, bias correction) read."""
         return view(WeightOptions, self)
+
+    @property
+    def weight_only_options(self) -> WeightOnlyOptions:
+        """The options a weight-only run reads (``weight_only`` set)."""
+        return view(WeightOnlyOptions, self)
 
     # -- queries (PlacementOptions answers them) ---------------------------------------------
     def node_excluded(self, node_name: str, op_type: str) -> str | None:
@@ -350,4 +375,12 @@ def _names(types_: tuple[type, ...]) -> str:
     return " or ".join(dict.fromkeys(names.get(t, t.__name__) for t in types_))
 
 
-__all__ = ["BACKENDS", "WEIGHT_METHODS", "WEIGHT_STORAGE", "Override", "QuantConfig"]
+__all__ = [
+    "BACKENDS",
+    "WEIGHT_ALGORITHMS",
+    "WEIGHT_METHODS",
+    "WEIGHT_ONLY",
+    "WEIGHT_STORAGE",
+    "Override",
+    "QuantConfig",
+]

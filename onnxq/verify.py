@@ -84,11 +84,7 @@ def verify(
             f"the quantized model breaks {len(violations)} {profile.name} constraint(s), first: "
             f"{violations[0]}"
         )
-    mode = (
-        "onnxruntime, Q/DQ fused into int8 kernels"
-        if profile.fused_validation
-        else "onnxruntime, fusion off: the Q/DQ graph's own arithmetic"
-    )
+    mode = _mode(model, profile)
     if not held:
         return Verification(mode, [], "no batches held")
     quantized = run_outputs(model, held, profile.fused_validation, "quantized", ours=True)
@@ -99,9 +95,29 @@ def verify(
         dataclasses.replace(f, selected_by=selected.get(f.name))
         for f in fidelity(reference.outputs, quantized, class_axes(model), padding_masks(held))
     ]
-    fused = None
-    if not profile.fused_validation and any(n.op_type in ir.QDQ_OPS for n in model.graph.node):
+    fused = None  # the default session fuses activation Q/DQ into int8 kernels: a model
+    # with quantized activations only (weight-only DequantizeLinear becomes MatMulNBits there)
+    if not profile.fused_validation and any(
+        n.op_type == "QuantizeLinear" for n in model.graph.node
+    ):
         fused = default_session_view(
             model, reference.outputs, held, outputs, reference.timing_model
         )
     return Verification(mode, outputs, default_session=fused)
+
+
+def _mode(model: onnx.ModelProto, profile: BackendProfile) -> str:
+    """How onnxruntime ran ``model``, in words: a Q/DQ model, or a weight-only one (integer
+    weights, no QuantizeLinear)."""
+    ops = {n.op_type for n in ir.every_node(model.graph)}
+    if "QuantizeLinear" in ops or not ops & (ir.QDQ_OPS | ir.WEIGHT_ONLY_OPS):
+        return (
+            "onnxruntime, Q/DQ fused into int8 kernels"
+            if profile.fused_validation
+            else "onnxruntime, fusion off: the Q/DQ graph's own arithmetic"
+        )
+    return (
+        "onnxruntime with its optimizations: the weight-only kernels users run"
+        if profile.fused_validation
+        else "onnxruntime, optimizations off: the DequantizeLinear graph's own arithmetic"
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from onnxq.ir.constants import INTEGER_OPS
+from onnxq.ir.constants import INTEGER_OPS, WEIGHT_ONLY_OPS
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,33 @@ PASSTHROUGH_OPS: frozenset[str] = frozenset(
 
 # Ops that build shapes and indices: everything downstream of them is never quantized.
 SHAPE_OPS: frozenset[str] = frozenset({"Shape", "Size", "NonZero", "Range", "ConstantOfShape"})
+
+
+@dataclass(frozen=True)
+class WeightOnlyFormat:
+    """How a backend runs layers whose weights alone are quantized (``--weights int4|int8``).
+
+    Attributes:
+        writer: ``matmul_nbits`` (onnxruntime's ``com.microsoft`` MatMulNBits, and
+            GatherBlockQuantized for embeddings) or ``dequantize_linear`` (an integer
+            initializer behind a DequantizeLinear; opset 21 ``block_size`` for blocks).
+        bits: the weight widths it runs.
+        blocked_bits: the widths it runs block-wise (others only per output channel).
+        symmetric_only: zero points must be 0.
+        block_sizes: the block sizes it runs; empty: any power of two from ``min_block_size``.
+        min_block_size: the smallest block (with ``block_sizes`` empty).
+        embedding_ops: ops whose constant table (an embedding) it runs quantized.
+        blocked_opset: the default-domain opset a blocked DequantizeLinear needs.
+    """
+
+    writer: str
+    bits: frozenset[int]
+    blocked_bits: frozenset[int]
+    symmetric_only: bool
+    block_sizes: frozenset[int] = frozenset()
+    min_block_size: int = 16
+    embedding_ops: frozenset[str] = frozenset()
+    blocked_opset: int = 21
 
 
 @dataclass(frozen=True)
@@ -158,6 +185,8 @@ class BackendProfile:
         cost_table: where the cost thresholds come from (the table's measurement).
         depthwise_weight_qmax: the weight limit of a depthwise conv where it differs from
             ``weight_qmax`` (set with the reduced range and ``int32_depthwise``).
+        weight_only: how weight-only layers are written and what they may be
+            (:class:`WeightOnlyFormat`).
     """
 
     name: str
@@ -198,6 +227,7 @@ class BackendProfile:
     target_cpu: str | None = None
     cost_table: str = ""
     depthwise_weight_qmax: int | None = None
+    weight_only: WeightOnlyFormat | None = None
 
     def replace(self, **changes: object) -> BackendProfile:
         """A copy with some fields changed."""
@@ -214,6 +244,7 @@ TENSORRT = BackendProfile(
     quantize_outputs=False,
     bias="float",
     forbidden_ops=INTEGER_OPS
+    | WEIGHT_ONLY_OPS
     | frozenset(
         {
             "QLinearConv",
@@ -234,6 +265,16 @@ TENSORRT = BackendProfile(
     allowed_qdq_dtypes=frozenset({"int8"}),
     fused_validation=False,
     min_channels=16,
+    # TensorRT's IDequantizeLayer: block quantization for INT4 weights only, blocks of 64 or
+    # 128 along one of the last two axes, a 2-D scale, zero points absent or 0 (TensorRT
+    # docs, "Quantization Schemes"); int8 weights per channel
+    weight_only=WeightOnlyFormat(
+        writer="dequantize_linear",
+        bits=frozenset({4, 8}),
+        blocked_bits=frozenset({4}),
+        symmetric_only=True,
+        block_sizes=frozenset({64, 128}),
+    ),
 )
 
 # QLinearGlobalAveragePool, QLinearAveragePool, QLinearSigmoid, QLinearLeakyRelu
@@ -291,6 +332,16 @@ ONNXRUNTIME = BackendProfile(
     nhwc_only_ops=frozenset({"MaxPool"}),
     cpu_tuned=True,
     int32_depthwise=True,
+    # MatMulNBits: blocks of a power of two >= 16 along K (a short last block is padded), 4 or
+    # 8 bits, symmetric (default zero point) or integer zero points; GatherBlockQuantized for
+    # embedding tables
+    weight_only=WeightOnlyFormat(
+        writer="matmul_nbits",
+        bits=frozenset({4, 8}),
+        blocked_bits=frozenset({4, 8}),
+        symmetric_only=False,
+        embedding_ops=frozenset({"Gather"}),
+    ),
 )
 
 PROFILES: dict[str, BackendProfile] = {p.name: p for p in (TENSORRT, ONNXRUNTIME)}
