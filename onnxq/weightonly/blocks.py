@@ -97,7 +97,25 @@ def block_params(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Scale (and zero point) per block of ``w[K, N]``: of the clip ``ratios``, per block and
     column the one with the least squared rounding error, each row weighted by
-    ``importance[K]`` (e.g. the mean square of its input; None: all rows alike)."""
+    ``importance[K]`` (e.g. the mean square of its input; None: all rows alike).  Columns are
+    searched in slices of about :data:`CHUNK_BYTES` of float32 (each column's choice is its
+    own), so that the search of a large weight (an LM head) needs little memory."""
+    k, n = w.shape
+    step = max(1, CHUNK_BYTES // (4 * k))
+    if n <= step:
+        return _block_params(w, fmt, importance, ratios)
+    parts = [_block_params(w[:, c : c + step], fmt, importance, ratios) for c in range(0, n, step)]
+    scale = np.concatenate([s for s, _ in parts], axis=1)
+    zeros = [z for _, z in parts if z is not None]
+    return scale, (np.concatenate(zeros, axis=1) if zeros else None)
+
+
+def _block_params(
+    w: np.ndarray,
+    fmt: BlockFormat,
+    importance: np.ndarray | None,
+    ratios: tuple[float, ...],
+) -> tuple[np.ndarray, np.ndarray | None]:
     blocks = to_blocks(np.asarray(w, dtype=np.float32), fmt)  # [nb, rows, N]
     weight = None
     if importance is not None:

@@ -72,3 +72,24 @@ def test_scales_are_positive_for_any_weight(k, n, block, symmetric, magnitude):
     assert np.all(scale > 0) and np.all(np.isfinite(scale))
     if zero is not None:
         assert np.all((zero >= 0) & (zero <= 15))
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_block_params_of_column_slices_equal_the_search_over_the_whole_weight(
+    monkeypatch: pytest.MonkeyPatch, symmetric: bool
+) -> None:
+    """Each column's scale is its own choice: the search in slices (how a large weight is
+    handled) gives exactly the whole weight's figures."""
+    from onnxq.weightonly import blocks
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_t(4, size=(96, 50)).astype(np.float32)
+    importance = rng.random(96).astype(np.float32)
+    fmt = BlockFormat(4, 32, symmetric)
+    whole = block_params(w, fmt, importance)
+    monkeypatch.setattr(blocks, "CHUNK_BYTES", 4 * 96 * 7)  # slices of 7 columns
+    sliced = block_params(w, fmt, importance)
+    assert np.array_equal(whole[0], sliced[0])
+    assert (whole[1] is None) == symmetric == (sliced[1] is None)
+    if not symmetric:
+        assert np.array_equal(whole[1], sliced[1])
