@@ -18,6 +18,7 @@ import onnx
 
 from onnxq import ir
 from onnxq.errors import InternalError, UnsupportedModelError
+from onnxq.heap import release_free_memory
 from onnxq.inputs import Batch
 
 
@@ -183,7 +184,12 @@ def run_outputs(
     """
     if not isinstance(model, onnx.ModelProto):
         return _run_all(model, batches, what, ours)
-    return _run_all(validation_session(model, fused, what, ours), batches, what, ours)
+    session = validation_session(model, fused, what, ours)
+    try:
+        return _run_all(session, batches, what, ours)
+    finally:
+        del session
+        release_free_memory()  # the float model's weights, freed but kept by the C library
 
 
 def _run_all(

@@ -20,6 +20,7 @@ import onnx
 from onnx import helper
 
 from onnxq.errors import CalibrationDataError
+from onnxq.heap import release_free_memory
 from onnxq.inputs import Batch
 from onnxq.ir.stages import Stage, last_reader, plan_stages, stage_model
 
@@ -102,6 +103,7 @@ class LayerwiseRunner:
                     results[x].append(values[x])
                 yield {t: values[t] for t in stage.targets}
             del session
+        release_free_memory()  # the stage's weights and buffers, freed but kept by the C library
         self._store.update(results)
 
     def live_bytes(self) -> int:
