@@ -9,14 +9,18 @@ goes after ``prepare`` and before ``GraphFacts.of``; a weight-only pass that dec
 weights (RTN, GPTQ, AWQ, AdaRound) after ``place`` and before ``materialize``; a
 post-calibration correction next to ``bias_correction_pass``.  A pass returns its result as
 data, which goes into :class:`onnxq.messages.Outcome` and the report.
+
+A weight-only run (``weight_only``: int4/int8 MatMul weights, float activations) has no
+activations to place or calibrate: :func:`onnxq.weightonly.pipeline.quantize_weight_only`
+runs it, with the same ``prepare``, ``float_reference`` and ``verify`` stages around its own
+layer search, layer-by-layer weight pass and writer.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,11 +35,11 @@ from onnxq.calibrate import calibration_cache
 from onnxq.config import QuantConfig
 from onnxq.data import model_inputs, open_source
 from onnxq.device import SessionSettings, check_device, using
-from onnxq.errors import CalibrationDataError, ConfigError, InternalError, OnnxqError, OutputError
+from onnxq.errors import CalibrationDataError, ConfigError, OutputError
 from onnxq.heldout import hold_out
 from onnxq.materialize import materialize
 from onnxq.measure import statistics_source
-from onnxq.messages import GraphView, Outcome, messages, opset_conversion_hint
+from onnxq.messages import GraphView, Outcome, blame_conversion, messages
 from onnxq.mixed_precision import accuracy_target, search
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
@@ -152,8 +156,9 @@ def quantize(
     executor: Executor | None = None,
     **options: Any,
 ) -> QuantizedModel:
-    """Quantize ``model`` to a Q/DQ model (INT8, or the config's ``precision``), or with
-    ``dynamic`` to onnxruntime's dynamically quantized kernels.
+    """Quantize ``model`` to a Q/DQ model (INT8, or the config's ``precision``), with
+    ``dynamic`` to onnxruntime's dynamically quantized kernels, or with
+    ``weight_only="int4"|"int8"`` its MatMul/Gemm weights alone (docs/weight-only.md).
 
     Args:
         model: an ONNX file path or an ``onnx.ModelProto`` (never modified).
@@ -187,11 +192,18 @@ def quantize(
         A :class:`QuantizedModel` with ``.model``, ``.report`` and ``.save(path)``.
     """
     cfg = _config(config, backend, method, exclude, options)
+    if cfg.weight_only is not None:  # activations stay float: no placement loop to run
+        from onnxq.weightonly.pipeline import quantize_weight_only
+
+        run = quantize_weight_only(
+            model, calibration, cfg, batch_size, save_calibration, load_calibration
+        )
+        return QuantizedModel(run.model, run.report, run.source)
     _check_sources(model, calibration, save_calibration, load_calibration, cfg)
     profile, profile_note = profile_for(cfg.target)  # or a refusal: nothing loaded yet
     check_device(cfg.device)
     prepared = prepare(model, profile, cfg.simplify)
-    with _blame_conversion(prepared.load.opset_upgrade), using(SessionSettings(cfg.device)):
+    with blame_conversion(prepared.load.opset_upgrade), using(SessionSettings(cfg.device)):
         graph = ir.Graph(prepared.model)
         inputs = model_inputs(graph)
         data = None
@@ -341,15 +353,3 @@ def _check_sources(
             ".npz batches, a .npz of samples, or .npy files) or "
             "--load-calibration FILE"
         )
-
-
-@contextlib.contextmanager
-def _blame_conversion(upgrade: ir.OpsetUpgrade | None) -> Iterator[None]:
-    """Note on an onnxruntime failure that the model ran only after onnxq converted its opset:
-    onnx's version converter may be what broke it."""
-    try:
-        yield
-    except (OnnxqError, InternalError) as exc:
-        if upgrade is not None and exc.onnxruntime_failed:
-            exc.add_note(opset_conversion_hint(upgrade))
-        raise

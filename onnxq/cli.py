@@ -48,6 +48,7 @@ calibration data (--calib):
 
 examples:
   onnxq quantize model.onnx -o model.int8.onnx --calib calib/
+  onnxq quantize lm.onnx -o lm.int4.onnx --weights int4 --calib calib/ --backend onnxruntime
   onnxq quantize model.onnx -o out.onnx --calib calib/ --backend onnxruntime --report r.json
   onnxq check model.int8.onnx --backend tensorrt
   onnxq explain model.onnx --backend tensorrt
@@ -197,6 +198,7 @@ def _parser() -> argparse.ArgumentParser:
         "(needs onnxruntime-gpu)",
     )
     _target_flags(q)
+    _weight_only_flags(q)
     q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
     q.add_argument(
         "--external-data",
@@ -486,6 +488,9 @@ def _quantize(args: argparse.Namespace) -> int:
         preprocess=args.preprocess,
         precision=args.precision,
         dynamic=True if args.dynamic else None,
+        weight_only=args.weights,
+        block_size=args.block_size,
+        weight_algorithm=args.algorithm,
         save_calibration=args.save_calibration,
         load_calibration=args.load_calibration,
         target_accuracy=args.target,
@@ -540,6 +545,32 @@ def _ray_executor(address: str | None, device: str | None) -> Any:
     return RayExecutor(address, num_gpus=1.0 if device and device != "cpu" else 0.0)
 
 
+def _weight_only_flags(q: argparse.ArgumentParser) -> None:
+    """--weights, --block-size, --algorithm: weight-only quantization (docs/weight-only.md)."""
+    from onnxq.weightonly import WEIGHT_ALGORITHMS, WEIGHT_ONLY
+
+    q.add_argument(
+        "--weights",
+        choices=WEIGHT_ONLY,
+        help="weight-only quantization: MatMul/Gemm weights (and embedding tables where the "
+        "backend runs them) to int4 blocks or int8, activations stay float; --calib optional "
+        "(docs/weight-only.md)",
+    )
+    q.add_argument(
+        "--block-size",
+        type=int,
+        metavar="N",
+        help="with --weights: input rows sharing a scale (default 128 for int4, per channel "
+        "for int8; 0: per channel; onnxruntime: a power of two >= 16, tensorrt: 64 or 128)",
+    )
+    q.add_argument(
+        "--algorithm",
+        choices=WEIGHT_ALGORITHMS,
+        help="with --weights: rtn (round to nearest, clip search; no data needed), gptq, awq, "
+        "awq+gptq (these need --calib); auto: awq+gptq with data, else rtn",
+    )
+
+
 def _with_method_overrides(config: str | None, items: list[str]) -> Any:
     """The config (path or None) with ``--method-for GLOB=METHOD`` overrides appended."""
     if not items:
@@ -573,7 +604,11 @@ def _check(args: argparse.Namespace) -> int:
     for v in violations:
         print(v)
     qdq = sum(n.op_type in ir.QDQ_OPS for n in ir.every_node(model.graph))  # bodies too
-    print(f"{args.model}: {len(violations)} {profile.name} violation(s), {qdq} Q/DQ nodes")
+    weight_only = sum(n.op_type in ir.WEIGHT_ONLY_OPS for n in ir.every_node(model.graph))
+    print(
+        f"{args.model}: {len(violations)} {profile.name} violation(s), {qdq} Q/DQ nodes"
+        + (f", {weight_only} weight-only ops" if weight_only else "")
+    )
     integer = Counter(n.op_type for n in ir.every_node(model.graph) if ir.is_integer_op(n.op_type))
     if qdq == 0 and integer:
         found = ", ".join(f"{op} x{k}" for op, k in sorted(integer.items()))
@@ -582,9 +617,10 @@ def _check(args: argparse.Namespace) -> int:
             "Q/DQ nodes: onnxq checks Q/DQ models, and TensorRT reads only those; quantize the "
             "float original with onnxq quantize"
         )
-    elif qdq == 0:
+    elif qdq == 0 and not weight_only:
         print(_no_qdq_note(model, profile.name))
-    if profile.fused_validation and qdq:  # the backend runs fused integer kernels: which fused
+    activations = any(n.op_type == "QuantizeLinear" for n in ir.every_node(model.graph))
+    if profile.fused_validation and activations:  # fused integer kernels: which fused
         from onnxq.backends.fusion import fusion_report
 
         fusion = fusion_report(model, profile.integer_kernel_ops, profile.folded_activations)

@@ -35,6 +35,7 @@ from onnxq.options import (
     CalibrationOptions,
     PlacementOptions,
     TargetOptions,
+    WeightOnlyOptions,
     WeightOptions,
     view,
 )
@@ -45,6 +46,7 @@ from onnxq.overrides import (
     check_precision,
     parse_override,
 )
+from onnxq.weightonly import WEIGHT_ALGORITHMS, WEIGHT_ONLY
 
 WEIGHT_STORAGE = ("int8", "qdq")
 
@@ -187,6 +189,19 @@ class QuantConfig:
         device: where the calibration and validation sessions run: ``cpu``, or ``cuda`` /
             ``cuda:N`` (onnxruntime's CUDA execution provider: the ``onnxruntime-gpu``
             package and a CUDA device; ``onnxq.device``).
+        weight_only: ``None`` (INT8 Q/DQ of weights and activations) or ``int4`` / ``int8``:
+            weight-only quantization of MatMul/Gemm weights (and embedding tables where the
+            backend runs them), activations untouched (docs/weight-only.md).
+        block_size: weight-only: weights share a scale per block of this many input rows
+            (``None``: 128 for int4, per channel for int8; 0: one scale per output channel);
+            a backend without blocks for the width (TensorRT int8) uses per-channel scales.
+        weight_algorithm: weight-only: ``rtn`` (round to nearest, error-minimising clip
+            search), ``gptq``, ``awq``, ``awq+gptq``, or ``auto`` (the measured default:
+            ``awq+gptq`` with calibration data, ``rtn`` without).
+        weight_symmetric: weight-only: zero points fixed at 0 (TensorRT needs it) or an
+            integer zero point per block (onnxruntime).
+        weight_accuracy_level: weight-only, onnxruntime: MatMulNBits' ``accuracy_level``
+            (0-4; 4 computes with int8 activations); ``None``: the measured default.
     """
 
     backend: str = option("tensorrt", one_of(lambda: BACKENDS, "backend"))
@@ -221,6 +236,11 @@ class QuantConfig:
     target_accuracy: str | None = option(None, lambda name, value: _check_target(value, name))
     heldout_batches: int = option(16, must(lambda v: v >= 1, "be >= 1"))
     device: str = option("cpu", must(is_device, "be cpu, cuda or cuda:N"))
+    weight_only: str | None = option(None, must(lambda v: v in WEIGHT_ONLY, "be int4 or int8"))
+    block_size: int | None = option(None, must(lambda v: v >= 0, "be >= 0 (0: per channel)"))
+    weight_algorithm: str = option("auto", one_of(lambda: WEIGHT_ALGORITHMS, "algorithm"))
+    weight_symmetric: bool = option(True)
+    weight_accuracy_level: int | None = option(None, must(lambda v: 0 <= v <= 4, "be 0..4"))
 
     def __post_init__(self) -> None:
         # values from Python are checked like those from YAML: type first, then value
@@ -253,6 +273,11 @@ class QuantConfig:
     def accuracy(self) -> AccuracyOptions:
         """The options the mixed-precision search reads."""
         return view(AccuracyOptions, self)
+
+    @property
+    def weight_only_options(self) -> WeightOnlyOptions:
+        """The options a weight-only run reads (``weight_only`` set)."""
+        return view(WeightOnlyOptions, self)
 
     # -- queries (PlacementOptions answers them) ---------------------------------------------
     def node_excluded(self, node_name: str, op_type: str) -> str | None:
@@ -405,4 +430,12 @@ def _names(types_: tuple[type, ...]) -> str:
     return " or ".join(dict.fromkeys(names.get(t, t.__name__) for t in types_))
 
 
-__all__ = ["BACKENDS", "WEIGHT_METHODS", "WEIGHT_STORAGE", "Override", "QuantConfig"]
+__all__ = [
+    "BACKENDS",
+    "WEIGHT_ALGORITHMS",
+    "WEIGHT_METHODS",
+    "WEIGHT_ONLY",
+    "WEIGHT_STORAGE",
+    "Override",
+    "QuantConfig",
+]

@@ -8,6 +8,8 @@ from data about the model (its inputs' kinds, its ops), not from fixed assumptio
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import onnx
@@ -17,6 +19,7 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.bias_correction import BiasCorrectionPass
 from onnxq.calibrate import CalibrationResult
 from onnxq.config import QuantConfig
+from onnxq.errors import InternalError, OnnxqError
 from onnxq.fidelity_messages import verification_messages
 from onnxq.inputs import InputSpec, input_kind
 from onnxq.materialize import Placed
@@ -124,6 +127,18 @@ def opset_conversion_hint(upgrade: ir.OpsetUpgrade) -> str:
         "onnxruntime ran it: if the original runs, the conversion is at fault; re-export the "
         f"model with opset >= {upgrade.to_opset}"
     )
+
+
+@contextlib.contextmanager
+def blame_conversion(upgrade: ir.OpsetUpgrade | None) -> Iterator[None]:
+    """Note on an onnxruntime failure that the model ran only after onnxq converted its opset:
+    onnx's version converter may be what broke it."""
+    try:
+        yield
+    except (OnnxqError, InternalError) as exc:
+        if upgrade is not None and exc.onnxruntime_failed:
+            exc.add_note(opset_conversion_hint(upgrade))
+        raise
 
 
 # ------------------------------------------------------------------------------ preparing

@@ -3,11 +3,11 @@
 A stage takes the small value it uses, not the whole config: choosing the backend profile (and
 the CPU class it is tuned for) a :class:`TargetOptions`, placement a :class:`PlacementOptions`,
 calibration a :class:`CalibrationOptions`, the weight passes (materialize, bias correction) a
-:class:`WeightOptions`.  Each is a view over QuantConfig fields of the same names and types
-(``QuantConfig.placement`` and friends build them; a test holds the two declarations
-together), so a field is declared once, in QuantConfig, and a stage that needs it lists it
-here.  They have no defaults of their own: the defaults are
-QuantConfig's (``QuantConfig().placement``).
+:class:`WeightOptions`, a weight-only run (``onnxq.weightonly``) a :class:`WeightOnlyOptions`.
+Each is a view over QuantConfig fields of the same names and types (``QuantConfig.placement``
+and friends build them; a test holds the two declarations together), so a field is declared
+once, in QuantConfig, and a stage that needs it lists it here.  They have no defaults of their
+own: the defaults are QuantConfig's (``QuantConfig().placement``).
 """
 
 from __future__ import annotations
@@ -61,13 +61,7 @@ class PlacementOptions:
 
     def node_excluded(self, node_name: str, op_type: str) -> str | None:
         """The pattern that keeps this node float, or ``None``."""
-        for pattern in self.exclude:
-            if fnmatch.fnmatchcase(node_name, pattern):
-                return f"--exclude {pattern}"
-        for ov in self.overrides:
-            if ov.exclude and ov.matches_node(node_name, op_type):
-                return f"override {ov.describe()} exclude"
-        return None
+        return node_excluded(self.exclude, self.overrides, node_name, op_type)
 
     def tensor_excluded(self, tensor_name: str) -> str | None:
         """The override that keeps this tensor float, or ``None``."""
@@ -117,6 +111,8 @@ class PlacementOptions:
                 ov.per_channel,
                 ov.symmetric,
                 ov.precision,
+                ov.block_size,
+                ov.algorithm,
             )
 
         hit = [
@@ -167,8 +163,49 @@ class AccuracyOptions:
     heldout_batches: int
 
 
+@dataclass(frozen=True)
+class WeightOnlyOptions:
+    """What a weight-only run reads (``onnxq.weightonly``): the width, block size, algorithm
+    and scheme of the layers, which nodes stay float and the per-layer overrides, how many
+    calibration batches it uses and keeps for the fidelity check, and progress output."""
+
+    weight_only: str | None
+    block_size: int | None
+    weight_algorithm: str
+    weight_symmetric: bool
+    weight_accuracy_level: int | None
+    exclude: tuple[str, ...]
+    overrides: tuple[Override, ...]
+    max_batches: int | None
+    fidelity_batches: int
+    progress: bool
+
+    def node_excluded(self, node_name: str, op_type: str) -> str | None:
+        """The pattern that keeps this layer float, or ``None``."""
+        return node_excluded(self.exclude, self.overrides, node_name, op_type)
+
+
+def node_excluded(
+    exclude: tuple[str, ...], overrides: tuple[Override, ...], node_name: str, op_type: str
+) -> str | None:
+    """The ``exclude`` pattern or excluding override that keeps this node float, or ``None``."""
+    for pattern in exclude:
+        if fnmatch.fnmatchcase(node_name, pattern):
+            return f"--exclude {pattern}"
+    for ov in overrides:
+        if ov.exclude and ov.matches_node(node_name, op_type):
+            return f"override {ov.describe()} exclude"
+    return None
+
+
 View = TypeVar(
-    "View", TargetOptions, PlacementOptions, CalibrationOptions, WeightOptions, AccuracyOptions
+    "View",
+    TargetOptions,
+    PlacementOptions,
+    CalibrationOptions,
+    WeightOptions,
+    AccuracyOptions,
+    WeightOnlyOptions,
 )
 
 
@@ -182,6 +219,7 @@ __all__ = [
     "CalibrationOptions",
     "PlacementOptions",
     "TargetOptions",
+    "WeightOnlyOptions",
     "WeightOptions",
     "view",
 ]

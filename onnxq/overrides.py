@@ -27,6 +27,9 @@ class Override:
     an 8-bit activation); ``per_channel`` (weights) and ``symmetric`` (activations; the
     TensorRT backend only allows symmetric) change the scheme.
     When several overrides match, the later one wins field by field.
+    ``block_size`` and ``algorithm`` apply to weight-only runs (``weight_only``): the matched
+    layers' block size along K (0: per output channel) and algorithm
+    (``onnxq.weightonly.WEIGHT_ALGORITHMS``).
     """
 
     node: str | None = None
@@ -38,6 +41,8 @@ class Override:
     per_channel: bool | None = None
     symmetric: bool | None = None
     precision: str | None = None
+    block_size: int | None = None
+    algorithm: str | None = None
 
     def __post_init__(self) -> None:
         check_override(vars(self), "overrides[]")
@@ -89,6 +94,24 @@ def check_override(fields: Mapping[str, Any], where: str) -> None:
         raise ConfigError(f"{where}.bits: must be an integer 2..16, got {bits!r}")
     if fields.get("precision") is not None:
         check_precision(fields["precision"], f"{where}.precision")
+    check_weight_only_fields(fields, where)
+
+
+def check_weight_only_fields(fields: Mapping[str, Any], where: str) -> None:
+    """Raise :class:`ConfigError` unless the override's weight-only ``block_size`` and
+    ``algorithm`` (those given) are valid."""
+    from onnxq.weightonly import WEIGHT_ALGORITHMS
+
+    block = fields.get("block_size")
+    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 0):
+        raise ConfigError(
+            f"{where}.block_size: expected an integer >= 0 (0: per output channel), got {block!r}"
+        )
+    algorithm = fields.get("algorithm")
+    if algorithm is not None and algorithm not in WEIGHT_ALGORITHMS:
+        raise ConfigError(
+            f"{where}.algorithm: unknown {algorithm!r}; valid: {', '.join(WEIGHT_ALGORITHMS)}"
+        )
 
 
 def check_method(name: str, where: str) -> None:
@@ -123,7 +146,7 @@ def parse_override(index: int, value: Any, where: str) -> Override:
                 f"{where}: overrides[{index}]: unknown key {key!r}; "
                 f"valid: {', '.join(sorted(valid))}"
             )
-    for key in ("node", "op_type", "tensor", "method", "precision"):
+    for key in ("node", "op_type", "tensor", "method", "precision", "algorithm"):
         if value.get(key) is not None and not isinstance(value[key], str):
             raise ConfigError(f"{where}: overrides[{index}].{key}: expected a string")
     for key in ("exclude", "per_channel", "symmetric"):

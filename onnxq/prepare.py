@@ -101,9 +101,15 @@ def refuse_quantized(model: onnx.ModelProto, source: Path | None, profile: Backe
     nodes = list(ir.every_node(model.graph))  # control-flow bodies included
     qdq = sorted({n.op_type for n in nodes if n.op_type in ir.QDQ_OPS})
     integer = sorted({n.op_type for n in nodes if ir.is_integer_op(n.op_type)})
+    weight_only = sorted({n.op_type for n in nodes if n.op_type in ir.WEIGHT_ONLY_OPS})
+    where = source.name if source else "the model"
+    if weight_only and not (qdq or integer):
+        raise UnsupportedModelError(
+            f"{where} already holds weight-only quantized ops ({', '.join(weight_only)}); "
+            "onnxq quantizes float models: give it the float original"
+        )
     if not (qdq or integer):
         return
-    where = source.name if source else "the model"
     if integer:
         trt = "TensorRT reads only Q/DQ models and " if set(integer) & profile.forbidden_ops else ""
         raise UnsupportedModelError(

@@ -109,7 +109,7 @@ def verify(
             f"the quantized model breaks {len(violations)} {profile.name} constraint(s), first: "
             f"{violations[0]}"
         )
-    mode = fidelity_mode(profile)
+    mode = _mode(model, profile)
     if not held:
         return Verification(
             mode, [], "no batches held (dynamic)" if profile.dynamic else "no batches held"
@@ -128,9 +128,25 @@ def verify(
             output_kinds(model, threshold),
         )
     ]
-    fused = None
-    if compares_default_session(profile) and any(n.op_type in ir.QDQ_OPS for n in model.graph.node):
+    fused = None  # the default session fuses activation Q/DQ into int8 kernels: a model
+    # with quantized activations only (weight-only DequantizeLinear becomes MatMulNBits there)
+    if compares_default_session(profile) and any(
+        n.op_type == "QuantizeLinear" for n in model.graph.node
+    ):
         fused = default_session_view(
             model, reference.outputs, held, outputs, reference.timing_model
         )
     return Verification(mode, outputs, default_session=fused)
+
+
+def _mode(model: onnx.ModelProto, profile: BackendProfile) -> str:
+    """How onnxruntime ran ``model``, in words: a Q/DQ model (:func:`fidelity_mode`), or a
+    weight-only one (integer weights, no QuantizeLinear)."""
+    ops = {n.op_type for n in ir.every_node(model.graph)}
+    if profile.dynamic or "QuantizeLinear" in ops or not ops & (ir.QDQ_OPS | ir.WEIGHT_ONLY_OPS):
+        return fidelity_mode(profile)
+    return (
+        "onnxruntime with its optimizations: the weight-only kernels users run"
+        if profile.fused_validation
+        else "onnxruntime, optimizations off: the DequantizeLinear graph's own arithmetic"
+    )

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -667,6 +668,53 @@ def slow_job(tmp_path_factory) -> tuple[Path, Path]:
     return model, calib
 
 
+class TerminalOutput:
+    """A pseudo-terminal for a child's stderr, read on a thread into ``text`` until the child
+    closes it: onnxq's progress bar shows only on a terminal, and says when calibration runs
+    (and a full terminal buffer would block the child)."""
+
+    def __init__(self) -> None:
+        import fcntl
+        import pty
+        import struct
+        import termios
+
+        self.master, self.child_end = pty.openpty()
+        # a terminal has a size (tqdm draws nothing on one of 0 columns)
+        fcntl.ioctl(self.child_end, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+        self._data = bytearray()
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+
+    def start(self) -> None:
+        """Read from now on (once the child holds its end)."""
+        os.close(self.child_end)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # EIO: every holder of the child's end has closed it
+                break
+            if not chunk:
+                break
+            with self._lock:
+                self._data += chunk
+
+    @property
+    def text(self) -> str:
+        """What the child wrote so far."""
+        with self._lock:
+            return self._data.decode(errors="replace")
+
+    def close(self) -> None:
+        """Stop reading (the child has exited)."""
+        self._reader.join(timeout=10)
+        os.close(self.master)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a pseudo-terminal and POSIX signals")
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupted_quantize_leaves_nothing_behind(tmp_path, slow_job, signum):
     model, calib = slow_job
@@ -675,48 +723,49 @@ def test_interrupted_quantize_leaves_nothing_behind(tmp_path, slow_job, signum):
     tmpdir = tmp_path / "tmpdir"
     tmpdir.mkdir()
     env = {**os.environ, "TMPDIR": str(tmpdir)}
-    err_path = tmp_path / "stderr.txt"
-    with open(err_path, "wb") as err:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "onnxq.cli",
-                "quantize",
-                str(model),
-                "-o",
-                str(out_dir / "q.onnx"),
-                "--calib",
-                str(calib),
-                "--report",
-                str(out_dir / "r.json"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            env=env,
-            cwd=tmp_path,
-            # a shell's background job inherits SIGINT ignored, and Python then installs no
-            # KeyboardInterrupt handler: give the child the default disposition, as a terminal
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
-        try:
-            # the progress bar says when calibration runs; without one (stderr is not a
-            # terminal here), start-up takes ~1.5 s and calibration minutes: 3 s is inside it
-            deadline = time.monotonic() + 3
-            while b"calibrating" not in err_path.read_bytes() and time.monotonic() < deadline:
-                assert proc.poll() is None, err_path.read_text()
-                time.sleep(0.05)
-            time.sleep(0.5)
-            assert proc.poll() is None, "finished before it could be interrupted"
-            proc.send_signal(signum)
-            started = time.monotonic()
-            code = proc.wait(timeout=20)
-            elapsed = time.monotonic() - started
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    stderr = err_path.read_text(errors="replace")
+    terminal = TerminalOutput()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "onnxq.cli",
+            "quantize",
+            str(model),
+            "-o",
+            str(out_dir / "q.onnx"),
+            "--calib",
+            str(calib),
+            "--report",
+            str(out_dir / "r.json"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=terminal.child_end,
+        env=env,
+        cwd=tmp_path,
+        # a shell's background job inherits SIGINT ignored, and Python then installs no
+        # KeyboardInterrupt handler: give the child the default disposition, as a terminal
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    terminal.start()
+    try:
+        # ready when the progress bar says calibration runs (however long start-up takes on
+        # a loaded machine); the limit only ends a run that never gets there
+        deadline = time.monotonic() + 300
+        while "calibrating" not in terminal.text:
+            assert proc.poll() is None, terminal.text
+            assert time.monotonic() < deadline, "calibration never started: " + terminal.text
+            time.sleep(0.05)
+        assert proc.poll() is None, "finished before it could be interrupted"
+        proc.send_signal(signum)
+        started = time.monotonic()
+        code = proc.wait(timeout=20)
+        elapsed = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        terminal.close()
+    stderr = terminal.text
     assert code != 0
     assert elapsed < 20
     assert "Traceback" not in stderr, stderr

@@ -15,6 +15,7 @@ import onnx
 from onnx import TensorProto
 
 from onnxq import ir
+from onnxq.backends.check_blocked import check_blocked_dq, check_weight_only_op, is_blocked
 from onnxq.backends.check_precision import DYNAMIC_KERNELS, check_dynamic, check_qtype
 from onnxq.backends.profile import BackendProfile
 from onnxq.errors import Violation
@@ -36,9 +37,13 @@ def check(model: onnx.ModelProto, profile: BackendProfile) -> list[Violation]:
                 out.append(
                     Violation(name, "op_type", f"Q/DQ format (no {node.op_type})", node.op_type)
                 )
-            if node.op_type in ir.QDQ_OPS and node.domain in QDQ_DOMAINS:
+            if is_blocked(node) and node.domain in ir.DEFAULT_DOMAINS:
+                out.extend(check_blocked_dq(node, name, index, profile, opset))
+            elif node.op_type in ir.QDQ_OPS and node.domain in QDQ_DOMAINS:
                 out.extend(_check_qdq(node, name, index, profile, opset))
                 out.extend(check_qtype(node, name, index, opset))
+            elif node.op_type in ir.WEIGHT_ONLY_OPS and node.op_type not in profile.forbidden_ops:
+                out.extend(check_weight_only_op(node, name, index, profile))
             if node.domain == CONTRIB_DOMAIN and node.op_type in DYNAMIC_KERNELS:
                 out.extend(check_dynamic(node, name, index))
     return out

@@ -19,7 +19,7 @@ from onnxq.backends.precision_facts import (  # FP8, INT16, dynamic, recurrent c
     TENSORRT_INT16_REFUSAL,
     TENSORRT_RECURRENT_REASON,
 )
-from onnxq.ir.constants import INTEGER_OPS
+from onnxq.ir.constants import INTEGER_OPS, WEIGHT_ONLY_OPS
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,33 @@ PASSTHROUGH_OPS: frozenset[str] = frozenset(
 
 # Ops that build shapes and indices: everything downstream of them is never quantized.
 SHAPE_OPS: frozenset[str] = frozenset({"Shape", "Size", "NonZero", "Range", "ConstantOfShape"})
+
+
+@dataclass(frozen=True)
+class WeightOnlyFormat:
+    """How a backend runs layers whose weights alone are quantized (``--weights int4|int8``).
+
+    Attributes:
+        writer: ``matmul_nbits`` (onnxruntime's ``com.microsoft`` MatMulNBits, and
+            GatherBlockQuantized for embeddings) or ``dequantize_linear`` (an integer
+            initializer behind a DequantizeLinear; opset 21 ``block_size`` for blocks).
+        bits: the weight widths it runs.
+        blocked_bits: the widths it runs block-wise (others only per output channel).
+        symmetric_only: zero points must be 0.
+        block_sizes: the block sizes it runs; empty: any power of two from ``min_block_size``.
+        min_block_size: the smallest block (with ``block_sizes`` empty).
+        embedding_ops: ops whose constant table (an embedding) it runs quantized.
+        blocked_opset: the default-domain opset a blocked DequantizeLinear needs.
+    """
+
+    writer: str
+    bits: frozenset[int]
+    blocked_bits: frozenset[int]
+    symmetric_only: bool
+    block_sizes: frozenset[int] = frozenset()
+    min_block_size: int = 16
+    embedding_ops: frozenset[str] = frozenset()
+    blocked_opset: int = 21
 
 
 @dataclass(frozen=True)
@@ -192,6 +219,8 @@ class BackendProfile:
         compare_default_session: an output validated unfused is also run in onnxruntime's
             default (fused) session and compared (``onnxq.backends.default_session``); off
             where that session computes the profile's Q/DQ wrong (FP8, ``validation_note``).
+        weight_only: how weight-only layers are written and what they may be
+            (:class:`WeightOnlyFormat`).
     """
 
     name: str
@@ -244,6 +273,7 @@ class BackendProfile:
     float_op_reasons: dict[str, str] = field(default_factory=dict)
     validation_note: str = ""
     compare_default_session: bool = True
+    weight_only: WeightOnlyFormat | None = None
 
     def replace(self, **changes: object) -> BackendProfile:
         """A copy with some fields changed."""
@@ -260,6 +290,7 @@ TENSORRT = BackendProfile(
     quantize_outputs=False,
     bias="float",
     forbidden_ops=INTEGER_OPS
+    | WEIGHT_ONLY_OPS
     | frozenset(
         {
             "QLinearConv",
@@ -284,6 +315,16 @@ TENSORRT = BackendProfile(
     precision_refusals={"int16": TENSORRT_INT16_REFUSAL},
     dynamic_refusal=TENSORRT_DYNAMIC_REFUSAL,
     float_op_reasons=dict.fromkeys(RECURRENT_OPS, TENSORRT_RECURRENT_REASON),
+    # TensorRT's IDequantizeLayer: block quantization for INT4 weights only, blocks of 64 or
+    # 128 along one of the last two axes, a 2-D scale, zero points absent or 0 (TensorRT
+    # docs, "Quantization Schemes"); int8 weights per channel
+    weight_only=WeightOnlyFormat(
+        writer="dequantize_linear",
+        bits=frozenset({4, 8}),
+        blocked_bits=frozenset({4}),
+        symmetric_only=True,
+        block_sizes=frozenset({64, 128}),
+    ),
 )
 
 # QLinearGlobalAveragePool, QLinearAveragePool, QLinearSigmoid, QLinearLeakyRelu
@@ -346,6 +387,16 @@ ONNXRUNTIME = BackendProfile(
     precision_refusals={"fp8": ONNXRUNTIME_FP8_REFUSAL},
     dynamic_changes=ONNXRUNTIME_DYNAMIC_CHANGES,
     float_op_reasons=dict.fromkeys(RECURRENT_OPS, ONNXRUNTIME_RECURRENT_REASON),
+    # MatMulNBits: blocks of a power of two >= 16 along K (a short last block is padded), 4 or
+    # 8 bits, symmetric (default zero point) or integer zero points; GatherBlockQuantized for
+    # embedding tables
+    weight_only=WeightOnlyFormat(
+        writer="matmul_nbits",
+        bits=frozenset({4, 8}),
+        blocked_bits=frozenset({4, 8}),
+        symmetric_only=False,
+        embedding_ops=frozenset({"Gather"}),
+    ),
 )
 
 PROFILES: dict[str, BackendProfile] = {p.name: p for p in (TENSORRT, ONNXRUNTIME)}

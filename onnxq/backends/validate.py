@@ -19,6 +19,7 @@ import onnx
 from onnxq import device, ir
 from onnxq.backends.output_kinds import OutputKinds, score_axis, threshold_agreement
 from onnxq.errors import InternalError, UnsupportedModelError
+from onnxq.heap import release_free_memory
 from onnxq.inputs import Batch
 
 
@@ -193,7 +194,12 @@ def run_outputs(
     """
     if not isinstance(model, onnx.ModelProto):
         return _run_all(model, batches, what, ours)
-    return _run_all(validation_session(model, fused, what, ours), batches, what, ours)
+    session = validation_session(model, fused, what, ours)
+    try:
+        return _run_all(session, batches, what, ours)
+    finally:
+        del session
+        release_free_memory()  # the float model's weights, freed but kept by the C library
 
 
 def _run_all(
@@ -337,8 +343,7 @@ def fidelity(
             if class_axis is not None and class_axis >= 0:
                 class_axis = class_axis - 1 if class_axis >= 2 else None
         top1 = _top1(ref_arrays, got_arrays, class_axis)
-        a = np.concatenate([r.astype(np.float64).ravel() for r in ref_arrays])
-        b = np.concatenate([g.astype(np.float64).ravel() for g in got_arrays])
+        a, b = _flat64(ref_arrays), _flat64(got_arrays)
         nonfinite = mismatch = 0
         if a.shape != b.shape:
             out.append(
@@ -357,13 +362,15 @@ def fidelity(
             nonfinite = int((~np.isfinite(a)).sum())
             mismatch = int((~finite & ~same).sum())
             a, b = a[finite], b[finite]
-        cos = _cosine(a, b)
-        err = float(np.max(np.abs(a - b))) if a.size else 0.0
+        del finite
+        err, peak = _abs_max(a, b), _abs_max(a)
+        cos = _cosine(a, b, overwrite=True)
+        del a, b  # an LM's logits: float64 copies of hundreds of MB
         result = OutputFidelity(
             name,
             round(cos, 6),
             err,
-            float(np.max(np.abs(a), initial=0)),
+            peak,
             nonfinite=nonfinite,
             nonfinite_mismatch=mismatch,
             top1_agreement=top1,
@@ -424,24 +431,62 @@ def _sample_cosines(ref: list[np.ndarray], got: list[np.ndarray]) -> np.ndarray 
     """The cosine of each sample (an item along a batch's leading axis) of an output of rank
     >= 2, or None (rank < 2, shapes that differ, one value per sample, fewer than two
     samples)."""
+    if any(
+        r.ndim < 2 or r.shape != g.shape or r[0].size < 2 for r, g in zip(ref, got, strict=True)
+    ):
+        return None
+    if sum(len(r) for r in ref) < 2:
+        return None
     values: list[float] = []
     for r, g in zip(ref, got, strict=True):
-        if r.ndim < 2 or r.shape != g.shape or r[0].size < 2:
-            return None
-        rows_r = r.reshape(len(r), -1).astype(np.float64)
-        rows_g = g.reshape(len(g), -1).astype(np.float64)
-        values.extend(_cosine(a, b) for a, b in zip(rows_r, rows_g, strict=True))
+        rows_r, rows_g = r.reshape(len(r), -1), g.reshape(len(g), -1)
+        values.extend(
+            _cosine(a.astype(np.float64), b.astype(np.float64), overwrite=True)
+            for a, b in zip(rows_r, rows_g, strict=True)
+        )
     return np.asarray(values) if len(values) >= 2 else None
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+def _cosine(a: np.ndarray, b: np.ndarray, overwrite: bool = False) -> float:
     """Cosine of two finite float64 vectors; both are divided by their common peak first, so
-    that values past 1e154 (whose squares overflow) give a number, not NaN."""
-    peak = max(float(np.abs(a).max(initial=0.0)), float(np.abs(b).max(initial=0.0)))
+    that values past 1e154 (whose squares overflow) give a number, not NaN.  ``overwrite``:
+    divide ``a`` and ``b`` in place (the caller's copies; no temporaries)."""
+    peak = max(_abs_max(a), _abs_max(b))
     if peak > 0:
-        a, b = a / peak, b / peak
+        if overwrite:
+            a /= peak
+            b /= peak
+        else:
+            a, b = a / peak, b / peak
     denom = float(np.linalg.norm(a) * np.linalg.norm(b))
     return float(a @ b / denom) if denom > 0 else float(np.array_equal(a, b))
+
+
+def _flat64(arrays: list[np.ndarray]) -> np.ndarray:
+    """All of ``arrays`` as one flat float64 vector, built in place (one copy)."""
+    out = np.empty(sum(x.size for x in arrays), np.float64)
+    at = 0
+    for x in arrays:
+        out[at : at + x.size] = x.ravel()
+        at += x.size
+    return out
+
+
+_ABS_CHUNK = 1 << 20  # values per slice in _abs_max (8 MB of float64)
+
+
+def _abs_max(a: np.ndarray, b: np.ndarray | None = None) -> float:
+    """``max |a|`` (or ``max |a - b|``) of flat vectors, 0 when empty, taken in slices so
+    that no full-size temporary is made (the maximum is exact in any order)."""
+    peak = 0.0
+    for at in range(0, a.size, _ABS_CHUNK):
+        part = (
+            a[at : at + _ABS_CHUNK]
+            if b is None
+            else a[at : at + _ABS_CHUNK] - b[at : at + _ABS_CHUNK]
+        )
+        peak = max(peak, float(np.abs(part).max(initial=0.0)))
+    return peak
 
 
 MAX_SLICES = 128  # a slice axis has 2..MAX_SLICES entries ...

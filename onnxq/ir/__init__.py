@@ -19,6 +19,7 @@ from onnxq.ir.constants import (
     INTEGER_OPS,
     PROTO_LIMIT,
     QDQ_OPS,
+    WEIGHT_ONLY_OPS,
     is_integer_op,
 )
 from onnxq.ir.graph import (
@@ -73,6 +74,7 @@ __all__ = [
     "PEAKS_OUTPUT",
     "PROTO_LIMIT",
     "QDQ_OPS",
+    "WEIGHT_ONLY_OPS",
     "Body",
     "BodyGraph",
     "ConstInfo",

@@ -33,6 +33,10 @@ INTEGER_OPS = frozenset(
 )
 
 
+# onnxruntime's weight-only ops (com.microsoft): integer weights, float activations.
+WEIGHT_ONLY_OPS = frozenset({"MatMulNBits", "GatherBlockQuantized", "MatMulBnb4", "MatMulFpQ4"})
+
+
 def is_integer_op(op_type: str) -> bool:
     """Whether ``op_type`` is an integer op of operator-format quantization (QLinearConv,
     ConvInteger, DynamicQuantizeLSTM, ...), not a Q/DQ node."""

@@ -356,6 +356,14 @@ class Graph:
         self._names().add(name)
         return name
 
+    def add_tensor(self, tensor: TensorProto) -> str:
+        """Add a ready-made constant (a packed 4-bit tensor numpy cannot hold); returns its
+        name."""
+        self.proto.initializer.append(tensor)
+        self.initializers[tensor.name] = self.proto.initializer[-1]
+        self._names().add(tensor.name)
+        return tensor.name
+
     def set_initializer(self, name: str, value: np.ndarray) -> None:
         """Replace the value of an existing initializer (or add it)."""
         tensor = numpy_helper.from_array(np.asarray(value, order="C"), name)

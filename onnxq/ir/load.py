@@ -14,7 +14,7 @@ import onnx
 from onnx import TensorProto, external_data_helper, helper
 
 from onnxq.errors import ModelLoadError, UnsupportedModelError
-from onnxq.ir import external
+from onnxq.ir import external, inline
 from onnxq.ir.bodies import all_bodies, all_names, unique_node_names, unique_value_names
 from onnxq.ir.constants import BIAS_READERS, DEFAULT_DOMAINS
 from onnxq.ir.order import attr_graphs, topological_order
@@ -53,8 +53,14 @@ def load_model(
         raise ModelLoadError(f"{p} is a folder, not a model file; give the .onnx file")
     if not p.is_file():
         raise ModelLoadError(f"model file not found: {p}")
+    left: list[inline.LeftInFile] = []
     try:
-        model = onnx.load(str(p), load_external_data=False)
+        if p.stat().st_size >= external.LAZY_BYTES:  # inline weights stay in the file
+            model, left = inline.read_light(p)
+        else:
+            model = onnx.load(str(p), load_external_data=False)
+    except ModelLoadError:
+        raise
     except Exception as exc:  # protobuf raises DecodeError and friends
         raise ModelLoadError(
             f"{p}: not a readable ONNX file ({type(exc).__name__}: {_first_line(exc)}); "
@@ -66,6 +72,7 @@ def load_model(
     for tensor in _external_tensors(model):
         _check_external_location(tensor, base, p)
     _load_external_data(model, base, p)
+    _leave_in_file(model, left, p)
     _check_opset(model, str(p))
     _check_payloads(model, str(p))
     sort_nodes(model, record)
@@ -91,6 +98,26 @@ def _load_external_data(model: onnx.ModelProto, base: Path, p: Path) -> None:
                 external_data_helper.load_external_data_for_tensor(tensor, str(base))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{p}: cannot read external data: {exc}") from None
+
+
+def _leave_in_file(model: onnx.ModelProto, left: list[inline.LeftInFile], p: Path) -> None:
+    """Make the initializers whose bytes :func:`inline.read_light` left in the model file lazy
+    tensors of that file, once their length is checked against their shape and type."""
+    path = p.resolve()
+    for item in left:
+        tensor = model.graph.initializer[item.index]
+        if tensor.data_type in _PACKED_TYPES:  # sub-byte or string payloads: read them in
+            with open(path, "rb") as fh:
+                fh.seek(item.offset)
+                tensor.raw_data = fh.read(item.length)
+            continue
+        want = _nbytes(tensor)
+        if item.length != want:
+            raise ModelLoadError(
+                f"{p}: initializer {tensor.name!r} holds {item.length} bytes, its shape "
+                f"{list(tensor.dims)} and type need {want}; the file is truncated or corrupt"
+            )
+        external.make_lazy(tensor, path, item.offset, item.length)
 
 
 def _lazy_candidates(

@@ -261,3 +261,28 @@ def test_a_few_large_samples_cannot_hide_the_others_in_the_per_sample_cosine():
     assert agree.sample_cosine_mean == agree.worst_sample_cosine == 1.0
     (scalar,) = fidelity([{"y": ref[:, :1]}], [{"y": got[:, :1]}])  # one value per sample
     assert scalar.sample_cosine_mean is None
+
+
+def test_fidelity_leaves_the_outputs_it_compares_unchanged(monkeypatch: pytest.MonkeyPatch):
+    # the float64 copies are scaled in place and maxima taken in slices: the caller's arrays
+    # (float64 ones included) stay as they were, and the figures are those of the whole
+    from onnxq.backends import validate
+
+    monkeypatch.setattr(validate, "_ABS_CHUNK", 7)
+    rng = np.random.default_rng(1)
+    ref = [{"y": rng.standard_normal((1, 5, 9))} for _ in range(3)]
+    got = [{"y": r["y"] + rng.standard_normal((1, 5, 9)) * 0.1} for r in ref]
+    kept = [(r["y"].copy(), g["y"].copy()) for r, g in zip(ref, got, strict=True)]
+    (fid,) = fidelity(ref, got)
+    for (r, g), a, b in zip(kept, ref, got, strict=True):
+        assert np.array_equal(r, a["y"]) and np.array_equal(g, b["y"])
+    a = np.concatenate([r.ravel() for r, _ in kept])
+    b = np.concatenate([g.ravel() for _, g in kept])
+    assert fid.max_abs_error == float(np.max(np.abs(a - b)))
+    assert fid.float_max_abs == float(np.max(np.abs(a)))
+    assert fid.cosine == round(float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)), 6)
+    # three batches of one sample each: three per-sample cosines
+    cosines = [
+        float(r.ravel() @ g.ravel() / np.linalg.norm(r) / np.linalg.norm(g)) for r, g in kept
+    ]
+    assert fid.worst_sample_cosine == round(min(cosines), 6)
