@@ -48,6 +48,8 @@ from onnxq.errors import (
 )
 from onnxq.materialize import materialize
 from onnxq.observers import HISTOGRAM_METHODS, MethodOptions, QParams, activation_qparams
+from onnxq.recover.adaround import ChosenWeight
+from onnxq.recover.stages import Recovery, choose_weights, recalibrate, rewrite_float
 from onnxq.report import Report
 from onnxq.rewrites.simplify import simplify
 
@@ -238,6 +240,9 @@ def quantize(
             if calibration is not None
             else None
         )
+        recovery = Recovery()  # accuracy recovery (onnxq.recover): exact float rewrites first
+        loaded = rewrite_float(loaded, profile, cfg, data, inputs, recovery)
+        graph = ir.Graph(loaded)
         cache: bytes | None = None
         if load_calibration is not None:
             annotations, result = _place_from_cache(
@@ -261,6 +266,14 @@ def quantize(
                 else None
             )
         qparams, warnings = _qparams(annotations, result, profile, cfg)
+        again = recalibrate(
+            loaded, annotations, qparams, result, profile, cfg, data, inputs, recovery
+        )
+        if again is not None:  # quantized-prefix ranges
+            result = again
+            qparams, warnings = _qparams(annotations, result, profile, cfg)
+        chosen = choose_weights(loaded, annotations, profile, cfg, data, inputs, recovery)
+        warnings.extend(recovery.warnings)
         warnings.extend(_unmatched_patterns(graph, cfg))
         if profile_note:
             warnings.insert(0, profile_note)
@@ -275,11 +288,13 @@ def quantize(
                 f"{len(weight_inputs)} initializers were also graph inputs ({shown}{more}; an old "
                 "exporter's habit): they are plain weights in the output, no longer inputs"
             )
-        corrections = _correct_biases(loaded, annotations, profile, cfg, data, inputs, warnings)
+        corrections = _correct_biases(
+            loaded, annotations, profile, cfg, data, inputs, warnings, chosen
+        )
         # the float outputs first: its session is gone before the quantized model is built
         reference = _float_outputs(reference_bytes, result, profile)
         del reference_bytes
-        placed = materialize(loaded, annotations, qparams, profile, cfg)
+        placed = materialize(loaded, annotations, qparams, profile, cfg, chosen)
         if not placed:
             warnings.append(
                 f"no op of this model is quantized for {profile.name} (the reasons are under 'left "
@@ -303,6 +318,7 @@ def quantize(
                 *_budget_note(result, cfg),
             ],
             bias_corrections=corrections,
+            recovery=recovery.to_dict(),
         )
         _validate(loaded, reference, result, profile, report)
         if save_calibration is not None and cache is not None:
@@ -544,6 +560,7 @@ def _correct_biases(
     data: Iterable[Any] | None,
     inputs: list[Any],
     warnings: list[str],
+    chosen: dict[str, ChosenWeight] | None = None,
 ) -> list[BiasCorrection]:
     """Empirical bias correction (``onnxq.bias_correction``) when the config asks for it and
     the calibration data can be read again."""
@@ -558,7 +575,7 @@ def _correct_biases(
             "quantized weights next to the float ones"
         )
         return []
-    return correct_biases(model, annotations, profile, cfg, data, inputs)
+    return correct_biases(model, annotations, profile, cfg, data, inputs, chosen)
 
 
 def _half_precision_note(graph: ir.Graph, profile: BackendProfile) -> str | None:

@@ -25,7 +25,7 @@ doing it layer by layer costs one pass per layer.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +36,7 @@ from onnxq.annotate import Annotations
 from onnxq.backends.profile import BackendProfile
 from onnxq.config import QuantConfig
 from onnxq.data import Batch, InputSpec, check_batch
-from onnxq.observers import dequantize_weight, quantize_weight, weight_qparams
+from onnxq.observers import QParams, dequantize_weight, quantize_weight, weight_qparams
 
 CORRECTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 MIN_SIGNIFICANCE = 2.0  # a channel's shift must exceed this many standard errors
@@ -73,15 +73,18 @@ def correct_biases(
     config: QuantConfig,
     data: Iterable[Batch],
     inputs: list[InputSpec],
+    chosen_weights: Mapping[str, tuple[QParams, np.ndarray]] | None = None,
 ) -> list[BiasCorrection]:
     """Subtract each quantized layer's mean output shift ``E[(W_q - W) x]``, measured on
     ``data``, from its float bias in ``model`` (edited in place); returns what was corrected.
 
     Layers whose bias is not a float initializer of their own (no bias, a shared one, a
-    MatMul not followed by a constant Add) are left alone.
+    MatMul not followed by a constant Add) are left alone.  ``chosen_weights``: integer
+    weights decided before (AdaRound; weight tensor -> (qparams, int8 values)), which
+    ``W_q`` then is; other weights are rounded to nearest.
     """
     graph = ir.Graph(model)
-    targets = _targets(graph, annotations, profile, config)
+    targets = _targets(graph, annotations, profile, config, chosen_weights or {})
     if not targets:
         return []
     probe, outputs = _probe_model(model, targets)
@@ -112,7 +115,11 @@ def correct_biases(
 
 # --------------------------------------------------------------------------- targets
 def _targets(
-    graph: ir.Graph, annotations: Annotations, profile: BackendProfile, config: QuantConfig
+    graph: ir.Graph,
+    annotations: Annotations,
+    profile: BackendProfile,
+    config: QuantConfig,
+    chosen: Mapping[str, tuple[QParams, np.ndarray]],
 ) -> list[_Target]:
     """Quantized weighted layers whose bias is a float initializer of their own."""
     from onnxq.materialize import weight_qmax
@@ -133,9 +140,13 @@ def _targets(
         if where is None or w is None:
             continue
         bias, axis, rank, scale = where
-        qmax = weight_qmax(ann, profile)
-        qp = weight_qparams(w, ann.axis, qmax, config.weight_method)
-        dequantized = dequantize_weight(quantize_weight(w, qp, qmax), qp)
+        if ann.tensor in chosen:
+            qp, values = chosen[ann.tensor]
+            dequantized = dequantize_weight(values, qp)
+        else:
+            qmax = weight_qmax(ann, profile)
+            qp = weight_qparams(w, ann.axis, qmax, config.weight_method)
+            dequantized = dequantize_weight(quantize_weight(w, qp, qmax), qp)
         out.append(_Target(node, bias, scale, axis, rank, dequantized))
     return out
 

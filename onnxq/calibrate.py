@@ -139,6 +139,7 @@ def calibrate(
     progress: bool = True,
     channels: frozenset[str] = frozenset(),
     positions: frozenset[str] = frozenset(),
+    optimize: bool = True,
 ) -> CalibrationResult:
     """Observe ``tensors`` (name -> needs a histogram) over the batches of ``source``.
 
@@ -224,7 +225,11 @@ def calibrate(
         for gi, group in enumerate(groups):
             plans = [peaks[name] for name in group if name in peaks]
             exposed = [name for name in group if name not in peaks]
-            session = _peaks_session(model, graph, exposed, plans, workers == 0) if group else None
+            session = (
+                _peaks_session(model, graph, exposed, plans, workers == 0, optimize)
+                if group
+                else None
+            )
             outputs = exposed + ([ir.PEAKS_OUTPUT] if plans else [])
             starts = np.cumsum([0] + [plan.channels for plan in plans])  # in the joined output
             order = sorted(range(len(exposed)), key=lambda k: -sizes[exposed[k]])  # big first
@@ -620,12 +625,13 @@ def _peaks_session(
     exposed: list[str],
     plans: list[_PeaksPlan],
     spinning: bool,
+    optimize: bool = True,
 ) -> Any:
     """A session whose outputs are ``exposed`` and then the joined maxima of ``plans``."""
     with ir.with_channel_peaks(
         model, [graph.value_info(n) for n in exposed], [plan.tensor for plan in plans]
     ) as aug:
-        return make_session(aug, spinning=spinning)
+        return make_session(aug, optimize=optimize, spinning=spinning)
 
 
 def _first_batch(source: Iterable[Batch], inputs: list[InputSpec]) -> Batch | None:

@@ -138,6 +138,7 @@ def _parser() -> argparse.ArgumentParser:
         "(default 16777216): beyond 256 samples each contributes fewer; 0 = no "
         "budget",
     )
+    _recovery_flags(q)
     q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
     q.add_argument(
         "--external-data",
@@ -300,6 +301,7 @@ def _quantize(args: argparse.Namespace) -> int:
         preprocess=args.preprocess,
         save_calibration=args.save_calibration,
         load_calibration=args.load_calibration,
+        **_recovery_options(args),
     )
     try:
         written = result.save(
@@ -318,6 +320,59 @@ def _quantize(args: argparse.Namespace) -> int:
         for warning in result.report.warnings:
             print(f"onnxq: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _recovery_flags(q: argparse.ArgumentParser) -> None:
+    """The accuracy-recovery options of ``quantize`` (docs/accuracy.md)."""
+    from onnxq.recover.options import CALIBRATION_MODES
+
+    r = q.add_argument_group("accuracy recovery (docs/accuracy.md)")
+    r.add_argument(
+        "--cle",
+        action="store_true",
+        help="cross-layer equalization of Conv -> [Relu] -> Conv pairs (exact float rewrite)",
+    )
+    r.add_argument(
+        "--smoothquant",
+        type=float,
+        nargs="?",
+        const=0.5,
+        metavar="ALPHA",
+        help="migrate MatMul/Gemm input outliers into the weights with strength ALPHA in "
+        "(0, 1] (default 0.5; exact float rewrite)",
+    )
+    r.add_argument(
+        "--calibration-mode",
+        choices=CALIBRATION_MODES,
+        help="float: ranges from the float model (default); prefix: measured again with "
+        "every earlier layer quantized (one more pass)",
+    )
+    r.add_argument(
+        "--adaround",
+        action="store_true",
+        help="learn each Conv/Gemm/MatMul weight's rounding from its layer's inputs and "
+        "outputs on the calibration data",
+    )
+    r.add_argument(
+        "--adaround-steps", type=int, metavar="N", help="AdaRound steps per layer (default 1000)"
+    )
+    r.add_argument(
+        "--bias-correction",
+        action="store_true",
+        help="subtract each layer's mean output shift from weight rounding from its bias",
+    )
+
+
+def _recovery_options(args: argparse.Namespace) -> dict[str, Any]:
+    """QuantConfig fields the recovery flags set (None: not given, the config decides)."""
+    return {
+        "cle": True if args.cle else None,
+        "smoothquant": args.smoothquant,
+        "calibration_mode": args.calibration_mode,
+        "adaround": True if args.adaround else None,
+        "adaround_steps": args.adaround_steps,
+        "bias_correction": True if args.bias_correction else None,
+    }
 
 
 def _with_method_overrides(config: str | None, items: list[str]) -> Any:

@@ -133,6 +133,19 @@ class QuantConfig:
             ``0-1``, ``tf``) or a spec (docs/calibration.md); in YAML also a mapping.
         simplify: run the simplify passes before placing Q/DQ.
         progress: show progress bars on stderr.
+        cle: cross-layer equalization of Conv -> (Relu | LeakyRelu | PRelu | nothing) -> Conv
+            pairs before calibration (an exact float rewrite; ``onnxq.recover.cle``).
+        smoothquant: SmoothQuant's migration strength ``alpha`` in (0, 1] for the inputs of
+            quantized MatMul/Gemm layers (an exact float rewrite from per-channel maxima on the
+            calibration data; ``onnxq.recover.smoothquant``); ``None``: off.
+        calibration_mode: ``float`` (ranges from the float model) or ``prefix`` (measured again
+            with every earlier layer quantized: one more pass; ``onnxq.recover.prefix``).
+        adaround: learn the rounding of every quantized Conv/Gemm/MatMul weight from its
+            layer's inputs and outputs on the calibration data (``onnxq.recover.adaround``).
+        adaround_steps: optimisation steps per layer.
+        adaround_rows: input rows per layer that AdaRound's statistics are taken from.
+        adaround_engine: ``numpy`` or ``torch`` (when installed; the same steps, same
+            integers but for ties within float error).
     """
 
     backend: str = "tensorrt"
@@ -157,6 +170,13 @@ class QuantConfig:
     preprocess: str | None = None
     simplify: bool = True
     progress: bool = True
+    cle: bool = False
+    smoothquant: float | None = None
+    calibration_mode: str = "float"
+    adaround: bool = False
+    adaround_steps: int = 1000
+    adaround_rows: int = 4096
+    adaround_engine: str = "numpy"
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # dict overrides and preprocess specs from Python too
@@ -198,6 +218,9 @@ class QuantConfig:
             raise ConfigError(f"histogram_budget: must be >= 0, got {self.histogram_budget}")
         if self.min_channels is not None and self.min_channels < 0:
             raise ConfigError(f"min_channels: must be >= 0, got {self.min_channels}")
+        from onnxq.recover.options import check_recovery_options
+
+        check_recovery_options(self)
         # Normalise lists given from Python or YAML into tuples so the config stays hashable.
         object.__setattr__(self, "exclude", tuple(self.exclude))
         object.__setattr__(self, "overrides", tuple(self.overrides))
@@ -364,6 +387,13 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "preprocess": (str, dict, type(None)),
     "simplify": (bool,),
     "progress": (bool,),
+    "cle": (bool,),
+    "smoothquant": (int, float, type(None)),
+    "calibration_mode": (str,),
+    "adaround": (bool,),
+    "adaround_steps": (int,),
+    "adaround_rows": (int,),
+    "adaround_engine": (str,),
 }
 
 

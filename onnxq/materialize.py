@@ -9,6 +9,7 @@ dequantized tensor; other readers keep the float tensor.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -19,7 +20,7 @@ from onnxq.annotate import Annotations, TensorAnnotation
 from onnxq.backends.profile import BackendProfile
 from onnxq.config import QuantConfig
 from onnxq.errors import InternalError
-from onnxq.observers import QParams, quantize_weight, weight_qparams
+from onnxq.observers import QParams, dequantize_weight, quantize_weight, weight_qparams
 
 QDQ_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear
 
@@ -41,14 +42,21 @@ def materialize(
     activation_qparams: dict[str, QParams],
     profile: BackendProfile,
     config: QuantConfig,
+    chosen_weights: Mapping[str, tuple[QParams, np.ndarray]] | None = None,
 ) -> list[Placed]:
-    """Insert Q/DQ into ``model`` (edited in place); returns what was placed, in order."""
+    """Insert Q/DQ into ``model`` (edited in place); returns what was placed, in order.
+
+    ``chosen_weights``: weight tensor -> (qparams, int8 values) decided before (AdaRound);
+    other weights are rounded to nearest here."""
     graph = ir.Graph(model)
     by_name = {n.name: n for n in graph.nodes}
+    chosen = dict(chosen_weights or {})
     weights: dict[str, QParams] = {}
     placed: list[Placed] = []
     for ann in annotations.tensors.values():
-        if ann.kind == "weight":
+        if ann.kind == "weight" and ann.tensor in chosen:
+            weights[ann.tensor] = chosen[ann.tensor][0]
+        elif ann.kind == "weight":
             value = graph.const_value(ann.tensor)
             if value is None:
                 raise InternalError(f"weight {ann.tensor!r} lost its constant value")
@@ -68,7 +76,8 @@ def materialize(
             out = _qdq(graph, ann.tensor, qp)
         elif ann.kind == "weight":
             qp = weights[ann.tensor]
-            out = _weight(graph, ann.tensor, qp, weight_qmax(ann, profile), config)
+            values = chosen[ann.tensor][1] if ann.tensor in chosen else None
+            out = _weight(graph, ann.tensor, qp, weight_qmax(ann, profile), config, values)
         else:
             bias = _bias_qparams(graph, ann, resolved, weights)
             if bias is None:
@@ -166,12 +175,25 @@ def weight_qmax(ann: TensorAnnotation, profile: BackendProfile) -> int:
     return min(profile.weight_qmax, 2 ** (ann.settings.bits - 1) - 1)
 
 
-def _weight(graph: ir.Graph, tensor: str, qp: QParams, qmax: int, config: QuantConfig) -> str:
+def _weight(
+    graph: ir.Graph,
+    tensor: str,
+    qp: QParams,
+    qmax: int,
+    config: QuantConfig,
+    values: np.ndarray | None = None,
+) -> str:
+    """The weight behind DequantizeLinear (int8 storage) or Q -> DQ (``qdq``); ``values``:
+    integers chosen before, else round-to-nearest."""
     if config.weight_storage == "qdq":
+        if values is not None:  # the float weight Q maps back onto exactly these integers
+            graph.set_initializer(tensor, dequantize_weight(values, qp))
         return _qdq(graph, tensor, qp)
-    value = graph.const_value(tensor)
-    assert value is not None
-    return _dequantize_const(graph, tensor, quantize_weight(value, qp, qmax), qp)
+    if values is None:
+        value = graph.const_value(tensor)
+        assert value is not None
+        values = quantize_weight(value, qp, qmax)
+    return _dequantize_const(graph, tensor, values, qp)
 
 
 def _dequantize_const(graph: ir.Graph, tensor: str, values: np.ndarray, qp: QParams) -> str:

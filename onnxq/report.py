@@ -40,6 +40,7 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # model-wide choices worth knowing
     bias_corrections: list[BiasCorrection] = field(default_factory=list)
+    recovery: dict[str, Any] = field(default_factory=dict)  # onnxq.recover's steps, JSON-ready
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -90,6 +91,7 @@ class Report:
                 for d in self.float_ops
             ],
             "bias_corrections": [asdict(c) for c in self.bias_corrections],
+            **({"recovery": self.recovery} if self.recovery else {}),
             "fidelity": {"mode": self.fidelity_mode, "outputs": [asdict(f) for f in self.fidelity]},
             "violations": [asdict(v) for v in self.violations],
             "notes": self.notes,

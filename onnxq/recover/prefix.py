@@ -1,0 +1,65 @@
+"""Quantized-prefix calibration (Sparsebit's ``asym`` mode): measure each activation's range
+on the values it takes once every earlier layer is quantized.
+
+The float calibration sees each tensor as the float model computes it; the deployed model
+feeds every layer the output of quantized layers, whose rounding and clipping move the values
+(most at the outputs of narrow layers and after the first clipped ranges).  This stage
+places Q/DQ on a copy of the model with the float-calibrated ranges and round-to-nearest
+weights, and calibrates every activation again on that copy, streaming as the float
+calibration does (:func:`onnxq.calibrate.calibrate`, the same memory budget): each tensor's
+range then comes from values that all the quantizers before it have shaped.  It costs one
+more pass over the calibration data, on a model with Q/DQ (run as written: onnxruntime's
+fusion off).  Placement (which tensors are quantized, the data-driven exclusions) stays what
+the float calibration decided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+import onnx
+
+from onnxq.annotate import Annotations
+from onnxq.backends.profile import BackendProfile
+from onnxq.calibrate import CalibrationResult, calibrate
+from onnxq.config import QuantConfig
+from onnxq.data import Batch, InputSpec
+from onnxq.observers import HISTOGRAM_METHODS, QParams
+
+
+def prefix_calibrate(
+    model: onnx.ModelProto,
+    annotations: Annotations,
+    activation_qparams: dict[str, QParams],
+    result: CalibrationResult,
+    profile: BackendProfile,
+    config: QuantConfig,
+    data: Iterable[Batch],
+    inputs: list[InputSpec],
+) -> CalibrationResult:
+    """``result`` with the statistics of every annotated activation measured again in a copy
+    of ``model`` (not edited) quantized with ``activation_qparams``."""
+    from onnxq.materialize import materialize
+
+    quantized = onnx.ModelProto()
+    quantized.CopyFrom(model)
+    materialize(quantized, annotations, activation_qparams, profile, config)
+    wanted = {
+        ann.tensor: ann.method in HISTOGRAM_METHODS or result.stats[ann.tensor].histogram
+        for ann in annotations.of_kind("activation")
+        if ann.tensor in result.stats
+    }
+    again = calibrate(
+        quantized,
+        wanted,
+        data,
+        inputs,
+        max_batches=config.max_batches,
+        memory_budget=config.memory_budget_mb * 2**20,
+        histogram_sample=config.histogram_sample,
+        histogram_budget=config.histogram_budget,
+        progress=config.progress,
+        optimize=False,
+    )
+    return replace(result, stats={**result.stats, **again.stats})

@@ -1,0 +1,170 @@
+"""The accuracy-recovery steps as the pipeline calls them, one function per place in it.
+
+* :func:`rewrite_float` before placement: cross-layer equalization and SmoothQuant, exact
+  float rewrites of the model;
+* :func:`recalibrate` after the float calibration: quantized-prefix ranges;
+* :func:`choose_weights` before materialize: AdaRound's integer weights.
+
+Each does nothing unless its option is on, and records what it did in a :class:`Recovery`
+(the report's ``recovery`` section); a step that cannot run (no calibration data that can be
+read again, a model too large to copy) adds a warning instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import onnx
+
+from onnxq import ir
+from onnxq.annotate import Annotations, annotate
+from onnxq.backends.profile import BackendProfile
+from onnxq.calibrate import CalibrationResult
+from onnxq.config import QuantConfig
+from onnxq.data import Batch, InputSpec
+from onnxq.observers import QParams
+from onnxq.recover.adaround import ChosenWeight, adaround
+from onnxq.recover.cle import equalize
+from onnxq.recover.prefix import prefix_calibrate
+from onnxq.recover.smoothquant import smooth
+
+
+@dataclass
+class Recovery:
+    """What the recovery steps did, for the report (JSON-ready), and their warnings."""
+
+    sections: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.sections)
+
+
+def rewrite_float(
+    model: onnx.ModelProto,
+    profile: BackendProfile,
+    config: QuantConfig,
+    data: Iterable[Batch] | None,
+    inputs: list[InputSpec],
+    recovery: Recovery,
+) -> onnx.ModelProto:
+    """CLE and SmoothQuant on ``model`` (edited in place, returned with shapes inferred)."""
+    if config.cle:
+        graph = ir.Graph(model)
+        modified, pairs = equalize(graph)
+        if modified:
+            graph.commit()
+            model = ir.infer_shapes(graph.model)
+        recovery.sections["cle"] = {
+            "equalized": sum(p.equalized for p in pairs),
+            "pairs": [p.to_dict() for p in pairs],
+        }
+    if config.smoothquant is not None and _readable_again(data, "smoothquant", recovery):
+        assert data is not None
+        tensors = _matmul_inputs(model, profile, config)
+        model, smoothed = smooth(
+            model,
+            tensors,
+            data,
+            inputs,
+            alpha=float(config.smoothquant),
+            max_batches=config.max_batches,
+            progress=config.progress,
+        )
+        recovery.sections["smoothquant"] = {
+            "alpha": float(config.smoothquant),
+            "tensors": [s.to_dict() for s in smoothed],
+        }
+    return model
+
+
+def recalibrate(
+    model: onnx.ModelProto,
+    annotations: Annotations,
+    qparams: dict[str, QParams],
+    result: CalibrationResult,
+    profile: BackendProfile,
+    config: QuantConfig,
+    data: Iterable[Batch] | None,
+    inputs: list[InputSpec],
+    recovery: Recovery,
+) -> CalibrationResult | None:
+    """Statistics measured again with the prefix quantized (``calibration_mode: prefix``), or None
+    (keep the float ones)."""
+    if config.calibration_mode != "prefix":
+        return None
+    if not _readable_again(data, "prefix calibration", recovery, model):
+        return None
+    assert data is not None
+    again = prefix_calibrate(model, annotations, qparams, result, profile, config, data, inputs)
+    recovery.sections["calibration"] = {
+        "mode": "prefix",
+        "tensors": len([a for a in annotations.of_kind("activation") if a.tensor in result.stats]),
+    }
+    return again
+
+
+def choose_weights(
+    model: onnx.ModelProto,
+    annotations: Annotations,
+    profile: BackendProfile,
+    config: QuantConfig,
+    data: Iterable[Batch] | None,
+    inputs: list[InputSpec],
+    recovery: Recovery,
+) -> dict[str, ChosenWeight]:
+    """AdaRound's integer weights (``adaround: true``), by weight tensor."""
+    if not config.adaround or not _readable_again(data, "adaround", recovery, model):
+        return {}
+    assert data is not None
+    chosen, layers = adaround(model, annotations, profile, config, data, inputs)
+    recovery.sections["adaround"] = {
+        "steps": config.adaround_steps,
+        "learned": sum(layer.kept == "learned" for layer in layers),
+        "layers": [layer.to_dict() for layer in layers],
+    }
+    return chosen
+
+
+def _matmul_inputs(
+    model: onnx.ModelProto, profile: BackendProfile, config: QuantConfig
+) -> list[str]:
+    """The activations that placement quantizes as the data input of a MatMul or Gemm."""
+    graph = ir.Graph(model)
+    by_name = {n.name: n for n in graph.nodes}
+    placed = annotate(graph, profile, replace(config, smoothquant=None))
+    return [
+        ann.tensor
+        for ann in placed.of_kind("activation")
+        if any(
+            index == 0 and by_name[node].op_type in ("MatMul", "Gemm")
+            for node, index in ann.consumers
+            if node in by_name
+        )
+    ]
+
+
+def _readable_again(
+    data: Iterable[Batch] | None,
+    step: str,
+    recovery: Recovery,
+    copied: onnx.ModelProto | None = None,
+) -> bool:
+    """Whether ``step`` can read the calibration data once more (and, when it needs a copy of
+    the model ``copied``, hold one next to it)."""
+    if data is None:
+        recovery.warnings.append(f"{step} skipped: it needs calibration data (--calib)")
+        return False
+    if iter(data) is data:
+        recovery.warnings.append(
+            f"{step} skipped: the calibration source can be read only once; pass a folder or a list"
+        )
+        return False
+    if copied is not None and ir.model_nbytes(copied) >= ir.PROTO_LIMIT:
+        recovery.warnings.append(
+            f"{step} skipped: the model is too large to hold a quantized copy next to the float one"
+        )
+        return False
+    return True
