@@ -42,66 +42,54 @@ def smooth_batches(m: onnx.ModelProto, n: int = 8) -> list[dict[str, np.ndarray]
     return out
 
 
-def layer_error(quant: onnx.ModelProto, float_model: onnx.ModelProto, node: str, batches) -> float:
-    """Mean squared error of ``node``'s output in ``quant`` against the float model, both fed
-    the float model's input to that node (the quantity AdaRound minimises)."""
-    q_node = next(n for n in quant.graph.node if n.name == node)
-    f_node = next(n for n in float_model.graph.node if n.name == node)
-    w_dq = next(n for n in quant.graph.node if n.output[0] == q_node.input[1])
+def dequantized_weight(quant: onnx.ModelProto, node: str) -> np.ndarray:
+    """The weight ``node`` computes with in the quantized model (its DequantizeLinear)."""
+    reader = next(n for n in quant.graph.node if n.name == node)
+    dq = next(n for n in quant.graph.node if n.output[0] == reader.input[1])
     inits = {t.name: numpy_helper.to_array(t) for t in quant.graph.initializer}
-    q = inits[w_dq.input[0]].astype(np.float32)
-    s = inits[w_dq.input[1]]
-    axis = next((a.i for a in w_dq.attribute if a.name == "axis"), 1)
+    q, scale = inits[dq.input[0]].astype(np.float32), inits[dq.input[1]]
+    axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
     shape = [1] * q.ndim
     shape[axis] = -1
-    w_q = q * s.reshape(shape)
-    x_name = f_node.input[0]
-    feed_model = onnx.ModelProto()
-    feed_model.CopyFrom(float_model)
-    del feed_model.graph.output[:]
-    feed_model.graph.output.extend(
-        [
-            helper.make_tensor_value_info(x_name, 1, None),
-            helper.make_tensor_value_info(f_node.output[0], 1, None),
-        ]
+    return q * scale.reshape(shape)
+
+
+def alone(node: onnx.NodeProto, consts: dict[str, np.ndarray], x: np.ndarray, opset) -> np.ndarray:
+    """``node`` by itself, run by onnxruntime on input ``x`` with constant inputs ``consts``."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    graph = helper.make_graph(
+        [helper.make_node(node.op_type, ["x", *node.input[1:]], ["y"], **attrs)],
+        "alone",
+        [tensor("x", list(x.shape))],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [init(name, value) for name, value in consts.items()],
     )
-    sess = ort.InferenceSession(feed_model.SerializeToString(), providers=["CPUExecutionProvider"])
-    one = onnx.ModelProto()
-    one.CopyFrom(float_model)
-    for t in one.graph.initializer:
-        if t.name == f_node.input[1]:
-            t.CopyFrom(numpy_helper.from_array(w_q, t.name))
-    del one.graph.output[:]
-    one.graph.output.append(helper.make_tensor_value_info(f_node.output[0], 1, None))
-    total = count = 0.0
+    m = helper.make_model(graph, opset_imports=opset)
+    m.ir_version = 8
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+def layer_error(quant: onnx.ModelProto, float_model: onnx.ModelProto, node: str, batches) -> float:
+    """Mean squared error of ``node``'s output with the quantized model's weight against the
+    float model's output, both on the float model's input to it (what AdaRound minimises)."""
+    f_node = next(n for n in float_model.graph.node if n.name == node)
+    consts = {t.name: numpy_helper.to_array(t) for t in float_model.graph.initializer}
+    consts = {name: consts[name] for name in f_node.input[1:] if name}
+    consts[f_node.input[1]] = dequantized_weight(quant, node)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(float_model)
+    del probe.graph.output[:]
+    probe.graph.output.extend(
+        helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None)
+        for t in (f_node.input[0], f_node.output[0])
+    )
+    sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    errors = []
     for batch in batches:
         x, y = sess.run(None, batch)
-        one_node = next(n for n in one.graph.node if n.name == node)
-        one.graph.input[0].name  # the layer alone: feed x to it through a tiny model
-        layer = helper.make_model(
-            helper.make_graph(
-                [
-                    helper.make_node(
-                        one_node.op_type,
-                        ["xin", *one_node.input[1:]],
-                        ["yout"],
-                        **{a.name: helper.get_attribute_value(a) for a in one_node.attribute},
-                    )
-                ],
-                "layer",
-                [helper.make_tensor_value_info("xin", 1, list(x.shape))],
-                [helper.make_tensor_value_info("yout", 1, None)],
-                [t for t in one.graph.initializer if t.name in one_node.input[1:]],
-            ),
-            opset_imports=float_model.opset_import,
-        )
-        layer.ir_version = float_model.ir_version
-        got = ort.InferenceSession(
-            layer.SerializeToString(), providers=["CPUExecutionProvider"]
-        ).run(None, {"xin": x})[0]
-        total += float(((got - y) ** 2).sum())
-        count += y.size
-    return total / count
+        errors.append(np.mean((alone(f_node, consts, x, float_model.opset_import) - y) ** 2))
+    return float(np.mean(errors))
 
 
 @pytest.mark.parametrize(
