@@ -354,7 +354,7 @@ def _recovery_flags(q: argparse.ArgumentParser) -> None:
         "outputs on the calibration data",
     )
     r.add_argument(
-        "--adaround-steps", type=int, metavar="N", help="AdaRound steps per layer (default 1000)"
+        "--adaround-steps", type=int, metavar="N", help="AdaRound steps per layer (default 500)"
     )
     r.add_argument(
         "--bias-correction",

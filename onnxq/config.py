@@ -174,7 +174,7 @@ class QuantConfig:
     smoothquant: float | None = None
     calibration_mode: str = "float"
     adaround: bool = False
-    adaround_steps: int = 1000
+    adaround_steps: int = 500
     adaround_rows: int = 4096
     adaround_engine: str = "numpy"
 

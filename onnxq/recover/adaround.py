@@ -39,7 +39,7 @@ from onnxq.recover.capture import capture_grams
 from onnxq.recover.layers import LAYER_OPS, LinearLayer, linear_layer
 from onnxq.recover.rounding import learn_rounding, problem
 
-MAX_MACS = 2**39  # multiply-adds one layer may spend over all its steps (~1-2 min on a core)
+MAX_MACS = 2**38  # multiply-adds one layer may spend over all its steps (~30 s on a core)
 MIN_STEPS = 100
 
 
