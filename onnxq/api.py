@@ -267,8 +267,9 @@ def quantize(
             )
         qparams, warnings = _qparams(annotations, result, profile, cfg)
         again = recalibrate(
-            loaded, annotations, qparams, result, profile, cfg, data, inputs, recovery
-        )
+            loaded, annotations, qparams, result, profile, cfg, data, inputs, recovery,
+            lambda measured: _qparams(annotations, measured, profile, cfg)[0],
+        )  # fmt: skip
         if again is not None:  # quantized-prefix ranges
             result = again
             qparams, warnings = _qparams(annotations, result, profile, cfg)

@@ -12,7 +12,7 @@ read again, a model too large to copy) adds a warning instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,7 +27,7 @@ from onnxq.data import Batch, InputSpec
 from onnxq.observers import QParams
 from onnxq.recover.adaround import ChosenWeight, adaround
 from onnxq.recover.cle import equalize
-from onnxq.recover.prefix import prefix_calibrate
+from onnxq.recover.prefix import PASSES, prefix_calibrate
 from onnxq.recover.smoothquant import smooth
 
 
@@ -90,6 +90,7 @@ def recalibrate(
     data: Iterable[Batch] | None,
     inputs: list[InputSpec],
     recovery: Recovery,
+    qparams_of: Callable[[CalibrationResult], dict[str, QParams]],
 ) -> CalibrationResult | None:
     """Statistics measured again with the prefix quantized (``calibration_mode: prefix``), or None
     (keep the float ones)."""
@@ -98,9 +99,12 @@ def recalibrate(
     if not _readable_again(data, "prefix calibration", recovery, model):
         return None
     assert data is not None
-    again = prefix_calibrate(model, annotations, qparams, result, profile, config, data, inputs)
+    again = prefix_calibrate(
+        model, annotations, qparams, result, profile, config, data, inputs, qparams_of
+    )
     recovery.sections["calibration"] = {
         "mode": "prefix",
+        "passes": PASSES,
         "tensors": len([a for a in annotations.of_kind("activation") if a.tensor in result.stats]),
     }
     return again

@@ -30,10 +30,17 @@ def setup(cfg: QuantConfig):
     return m, inputs, profile, batches, annotations, result, qparams
 
 
+def of(cfg: QuantConfig, annotations):
+    """Statistics -> ranges, as the pipeline turns them."""
+    return lambda result: _qparams(annotations, result, PROFILES[cfg.backend], cfg)[0]
+
+
 def test_statistics_are_those_of_the_quantized_model():
     cfg = QuantConfig(progress=False)
     m, inputs, profile, batches, annotations, result, qparams = setup(cfg)
-    again = prefix_calibrate(m, annotations, qparams, result, profile, cfg, batches, inputs)
+    again = prefix_calibrate(
+        m, annotations, qparams, result, profile, cfg, batches, inputs, of(cfg, annotations)
+    )
     acts = [a.tensor for a in annotations.of_kind("activation")]
     # nothing is quantized before the first one (conv1, 8 input channels, stays float)
     assert again.stats[acts[0]].max == result.stats[acts[0]].max
@@ -54,19 +61,13 @@ def test_statistics_are_those_of_the_quantized_model():
 def test_a_small_memory_budget_still_streams():
     cfg = QuantConfig(progress=False, memory_budget_mb=1)
     m, inputs, profile, batches, annotations, result, qparams = setup(cfg)
-    small = prefix_calibrate(m, annotations, qparams, result, profile, cfg, batches, inputs)
-    big = prefix_calibrate(
-        m,
-        annotations,
-        qparams,
-        result,
-        profile,
-        cfg.replace(memory_budget_mb=4096),
-        batches,
-        inputs,
-    )
-    for t, s in big.stats.items():
-        assert small.stats[t].max == s.max
+    runs = []
+    for budget in (1, 4096):
+        c = cfg.replace(memory_budget_mb=budget)
+        args = (m, annotations, qparams, result, profile, c, batches, inputs, of(c, annotations))
+        runs.append(prefix_calibrate(*args))
+    for t, s in runs[1].stats.items():
+        assert runs[0].stats[t].max == s.max
 
 
 def test_a_one_shot_source_skips_with_a_warning():
