@@ -325,6 +325,7 @@ def _quantize(args: argparse.Namespace) -> int:
 def _recovery_flags(q: argparse.ArgumentParser) -> None:
     """The accuracy-recovery options of ``quantize`` (docs/accuracy.md)."""
     from onnxq.recover.options import CALIBRATION_MODES
+    from onnxq.recover.smoothquant import DEFAULT_ALPHA
 
     r = q.add_argument_group("accuracy recovery (docs/accuracy.md)")
     r.add_argument(
@@ -336,16 +337,16 @@ def _recovery_flags(q: argparse.ArgumentParser) -> None:
         "--smoothquant",
         type=float,
         nargs="?",
-        const=0.5,
+        const=DEFAULT_ALPHA,
         metavar="ALPHA",
         help="migrate MatMul/Gemm input outliers into the weights with strength ALPHA in "
-        "(0, 1] (default 0.5; exact float rewrite)",
+        f"(0, 1] (default {DEFAULT_ALPHA}; exact float rewrite)",
     )
     r.add_argument(
         "--calibration-mode",
         choices=CALIBRATION_MODES,
         help="float: ranges from the float model (default); prefix: measured again with "
-        "every earlier layer quantized (one more pass)",
+        "every earlier layer quantized (two more passes)",
     )
     r.add_argument(
         "--adaround",
