@@ -35,7 +35,7 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.config import QuantConfig
 from onnxq.data import Batch, InputSpec
 from onnxq.observers import QParams, weight_qparams
-from onnxq.recover.capture import capture_grams
+from onnxq.recover.capture import GramStats, capture_grams
 from onnxq.recover.layers import LAYER_OPS, LinearLayer, linear_layer
 from onnxq.recover.rounding import learn_rounding, problem
 
@@ -102,36 +102,40 @@ def adaround(
     )
     chosen: dict[str, ChosenWeight] = {}
     report: list[LayerRounding] = []
-    use_torch = config.adaround_engine == "torch"
     for target in _progress(targets, config.progress):
-        layer = target.layer
-        if layer.node not in stats:
-            continue
-        weight = graph.const_value(layer.weight)
-        assert weight is not None
-        scales = _scale_matrix(layer, target.qparams, weight)
-        p = problem(layer.matrix(weight), scales, stats[layer.node], target.qmax)
-        nearest = p.nearest()
-        steps = _steps(layer, config.adaround_steps)
-        learned = learn_rounding(p, steps, use_torch)
-        mse_nearest, mse_learned = p.error(nearest), p.error(learned)
-        better = mse_learned < mse_nearest
-        integers = learned if better else nearest
-        values = layer.from_matrix(integers).astype(np.int8)
-        chosen[layer.weight] = ChosenWeight(target.qparams, values)
-        report.append(
-            LayerRounding(
-                layer.node,
-                layer.weight,
-                stats[layer.node].rows,
-                steps,
-                mse_nearest,
-                mse_learned,
-                "learned" if better else "nearest",
-                float((learned != nearest).mean()),
-            )
-        )
+        if target.layer.node in stats:
+            weight, entry = _round(graph, target, stats[target.layer.node], config)
+            chosen[target.layer.weight] = weight
+            report.append(entry)
     return chosen, report
+
+
+def _round(
+    graph: ir.Graph, target: _Target, stats: GramStats, config: QuantConfig
+) -> tuple[ChosenWeight, LayerRounding]:
+    """One layer's learned rounding (or round-to-nearest, when that is as good)."""
+    layer = target.layer
+    weight = graph.const_value(layer.weight)
+    assert weight is not None
+    scales = _scale_matrix(layer, target.qparams, weight)
+    p = problem(layer.matrix(weight), scales, stats, target.qmax)
+    nearest = p.nearest()
+    steps = _steps(layer, config.adaround_steps)
+    learned = learn_rounding(p, steps, config.adaround_engine == "torch")
+    mse_nearest, mse_learned = p.error(nearest), p.error(learned)
+    better = mse_learned < mse_nearest
+    values = layer.from_matrix(learned if better else nearest).astype(np.int8)
+    entry = LayerRounding(
+        layer.node,
+        layer.weight,
+        stats.rows,
+        steps,
+        mse_nearest,
+        mse_learned,
+        "learned" if better else "nearest",
+        float((learned != nearest).mean()),
+    )
+    return ChosenWeight(target.qparams, values), entry
 
 
 def _targets(

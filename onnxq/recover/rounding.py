@@ -13,11 +13,14 @@ form of the weight error, so it is computed from the captured second moments
 (``x_q = x_f`` when only the float model was captured: ``D = 0``, ``c = 0``).  Each step costs
 one ``[outputs, K] @ [K, K]`` product whatever the number of rows, and the gradient is the full,
 exact one.  Adam moves ``v``; after a warm-up, a regulariser ``1 - |2h - 1|^beta`` with ``beta``
-annealed from 20 to 2 drives every ``h`` to 0 or 1; the result is ``floor + (h >= 0.5)``.
+annealed from 20 to 2 drives every ``h`` to 0 or 1, and the result is ``floor + (h >= 0.5)``.
+The output error is normalised to 1 at round-to-nearest, so the regulariser's weight means
+the same in every layer.  A coordinate-descent pass (:func:`polish`) then moves single weights
+to their other rounding wherever that lowers the error, starting from the better of the
+learned and the nearest rounding: the result is never worse than round-to-nearest.
 
-numpy is the reference; :func:`learn_rounding` runs the same steps in torch when it is
-installed and asked for (float32 in both; the chosen integers agree but for weights whose two
-roundings are within float error, see tests).
+numpy is the reference; :func:`learn_rounding` runs the same steps in torch when asked (float32
+in both; the chosen integers agree but for weights whose two roundings are within float error).
 """
 
 from __future__ import annotations
