@@ -137,6 +137,10 @@ class Report:
                 f"layers shifted back (largest {largest.max_shift:.3g} in "
                 f"{largest.node})"
             )
+        if self.recovery:
+            from onnxq.recover.stages import summary
+
+            lines.append("recovery: " + summary(self.recovery))
         for f in self.fidelity:
             if f.selected_by:
                 lines.append(

@@ -172,3 +172,20 @@ def _readable_again(
         )
         return False
     return True
+
+
+def summary(sections: dict[str, Any]) -> str:
+    """One line for the terminal from the report's ``recovery`` section."""
+    parts = []
+    if "cle" in sections:
+        cle = sections["cle"]
+        parts.append(f"CLE equalized {cle['equalized']} of {len(cle['pairs'])} Conv pairs")
+    if "smoothquant" in sections:
+        sq = sections["smoothquant"]
+        parts.append(f"SmoothQuant (alpha {sq['alpha']}) on {len(sq['tensors'])} inputs")
+    if "calibration" in sections:
+        parts.append(f"prefix calibration ({sections['calibration']['passes']} passes)")
+    if "adaround" in sections:
+        layers = sections["adaround"]["layers"]
+        parts.append(f"AdaRound learned {sections['adaround']['learned']} of {len(layers)} layers")
+    return "; ".join(parts)

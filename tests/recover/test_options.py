@@ -77,3 +77,11 @@ def test_a_bad_flag_value_is_a_user_error(files, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "smoothquant: alpha must be in (0, 1]" in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_the_terminal_summary_names_each_step(files, tmp_path, capsys):
+    model, calib = files
+    args = ["quantize", str(model), "-o", str(tmp_path / "o.onnx"), "--calib", str(calib)]
+    assert main([*args, "--cle", "--adaround", "--adaround-steps", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "recovery: CLE equalized 2 of 2 Conv pairs; AdaRound learned" in out
