@@ -36,6 +36,7 @@ SETTINGS: dict[str, list[str]] = {
     "adaround": ["--adaround"],
     "bias-correction": ["--bias-correction"],
     "prefix+adaround": ["--calibration-mode", "prefix", "--adaround"],
+    "smoothquant-0.8+adaround": ["--smoothquant", "0.8", "--adaround"],
     "all": ["--cle", "--smoothquant", "0.8", "--calibration-mode", "prefix", "--adaround"],
 }
 MODELS = [

@@ -6,8 +6,9 @@ moment ``E[x x^T]`` (and, to compare against the float model, ``E[x_q x_f^T]`` w
 the input in the quantized model and ``x_f`` in the float model).  :func:`capture_grams` runs
 both models batch by batch on the same data, cuts each exposed input into rows, keeps a fixed
 sample of them (:func:`row_sample`) and adds their products into one ``[groups, K, K]`` sum
-per layer; nothing of a batch outlives it.  When the layers' sums and one batch of their inputs
-would pass the memory budget, the layers are taken in groups, one pass over the data each.
+per layer; nothing of a batch outlives it.  When the layers' sums and sampled rows would pass
+the memory budget, the layers are taken in groups, one pass over the data each (one batch of
+the exposed inputs comes on top, as in a calibration pass).
 
 :func:`paired_batches` is the streaming core, for any per-layer measurement that compares the
 float model with a quantized one on the same batches.
