@@ -37,6 +37,7 @@ from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
 from onnxq.prepare import ModelLike, prepare
 from onnxq.ranges import activation_ranges
+from onnxq.recover.stages import Recovery, choose_weights, recalibrate, rewrite_float
 from onnxq.report import Report
 from onnxq.verify import float_reference, verify
 
@@ -174,6 +175,12 @@ def quantize(
         data = None
         if calibration is not None:
             data = open_source(calibration, inputs, batch_size, cfg.preprocess)
+        recovery = Recovery()  # accuracy recovery (onnxq.recover): exact float rewrites first
+        prepared.model = rewrite_float(
+            prepared.model, profile, cfg.recovery, cfg.placement, cfg.calibration, data, inputs,
+            recovery, cached=save_calibration is not None or load_calibration is not None,
+        )  # fmt: skip
+        graph = ir.Graph(prepared.model)
         facts, view = GraphFacts.of(graph, profile), GraphView.of(graph, profile)
         if load_calibration is not None:
             held = held_batches(prepared.model, data, inputs, cfg.fidelity_batches)
@@ -196,16 +203,33 @@ def quantize(
                 statistics.unobservable,
             )
         ranges = activation_ranges(annotations, statistics.stats, profile, cfg.percentile)
+        again = recalibrate(
+            prepared.model, annotations, ranges.qparams, statistics, profile, cfg.recovery,
+            cfg.calibration, cfg.weights, data, inputs, recovery,
+            lambda measured: activation_ranges(
+                annotations, measured.stats, profile, cfg.percentile
+            ).qparams,
+        )  # fmt: skip
+        if again is not None:  # quantized-prefix ranges
+            statistics = again
+            ranges = activation_ranges(annotations, statistics.stats, profile, cfg.percentile)
+        chosen = choose_weights(
+            prepared.model, annotations, profile, cfg.recovery, cfg.calibration, cfg.weights,
+            data, inputs, recovery,
+        )  # fmt: skip
         bias = None
         if cfg.bias_correction and data is not None:
             bias = bias_correction_pass(
-                prepared.model, annotations, profile, cfg.weights, data, inputs, cfg.max_batches
-            )
+                prepared.model, annotations, profile, cfg.weights, data, inputs,
+                cfg.max_batches, chosen,
+            )  # fmt: skip
         # the float outputs first: their session is gone before the quantized model is built
         reference = float_reference(
             prepared.take_reference(), prepared.model, statistics.held, profile
         )
-        placed = materialize(prepared.model, annotations, ranges.qparams, profile, cfg.weights)
+        placed = materialize(
+            prepared.model, annotations, ranges.qparams, profile, cfg.weights, chosen
+        )
         if ir.external.lazy_nbytes(prepared.model) < ir.external.LAZY_BYTES:
             ir.external.load_all(prepared.model)  # float weights that stayed float (biases)
         verification = verify(prepared.model, reference, statistics.held, profile)
@@ -222,6 +246,7 @@ def quantize(
         bias=bias,
         placed=placed,
         verification=verification,
+        recovery=recovery,
     )
     report = _report(outcome)
     if save_calibration is not None and cache is not None:
@@ -261,6 +286,7 @@ def _report(outcome: Outcome) -> Report:
         warnings=said.warnings,
         notes=said.notes,
         bias_corrections=o.bias.corrections if o.bias is not None else [],
+        recovery=o.recovery.to_dict() if o.recovery is not None else {},
         default_session=o.verification.default_session,
     )
 

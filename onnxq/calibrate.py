@@ -150,6 +150,7 @@ def calibrate(
     progress: bool = True,
     channels: frozenset[str] = frozenset(),
     positions: frozenset[str] = frozenset(),
+    optimize: bool = True,
 ) -> CalibrationResult:
     """Observe ``tensors`` (name -> needs a histogram) over the batches of ``source``.
 
@@ -168,7 +169,8 @@ def calibrate(
     graph keeps >= 0 (:meth:`ir.Graph.nonnegative`) is read for its maxima only and its
     minimum is recorded as 0: every range includes 0, so no scale changes.  When such a tensor
     needs no histogram and has a static (N, C, H, W) shape, its maxima are taken inside the
-    graph (a GlobalMaxPool) instead of exposing it whole.
+    graph (a GlobalMaxPool) instead of exposing it whole.  ``optimize=False`` runs the model
+    as written (a Q/DQ model's own arithmetic, not onnxruntime's fused kernels).
     """
     graph = ir.Graph(model)
     defined_in = ir.scope_index(ir.scopes(graph))
@@ -242,7 +244,7 @@ def calibrate(
             exposed = [name for name in group if name not in peaks]
             try:
                 session, probes = (
-                    _peaks_session(model, graph, exposed, plans, workers == 0)
+                    _peaks_session(model, graph, exposed, plans, workers == 0, optimize)
                     if group
                     else (None, ir.ProbePlan())
                 )
@@ -312,6 +314,7 @@ def _peaks_session(
     exposed: list[str],
     plans: list[_PeaksPlan],
     spinning: bool,
+    optimize: bool = True,
 ) -> tuple[Any, ir.ProbePlan]:
     """A session whose outputs are the top-level tensors of ``exposed``, the probes of its
     tensors inside control-flow bodies (``ProbePlan.outputs``) and the joined maxima of
@@ -321,7 +324,7 @@ def _peaks_session(
         with ir.with_channel_peaks(
             model, top + probes.outputs, [plan.tensor for plan in plans]
         ) as aug:
-            return make_session(aug, spinning=spinning), probes
+            return make_session(aug, optimize=optimize, spinning=spinning), probes
 
 
 def _take_probes(probes: ir.ProbePlan, outs: dict[str, Any], runs: dict[str, int]) -> None:

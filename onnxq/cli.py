@@ -163,6 +163,9 @@ def _parser() -> argparse.ArgumentParser:
         "budget",
     )
     _target_flags(q)
+    from onnxq.recover.flags import add_recovery_flags
+
+    add_recovery_flags(q)
     q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
     q.add_argument(
         "--external-data",
@@ -345,6 +348,7 @@ def _quantize(args: argparse.Namespace) -> int:
     from onnxq.api import check_paths, quantize
     from onnxq.errors import OutputError
     from onnxq.fidelity_messages import latency_warning
+    from onnxq.recover.flags import recovery_options
 
     if not args.output or args.output.endswith(("/", "\\")) or Path(args.output).is_dir():
         raise OutputError(
@@ -384,6 +388,7 @@ def _quantize(args: argparse.Namespace) -> int:
         preprocess=args.preprocess,
         save_calibration=args.save_calibration,
         load_calibration=args.load_calibration,
+        **recovery_options(args),
     )
     try:
         written = result.save(

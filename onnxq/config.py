@@ -32,11 +32,13 @@ from onnxq.observers import WEIGHT_METHODS
 from onnxq.options import (
     CalibrationOptions,
     PlacementOptions,
+    RecoveryOptions,
     TargetOptions,
     WeightOptions,
     view,
 )
 from onnxq.overrides import Override, TensorSettings, check_method, parse_override
+from onnxq.recover.options import CALIBRATION_MODES, check_engine
 
 WEIGHT_STORAGE = ("int8", "qdq")
 
@@ -146,6 +148,21 @@ class QuantConfig:
             ``0-1``, ``tf``) or a spec (docs/calibration.md); in YAML also a mapping.
         simplify: run the simplify passes before placing Q/DQ.
         progress: show progress bars on stderr.
+        cle: cross-layer equalization of Conv -> (Relu | LeakyRelu | PRelu | Clip | nothing) ->
+            Conv pairs before calibration (an exact float rewrite; ``onnxq.recover.cle``).
+        smoothquant: SmoothQuant's migration strength ``alpha`` in (0, 1] for the inputs of
+            quantized MatMul/Gemm layers (an exact float rewrite from per-channel maxima on the
+            calibration data; ``onnxq.recover.smoothquant``); ``0``: off.
+        smoothquant_min_spread: SmoothQuant leaves an input alone whose largest channel peak
+            is less than this many times the median channel's (no outliers to migrate).
+        calibration_mode: ``float`` (ranges from the float model) or ``prefix`` (measured again
+            with every earlier layer quantized: two more passes; ``onnxq.recover.prefix``).
+        adaround: learn the rounding of every quantized Conv/Gemm/MatMul weight from its
+            layer's inputs and outputs on the calibration data (``onnxq.recover.adaround``).
+        adaround_steps: optimisation steps per layer.
+        adaround_rows: input rows per layer that AdaRound's statistics are taken from.
+        adaround_engine: ``numpy`` or ``torch`` (when installed; the same steps, same
+            integers but for ties within float error).
     """
 
     backend: str = option("tensorrt", one_of(lambda: BACKENDS, "backend"))
@@ -172,6 +189,14 @@ class QuantConfig:
     preprocess: str | None = option(None, also=(dict,), parse=_preprocess_spec)
     simplify: bool = option(True)
     progress: bool = option(True)
+    cle: bool = option(False)
+    smoothquant: float = option(0.8, must(lambda v: 0.0 <= v <= 1.0, "be in [0, 1]"))
+    smoothquant_min_spread: float = option(8.0, must(lambda v: v >= 1, "be >= 1"))
+    calibration_mode: str = option("float", one_of(lambda: CALIBRATION_MODES, "mode"))
+    adaround: bool = option(False)
+    adaround_steps: int = option(500, must(lambda v: v >= 0, "be >= 0"))
+    adaround_rows: int = option(4096, must(lambda v: v >= 1, "be >= 1"))
+    adaround_engine: str = option("numpy", check_engine)
 
     def __post_init__(self) -> None:
         # values from Python are checked like those from YAML: type first, then value
@@ -199,6 +224,11 @@ class QuantConfig:
     def weights(self) -> WeightOptions:
         """The options the weight passes (materialize, bias correction) read."""
         return view(WeightOptions, self)
+
+    @property
+    def recovery(self) -> RecoveryOptions:
+        """The options the accuracy-recovery steps (``onnxq.recover``) read."""
+        return view(RecoveryOptions, self)
 
     # -- queries (PlacementOptions answers them) ---------------------------------------------
     def node_excluded(self, node_name: str, op_type: str) -> str | None:

@@ -9,6 +9,7 @@ dequantized tensor; other readers keep the float tensor.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -17,7 +18,7 @@ import onnx
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.errors import InternalError
-from onnxq.observers import QParams, quantize_weight, weight_qparams
+from onnxq.observers import QParams, dequantize_weight, quantize_weight, weight_qparams
 from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations, TensorAnnotation
 
@@ -41,8 +42,12 @@ def materialize(
     activation_qparams: dict[str, QParams],
     profile: BackendProfile,
     weights_options: WeightOptions,
+    chosen_weights: Mapping[str, tuple[QParams, np.ndarray]] | None = None,
 ) -> list[Placed]:
     """Insert Q/DQ into ``model`` (edited in place); returns what was placed, in order.
+
+    ``chosen_weights``: weight tensor -> (qparams, integer values) decided before (AdaRound);
+    other weights are rounded to nearest here.
 
     Q/DQ nodes (and the constants they read) go into the graph of the consumers they serve: a
     control-flow body's for an op inside it, one set per graph when a tensor is read in
@@ -54,7 +59,11 @@ def materialize(
     weights: dict[str, QParams] = {}
     placed: list[Placed] = []
     limits = weight_limits(graph, annotations, profile)
+    chosen = dict(chosen_weights or {})
     for ann in annotations.of_kind("weight"):
+        if ann.tensor in chosen:
+            weights[ann.tensor] = chosen[ann.tensor][0]
+            continue
         value = _reader_scope(ann, where, graph).const_value(ann.tensor)
         if value is None:
             raise InternalError(f"weight {ann.tensor!r} lost its constant value")
@@ -67,7 +76,8 @@ def materialize(
         if qp is None:
             continue  # no statistics (the report says so), or a bias that stays float
         for scope, readers in _readers_by_scope(ann, where):
-            out = _insert(scope, ann, qp, limits.get(ann.tensor, 0), weights_options)
+            values = chosen[ann.tensor][1] if ann.tensor in chosen else None
+            out = _insert(scope, ann, qp, limits.get(ann.tensor, 0), weights_options, values)
             for node, index in readers:
                 scope.set_input(node, index, out)
         # a weight limited to +-63 has 7 bits, whatever its storage type
@@ -127,13 +137,15 @@ def _insert(
     qp: QParams,
     weight_limit: int,
     options: WeightOptions,
+    values: np.ndarray | None = None,
 ) -> str:
     """Q/DQ (or DQ of a stored constant) for ``ann`` in ``graph``; returns the tensor its
-    readers read instead (``weight_limit``: a weight's largest integer magnitude)."""
+    readers read instead (``weight_limit``: a weight's largest integer magnitude; ``values``:
+    a weight's integers chosen before, else round-to-nearest)."""
     if ann.kind in ("activation", "shared"):
         return _qdq(graph, ann.tensor, qp)
     if ann.kind == "weight":
-        return _weight(graph, ann.tensor, qp, weight_limit, options)
+        return _weight(graph, ann.tensor, qp, weight_limit, options, values)
     value = graph.const_value(ann.tensor)
     assert value is not None
     return _dequantize_const(graph, ann.tensor, _int32_bias(value, qp), qp)
@@ -270,12 +282,25 @@ def _read_by_depthwise_convs(
     return True
 
 
-def _weight(graph: ir.Graph, tensor: str, qp: QParams, qmax: int, options: WeightOptions) -> str:
+def _weight(
+    graph: ir.Graph,
+    tensor: str,
+    qp: QParams,
+    qmax: int,
+    options: WeightOptions,
+    values: np.ndarray | None = None,
+) -> str:
+    """The weight behind DequantizeLinear (int8 storage) or Q -> DQ (``qdq``); ``values``:
+    integers chosen before, else round-to-nearest."""
     if options.weight_storage == "qdq":
+        if values is not None:  # the float weight that Q maps back onto exactly these integers
+            graph.set_initializer(tensor, dequantize_weight(values, qp))
         return _qdq(graph, tensor, qp)
-    value = graph.const_value(tensor)
-    assert value is not None
-    return _dequantize_const(graph, tensor, quantize_weight(value, qp, qmax), qp)
+    if values is None:
+        value = graph.const_value(tensor)
+        assert value is not None
+        values = quantize_weight(value, qp, qmax)
+    return _dequantize_const(graph, tensor, values, qp)
 
 
 def _dequantize_const(graph: ir.Graph, tensor: str, values: np.ndarray, qp: QParams) -> str:

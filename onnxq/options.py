@@ -3,11 +3,11 @@
 A stage takes the small value it uses, not the whole config: choosing the backend profile (and
 the CPU class it is tuned for) a :class:`TargetOptions`, placement a :class:`PlacementOptions`,
 calibration a :class:`CalibrationOptions`, the weight passes (materialize, bias correction) a
-:class:`WeightOptions`.  Each is a view over QuantConfig fields of the same names and types
-(``QuantConfig.placement`` and friends build them; a test holds the two declarations
-together), so a field is declared once, in QuantConfig, and a stage that needs it lists it
-here.  They have no defaults of their own: the defaults are
-QuantConfig's (``QuantConfig().placement``).
+:class:`WeightOptions`, the accuracy-recovery steps a :class:`RecoveryOptions`.  Each is a view
+over QuantConfig fields of the same names and types (``QuantConfig.placement`` and friends
+build them; a test holds the two declarations together), so a field is declared once, in
+QuantConfig, and a stage that needs it lists it here.  They have no defaults of their own: the
+defaults are QuantConfig's (``QuantConfig().placement``).
 """
 
 from __future__ import annotations
@@ -142,7 +142,24 @@ class WeightOptions:
     weight_method: str
 
 
-View = TypeVar("View", TargetOptions, PlacementOptions, CalibrationOptions, WeightOptions)
+@dataclass(frozen=True)
+class RecoveryOptions:
+    """What the accuracy-recovery steps read (``onnxq.recover``): which algorithms run, and
+    AdaRound's effort."""
+
+    cle: bool
+    smoothquant: float
+    smoothquant_min_spread: float
+    calibration_mode: str
+    adaround: bool
+    adaround_steps: int
+    adaround_rows: int
+    adaround_engine: str
+
+
+View = TypeVar(
+    "View", TargetOptions, PlacementOptions, CalibrationOptions, WeightOptions, RecoveryOptions
+)
 
 
 def view(cls: type[View], config: Any) -> View:
@@ -150,4 +167,11 @@ def view(cls: type[View], config: Any) -> View:
     return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
 
 
-__all__ = ["CalibrationOptions", "PlacementOptions", "TargetOptions", "WeightOptions", "view"]
+__all__ = [
+    "CalibrationOptions",
+    "PlacementOptions",
+    "RecoveryOptions",
+    "TargetOptions",
+    "WeightOptions",
+    "view",
+]

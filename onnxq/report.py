@@ -45,6 +45,7 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # model-wide choices worth knowing
     bias_corrections: list[BiasCorrection] = field(default_factory=list)
+    recovery: dict[str, Any] = field(default_factory=dict)  # onnxq.recover's steps, JSON-ready
     # a model validated unfused, run in onnxruntime's default (fused) session on this machine
     default_session: DefaultSessionView | None = None
 
@@ -98,6 +99,7 @@ class Report:
                 for d in self.float_ops
             ],
             "bias_corrections": [asdict(c) for c in self.bias_corrections],
+            **({"recovery": self.recovery} if self.recovery else {}),
             "fidelity": {
                 "mode": self.fidelity_mode,
                 "outputs": [asdict(f) for f in self.fidelity],
@@ -146,6 +148,10 @@ class Report:
                 f"layers shifted back (largest {largest.max_shift:.3g} in "
                 f"{largest.node})"
             )
+        if self.recovery:
+            from onnxq.recover.stages import summary
+
+            lines.append("recovery: " + summary(self.recovery))
         for f in self.fidelity:
             if f.selected_by:
                 lines.append(
