@@ -148,7 +148,7 @@ class QuantConfig:
             ``0-1``, ``tf``) or a spec (docs/calibration.md); in YAML also a mapping.
         simplify: run the simplify passes before placing Q/DQ.
         progress: show progress bars on stderr.
-        cle: cross-layer equalization of Conv -> (Relu | LeakyRelu | PRelu | Clip | nothing) ->
+        cle: cross-layer equalization of Conv -> (Relu | LeakyRelu | PRelu | nothing) ->
             Conv pairs before calibration (an exact float rewrite; ``onnxq.recover.cle``).
         smoothquant: SmoothQuant's migration strength ``alpha`` in (0, 1] for the inputs of
             quantized MatMul/Gemm layers (an exact float rewrite from per-channel maxima on the

@@ -16,7 +16,8 @@ def add_recovery_flags(parser: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--cle",
         action=on_off,
-        help="cross-layer equalization of Conv -> [Relu|Clip] -> Conv pairs (exact float rewrite)",
+        help="cross-layer equalization of Conv -> [Relu] -> Conv pairs (exact float rewrite; "
+        "a Clip between them leaves the pair alone)",
     )
     r.add_argument(
         "--smoothquant",
