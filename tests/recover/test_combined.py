@@ -123,3 +123,17 @@ def test_the_same_inputs_give_the_same_bytes():
     first = onnxq.quantize(m, batches(), **options).model.SerializeToString()
     again = onnxq.quantize(m, batches(), **options).model.SerializeToString()
     assert first == again
+
+
+def test_a_calibration_cache_skips_the_float_rewrites(tmp_path):
+    m = conv_then_matmul()
+    cache = tmp_path / "stats.json"
+    options = dict(cle=True, smoothquant_min_spread=1.0, progress=False)
+    saved = onnxq.quantize(m, batches(), save_calibration=cache, **options)
+    loaded = onnxq.quantize(m, batches(), load_calibration=cache, **options)
+    for result in (saved, loaded):
+        report = result.report
+        assert "recovery" not in report.to_dict()  # neither CLE nor SmoothQuant ran
+        assert any(w.startswith("cle skipped: a calibration cache") for w in report.warnings)
+        assert any(n.startswith("smoothquant skipped: a calibration cache") for n in report.notes)
+    assert saved.model.SerializeToString() == loaded.model.SerializeToString()
