@@ -45,6 +45,7 @@ from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
 from onnxq.prepare import ModelLike, prepare
 from onnxq.ranges import activation_ranges
+from onnxq.recover.stages import Recovery, choose_weights, recalibrate, rewrite_float
 from onnxq.report import Report
 from onnxq.scale.executor import Executor
 from onnxq.verify import float_reference, verify
@@ -214,6 +215,12 @@ def quantize(
             kept_out, data = hold_out(
                 data, heldout, inputs, cfg.accuracy.heldout_batches, batch_size, cfg.preprocess
             )
+        recovery = Recovery()  # accuracy recovery (onnxq.recover): exact float rewrites first
+        prepared.model = rewrite_float(
+            prepared.model, profile, cfg.recovery, cfg.placement, cfg.calibration, data, inputs,
+            recovery, cached=save_calibration is not None or load_calibration is not None,
+        )  # fmt: skip
+        graph = ir.Graph(prepared.model)
         facts, view = GraphFacts.of(graph, profile), GraphView.of(graph, profile)
         saving = save_calibration is not None
         measure = statistics_source(
@@ -243,17 +250,34 @@ def quantize(
                 statistics.unobservable,
             )
         ranges = activation_ranges(annotations, statistics.stats, profile, cfg.percentile)
+        again = recalibrate(
+            prepared.model, annotations, ranges.qparams, statistics, profile, cfg.recovery,
+            cfg.calibration, cfg.weights, data, inputs, recovery,
+            lambda measured: activation_ranges(
+                annotations, measured.stats, profile, cfg.percentile
+            ).qparams,
+        )  # fmt: skip
+        if again is not None:  # quantized-prefix ranges
+            statistics = again
+            ranges = activation_ranges(annotations, statistics.stats, profile, cfg.percentile)
+        chosen = choose_weights(
+            prepared.model, annotations, profile, cfg.recovery, cfg.calibration, cfg.weights,
+            data, inputs, recovery,
+        )  # fmt: skip
         bias = None
         if cfg.bias_correction and data is not None:
             bias = bias_correction_pass(
-                prepared.model, annotations, profile, cfg.weights, data, inputs, cfg.max_batches
-            )
+                prepared.model, annotations, profile, cfg.weights, data, inputs,
+                cfg.max_batches, chosen,
+            )  # fmt: skip
         # the float outputs first: their session is gone before the quantized model is built
         reference = float_reference(
             prepared.take_reference(), prepared.model, statistics.held, profile
         )
         float_weight_bytes = ir.weight_nbytes(prepared.model)
-        placed = materialize(prepared.model, annotations, ranges.qparams, profile, cfg.weights)
+        placed = materialize(
+            prepared.model, annotations, ranges.qparams, profile, cfg.weights, chosen
+        )
         if ir.external.lazy_nbytes(prepared.model) < ir.external.LAZY_BYTES:
             ir.external.load_all(prepared.model)  # float weights that stayed float (biases)
         verification = verify(
@@ -273,6 +297,7 @@ def quantize(
         placed=placed,
         verification=verification,
         mixed_precision=mixed,
+        recovery=recovery,
     )
     report = _report(outcome)
     report.weight_bytes = (float_weight_bytes, ir.weight_nbytes(prepared.model))
@@ -313,6 +338,7 @@ def _report(outcome: Outcome) -> Report:
         warnings=said.warnings,
         notes=said.notes,
         bias_corrections=o.bias.corrections if o.bias is not None else [],
+        recovery=o.recovery.to_dict() if o.recovery is not None else {},
         default_session=o.verification.default_session,
         mixed_precision=o.mixed_precision.to_dict() if o.mixed_precision is not None else None,
     )

@@ -25,7 +25,7 @@ doing it layer by layer costs one pass per layer.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -37,7 +37,7 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.data import check_batch
 from onnxq.errors import InternalError, UnsupportedModelError
 from onnxq.inputs import Batch, InputSpec
-from onnxq.observers import dequantize_weight, quantize_weight, weight_qparams
+from onnxq.observers import QParams, dequantize_weight, quantize_weight, weight_qparams
 from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations
 from onnxq.precisions import tensor_qtype
@@ -86,6 +86,7 @@ def bias_correction_pass(
     data: Iterable[Batch],
     inputs: list[InputSpec],
     max_batches: int | None = None,
+    chosen_weights: Mapping[str, tuple[QParams, np.ndarray]] | None = None,
 ) -> BiasCorrectionPass:
     """:func:`correct_biases` when the calibration data can be read again and the model's
     quantized weights fit next to its float ones; else the reason it is skipped."""
@@ -94,7 +95,9 @@ def bias_correction_pass(
     if ir.model_nbytes(model) >= ir.PROTO_LIMIT:
         return BiasCorrectionPass(skipped="model too large")
     return BiasCorrectionPass(
-        correct_biases(model, annotations, profile, weights, data, inputs, max_batches)
+        correct_biases(
+            model, annotations, profile, weights, data, inputs, max_batches, chosen_weights
+        )
     )
 
 
@@ -106,15 +109,18 @@ def correct_biases(
     data: Iterable[Batch],
     inputs: list[InputSpec],
     max_batches: int | None = None,
+    chosen_weights: Mapping[str, tuple[QParams, np.ndarray]] | None = None,
 ) -> list[BiasCorrection]:
     """Subtract each quantized layer's mean output shift ``E[(W_q - W) x]``, measured on
     ``data``, from its float bias in ``model`` (edited in place); returns what was corrected.
 
     Layers whose bias is not a float initializer of their own (no bias, a shared one, a
-    MatMul not followed by a constant Add) are left alone.
+    MatMul not followed by a constant Add) are left alone.  ``chosen_weights``: integer
+    weights decided before (AdaRound; weight tensor -> (qparams, integer values)), which
+    ``W_q`` then is; other weights are rounded to nearest.
     """
     graph = ir.Graph(model)
-    targets = _targets(graph, annotations, profile, weights)
+    targets = _targets(graph, annotations, profile, weights, chosen_weights or {})
     if not targets:
         return []
     probe, outputs = _probe_model(model, targets)
@@ -145,7 +151,11 @@ def correct_biases(
 
 # --------------------------------------------------------------------------- targets
 def _targets(
-    graph: ir.Graph, annotations: Annotations, profile: BackendProfile, options: WeightOptions
+    graph: ir.Graph,
+    annotations: Annotations,
+    profile: BackendProfile,
+    options: WeightOptions,
+    chosen: Mapping[str, tuple[QParams, np.ndarray]],
 ) -> list[_Target]:
     """Quantized weighted layers whose bias is a float initializer of their own."""
     from onnxq.materialize import weight_limits
@@ -167,10 +177,14 @@ def _targets(
         if where is None or w is None:
             continue
         bias, axis, rank, scale = where
-        qmax = limits[ann.tensor]
-        dtype = tensor_qtype("weight", ann.settings.precision, profile.activation_dtype).name
-        qp = weight_qparams(w, ann.axis, qmax, options.weight_method, dtype)
-        dequantized = dequantize_weight(quantize_weight(w, qp, qmax), qp)
+        if ann.tensor in chosen:
+            qp, values = chosen[ann.tensor]
+            dequantized = dequantize_weight(values, qp)
+        else:
+            qmax = limits[ann.tensor]
+            dtype = tensor_qtype("weight", ann.settings.precision, profile.activation_dtype).name
+            qp = weight_qparams(w, ann.axis, qmax, options.weight_method, dtype)
+            dequantized = dequantize_weight(quantize_weight(w, qp, qmax), qp)
         out.append(_Target(node, bias, scale, axis, rank, dequantized))
     return out
 

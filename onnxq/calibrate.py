@@ -169,6 +169,7 @@ def calibrate(
     channels: frozenset[str] = frozenset(),
     positions: frozenset[str] = frozenset(),
     executor: Executor | None = None,
+    optimize: bool = True,
 ) -> CalibrationResult:
     """Observe ``tensors`` (name -> needs a histogram) over the batches of ``source``.
 
@@ -191,6 +192,9 @@ def calibrate(
 
     ``executor`` (:mod:`onnxq.scale`): observe shards of the batches there (on a Ray
     cluster, say) and merge them; the result is the same as without it.
+
+    ``optimize=False`` runs the model as written (a Q/DQ model's own arithmetic, not
+    onnxruntime's fused kernels); it runs in this process.
     """
     graph = ir.Graph(model)
     plan = plan_calibration(
@@ -206,7 +210,7 @@ def calibrate(
         positions=positions,
         graph=graph,
     )
-    if executor is not None:
+    if executor is not None and optimize:
         from onnxq.scale.calibration import observe_sharded
 
         held, shards = observe_sharded(
@@ -221,6 +225,7 @@ def calibrate(
         hold=hold,
         progress=progress,
         graph=graph,
+        optimize=optimize,
     )
     return finish(plan, [observed], observed.held)
 
@@ -266,13 +271,14 @@ def observe(
     progress: bool = False,
     graph: ir.Graph | None = None,
     sessions: SessionCache | None = None,
+    optimize: bool = True,
 ) -> Observation:
     """One pass per group of ``plan`` over the batches that ``batches()`` gives (called once
     per pass; its first batch is batch ``start`` of the whole calibration), holding the first
     ``hold`` of them.  ``sessions``: where a caller that observes several shards keeps the
     last group's session for the next one."""
     graph = graph if graph is not None else ir.Graph(model)
-    observer = _Observer(model, graph, plan, inputs, sessions or SessionCache())
+    observer = _Observer(model, graph, plan, inputs, sessions or SessionCache(), optimize)
     # statistics of batch i are taken on a worker thread while onnxruntime runs batch i+1
     # (both release the GIL); once that run is done the main thread takes the tensors of batch
     # i that the worker has not started (:class:`_BatchWork`), so no core waits idle.  At most
@@ -376,9 +382,10 @@ class _Observer:
         plan: CalibrationPlan,
         inputs: list[InputSpec],
         sessions: SessionCache,
+        optimize: bool = True,
     ) -> None:
         self.model, self.graph, self.plan, self.inputs = model, graph, plan, inputs
-        self.sessions = sessions
+        self.sessions, self.optimize = sessions, optimize
         # no statistics thread (min/max only): onnxruntime's idle threads may spin
         self.spinning = not any(plan.tensors.values())
         self.seen = Observation(
@@ -397,10 +404,13 @@ class _Observer:
     def _session(self, exposed: list[str], plans: list[PeaksPlan]) -> Any:
         if not exposed and not plans:
             return None, ir.ProbePlan()
-        key = (tuple(exposed), tuple(plan.tensor for plan in plans), self.spinning)
+        key = (tuple(exposed), tuple(plan.tensor for plan in plans), self.spinning, self.optimize)
         try:
             return self.sessions.get(
-                key, lambda: _peaks_session(self.model, self.graph, exposed, plans, self.spinning)
+                key,
+                lambda: _peaks_session(
+                    self.model, self.graph, exposed, plans, self.spinning, self.optimize
+                ),
             )
         except UnsupportedModelError as exc:
             raise _blamed(self.model, None, exc) from None
@@ -462,6 +472,7 @@ def _peaks_session(
     exposed: list[str],
     plans: list[PeaksPlan],
     spinning: bool,
+    optimize: bool = True,
 ) -> tuple[Any, ir.ProbePlan]:
     """A session whose outputs are the top-level tensors of ``exposed``, the probes of its
     tensors inside control-flow bodies (``ProbePlan.outputs``) and the joined maxima of
@@ -471,7 +482,7 @@ def _peaks_session(
         with ir.with_channel_peaks(
             model, top + probes.outputs, [plan.tensor for plan in plans]
         ) as aug:
-            return make_session(aug, spinning=spinning), probes
+            return make_session(aug, optimize=optimize, spinning=spinning), probes
 
 
 def _take_probes(probes: ir.ProbePlan, outs: dict[str, Any], runs: dict[str, int]) -> None:

@@ -199,6 +199,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     _target_flags(q)
     _weight_only_flags(q)
+    from onnxq.recover.flags import add_recovery_flags
+
+    add_recovery_flags(q)
     q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
     q.add_argument(
         "--external-data",
@@ -449,6 +452,7 @@ def _quantize(args: argparse.Namespace) -> int:
     from onnxq.api import check_paths, quantize
     from onnxq.errors import OutputError
     from onnxq.fidelity_messages import latency_warning
+    from onnxq.recover.flags import recovery_options
 
     if not args.output or args.output.endswith(("/", "\\")) or Path(args.output).is_dir():
         raise OutputError(
@@ -499,6 +503,7 @@ def _quantize(args: argparse.Namespace) -> int:
         device=args.device,
         executor=_ray_executor(args.ray, args.device),
         **_selections(args),
+        **recovery_options(args),
     )
     try:
         written = result.save(

@@ -34,6 +34,7 @@ from onnxq.options import (
     AccuracyOptions,
     CalibrationOptions,
     PlacementOptions,
+    RecoveryOptions,
     TargetOptions,
     WeightOnlyOptions,
     WeightOptions,
@@ -46,6 +47,7 @@ from onnxq.overrides import (
     check_precision,
     parse_override,
 )
+from onnxq.recover.options import CALIBRATION_MODES, check_engine
 from onnxq.weightonly import WEIGHT_ALGORITHMS, WEIGHT_ONLY
 
 WEIGHT_STORAGE = ("int8", "qdq")
@@ -202,6 +204,21 @@ class QuantConfig:
             integer zero point per block (onnxruntime).
         weight_accuracy_level: weight-only, onnxruntime: MatMulNBits' ``accuracy_level``
             (0-4; 4 computes with int8 activations); ``None``: the measured default.
+        cle: cross-layer equalization of Conv -> (Relu | LeakyRelu | PRelu | nothing) ->
+            Conv pairs before calibration (an exact float rewrite; ``onnxq.recover.cle``).
+        smoothquant: SmoothQuant's migration strength ``alpha`` in (0, 1] for the inputs of
+            quantized MatMul/Gemm layers (an exact float rewrite from per-channel maxima on the
+            calibration data; ``onnxq.recover.smoothquant``); ``0``: off.
+        smoothquant_min_spread: SmoothQuant leaves an input alone whose largest channel peak
+            is less than this many times the median channel's (no outliers to migrate).
+        calibration_mode: ``float`` (ranges from the float model) or ``prefix`` (measured again
+            with every earlier layer quantized: two more passes; ``onnxq.recover.prefix``).
+        adaround: learn the rounding of every quantized Conv/Gemm/MatMul weight from its
+            layer's inputs and outputs on the calibration data (``onnxq.recover.adaround``).
+        adaround_steps: optimisation steps per layer.
+        adaround_rows: input rows per layer that AdaRound's statistics are taken from.
+        adaround_engine: ``numpy`` or ``torch`` (when installed; the same steps, same
+            integers but for ties within float error).
     """
 
     backend: str = option("tensorrt", one_of(lambda: BACKENDS, "backend"))
@@ -241,6 +258,14 @@ class QuantConfig:
     weight_algorithm: str = option("auto", one_of(lambda: WEIGHT_ALGORITHMS, "algorithm"))
     weight_symmetric: bool = option(True)
     weight_accuracy_level: int | None = option(None, must(lambda v: 0 <= v <= 4, "be 0..4"))
+    cle: bool = option(False)
+    smoothquant: float = option(0.8, must(lambda v: 0.0 <= v <= 1.0, "be in [0, 1]"))
+    smoothquant_min_spread: float = option(8.0, must(lambda v: v >= 1, "be >= 1"))
+    calibration_mode: str = option("float", one_of(lambda: CALIBRATION_MODES, "mode"))
+    adaround: bool = option(False)
+    adaround_steps: int = option(500, must(lambda v: v >= 0, "be >= 0"))
+    adaround_rows: int = option(4096, must(lambda v: v >= 1, "be >= 1"))
+    adaround_engine: str = option("numpy", check_engine)
 
     def __post_init__(self) -> None:
         # values from Python are checked like those from YAML: type first, then value
@@ -278,6 +303,11 @@ class QuantConfig:
     def weight_only_options(self) -> WeightOnlyOptions:
         """The options a weight-only run reads (``weight_only`` set)."""
         return view(WeightOnlyOptions, self)
+
+    @property
+    def recovery(self) -> RecoveryOptions:
+        """The options the accuracy-recovery steps (``onnxq.recover``) read."""
+        return view(RecoveryOptions, self)
 
     # -- queries (PlacementOptions answers them) ---------------------------------------------
     def node_excluded(self, node_name: str, op_type: str) -> str | None:

@@ -13,6 +13,7 @@ onnxruntime's dynamic kernels instead (:mod:`onnxq.materialize_dynamic`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -22,7 +23,13 @@ from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.errors import InternalError
 from onnxq.metadata import METADATA_KEY, Placed, read_metadata, read_target_cpu, write_metadata
-from onnxq.observers import QParams, qtype_of_array, quantize_weight, weight_qparams
+from onnxq.observers import (
+    QParams,
+    dequantize_weight,
+    qtype_of_array,
+    quantize_weight,
+    weight_qparams,
+)
 from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations, TensorAnnotation
 from onnxq.precisions import QType, tensor_qtype
@@ -37,8 +44,12 @@ def materialize(
     activation_qparams: dict[str, QParams],
     profile: BackendProfile,
     weights_options: WeightOptions,
+    chosen_weights: Mapping[str, tuple[QParams, np.ndarray]] | None = None,
 ) -> list[Placed]:
     """Insert Q/DQ into ``model`` (edited in place); returns what was placed, in order.
+
+    ``chosen_weights``: weight tensor -> (qparams, integer values) decided before (AdaRound);
+    other weights are rounded to nearest here.
 
     Q/DQ nodes (and the constants they read) go into the graph of the consumers they serve: a
     control-flow body's for an op inside it, one set per graph when a tensor is read in
@@ -55,7 +66,11 @@ def materialize(
     weights: dict[str, QParams] = {}
     placed: list[Placed] = []
     limits = weight_limits(graph, annotations, profile)
+    chosen = dict(chosen_weights or {})
     for ann in annotations.of_kind("weight"):
+        if ann.tensor in chosen:
+            weights[ann.tensor] = chosen[ann.tensor][0]
+            continue
         value = _reader_scope(ann, where, graph).const_value(ann.tensor)
         if value is None:
             raise InternalError(f"weight {ann.tensor!r} lost its constant value")
@@ -74,7 +89,8 @@ def materialize(
             continue  # no statistics (the report says so), or a bias that stays float
         qtype = qtype_of_array(np.asarray(qp.zero_point))
         for scope, readers in _readers_by_scope(ann, where):
-            out = _insert(scope, ann, qp, limits.get(ann.tensor, 0), weights_options, opset)
+            values = chosen[ann.tensor][1] if ann.tensor in chosen else None
+            out = _insert(scope, ann, qp, limits.get(ann.tensor, 0), weights_options, opset, values)
             for node, index in readers:
                 scope.set_input(node, index, out)
         bits = _bits(ann, qtype, limits.get(ann.tensor, 0))
@@ -149,14 +165,16 @@ def _insert(
     weight_limit: int,
     options: WeightOptions,
     opset: int,
+    values: np.ndarray | None = None,
 ) -> str:
     """Q/DQ (or DQ of a stored constant) for ``ann`` in ``graph``; returns the tensor its
     readers read instead (``weight_limit``: a weight's largest integer magnitude; ``opset``:
-    the model's, which decides the domain of a 16-bit pair)."""
+    the model's, which decides the domain of a 16-bit pair; ``values``: a weight's integers
+    chosen before, else round-to-nearest)."""
     if ann.kind in ("activation", "shared"):
         return _qdq(graph, ann.tensor, qp, opset)
     if ann.kind == "weight":
-        return _weight(graph, ann.tensor, qp, weight_limit, options, opset)
+        return _weight(graph, ann.tensor, qp, weight_limit, options, opset, values)
     value = graph.const_value(ann.tensor)
     assert value is not None
     return _dequantize_const(graph, ann.tensor, _int32_bias(value, qp), qp)
@@ -242,16 +260,34 @@ def _stored_as(qp: QParams, dtype: str) -> QParams:
 
 
 def _weight(
-    graph: ir.Graph, tensor: str, qp: QParams, qmax: int, options: WeightOptions, opset: int
+    graph: ir.Graph,
+    tensor: str,
+    qp: QParams,
+    qmax: int,
+    options: WeightOptions,
+    opset: int,
+    values: np.ndarray | None = None,
 ) -> str:
+    """The weight behind DequantizeLinear (int8 storage, or uint8 where the zero point says so)
+    or Q -> DQ (``qdq``); ``values``: integers chosen before, else round-to-nearest."""
     if options.weight_storage == "qdq":
+        if values is not None:  # the float weight that Q maps back onto exactly these integers
+            graph.set_initializer(tensor, dequantize_weight(values, _signed(qp)))
         return _qdq(graph, tensor, qp, opset)
-    value = graph.const_value(tensor)
-    assert value is not None
-    q = quantize_weight(value, qp, qmax)
-    if np.asarray(qp.zero_point).dtype == np.uint8:
-        q = (q.astype(np.int16) + UINT8_MIDPOINT).astype(np.uint8)
-    return _dequantize_const(graph, tensor, q, qp)
+    if values is None:
+        value = graph.const_value(tensor)
+        assert value is not None
+        values = quantize_weight(value, _signed(qp), qmax)
+    if np.asarray(qp.zero_point).dtype == np.uint8:  # the int8 values + 128
+        values = (values.astype(np.int16) + UINT8_MIDPOINT).astype(np.uint8)
+    return _dequantize_const(graph, tensor, values, qp)
+
+
+def _signed(qp: QParams) -> QParams:
+    """``qp`` with a uint8-stored weight's zero point back at 0 (its int8 values' qparams)."""
+    if np.asarray(qp.zero_point).dtype != np.uint8:
+        return qp
+    return replace(qp, zero_point=np.zeros(np.shape(qp.zero_point), np.int8))
 
 
 def _dequantize_const(graph: ir.Graph, tensor: str, values: np.ndarray, qp: QParams) -> str:

@@ -28,6 +28,7 @@ from onnxq.options import CalibrationOptions, PlacementOptions
 from onnxq.place.annotations import Annotations
 from onnxq.prepare import Prepared
 from onnxq.ranges import RangeRemark
+from onnxq.recover.stages import Recovery
 from onnxq.verify import Verification
 
 MIN_SAMPLES = 32  # calibration samples below which the report warns that ranges may not cover
@@ -84,6 +85,7 @@ class Outcome:
     placed: list[Placed]  # the tensors that got Q/DQ
     verification: Verification
     mixed_precision: MixedPrecision | None = None  # the accuracy target's search
+    recovery: Recovery | None = None  # what the accuracy-recovery steps did
 
 
 @dataclass(frozen=True)
@@ -106,12 +108,14 @@ def messages(outcome: Outcome) -> Messages:
         *half_precision(o.graph, o.profile),
         *weight_inputs(o.prepared.weight_inputs),
         *bias_correction_skipped(o.bias),
+        *(o.recovery.warnings if o.recovery is not None else []),
         *nothing_quantized(len(o.placed), o.profile),
         *fidelity_warnings,
         *(o.mixed_precision.warnings() if o.mixed_precision is not None else []),
     ]
     notes = [
         *load_notes(o.prepared),
+        *(o.recovery.notes if o.recovery is not None else []),
         *o.annotations.notes,
         *profile_notes(o.profile),
         *budget_note(o.statistics, o.config.calibration),

@@ -3,7 +3,8 @@
 A stage takes the small value it uses, not the whole config: choosing the backend profile (and
 the CPU class it is tuned for) a :class:`TargetOptions`, placement a :class:`PlacementOptions`,
 calibration a :class:`CalibrationOptions`, the weight passes (materialize, bias correction) a
-:class:`WeightOptions`, a weight-only run (``onnxq.weightonly``) a :class:`WeightOnlyOptions`.
+:class:`WeightOptions`, a weight-only run (``onnxq.weightonly``) a :class:`WeightOnlyOptions`, the
+accuracy-recovery steps a :class:`RecoveryOptions`.
 Each is a view over QuantConfig fields of the same names and types (``QuantConfig.placement``
 and friends build them; a test holds the two declarations together), so a field is declared
 once, in QuantConfig, and a stage that needs it lists it here.  They have no defaults of their
@@ -198,6 +199,21 @@ def node_excluded(
     return None
 
 
+@dataclass(frozen=True)
+class RecoveryOptions:
+    """What the accuracy-recovery steps read (``onnxq.recover``): which algorithms run, and
+    AdaRound's effort."""
+
+    cle: bool
+    smoothquant: float
+    smoothquant_min_spread: float
+    calibration_mode: str
+    adaround: bool
+    adaround_steps: int
+    adaround_rows: int
+    adaround_engine: str
+
+
 View = TypeVar(
     "View",
     TargetOptions,
@@ -206,6 +222,7 @@ View = TypeVar(
     WeightOptions,
     AccuracyOptions,
     WeightOnlyOptions,
+    RecoveryOptions,
 )
 
 
@@ -218,6 +235,7 @@ __all__ = [
     "AccuracyOptions",
     "CalibrationOptions",
     "PlacementOptions",
+    "RecoveryOptions",
     "TargetOptions",
     "WeightOnlyOptions",
     "WeightOptions",

@@ -44,6 +44,7 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # model-wide choices worth knowing
     bias_corrections: list[BiasCorrection] = field(default_factory=list)
+    recovery: dict[str, Any] = field(default_factory=dict)  # onnxq.recover's steps, JSON-ready
     # a model validated unfused, run in onnxruntime's default (fused) session on this machine
     default_session: DefaultSessionView | None = None
     # the accuracy target's search (onnxq.mixed_precision.MixedPrecision.to_dict); None: none
@@ -115,6 +116,7 @@ class Report:
                 if self.mixed_precision is not None
                 else {}
             ),
+            **({"recovery": self.recovery} if self.recovery else {}),
             "fidelity": {
                 "mode": self.fidelity_mode,
                 "outputs": [asdict(f, dict_factory=_listed) for f in self.fidelity],
@@ -179,6 +181,10 @@ class Report:
             from onnxq.mixed_precision import summary_lines
 
             lines.extend(summary_lines(self.mixed_precision))
+        if self.recovery:
+            from onnxq.recover.stages import summary
+
+            lines.append("recovery: " + summary(self.recovery))
         for f in self.fidelity:
             if f.selected_by:
                 lines.append(

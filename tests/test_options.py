@@ -10,12 +10,18 @@ import pytest
 
 from onnxq.config import QuantConfig
 from onnxq.errors import ConfigError
-from onnxq.options import CalibrationOptions, PlacementOptions, TargetOptions, WeightOptions
+from onnxq.options import (
+    CalibrationOptions,
+    PlacementOptions,
+    RecoveryOptions,
+    TargetOptions,
+    WeightOptions,
+)
 from onnxq.overrides import Override
 
 
 @pytest.mark.parametrize(
-    "view", [TargetOptions, PlacementOptions, CalibrationOptions, WeightOptions]
+    "view", [TargetOptions, PlacementOptions, CalibrationOptions, WeightOptions, RecoveryOptions]
 )
 def test_every_stage_option_is_a_quantconfig_field_of_the_same_type(view):
     config = typing.get_type_hints(QuantConfig)

@@ -1,0 +1,69 @@
+"""The accuracy-recovery flags of ``onnxq quantize`` and the QuantConfig fields they set."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from onnxq.recover.options import CALIBRATION_MODES
+from onnxq.recover.smoothquant import DEFAULT_ALPHA
+
+
+def add_recovery_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the accuracy-recovery options to ``parser`` (``quantize``; docs/accuracy.md)."""
+    r = parser.add_argument_group("accuracy recovery (docs/accuracy.md)")
+    on_off = argparse.BooleanOptionalAction
+    r.add_argument(
+        "--cle",
+        action=on_off,
+        help="cross-layer equalization of Conv -> [Relu] -> Conv pairs (exact float rewrite; "
+        "a Clip between them leaves the pair alone)",
+    )
+    r.add_argument(
+        "--smoothquant",
+        type=float,
+        nargs="?",
+        const=DEFAULT_ALPHA,
+        metavar="ALPHA",
+        help="migrate the outlier channels of MatMul/Gemm inputs into the weights with "
+        f"strength ALPHA in (0, 1] (exact float rewrite; on by default, alpha {DEFAULT_ALPHA})",
+    )
+    r.add_argument(
+        "--no-smoothquant",
+        dest="smoothquant",
+        action="store_const",
+        const=0.0,
+        help="turn SmoothQuant off (the same as --smoothquant 0)",
+    )
+    r.add_argument(
+        "--calibration-mode",
+        choices=CALIBRATION_MODES,
+        help="float: ranges from the float model; prefix: measured again with every earlier "
+        "layer quantized (two more passes)",
+    )
+    r.add_argument(
+        "--adaround",
+        action=on_off,
+        help="learn each Conv/Gemm/MatMul weight's rounding from its layer's inputs and "
+        "outputs on the calibration data",
+    )
+    r.add_argument(
+        "--adaround-steps", type=int, metavar="N", help="AdaRound steps per layer (default 500)"
+    )
+    r.add_argument(
+        "--bias-correction",
+        action=on_off,
+        help="subtract each layer's mean output shift from weight rounding from its bias",
+    )
+
+
+def recovery_options(args: argparse.Namespace) -> dict[str, Any]:
+    """QuantConfig fields the recovery flags set (None: not given, the config decides)."""
+    return {
+        "cle": args.cle,
+        "smoothquant": args.smoothquant,
+        "calibration_mode": args.calibration_mode,
+        "adaround": args.adaround,
+        "adaround_steps": args.adaround_steps,
+        "bias_correction": args.bias_correction,
+    }

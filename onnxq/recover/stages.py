@@ -1,0 +1,226 @@
+"""The accuracy-recovery steps as the pipeline calls them, one function per place in it.
+
+* :func:`rewrite_float` before placement: cross-layer equalization and SmoothQuant, exact
+  float rewrites of the model;
+* :func:`recalibrate` after the float calibration: quantized-prefix ranges;
+* :func:`choose_weights` before materialize: AdaRound's integer weights.
+
+Each does nothing unless its option is on, and records what it did in a :class:`Recovery`
+(the report's ``recovery`` section); a step that cannot run (no calibration data that can be
+read again, a model too large to copy) adds a warning instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+
+from onnxq import ir
+from onnxq.backends.profile import BackendProfile
+from onnxq.calibrate import CalibrationResult
+from onnxq.inputs import Batch, InputSpec
+from onnxq.observers import QParams
+from onnxq.options import CalibrationOptions, PlacementOptions, RecoveryOptions, WeightOptions
+from onnxq.place.annotations import Annotations
+from onnxq.place.engine import annotate
+from onnxq.place.facts import GraphFacts
+from onnxq.recover.adaround import ChosenWeight, adaround
+from onnxq.recover.cle import equalize
+from onnxq.recover.prefix import PASSES, prefix_calibrate
+from onnxq.recover.smoothquant import smooth
+
+
+@dataclass
+class Recovery:
+    """What the recovery steps did, for the report (JSON-ready), their warnings, and notes
+    (a step that is on by default and did not run says why in a note, not a warning)."""
+
+    sections: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.sections)
+
+
+def rewrite_float(
+    model: onnx.ModelProto,
+    profile: BackendProfile,
+    options: RecoveryOptions,
+    placement: PlacementOptions,
+    calibration: CalibrationOptions,
+    data: Iterable[Batch] | None,
+    inputs: list[InputSpec],
+    recovery: Recovery,
+    cached: bool = False,
+) -> onnx.ModelProto:
+    """CLE and SmoothQuant on ``model`` (edited in place, returned with shapes inferred).
+
+    ``cached``: the run saves or loads a calibration cache, whose statistics are those of the
+    model as given: both steps are skipped (a cache saved with them would not fit a model
+    loaded without them, nor the reverse)."""
+    if cached:
+        why = "skipped: a calibration cache holds the statistics of the model without it"
+        if options.cle:
+            recovery.warnings.append(f"cle {why}")
+        if options.smoothquant > 0:
+            recovery.notes.append(f"smoothquant {why}")
+        return model
+    if options.cle:
+        graph = ir.Graph(model)
+        modified, pairs = equalize(graph)
+        if modified:
+            graph.commit()
+            model = ir.infer_shapes(graph.model)
+        recovery.sections["cle"] = {
+            "equalized": sum(p.equalized for p in pairs),
+            "pairs": [p.to_dict() for p in pairs],
+        }
+    alpha = options.smoothquant
+    tensors = _matmul_inputs(model, profile, placement) if alpha > 0 else []
+    if tensors and _readable_again(data, "smoothquant", recovery, said=recovery.notes):
+        assert data is not None
+        model, smoothed = smooth(
+            model,
+            tensors,
+            data,
+            inputs,
+            alpha=float(alpha),
+            max_batches=calibration.max_batches,
+            progress=calibration.progress,
+            min_spread=options.smoothquant_min_spread,
+        )
+        recovery.sections["smoothquant"] = {
+            "alpha": float(alpha),
+            "min_spread": options.smoothquant_min_spread,
+            "candidates": len(tensors),
+            "tensors": [s.to_dict() for s in smoothed],
+        }
+    return model
+
+
+def recalibrate(
+    model: onnx.ModelProto,
+    annotations: Annotations,
+    qparams: dict[str, QParams],
+    result: CalibrationResult,
+    profile: BackendProfile,
+    options: RecoveryOptions,
+    calibration: CalibrationOptions,
+    weights: WeightOptions,
+    data: Iterable[Batch] | None,
+    inputs: list[InputSpec],
+    recovery: Recovery,
+    qparams_of: Callable[[CalibrationResult], dict[str, QParams]],
+) -> CalibrationResult | None:
+    """Statistics measured again with the prefix quantized (``calibration_mode: prefix``), or None
+    (keep the float ones)."""
+    if options.calibration_mode != "prefix":
+        return None
+    if not _readable_again(data, "prefix calibration", recovery, model):
+        return None
+    assert data is not None
+    again = prefix_calibrate(
+        model, annotations, qparams, result, profile, calibration, weights, data, inputs, qparams_of
+    )
+    recovery.sections["calibration"] = {
+        "mode": "prefix",
+        "passes": PASSES,
+        "tensors": len([a for a in annotations.of_kind("activation") if a.tensor in result.stats]),
+    }
+    return again
+
+
+def choose_weights(
+    model: onnx.ModelProto,
+    annotations: Annotations,
+    profile: BackendProfile,
+    options: RecoveryOptions,
+    calibration: CalibrationOptions,
+    weights: WeightOptions,
+    data: Iterable[Batch] | None,
+    inputs: list[InputSpec],
+    recovery: Recovery,
+) -> dict[str, ChosenWeight]:
+    """AdaRound's integer weights (``adaround: true``), by weight tensor."""
+    if not options.adaround or not _readable_again(data, "adaround", recovery, model):
+        return {}
+    assert data is not None
+    chosen, layers = adaround(
+        model, annotations, profile, options, calibration, weights, data, inputs
+    )
+    recovery.sections["adaround"] = {
+        "steps": options.adaround_steps,
+        "learned": sum(layer.kept == "learned" for layer in layers),
+        "layers": [layer.to_dict() for layer in layers],
+    }
+    return chosen
+
+
+def _matmul_inputs(
+    model: onnx.ModelProto, profile: BackendProfile, placement: PlacementOptions
+) -> list[str]:
+    """The activations that placement quantizes (before the data's exclusions) as the data
+    input of a MatMul or Gemm."""
+    graph = ir.Graph(model)
+    by_name = {n.name: n for n in graph.nodes}
+    placed = annotate(GraphFacts.of(graph, profile), profile, placement)
+    return [
+        ann.tensor
+        for ann in placed.of_kind("activation")
+        if any(
+            index == 0 and by_name[node].op_type in ("MatMul", "Gemm")
+            for node, index in ann.consumers
+            if node in by_name
+        )
+    ]
+
+
+def _readable_again(
+    data: Iterable[Batch] | None,
+    step: str,
+    recovery: Recovery,
+    copied: onnx.ModelProto | None = None,
+    said: list[str] | None = None,
+) -> bool:
+    """Whether ``step`` can read the calibration data once more (and, when it needs a copy of
+    the model ``copied``, hold one next to it); if not, why goes to ``said`` (default: the
+    warnings)."""
+    said = recovery.warnings if said is None else said
+    if data is None:
+        said.append(f"{step} skipped: it needs calibration data (--calib)")
+        return False
+    if iter(data) is data:
+        said.append(
+            f"{step} skipped: the calibration source can be read only once; pass a folder or a list"
+        )
+        return False
+    if copied is not None and ir.model_nbytes(copied) >= ir.PROTO_LIMIT:
+        said.append(
+            f"{step} skipped: the model is too large to hold a quantized copy next to the float one"
+        )
+        return False
+    return True
+
+
+def summary(sections: dict[str, Any]) -> str:
+    """One line for the terminal from the report's ``recovery`` section."""
+    parts = []
+    if "cle" in sections:
+        cle = sections["cle"]
+        parts.append(f"CLE equalized {cle['equalized']} of {len(cle['pairs'])} Conv pairs")
+    if "smoothquant" in sections:
+        sq = sections["smoothquant"]
+        parts.append(
+            f"SmoothQuant (alpha {sq['alpha']}) on {len(sq['tensors'])} of {sq['candidates']} "
+            "MatMul/Gemm inputs"
+        )
+    if "calibration" in sections:
+        parts.append(f"prefix calibration ({sections['calibration']['passes']} passes)")
+    if "adaround" in sections:
+        layers = sections["adaround"]["layers"]
+        parts.append(f"AdaRound learned {sections['adaround']['learned']} of {len(layers)} layers")
+    return "; ".join(parts)
