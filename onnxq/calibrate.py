@@ -25,7 +25,6 @@ import io
 import itertools
 import os
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -103,7 +102,7 @@ def make_session(
     )
     with contextlib.ExitStack() as stack:
         if workdir is None:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="onnxq-")))
+            workdir = stack.enter_context(ir.scratch_dir())
         payload = ir.session_bytes_or_path(model, workdir)
         for level in levels:
             opts = ort.SessionOptions()

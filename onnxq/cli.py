@@ -387,7 +387,12 @@ def _precision_flags(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``onnxq`` console script."""
     args = _parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    # Ctrl-C and SIGTERM become KeyboardInterrupt, held off while a scratch folder is made or
+    # removed (onnxq.ir.scratch): an interrupted run leaves nothing behind
+    from onnxq.ir.scratch import interrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     try:
         if args.command == "quantize":
             return _quantize(args)
@@ -442,10 +447,6 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return value
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _quantize(args: argparse.Namespace) -> int:

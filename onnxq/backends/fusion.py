@@ -9,7 +9,6 @@ fused) or was replaced.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,7 +80,7 @@ def fusion_report(
         mixed += found[1]
         float_between += found[2]
         where.update((n.name, scope) for n in found[0])
-    with tempfile.TemporaryDirectory(prefix="onnxq-fusion-") as tmp:
+    with ir.scratch_dir("onnxq-fusion-") as tmp:
         out = Path(tmp) / "optimized.onnx"
         opts = ort.SessionOptions()
         opts.log_severity_level = 4  # failures reach the user as onnxq errors

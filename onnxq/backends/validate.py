@@ -8,9 +8,7 @@ itself says.  For the onnxruntime backend the fused kernels are what the user ru
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -164,8 +162,8 @@ def validation_session(
         if fused
         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
-    with tempfile.TemporaryDirectory(prefix="onnxq-") as workdir:
-        payload = ir.session_bytes_or_path(model, Path(workdir))
+    with ir.scratch_dir() as workdir:
+        payload = ir.session_bytes_or_path(model, workdir)
         placed = device.configure(opts)
         try:
             session = ort.InferenceSession(payload, opts, providers=device.providers(), **placed)

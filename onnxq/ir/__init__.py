@@ -62,6 +62,7 @@ from onnxq.ir.save import (
     session_bytes_or_path,
     weight_nbytes,
 )
+from onnxq.ir.scratch import interrupt, scratch_dir, uninterrupted
 from onnxq.ir.twin import ACCUMULATED, LOCAL, Twin, pruned, twin_model
 
 __all__ = [
@@ -98,6 +99,7 @@ __all__ = [
     "infer_shapes",
     "inline_nbytes",
     "inner_op_types",
+    "interrupt",
     "is_integer_op",
     "load_model",
     "lower_ir_version",
@@ -114,6 +116,7 @@ __all__ = [
     "save_model",
     "scope_index",
     "scopes",
+    "scratch_dir",
     "serialize",
     "session_bytes_or_path",
     "set_domain_opset",
@@ -121,6 +124,7 @@ __all__ = [
     "shapes_for_inputs",
     "sort_nodes",
     "twin_model",
+    "uninterrupted",
     "unrun",
     "unshare_biases",
     "upgrade_opset",

@@ -11,7 +11,6 @@ runs once per batch over the whole pass.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from onnx import helper
 from onnxq.errors import CalibrationDataError
 from onnxq.heap import release_free_memory
 from onnxq.inputs import Batch
+from onnxq.ir.scratch import scratch_dir
 from onnxq.ir.stages import Stage, last_reader, plan_stages, stage_model
 
 
@@ -92,7 +92,7 @@ class LayerwiseRunner:
         sub = stage_model(self.model, stage, types, self._weights)
         keep = [x for x in stage.outputs if self._last.get(x, -1) > k]
         results: dict[str, list[np.ndarray]] = {x: [] for x in keep}
-        with tempfile.TemporaryDirectory(prefix="onnxq-stage-") as tmp:
+        with scratch_dir("onnxq-stage-") as tmp:
             session = make_session(sub, optimize=True, workdir=Path(tmp))
             del sub
             names = list(stage.outputs)
