@@ -36,12 +36,13 @@ import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "digits"
-KNOWN_SECTIONS = (
-    "INT4 weight-only",
-    "Other precisions (FP8, INT16, dynamic)",
-    "Accuracy recovery (CLE, AdaRound, SmoothQuant)",
-    "Mixed precision",
-)
+# the sections every page has, each with the docs page that holds the feature's own measurements
+KNOWN_SECTIONS = {
+    "INT4 weight-only": "weight-only.md",
+    "Other precisions (FP8, INT16, dynamic)": "precisions.md",
+    "Accuracy recovery (CLE, AdaRound, SmoothQuant)": "recovery.md",
+    "Mixed precision": "mixed_precision.md",
+}
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp")
 NOT_MEASURED = "Not measured in this run."
 
@@ -232,7 +233,9 @@ def extra_section(title: str, path: Path | None) -> list[str]:
     """One more evaluation (INT4, precisions, ...): its scores, or that it was not measured."""
     lines = [f"## {title}", ""]
     if path is None:
-        return [*lines, NOT_MEASURED, ""]
+        page = KNOWN_SECTIONS.get(title)
+        where = f" [{page}]({page}) has the figures its own script measured." if page else ""
+        return [*lines, NOT_MEASURED + where, ""]
     run = load_eval(path)
     lines += [
         f"Read from `{path.name}`.",
