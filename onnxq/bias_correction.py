@@ -37,10 +37,9 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.data import check_batch
 from onnxq.errors import InternalError, UnsupportedModelError
 from onnxq.inputs import Batch, InputSpec
-from onnxq.observers import QParams, dequantize_weight, quantize_weight, weight_qparams
+from onnxq.observers import QParams, dequantize_weight, quantize_weight
 from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations
-from onnxq.precisions import tensor_qtype
 
 CORRECTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 MIN_SIGNIFICANCE = 2.0  # a channel's shift must exceed this many standard errors
@@ -158,7 +157,7 @@ def _targets(
     chosen: Mapping[str, tuple[QParams, np.ndarray]],
 ) -> list[_Target]:
     """Quantized weighted layers whose bias is a float initializer of their own."""
-    from onnxq.materialize import weight_limits
+    from onnxq.materialize import weight_limits, weight_qparams_of
 
     weights = {
         node_name: ann
@@ -182,8 +181,7 @@ def _targets(
             dequantized = dequantize_weight(values, qp)
         else:
             qmax = limits[ann.tensor]
-            dtype = tensor_qtype("weight", ann.settings.precision, profile.activation_dtype).name
-            qp = weight_qparams(w, ann.axis, qmax, options.weight_method, dtype)
+            qp = weight_qparams_of(ann, w, qmax, profile, options)
             dequantized = dequantize_weight(quantize_weight(w, qp, qmax), qp)
         out.append(_Target(node, bias, scale, axis, rank, dequantized))
     return out

@@ -69,18 +69,17 @@ def materialize(
     chosen = dict(chosen_weights or {})
     for ann in annotations.of_kind("weight"):
         if ann.tensor in chosen:
-            weights[ann.tensor] = chosen[ann.tensor][0]
-            continue
-        value = _reader_scope(ann, where, graph).const_value(ann.tensor)
-        if value is None:
-            raise InternalError(f"weight {ann.tensor!r} lost its constant value")
-        weight_type = _qtype(ann, profile).name
-        weights[ann.tensor] = _stored_as(
-            weight_qparams(
-                value, ann.axis, limits[ann.tensor], weights_options.weight_method, weight_type
-            ),
-            # uint8 storage is for onnxruntime's fused u8 x u8 kernels: int8 precision only
-            profile.weight_dtype if ann.settings.precision == "int8" else weight_type,
+            weight_qp = chosen[ann.tensor][0]
+        else:
+            value = _reader_scope(ann, where, graph).const_value(ann.tensor)
+            if value is None:
+                raise InternalError(f"weight {ann.tensor!r} lost its constant value")
+            weight_qp = weight_qparams_of(ann, value, limits[ann.tensor], profile, weights_options)
+        # uint8 storage is for onnxruntime's fused u8 x u8 kernels: int8 precision only
+        weights[ann.tensor] = (
+            _stored_as(weight_qp, profile.weight_dtype)
+            if ann.settings.precision == "int8"
+            else weight_qp
         )
     resolved = dict(activation_qparams)
     for ann in annotations.tensors.values():
@@ -103,6 +102,19 @@ def materialize(
         scope.commit()
     write_metadata(model, placed, profile.target_cpu)
     return placed
+
+
+def weight_qparams_of(
+    ann: TensorAnnotation,
+    value: np.ndarray,
+    limit: int,
+    profile: BackendProfile,
+    options: WeightOptions,
+) -> QParams:
+    """A weight's qparams in its precision's type (int8 weights with zero point 0, whatever
+    their storage), its integers within ``+-limit``: what materialize writes and what bias
+    correction measures."""
+    return weight_qparams(value, ann.axis, limit, options.weight_method, _qtype(ann, profile).name)
 
 
 def _qtype(ann: TensorAnnotation, profile: BackendProfile) -> QType:

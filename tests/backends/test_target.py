@@ -132,7 +132,7 @@ def test_a_cost_table_file_sets_the_thresholds_and_the_class(tmp_path, monkeypat
 
 
 def _separable_weights(
-    target: str, reduce_range: bool | None = None
+    target: str, reduce_range: bool | None = None, **options: object
 ) -> tuple[onnxq.QuantizedModel, dict[str, int]]:
     model = ir.infer_shapes(net(SEPARABLE))
     result = onnxq.quantize(
@@ -142,6 +142,7 @@ def _separable_weights(
         target_cpu=target,
         reduce_range=reduce_range,
         progress=False,
+        **options,
     )
     bits = {p.tensor: p.bits for p in result.report.placed if p.kind == "weight"}
     return result, bits
@@ -294,3 +295,17 @@ def test_dynamic_kernels_get_7_bit_int8_weights_where_the_class_stores_uint8():
     profile, note = profile_for(options)
     assert (profile.weight_dtype, profile.weight_qmax, profile.min_macs) == ("int8", 63, 0)
     assert "7-bit" in note
+
+
+def test_adaround_integers_are_stored_as_uint8_where_the_class_stores_uint8():
+    # the learned integers go into the class's storage like round-to-nearest ones
+    avx2, _ = _separable_weights("x86-avx2", adaround=True, adaround_steps=20)
+    vnni, _ = _separable_weights("x86-vnni", adaround=True, adaround_steps=20)
+    stored = {
+        t.name: t.data_type for t in avx2.model.graph.initializer if t.name.endswith("w_quantized")
+    }
+    assert stored and set(stored.values()) == {onnx.TensorProto.UINT8}
+    mine, theirs = _dequantized_weights(avx2.model), _dequantized_weights(vnni.model)
+    assert sorted(mine) == sorted(theirs)
+    for name, values in mine.items():
+        np.testing.assert_array_equal(values, theirs[name])
