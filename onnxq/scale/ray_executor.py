@@ -22,7 +22,7 @@ import collections
 import contextlib
 import logging
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
 from typing import Any
 
 from onnxq import device
@@ -138,7 +138,7 @@ class RayExecutor:
 
     def map(
         self, task: Task[W, S, R], setup: Setup[C, W], context: C, shards: Iterable[S]
-    ) -> Iterator[R]:
+    ) -> Generator[R, None, None]:
         """``task(setup(context), shard)`` for each shard as Ray tasks, results in order."""
         ray = self._ray()
         if id(context) not in self._contexts:
