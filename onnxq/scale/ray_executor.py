@@ -168,19 +168,18 @@ class RayExecutor:
             return ray.get(ref)
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause
+            if (missing := _missing_module(cause)) is not None:
+                raise _cannot_import(missing) from None
             if isinstance(cause, ray.exceptions.RayError):
                 raise self._lost(cause) from None
             if isinstance(cause, (OnnxqError, InternalError)):
                 raise cause.with_traceback(None) from None
-            if isinstance(cause, ModuleNotFoundError) and cause.name and "onnxq" in cause.name:
-                raise ResourceError(
-                    f"a Ray worker cannot import onnxq ({cause}): install onnxq, the same "
-                    "version as here, on every node of the cluster"
-                ) from None
             raise InternalError(
                 f"a Ray task of onnxq failed: {type(cause).__name__}: {_one_line(cause)}"
             ) from exc
         except ray.exceptions.RayError as exc:
+            if (missing := _missing_module(exc)) is not None:
+                raise _cannot_import(missing) from None
             raise self._lost(exc) from None
 
     def _lost(self, exc: BaseException) -> ResourceError:
@@ -233,6 +232,30 @@ def _cancel(ray: Any, refs: list[Any]) -> None:
     for ref in done:
         with contextlib.suppress(Exception):
             ray.get(ref, timeout=0)
+
+
+def _missing_module(exc: BaseException | None) -> ModuleNotFoundError | None:
+    """The missing module behind ``exc``: raised by the task, or by unpickling what the task
+    carries (Ray wraps that in a ``RaySystemError``)."""
+    for _ in range(4):
+        if exc is None or isinstance(exc, ModuleNotFoundError):
+            return exc
+        exc = getattr(exc, "client_exc", None) or getattr(exc, "cause", None)
+    return None
+
+
+def _cannot_import(missing: ModuleNotFoundError) -> ResourceError:
+    name = missing.name or str(missing)
+    if "onnxq" in name:
+        return ResourceError(
+            f"a Ray worker cannot import onnxq ({missing}): install onnxq, the same version as "
+            "here, on every node of the cluster"
+        )
+    return ResourceError(
+        f"a Ray worker cannot import the module {name!r} that its task refers to (an accuracy "
+        "target's metric, say): install it on every node of the cluster, the same version as "
+        "here, or define the metric in a module the workers have"
+    )
 
 
 def _remote(ray: Any) -> Any:
