@@ -187,6 +187,7 @@ def main() -> None:
     same_model = len({run["sha256"] for run in every}) == 1
     same_record = len({run["record"] for run in every}) == 1
     print(f"outputs byte-identical across all runs: {'yes' if same_model else 'NO'}")
+    print("  sha256 " + ", ".join(sorted({str(run["sha256"]) for run in every})))
     print(
         f"search records (ranking, kept layers, scores) identical: {'yes' if same_record else 'NO'}"
     )
