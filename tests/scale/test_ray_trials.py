@@ -17,10 +17,16 @@ import pytest
 
 import onnxq
 import onnxq.sensitivity
+from onnxq import ir
 from onnxq.accuracy_target import AccuracyTarget
+from onnxq.backends.target import profile_for
 from onnxq.cli import main
-from onnxq.errors import ConfigError, ResourceError
-from onnxq.scale import RayExecutor
+from onnxq.config import QuantConfig
+from onnxq.errors import ConfigError, ModelLoadError, ResourceError
+from onnxq.ir import external
+from onnxq.place.annotations import Annotations
+from onnxq.scale import InProcess, RayExecutor
+from onnxq.trial_tasks import TrialContext, TrialShard, score_trial, trial_worker
 from tests import graphs
 from tests.test_mixed_precision import conv_chain
 
@@ -107,6 +113,30 @@ def test_a_worker_that_cannot_load_the_trials_says_what_to_install(cluster, tmp_
     message = str(caught.value)
     assert "driver_only_metrics" in message and "every node" in message
     assert "\n" not in message
+
+
+def test_a_worker_that_cannot_read_the_weights_gives_the_error_of_one_process(
+    cluster, tmp_path, monkeypatch
+):
+    model = conv_chain()
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="model.data")
+    monkeypatch.setattr(external, "LAZY_BYTES", 0)  # the weights stay in model.data
+    lazy = ir.load_model(path)
+    assert external.has_lazy(lazy)
+    (tmp_path / "model.data").unlink()  # what a node without the shared folder sees
+    profile, _ = profile_for(QuantConfig().target)
+    context = TrialContext(
+        lazy, graphs.random_batches(model, 2), [], AccuracyTarget("cosine", 0.5), profile,
+        QuantConfig().weights,
+    )  # fmt: skip
+    float_trial = TrialShard(Annotations({}, []), {})
+    errors = []
+    for executor in (InProcess(), RayExecutor()):
+        with pytest.raises(ModelLoadError) as caught:
+            list(executor.map(score_trial, trial_worker, context, [float_trial]))
+        errors.append(str(caught.value))
+    assert "cannot read the weights of 'w0'" in errors[0] and errors[1] == errors[0]
 
 
 def test_the_cli_searches_on_the_cluster_with_the_same_output(cluster, tmp_path, calib_dir):
