@@ -7,9 +7,12 @@ Skipped where the ``ray`` package is not installed (``pip install 'onnxq[ray]'``
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -18,7 +21,7 @@ import pytest
 import onnxq
 import onnxq.sensitivity
 from onnxq import ir
-from onnxq.accuracy_target import AccuracyTarget
+from onnxq.accuracy_target import AccuracyTarget, cosine
 from onnxq.backends.target import profile_for
 from onnxq.cli import main
 from onnxq.config import QuantConfig
@@ -84,6 +87,28 @@ def test_a_callable_metric_runs_on_the_workers_with_the_same_result(cluster):
     target = AccuracyTarget(_worst_error, -0.05, name="neg_max_error")
     model = conv_chain()
     assert searched(model, target, executor=RayExecutor()) == searched(model, target)
+
+
+class _KillsOnce:
+    """The cosine metric, killing (SIGKILL) the first process that calls it where ``marker``
+    does not exist yet: a worker dying mid-trial."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __call__(self, reference: Any, quantized: Any) -> float:
+        if not self.marker.exists():
+            self.marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return cosine(reference, quantized)
+
+
+def test_a_worker_killed_mid_trial_is_retried_and_the_result_is_the_same(cluster, tmp_path):
+    target = AccuracyTarget(_KillsOnce(tmp_path / "killed"), 0.99999, name="cosine")
+    model = conv_chain()
+    on_ray = searched(model, target, executor=RayExecutor())
+    assert (tmp_path / "killed").exists()  # a worker did die
+    assert on_ray == searched(model, target)
 
 
 def test_a_metric_error_on_a_worker_is_the_error_of_one_process(cluster):
