@@ -12,6 +12,10 @@ Cost: :func:`rank_layers` scores the all-INT8 model once and each of the L candi
 (graph walk), one copy + materialize, one onnxruntime session and the held-out batches through
 the whole model.  For a fixed model the time grows linearly with the number of layers
 (``scripts/bench_sensitivity.py`` prints it).
+
+Where: this process places each trial and computes its qparams; materializing, running and
+scoring it is a task (:mod:`onnxq.trial_tasks`) of the trials' executor (:mod:`onnxq.scale`:
+here by default, Ray tasks with ``--ray``), which runs the ranking's L + 1 trials together.
 """
 
 from __future__ import annotations

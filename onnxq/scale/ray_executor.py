@@ -12,8 +12,10 @@ up to ``max_retries`` times; an error a shard raises is not retried (it would ra
 reaches the caller as the error it is, unwrapped from Ray's ``RayTaskError``.  Closing the
 results early (an error, Ctrl-C) cancels every task still pending or running.  A worker whose
 onnxq or onnxruntime version differs from the driver's refuses its shard: its statistics could
-differ.  Sessions on a worker run on the driver's device (on CUDA: the GPU Ray assigned to the
-task, when tasks ask for GPUs), with as many threads as Ray gave the task CPUs.
+differ; one that cannot import a module the task refers to (onnxq, a user's metric) stops the
+run with a :class:`ResourceError` that says what to install.  Sessions on a worker run on the
+driver's device (on CUDA: the GPU Ray assigned to the task, when tasks ask for GPUs), with as
+many threads as Ray gave the task CPUs.
 """
 
 from __future__ import annotations
