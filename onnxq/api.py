@@ -186,8 +186,9 @@ def quantize(
         heldout: data to measure the target on (any calibration source); default: the first
             ``heldout_batches`` calibration batches, which calibration then skips.
         executor: where the calibration batches are observed, in shards whose statistics
-            merge exactly (``onnxq.scale.RayExecutor("auto")``: a Ray cluster); the output
-            is the same as without it.
+            merge exactly, and where the accuracy target's trials run
+            (``onnxq.scale.RayExecutor("auto")``: a Ray cluster); the output is the same as
+            without it.
 
     Returns:
         A :class:`QuantizedModel` with ``.model``, ``.report`` and ``.save(path)``.
@@ -237,7 +238,9 @@ def quantize(
         placement = place(facts, profile, cfg.placement, measure)
         mixed = None
         if goal is not None:
-            mixed = search(goal, kept_out, prepared.model, facts, profile, cfg, measure, placement)
+            mixed = search(
+                goal, kept_out, prepared.model, facts, profile, cfg, measure, placement, executor
+            )
             placement = mixed.placement
         annotations, statistics = placement.annotations, placement.statistics
         cache = None  # written last: a run that fails or is interrupted leaves no file

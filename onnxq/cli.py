@@ -187,9 +187,10 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--ray",
         metavar="ADDRESS",
-        help="observe the calibration batches as Ray tasks: auto (the cluster of `ray "
-        "start`), host:port, ray://host:10001, or local (Ray on this machine); the output is "
-        "the same as without (needs onnxq[ray]; docs/scale.md)",
+        help="observe the calibration batches, and run --target's sensitivity trials, as Ray "
+        "tasks: auto (the cluster of `ray start`), host:port, ray://host:10001, or local (Ray "
+        "on this machine); the output is the same as without (needs onnxq[ray]; "
+        "docs/scale.md)",
     )
     q.add_argument(
         "--device",

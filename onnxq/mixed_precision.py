@@ -38,6 +38,7 @@ from onnxq.heldout import HeldOut, hold_out
 from onnxq.place.annotations import Annotations
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import Placement, Statistics
+from onnxq.scale.executor import Executor
 from onnxq.sensitivity import (
     WEIGHTED_OPS,
     LayerSensitivity,
@@ -213,12 +214,17 @@ def search(
     config: QuantConfig,
     measure: Callable[[Mapping[str, bool]], Statistics],
     first: Placement[Any],
+    executor: Executor | None = None,
 ) -> MixedPrecision:
     """The pipeline's entry: trials over ``model`` (the prepared float model, not edited)
     with the statistics ``measure`` has cached, scored against the float model's outputs on
-    the held-out batches, then :func:`find_mixed_precision`."""
+    the held-out batches, then :func:`find_mixed_precision`; the trials run on ``executor``
+    (:mod:`onnxq.scale`; None: in this process), with the same scores."""
     reference = run_outputs(model, heldout.batches, profile.fused_validation, "float")
-    trials = Trials(model, facts, profile, config, measure, heldout.batches, reference, target)
+    trials = Trials(
+        model, facts, profile, config, measure, heldout.batches, reference, target,
+        executor=executor,
+    )  # fmt: skip
     return find_mixed_precision(trials, first, heldout.source, config.progress)
 
 

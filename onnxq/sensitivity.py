@@ -12,12 +12,17 @@ Cost: :func:`rank_layers` scores the all-INT8 model once and each of the L candi
 (graph walk), one copy + materialize, one onnxruntime session and the held-out batches through
 the whole model.  For a fixed model the time grows linearly with the number of layers
 (``scripts/bench_sensitivity.py`` prints it).
+
+Where: this process places each trial and computes its qparams; materializing, running and
+scoring it is a task (:mod:`onnxq.trial_tasks`) of the trials' executor (:mod:`onnxq.scale`:
+here by default, Ray tasks with ``--ray``), which runs the ranking's L + 1 trials together.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,15 +32,15 @@ from onnx import helper
 from onnxq import ir
 from onnxq.accuracy_target import AccuracyTarget, Outputs
 from onnxq.backends.profile import BackendProfile
-from onnxq.backends.validate import padding_masks, run_outputs
 from onnxq.config import QuantConfig
 from onnxq.inputs import Batch
-from onnxq.materialize import materialize
 from onnxq.observers import QParams
 from onnxq.place.annotations import Annotations, Excluded
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import Placement, Statistics, place
 from onnxq.ranges import activation_ranges
+from onnxq.scale.executor import Executor, InProcess
+from onnxq.trial_tasks import TrialContext, TrialShard, score_trial, trial_worker
 
 # ops whose multiply-adds dominate a model: the layers the search may keep float
 WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -64,6 +69,9 @@ class Trials:
     # activation qparams by (tensor, method, settings, bounds): computed once, reused by
     # every trial (the ``auto`` method's search over a histogram is most of a trial's time)
     qparams: dict[tuple[object, ...], QParams | None] = field(default_factory=dict)
+    # where the trials run (onnxq.scale: a Ray cluster); None: in this process
+    executor: Executor | None = None
+    _context: TrialContext | None = field(default=None, repr=False)
 
     def placement(self, kept: Mapping[str, str]) -> Placement[Any]:
         """The settled placement with the nodes of ``kept`` (name -> reason) float."""
@@ -73,21 +81,41 @@ class Trials:
 
     def score(self, nodes: Iterable[str]) -> float:
         """The target metric on the held-out batches with ``nodes`` float (memoized)."""
-        key = frozenset(nodes)
-        if key not in self.scores:
-            placement = self.placement(dict.fromkeys(sorted(key), TRIAL_REASON))
-            masks = padding_masks(self.heldout)
-            self.scores[key] = self.target.evaluate(self.reference, self.run(placement), masks)
-            self.count += 1
-        return self.scores[key]
+        return self.score_all([nodes])[0]
 
-    def run(self, placement: Placement[Statistics]) -> Outputs:
-        """The outputs on the held-out batches of a copy of the model quantized as placed."""
-        trial = onnx.ModelProto()
-        trial.CopyFrom(self.model)
-        qparams = self.activation_qparams(placement)
-        materialize(trial, placement.annotations, qparams, self.profile, self.config.weights)
-        return run_outputs(trial, self.heldout, self.profile.fused_validation, "trial", ours=True)
+    def score_all(self, sets: Iterable[Iterable[str]], progress: bool = False) -> list[float]:
+        """The scores of ``sets`` of float nodes (memoized), the trials not scored yet run
+        through the executor (:mod:`onnxq.trial_tasks`; in this process when it has none),
+        placed here as the executor asks for them; ``progress``: a bar of trials."""
+        keys = [frozenset(nodes) for nodes in sets]
+        todo = list(dict.fromkeys(key for key in keys if key not in self.scores))
+        if todo:
+            executor = self.executor if self.executor is not None else InProcess()
+            shards = (self.shard(key) for key in todo)
+            scored = executor.map(score_trial, trial_worker, self.context(), shards)
+            with contextlib.closing(scored):  # an error, Ctrl-C: the rest is cancelled
+                for key, score in zip(todo, _progress(scored, len(todo), progress), strict=True):
+                    self.scores[key] = score
+                    self.count += 1
+        return [self.scores[key] for key in keys]
+
+    def context(self) -> TrialContext:
+        """What every trial needs (made once: an executor sends it once per worker)."""
+        if self._context is None:
+            self._context = TrialContext(
+                self.model,
+                self.heldout,
+                self.reference,
+                self.target,
+                self.profile,
+                self.config.weights,
+            )
+        return self._context
+
+    def shard(self, key: frozenset[str]) -> TrialShard:
+        """The trial with the nodes of ``key`` float: its placement and activation qparams."""
+        placement = self.placement(dict.fromkeys(sorted(key), TRIAL_REASON))
+        return TrialShard(placement.annotations, self.activation_qparams(placement))
 
     def activation_qparams(self, placement: Placement[Statistics]) -> dict[str, QParams]:
         """The placement's activation qparams, each computed from the statistics once."""
@@ -151,30 +179,34 @@ def rank_layers(
     trials: Trials, layers: list[tuple[str, str]], progress: bool = False
 ) -> tuple[float, list[LayerSensitivity]]:
     """The all-INT8 score and each layer's sensitivity, most harmful (largest gain) first;
-    ties in graph order."""
-    base = trials.score(())
+    ties in graph order.  The L + 1 trials are independent: they run together on the
+    trials' executor."""
+    base, *alone = trials.score_all([(), *((node,) for node, _ in layers)], progress)
     graph = trials.facts.graph
     ranked = []
-    for node, op_type in _progress(layers, progress):
-        alone = trials.score((node,))
+    for (node, op_type), score in zip(layers, alone, strict=True):
         proto = graph.node_by_name(node)
         macs = layer_macs(graph, proto) if proto is not None else None
         edges = boundary_elements(graph, proto) if proto is not None else None
-        ranked.append(LayerSensitivity(node, op_type, alone, alone - base, macs, edges))
+        ranked.append(LayerSensitivity(node, op_type, score, score - base, macs, edges))
     order = {name: i for i, (name, _) in enumerate(layers)}
     ranked.sort(key=lambda s: (-s.gain if math.isfinite(s.gain) else math.inf, order[s.node]))
     return base, ranked
 
 
-def _progress(layers: list[tuple[str, str]], enabled: bool) -> Iterable[tuple[str, str]]:
-    if not enabled:
-        return layers
+def _progress(scores: Iterator[float], total: int, enabled: bool) -> Iterator[float]:
+    """``scores``, with a bar of the trials done when ``enabled`` and there are several."""
+    if not enabled or total < 2:
+        return scores
     import sys
 
     from tqdm import tqdm
 
     # disable=None: no bar when stderr is not a terminal
-    bar = tqdm(layers, desc="sensitivity", unit="layer", file=sys.stderr, leave=False, disable=None)
+    bar = tqdm(
+        scores, total=total, desc="sensitivity", unit="trial", file=sys.stderr, leave=False,
+        disable=None,
+    )  # fmt: skip
     return iter(bar)
 
 

@@ -15,7 +15,7 @@ the shards after it are cancelled.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from typing import Any, Protocol, TypeVar
 
 C = TypeVar("C")  # the context: what every shard needs, sent once per worker
@@ -42,7 +42,7 @@ class Executor(Protocol):
 
     def map(
         self, task: Task[W, S, R], setup: Setup[C, W], context: C, shards: Iterable[S]
-    ) -> Iterator[R]:
+    ) -> Generator[R, None, None]:
         """``task(setup(context), shard)`` for each of ``shards``, the results in shard order.
 
         ``shards`` is read lazily, as workers free up; closing the iterator early cancels
@@ -71,7 +71,7 @@ class InProcess:
 
     def map(
         self, task: Task[W, S, R], setup: Setup[C, W], context: C, shards: Iterable[S]
-    ) -> Iterator[R]:
+    ) -> Generator[R, None, None]:
         """``task(state, shard)`` for each shard, here and in order."""
         if id(context) not in self._states:
             self._states[id(context)] = (context, setup(context))  # (the context kept alive)

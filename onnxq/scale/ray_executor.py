@@ -12,8 +12,10 @@ up to ``max_retries`` times; an error a shard raises is not retried (it would ra
 reaches the caller as the error it is, unwrapped from Ray's ``RayTaskError``.  Closing the
 results early (an error, Ctrl-C) cancels every task still pending or running.  A worker whose
 onnxq or onnxruntime version differs from the driver's refuses its shard: its statistics could
-differ.  Sessions on a worker run on the driver's device (on CUDA: the GPU Ray assigned to the
-task, when tasks ask for GPUs), with as many threads as Ray gave the task CPUs.
+differ; one that cannot import a module the task refers to (onnxq, a user's metric) stops the
+run with a :class:`ResourceError` that says what to install.  Sessions on a worker run on the
+driver's device (on CUDA: the GPU Ray assigned to the task, when tasks ask for GPUs), with as
+many threads as Ray gave the task CPUs.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import collections
 import contextlib
 import logging
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
 from typing import Any
 
 from onnxq import device
@@ -138,7 +140,7 @@ class RayExecutor:
 
     def map(
         self, task: Task[W, S, R], setup: Setup[C, W], context: C, shards: Iterable[S]
-    ) -> Iterator[R]:
+    ) -> Generator[R, None, None]:
         """``task(setup(context), shard)`` for each shard as Ray tasks, results in order."""
         ray = self._ray()
         if id(context) not in self._contexts:
@@ -168,19 +170,18 @@ class RayExecutor:
             return ray.get(ref)
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause
+            if (missing := _missing_module(cause)) is not None:
+                raise _cannot_import(missing) from None
             if isinstance(cause, ray.exceptions.RayError):
                 raise self._lost(cause) from None
             if isinstance(cause, (OnnxqError, InternalError)):
                 raise cause.with_traceback(None) from None
-            if isinstance(cause, ModuleNotFoundError) and cause.name and "onnxq" in cause.name:
-                raise ResourceError(
-                    f"a Ray worker cannot import onnxq ({cause}): install onnxq, the same "
-                    "version as here, on every node of the cluster"
-                ) from None
             raise InternalError(
                 f"a Ray task of onnxq failed: {type(cause).__name__}: {_one_line(cause)}"
             ) from exc
         except ray.exceptions.RayError as exc:
+            if (missing := _missing_module(exc)) is not None:
+                raise _cannot_import(missing) from None
             raise self._lost(exc) from None
 
     def _lost(self, exc: BaseException) -> ResourceError:
@@ -233,6 +234,30 @@ def _cancel(ray: Any, refs: list[Any]) -> None:
     for ref in done:
         with contextlib.suppress(Exception):
             ray.get(ref, timeout=0)
+
+
+def _missing_module(exc: BaseException | None) -> ModuleNotFoundError | None:
+    """The missing module behind ``exc``: raised by the task, or by unpickling what the task
+    carries (Ray wraps that in a ``RaySystemError``)."""
+    for _ in range(4):
+        if exc is None or isinstance(exc, ModuleNotFoundError):
+            return exc
+        exc = getattr(exc, "client_exc", None) or getattr(exc, "cause", None)
+    return None
+
+
+def _cannot_import(missing: ModuleNotFoundError) -> ResourceError:
+    name = missing.name or str(missing)
+    if "onnxq" in name:
+        return ResourceError(
+            f"a Ray worker cannot import onnxq ({missing}): install onnxq, the same version as "
+            "here, on every node of the cluster"
+        )
+    return ResourceError(
+        f"a Ray worker cannot import the module {name!r} that its task refers to (an accuracy "
+        "target's metric, say): install it on every node of the cluster, the same version as "
+        "here, or define the metric in a module the workers have"
+    )
 
 
 def _remote(ray: Any) -> Any:
