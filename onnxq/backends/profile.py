@@ -139,7 +139,10 @@ class BackendProfile:
         long_conv_reduction: with the small-op rule on, a group-1 Conv that sums at least
             this many products per output (input channels x kernel area, the K of the GEMM it
             runs as) takes INT8 whatever its channel counts: a 1-channel STFT conv with a
-            256-tap kernel, a 128 -> 1 channel output conv.  ``0``: no exception.
+            256-tap kernel, a 128 -> 1 channel output conv.  ``0``: no exception.  TensorRT's
+            128: the zoo's convs with shorter reductions lost accuracy in INT8 (a 3-channel
+            3x3 stem, K = 27; a 10-channel 3x3 conv, K = 90; a 32 -> 4 box head, K = 32),
+            and ModelOpt's INT8 exception (a channel count a multiple of 8) would take those.
         output_method: the range method that ``auto`` means for Q/DQ on an op's raw output (the
             requantization of an integer kernel, not a folded ReLU/Clip): clipping there
             saturates the outliers the next op (hardswish, sigmoid, add) still needs, so
