@@ -136,6 +136,13 @@ class BackendProfile:
             side at least the second: TensorRT's figures (8 and 3; ModelOpt skips the others,
             ``BACKENDS.md``), which an onnxruntime run applies too when its config turns the
             small-op rule on.
+        long_conv_reduction: with the small-op rule on, a group-1 Conv that sums at least
+            this many products per output (input channels x kernel area, the K of the GEMM it
+            runs as) takes INT8 whatever its channel counts: a 1-channel STFT conv with a
+            256-tap kernel, a 128 -> 1 channel output conv.  ``0``: no exception.  TensorRT's
+            128: the zoo's convs with shorter reductions lost accuracy in INT8 (a 3-channel
+            3x3 stem, K = 27; a 10-channel 3x3 conv, K = 90; a 32 -> 4 box head, K = 32),
+            and ModelOpt's INT8 exception (a channel count a multiple of 8) would take those.
         output_method: the range method that ``auto`` means for Q/DQ on an op's raw output (the
             requantization of an integer kernel, not a folded ReLU/Clip): clipping there
             saturates the outliers the next op (hardswish, sigmoid, add) still needs, so
@@ -241,6 +248,7 @@ class BackendProfile:
     min_channels: int = 0
     grouped_channel_multiple: int = 8
     grouped_min_kernel: int = 3
+    long_conv_reduction: int = 0
     reduced_weight_qmax: int | None = None
     integer_kernel_ops: frozenset[str] = frozenset()
     unary_kernel_ops: frozenset[str] = frozenset()
@@ -311,6 +319,7 @@ TENSORRT = BackendProfile(
     allowed_qdq_dtypes=frozenset({"int8", "float8e4m3fn"}),
     fused_validation=False,
     min_channels=16,
+    long_conv_reduction=128,
     precisions={"int8": {}, "fp8": FP8_CHANGES},
     precision_refusals={"int16": TENSORRT_INT16_REFUSAL},
     dynamic_refusal=TENSORRT_DYNAMIC_REFUSAL,

@@ -15,7 +15,7 @@ import onnx
 from onnx import TensorProto
 
 from onnxq.rewrites.cost import chain_decline, cost_decline, kernel_terms
-from onnxq.rewrites.kernel_limits import conv_kernel_decline
+from onnxq.rewrites.kernel_limits import conv_kernel_decline, conv_reduction, long_reduction
 from onnxq.rewrites.pattern import Claim, Context, Decline, Match, Spec, claim, rule
 
 CONV_LIKE = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -148,12 +148,14 @@ def _folded_activation(m: Match, ctx: Context) -> onnx.NodeProto | None:
     return None
 
 
-def small_decline(op: str, k: int, n: int, ctx: Context) -> Decline | None:
+def small_decline(op: str, k: int, n: int, ctx: Context, note: str = "") -> Decline | None:
+    """The small-op rule: an op with fewer than ``min_channels`` input (``k``) or output
+    (``n``) channels stays float; ``note`` adds to the reason (a Conv's products per output)."""
     limit = ctx.min_channels
     if limit and (k < limit or n < limit):
         return Decline(
             f"{op} with {k} input / {n} output channels (min_channels={limit}: fewer than "
-            f"{limit} on either side): INT8 does not "
+            f"{limit} on either side{note}): INT8 does not "
             "pay for it, it stays float"
         )
     return None
@@ -167,12 +169,14 @@ def weighted_op(
     macs_per_output: int | None = None,
     grouped: bool = False,
     unaligned: bool = False,
+    long_k: int | None = None,
 ) -> Claim | Decline:
     """Activation input 0 + weight input 1 (+ int32 bias, output Q/DQ where the profile asks).
 
     ``macs_per_output`` (products summed per output element), ``grouped`` and ``unaligned``
     feed the profile's cost rules (:func:`onnxq.rewrites.cost.kernel_terms`); ``None``
-    (ConvTranspose, not measured) skips them."""
+    (ConvTranspose, not measured) skips them.  ``long_k``: a Conv's products per output where
+    they exempt it from the small-op rule (:func:`onnxq.rewrites.kernel_limits.long_reduction`)."""
     kernels = ctx.profile.integer_kernel_ops
     if kernels and m.node.op_type not in kernels:
         return Decline(
@@ -182,7 +186,7 @@ def weighted_op(
     problem = activation_problem(m, ctx, m.input(0))
     if problem:
         return Decline(problem)
-    small = small_decline(m.node.op_type, k, n, ctx)
+    small = None if long_k else small_decline(m.node.op_type, k, n, ctx, _short_note(m, ctx))
     if small:
         return small
     costly = cost_decline(m, ctx, macs_per_output, grouped, unaligned) if macs_per_output else None
@@ -271,7 +275,19 @@ def conv(m: Match, ctx: Context) -> Claim | Decline:
                 f"INT8 pays only when out_channels % {multiple} == 0 and kernel >= {min_kernel}"
             )
         return weighted_op(m, ctx, max(in_c, ctx.min_channels), out_c, per_output, True)
-    return weighted_op(m, ctx, in_c, out_c, per_output, group > 1, unaligned)
+    long_k = long_reduction(ctx.profile, w.shape, group) if m.node.op_type == "Conv" else None
+    return weighted_op(m, ctx, in_c, out_c, per_output, group > 1, unaligned, long_k)
+
+
+def _short_note(m: Match, ctx: Context) -> str:
+    """How far a group-1 Conv falls short of the profile's ``long_conv_reduction`` ("" if it
+    does not apply)."""
+    limit = ctx.profile.long_conv_reduction
+    w = ctx.graph.const_info(m.input(1))
+    group = int(m.attrs().get("group", 1))  # type: ignore[call-overload]
+    if not limit or m.node.op_type != "Conv" or group != 1 or w is None or w.ndim < 3:
+        return ""
+    return f", and {conv_reduction(w.shape)} products per output, fewer than {limit}"
 
 
 @rule("gemm", "Gemm")

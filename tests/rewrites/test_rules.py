@@ -158,7 +158,7 @@ def test_conv_decline_small_channels():
     d = decision(ann, "conv")
     assert not d.quantized and d.rule == "conv"
     assert "Conv with 3 input / 16 output channels" in d.reason
-    assert "min_channels=16" in d.reason
+    assert "min_channels=16" in d.reason and "27 products per output, fewer than 128" in d.reason
     assert ann.tensors == {}
 
 
