@@ -139,7 +139,7 @@ class BackendProfile:
         residual_producers: the weighted ops whose output a residual Add may read for the
             ``residual_add`` rule to put Q/DQ on its other (skip) input: TensorRT fuses that
             Add into the epilogue of a Conv or ConvTranspose, and ModelOpt's ONNX placement
-            treats only those as a residual's backbone (``BACKENDS.md``).  A MatMul/Gemm's
+            treats only those as a residual's backbone (docs/backends.md).  A MatMul/Gemm's
             Add is a transformer's residual stream, whose per-channel outliers one
             per-tensor scale cannot carry (SmolLM2-135M W8A8: proxy perplexity 59.6 with it,
             docs/recovery.md); it stays float.
