@@ -141,8 +141,8 @@ class BackendProfile:
             Add into the epilogue of a Conv or ConvTranspose, and ModelOpt's ONNX placement
             treats only those as a residual's backbone (docs/backends.md).  A MatMul/Gemm's
             Add is a transformer's residual stream, whose per-channel outliers one
-            per-tensor scale cannot carry (SmolLM2-135M W8A8: proxy perplexity 59.6 with it,
-            docs/recovery.md); it stays float.
+            per-tensor scale cannot carry (SmolLM2-135M W8A8: proxy perplexity 59.6 with its
+            skip input quantized, 20.56 without, float 19.09; docs/recovery.md); it stays float.
         long_conv_reduction: with the small-op rule on, a group-1 Conv that sums at least
             this many products per output (input channels x kernel area, the K of the GEMM it
             runs as) takes INT8 whatever its channel counts: a 1-channel STFT conv with a
