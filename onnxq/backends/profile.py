@@ -136,6 +136,13 @@ class BackendProfile:
             side at least the second: TensorRT's figures (8 and 3; ModelOpt skips the others,
             ``BACKENDS.md``), which an onnxruntime run applies too when its config turns the
             small-op rule on.
+        residual_producers: the weighted ops whose output a residual Add may read for the
+            ``residual_add`` rule to put Q/DQ on its other (skip) input: TensorRT fuses that
+            Add into the epilogue of a Conv or ConvTranspose, and ModelOpt's ONNX placement
+            treats only those as a residual's backbone (docs/backends.md).  A MatMul/Gemm's
+            Add is a transformer's residual stream, whose per-channel outliers one
+            per-tensor scale cannot carry (SmolLM2-135M W8A8: proxy perplexity 59.6 with its
+            skip input quantized, 20.56 without, float 19.09; docs/recovery.md); it stays float.
         long_conv_reduction: with the small-op rule on, a group-1 Conv that sums at least
             this many products per output (input channels x kernel area, the K of the GEMM it
             runs as) takes INT8 whatever its channel counts: a 1-channel STFT conv with a
@@ -249,6 +256,7 @@ class BackendProfile:
     grouped_channel_multiple: int = 8
     grouped_min_kernel: int = 3
     long_conv_reduction: int = 0
+    residual_producers: frozenset[str] = frozenset()
     reduced_weight_qmax: int | None = None
     integer_kernel_ops: frozenset[str] = frozenset()
     unary_kernel_ops: frozenset[str] = frozenset()
@@ -320,6 +328,7 @@ TENSORRT = BackendProfile(
     fused_validation=False,
     min_channels=16,
     long_conv_reduction=128,
+    residual_producers=frozenset({"Conv", "ConvTranspose"}),
     precisions={"int8": {}, "fp8": FP8_CHANGES},
     precision_refusals={"int16": TENSORRT_INT16_REFUSAL},
     dynamic_refusal=TENSORRT_DYNAMIC_REFUSAL,

@@ -320,7 +320,8 @@ def _shape_text(shape: tuple[int | str | None, ...] | None) -> str:
 
 @rule("residual_add", "Add")
 def residual_add(m: Match, ctx: Context) -> Claim | Decline:
-    """Residual Add: Q/DQ on the skip input only, so the Add fuses into the conv's epilogue."""
+    """Residual Add: Q/DQ on the skip input only, so the Add fuses into the epilogue of the
+    quantized op it reads (one of the profile's ``residual_producers``)."""
     g = ctx.graph
     a, b = m.input(0), m.input(1)
     for t in (a, b):
@@ -341,7 +342,7 @@ def residual_add(m: Match, ctx: Context) -> Claim | Decline:
         producer = g.producer.get(t)
         return (
             producer is not None
-            and producer.op_type in CONV_LIKE
+            and producer.op_type in ctx.profile.residual_producers
             and producer.name in ctx.claimed
             and len(g.consumers.get(t, [])) == 1
         )
@@ -350,8 +351,9 @@ def residual_add(m: Match, ctx: Context) -> Claim | Decline:
         return claim(activation(m, 1))
     if fusable(b):
         return claim(activation(m, 0))
+    producers = "/".join(sorted(ctx.profile.residual_producers)) or "weighted op"
     return Decline(
-        "neither input comes straight from a quantized Conv/Gemm/MatMul, so the Add "
+        f"neither input comes straight from a quantized {producers}, so the Add "
         "cannot fuse as a residual; it stays float"
     )
 
