@@ -42,8 +42,9 @@ def outlier_channels(
     if product is None or product.op_type != "Mul":
         return None
     factors = [t for t in product.input if t and not graph.is_const(t)]
-    sources = [_source_matmul(graph, t, 4) for t in factors]
-    if len(factors) != 2 or sources[0] is None or sources[1] is None:
+    found = [_source_matmul(graph, t, 4) for t in factors]
+    sources = [s for s in found if s is not None]
+    if len(factors) != 2 or len(sources) != 2:
         return None
     weight = graph.const_info(node.input[1])
     columns = None if weight is None else weight.shape[0]
