@@ -10,6 +10,9 @@ domain, under the same output names, in the graph it sits in (an If/Loop/Scan bo
   bias), ``A`` quantized per tensor to uint8 by the kernel at run time; an ``A`` that several
   of them read (attention's q, k and v projections) is quantized once by a
   ``DynamicQuantizeLinear`` and read by ``MatMulIntegerToFloat`` kernels;
+* a MatMul reading a gated product (SwiGLU's down projection) -> the same kernel on the product
+  with its outlier channels zeroed, plus a float MatMul of those channels' rows
+  (``onnxq.rewrites.gated``);
 * LSTM -> ``DynamicQuantizeLSTM``: W and R quantized per gate row and direction and stored
   transposed (``[dirs, n, 4*hidden]``), as the kernel reads them.
 """
@@ -31,7 +34,13 @@ from onnxq.observers import QParams, quantize_weight, weight_qparams
 from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations
 from onnxq.precisions import CONTRIB_DOMAIN
-from onnxq.rewrites.dynamic import bias_add
+from onnxq.rewrites.dynamic import GATED_OUTLIERS, bias_add
+from onnxq.rewrites.gated import linear_factor, outlier_channels
+
+# what a gated product's outlier channels are divided by on their way into the quantized
+# kernel (and their weight rows multiplied by in the float MatMul beside it): a power of two,
+# so both are exact; 2900 (smollm2_135m's largest) comes out 2.8, inside a typical token's range
+OUTLIER_SHRINK = 1024.0
 
 # what the kernels quantize activations to at run time: per tensor, uint8, from the tensor's
 # own min/max on each call
@@ -51,6 +60,7 @@ def materialize_dynamic(
     where = {n.name: (scope, n) for scope in scopes for n in scope.nodes}
     folded = {d.node for d in annotations.decisions if d.quantized and d.rule == "fused"}
     claimed = [d for d in annotations.decisions if d.quantized and d.rule in WRITERS]
+    claimed.sort(key=lambda d: d.rule not in WRITTEN_FIRST)  # stable: graph order otherwise
     # an activation several MatMuls of one graph read (attention's q, k and v) is quantized once
     readers = Counter(_input_key(*where[d.node]) for d in claimed if d.rule in SHARING_RULES)
     shared: dict[tuple[int, str], tuple[str, str, str]] = {}
@@ -135,8 +145,80 @@ def _matmul(
 ) -> list[Placed]:
     """MatMul or Gemm (and the bias ``add`` after a MatMul) -> DynamicQuantizeMatMul, or
     MatMulIntegerToFloat when the input was quantized ``once`` for several readers."""
-    weight_name = node.input[1]
     w, bias, output = _weight_and_bias(graph, node, add)
+    qp = _write_kernel(graph, node, node.input[0], w, bias, output, qmax, method, once)
+    return [
+        _runtime_activation(node.input[0], node),
+        Placed(node.input[1], "weight", qp, ((node.name, 1),), _bits(qmax), "int8"),
+    ]
+
+
+def _gated_matmul(
+    graph: ir.Graph,
+    node: onnx.NodeProto,
+    qmax: int,
+    method: str,
+    add: onnx.NodeProto | None = None,
+    once: tuple[str, str, str] | None = None,
+) -> list[Placed]:
+    """A MatMul reading a gated product ``h`` -> ``DynamicQuantizeMatMul(h') + h'[:, J] @
+    (s W[J])``: the outlier channels ``J`` (:data:`onnxq.rewrites.dynamic.GATED_OUTLIERS`)
+    out of the quantized product (their weight rows zeroed) and multiplied in float beside it.
+    ``h'`` is ``h`` with channels ``J`` divided by ``s`` = :data:`OUTLIER_SHRINK` through the
+    up projection's weight columns, so they no longer set the kernel's run-time scale; without
+    such a projection ``s`` is 1 and a Mul zeroes them (``add``, ``once``: None)."""
+    channels = outlier_channels(graph, node, GATED_OUTLIERS)
+    if channels is None:
+        raise InternalError(f"{node.name!r}: the MatMuls of its gated input were lost")
+    if not channels.size:
+        return _matmul(graph, node, qmax, method)
+    w, _, output = _weight_and_bias(graph, node, None)
+    tensor, base, shrink = node.input[0], node.name, np.float32(1.0)
+    up = linear_factor(graph, node)
+    if up is not None:  # the up projection writes h_J / s: exact, s is a power of two
+        shrink = np.float32(OUTLIER_SHRINK)
+        columns = _const(graph, up.input[1]).astype(np.float32)  # a copy
+        columns[:, channels] /= shrink
+        graph.set_initializer(up.input[1], columns)
+        masked = tensor
+    else:
+        kept = np.ones(w.shape[0], np.float32)
+        kept[channels] = 0.0
+        mask = graph.add_initializer(graph.unique_name(f"{base}_inlier_mask"), kept)
+        masked = graph.unique_name(f"{tensor}_inliers")
+        graph.add_node("Mul", [tensor, mask], [masked], graph.unique_name(f"{base}_inliers"))
+    inliers = w.copy()
+    inliers[channels] = 0.0
+    main = graph.unique_name(f"{output}_inliers")
+    qp = _write_kernel(graph, node, masked, inliers, None, main, qmax, method, None)
+    index = graph.add_initializer(graph.unique_name(f"{base}_outlier_channels"), channels)
+    rows = graph.add_initializer(graph.unique_name(f"{base}_outlier_rows"), w[channels] * shrink)
+    picked, side = graph.unique_name(f"{tensor}_outliers"), graph.unique_name(f"{output}_outliers")
+    graph.add_node(
+        "Gather", [tensor, index], [picked], graph.unique_name(f"{base}_outliers"), axis=-1
+    )
+    graph.add_node("MatMul", [picked, rows], [side], graph.unique_name(f"{base}_outlier_matmul"))
+    graph.add_node("Add", [main, side], [output], graph.unique_name(f"{base}_outlier_add"))
+    return [
+        _runtime_activation(masked, node),
+        Placed(node.input[1], "weight", qp, ((node.name, 1),), _bits(qmax), "int8"),
+    ]
+
+
+def _write_kernel(
+    graph: ir.Graph,
+    node: onnx.NodeProto,
+    tensor: str,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    output: str,
+    qmax: int,
+    method: str,
+    once: tuple[str, str, str] | None,
+) -> QParams:
+    """The kernel that multiplies ``tensor`` by ``w`` (int8 per column) into ``output``; the
+    weight's qparams."""
+    weight_name = node.input[1]
     qp = weight_qparams(w, 1, qmax, method)
     stored = graph.add_initializer(
         graph.unique_name(f"{weight_name}_quantized"), quantize_weight(w, qp, qmax)
@@ -151,7 +233,7 @@ def _matmul(
         else ""
     )
     if once is None:
-        op, inputs = "DynamicQuantizeMatMul", [node.input[0], stored, scale, zero, bias_name]
+        op, inputs = "DynamicQuantizeMatMul", [tensor, stored, scale, zero, bias_name]
     else:
         x_q, x_scale, x_zero = once
         op, inputs = "MatMulIntegerToFloat", [x_q, stored, x_scale, scale, x_zero, zero, bias_name]
@@ -162,10 +244,7 @@ def _matmul(
         graph.unique_name(f"{node.name}_dynamic"),
         domain=CONTRIB_DOMAIN,
     )
-    return [
-        _runtime_activation(node.input[0], node),
-        Placed(weight_name, "weight", qp, ((node.name, 1),), _bits(qmax), "int8"),
-    ]
+    return qp
 
 
 def _weight_and_bias(
@@ -243,9 +322,13 @@ Writer = Callable[
     [ir.Graph, onnx.NodeProto, int, str, onnx.NodeProto | None, tuple[str, str, str] | None],
     list[Placed],
 ]
+# rules whose writer reads the float MatMuls before it (a gated product's gate and up), which
+# the other writers replace
+WRITTEN_FIRST = frozenset({"dynamic_gated_matmul"})
 SHARING_RULES = frozenset({"dynamic_matmul", "dynamic_gemm"})
 WRITERS: dict[str, Writer] = {
     "dynamic_matmul": _matmul,
     "dynamic_gemm": _matmul,
+    "dynamic_gated_matmul": _gated_matmul,
     "dynamic_lstm": _lstm,
 }

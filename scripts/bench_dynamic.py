@@ -3,7 +3,7 @@
 
     python scripts/bench_dynamic.py [--models all_minilm_l6_v2,silero_vad,gru_kws,crnn_kws,
         lstm_kws,smollm2_135m] [--zoo /work/shared/zoo] [--recurrent DIR] [--out DIR]
-        [--rounds 5] [--threads 1]
+        [--rounds 5] [--threads 1] [--clock cpu] [--lm-windows N]
 
 For each model it writes three files under ``--out`` (default: a temporary folder): the float
 model, onnxq's ``--dynamic`` output, and onnxruntime's ``quantize_dynamic`` output with its
@@ -11,15 +11,20 @@ defaults (per-tensor weights, the peer the issue names; for silero_vad also with
 ``EnableSubgraph``, which quantizes the LSTM inside its ``If`` branches).  Then:
 
 * fidelity: zoo models through ``zoo.py eval`` (its labelled score and its cosine against the
-  float model; smollm2_135m: perplexity, takes minutes); the recurrent keyword spotters of
+  float model; smollm2_135m: perplexity over the 64 windows, takes minutes, or over the first
+  ``--lm-windows`` of them, computed here the same way); the recurrent keyword spotters of
   ``scripts/make_gru_kws.py`` (built into ``--recurrent`` when missing) on their 512 held-out
   utterances: logits cosine, top-1 agreement with float, accuracy;
 * latency: all variants of one model timed in turns in one process (onnxruntime default
   session, ``--threads`` threads, the zoo's first calibration batch or 8 eval utterances as
-  input), ``--rounds`` rounds; the medians and each variant's time over float's.
+  input; a language model also with its first token alone, as one step of generation),
+  ``--rounds`` rounds, the order reversed every other round; the medians and each variant's
+  time over float's.  ``--clock cpu`` (the default with one thread) times the CPU time of the
+  thread that runs the session, which other jobs on a shared machine do not inflate as they
+  do wall time; ``--clock wall`` times wall time.
 
-The header names the CPU and onnxruntime version; a machine shared with other jobs shows up as
-spread between rounds.
+The header names the CPU, onnxruntime version and clock; a machine shared with other jobs shows
+up as spread between rounds.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +90,25 @@ def build_variants(name: str, src: Path, out: Path) -> dict[str, Path]:
     return paths
 
 
+def lm_perplexity(path: Path, zoo: Path, windows: int) -> dict[str, float]:
+    """Perplexity and next-token accuracy over the first ``windows`` evaluation windows, as
+    ``zoo.py eval`` computes them over all 64."""
+    ids = np.load(zoo / "data" / "lm" / "eval_ids.npy")[:windows]
+    session = _session(path, 0)
+    nll_sum, hits, count = 0.0, 0, 0
+    for window in ids:
+        feed = {"input_ids": window[None].astype(np.int64)}
+        feed["attention_mask"] = np.ones_like(feed["input_ids"])
+        logits = session.run(["logits"], feed)[0][0, :-1].astype(np.float64)
+        target = window[1:]
+        top = logits.max(-1)
+        nll = top + np.log(np.exp(logits - top[:, None]).sum(-1))
+        nll_sum += float((nll - logits[np.arange(len(target)), target]).sum())
+        hits += int((logits.argmax(-1) == target).sum())
+        count += len(target)
+    return {"perplexity": float(np.exp(nll_sum / count)), "top1": hits / count}
+
+
 def zoo_fidelity(name: str, path: Path, zoo: Path) -> dict[str, float]:
     """``zoo.py eval`` of one file: its score and the fidelity metric of :data:`ZOO_FIDELITY`."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,21 +158,25 @@ def _session(path: Path, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def latency(paths: dict[str, Path], feed: dict, rounds: int, threads: int) -> dict[str, float]:
-    """Median ms per run of each variant, timed in turns, ``rounds`` rounds."""
+def latency(
+    paths: dict[str, Path], feed: dict, rounds: int, threads: int, clock: Callable[[], float]
+) -> dict[str, float]:
+    """Median ms per run of each variant, timed in turns by ``clock``, ``rounds`` rounds (the
+    order reversed every other round)."""
     sessions = {label: _session(path, threads) for label, path in paths.items()}
     for s in sessions.values():
         s.run(None, feed)
-    once = time.perf_counter()
+    once = clock()
     sessions["float"].run(None, feed)
-    runs = max(3, min(50, int(1.0 / max(time.perf_counter() - once, 1e-4))))
+    runs = max(3, min(50, int(1.0 / max(clock() - once, 1e-4))))
     times: dict[str, list[float]] = {label: [] for label in sessions}
-    for _ in range(rounds):
-        for label, s in sessions.items():
-            started = time.perf_counter()
+    for round_ in range(rounds):
+        order = list(sessions.items())
+        for label, s in order[::-1] if round_ % 2 else order:
+            started = clock()
             for _ in range(runs):
                 s.run(None, feed)
-            times[label].append((time.perf_counter() - started) / runs * 1e3)
+            times[label].append((clock() - started) / runs * 1e3)
     return {label: statistics.median(t) for label, t in times.items()}
 
 
@@ -182,9 +211,16 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    p.add_argument("--lm-windows", type=int, default=0, help="0: all 64, through zoo.py eval")
     args = p.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_dynamic_"))
-    print(f"# {describe_cpu()}; {args.threads} thread(s); outputs in {out}")
+    cpu_clock = args.clock == "cpu" and args.threads == 1  # one thread: the session runs here
+    clock = time.thread_time if cpu_clock else time.perf_counter
+    print(
+        f"# {describe_cpu()}; {args.threads} thread(s); "
+        f"{'thread CPU' if cpu_clock else 'wall'} time; outputs in {out}"
+    )
     names = args.models.split(",")
     if any(n in RECURRENT for n in names) and not (args.recurrent / "eval.npz").exists():
         sys.path.insert(0, str(Path(__file__).parent))
@@ -196,23 +232,38 @@ def main() -> None:
         src = (args.recurrent if name in RECURRENT else ZOO_MODELS) / f"{name}.onnx"
         print(f"{name}:", flush=True)
         paths = build_variants(name, src, out)
-        if name in RECURRENT:
-            fidelity = kws_fidelity(paths, args.recurrent)
-        else:
-            fidelity = {label: zoo_fidelity(name, path, args.zoo) for label, path in paths.items()}
-        times = latency(paths, first_feed(name, args.recurrent), args.rounds, args.threads)
+        fidelity = measure_fidelity(name, paths, args)
         for label in paths:
             fidelity[label]["kernels"] = integer_kernels(paths[label]) if label != "float" else "-"
-            rows.append((name, label, fidelity[label], times[label], times[label] / times["float"]))
-            print(f"  {label:40s} {_fmt(fidelity[label])}  {times[label]:9.2f} ms "
-                  f"({times[label] / times['float']:.2f}x float)", flush=True)  # fmt: skip
+        feeds = {name: first_feed(name, args.recurrent)}
+        if ZOO_FIDELITY.get(name) == "ppl":  # one generation step too
+            feeds[f"{name} (1 token)"] = {k: v[:, :1] for k, v in feeds[name].items()}
+        for shown, feed in feeds.items():
+            times = latency(paths, feed, args.rounds, args.threads, clock)
+            for label in paths:
+                ratio = times[label] / times["float"]
+                rows.append((shown, label, fidelity[label], times[label], ratio))
+                print(f"  {shown}: {label:40s} {_fmt(fidelity[label])}  {times[label]:9.2f} ms "
+                      f"({ratio:.2f}x float)", flush=True)  # fmt: skip
     print("\n| model | variant | fidelity | ms | x float |\n|---|---|---|---|---|")
     for name, label, fid, ms, ratio in rows:
         print(f"| {name} | {label} | {_fmt(fid)} | {ms:.2f} | {ratio:.2f} |")
 
 
+def measure_fidelity(
+    name: str, paths: dict[str, Path], args: argparse.Namespace
+) -> dict[str, dict]:
+    """Each variant's fidelity: the keyword spotters' held-out set, a language model's
+    perplexity (over ``--lm-windows`` windows when given), else ``zoo.py eval``."""
+    if name in RECURRENT:
+        return kws_fidelity(paths, args.recurrent)
+    if ZOO_FIDELITY.get(name) == "ppl" and args.lm_windows:
+        return {label: lm_perplexity(p, args.zoo, args.lm_windows) for label, p in paths.items()}
+    return {label: zoo_fidelity(name, path, args.zoo) for label, path in paths.items()}
+
+
 def _fmt(metrics: dict) -> str:
-    digits = {"cosine": 6, "perplexity": 2}
+    digits = {"cosine": 6, "perplexity": 2, "top1": 4}
     return ", ".join(
         f"{k} {v:.{digits.get(k, 4)}f}" if isinstance(v, float) else f"{k} {v}"
         for k, v in metrics.items()

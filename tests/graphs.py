@@ -992,3 +992,36 @@ def matmul_stack(k: int = 128, n: int = 256, seed: int = 0) -> onnx.ModelProto:
         inits,
         name="matmul_stack",
     )
+
+
+def swiglu(
+    gate_op: str = "Mul",
+    outliers: tuple[int, ...] = (),
+    gain: bool = False,
+    up_read_twice: bool = False,
+    seed: int = 0,
+) -> onnx.ModelProto:
+    """A SwiGLU block: x (* gain [128]) -> g = x W_gate, u = x W_up [128, 256], SiLU(g) = g *
+    Sigmoid(g), h = SiLU(g) ``gate_op`` u, y = h W_down [256, 128].  The columns ``outliers`` of
+    W_gate and W_up are 6x louder (their channels of h about 36x); ``up_read_twice`` makes u a
+    graph output too."""
+    r = rng(seed)
+    wg, wu, wd = weight(r, 128, 256), weight(r, 128, 256), weight(r, 256, 128)
+    for j in outliers:
+        wg[:, j] *= 6.0
+        wu[:, j] *= 6.0
+    source = "xg" if gain else "x"
+    nodes = [helper.make_node("Mul", ["x", "gain"], ["xg"], name="norm_gain")] if gain else []
+    nodes += [
+        helper.make_node("MatMul", [source, "wg"], ["g"], name="gate"),
+        helper.make_node("MatMul", [source, "wu"], ["u"], name="up"),
+        helper.make_node("Sigmoid", ["g"], ["sg"], name="sigmoid"),
+        helper.make_node("Mul", ["g", "sg"], ["silu"], name="silu"),
+        helper.make_node(gate_op, ["silu", "u"], ["h"], name="glu"),
+        helper.make_node("MatMul", ["h", "wd"], ["y"], name="down"),
+    ]
+    inits = [init("wg", wg), init("wu", wu), init("wd", wd)]
+    if gain:
+        inits.append(init("gain", (1.0 + r.random(128)).astype(np.float32)))
+    outputs = [tensor("y", [2, 8, 128])] + ([tensor("u", [2, 8, 256])] if up_read_twice else [])
+    return model(nodes, [tensor("x", [2, 8, 128])], outputs, inits)

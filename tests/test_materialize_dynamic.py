@@ -245,3 +245,38 @@ def test_an_lstm_inside_an_if_branch_becomes_dynamic_quantize_lstm():
     x = np.random.default_rng(1).normal(0, 1, (20, 2, 64)).astype(np.float32)
     feed = {"x": x, "c": np.array(True)}
     assert cosine(run(result, feed)[0], run(m, feed)[0]) > 0.999
+
+
+def test_a_gated_products_outlier_channels_run_in_float_beside_the_kernel(tmp_path, monkeypatch):
+    import onnxq.materialize_dynamic as md
+    from onnxq.rewrites.gated import OutlierSplit
+
+    m = graphs.swiglu(outliers=(3, 17, 200))
+    x = np.random.default_rng(4).normal(0, 1, (2, 8, 128)).astype(np.float32)
+    ours = dynamic(m)
+    ops = graphs.op_types(ours)
+    assert ops.count("Gather") == 1 and ops.count("MatMul") == 1  # the 3 channels' float rows
+    assert ops.count("Mul") == 2  # SiLU's and the product: the up weights shrink the outliers
+    monkeypatch.setattr(md, "GATED_OUTLIERS", OutlierSplit(ratio=1e9, most=16))
+    whole = dynamic(m)  # no channel is an outlier: the product quantized whole
+    assert "Gather" not in graphs.op_types(whole)
+    ref, mine, unsplit = run(m, {"x": x})[0], run(ours, {"x": x})[0], run(whole, {"x": x})[0]
+    theirs = run(ort_dynamic(m, tmp_path), {"x": x})[0]
+    assert cosine(mine, ref) > 0.999
+    assert 1 - cosine(mine, ref) < 0.25 * (1 - cosine(unsplit, ref))
+    assert 1 - cosine(mine, ref) < 0.25 * (1 - cosine(theirs, ref))
+
+
+def test_a_gated_product_whose_up_output_is_read_elsewhere_masks_its_outliers():
+    m = graphs.swiglu(outliers=(3, 17, 200), up_read_twice=True)
+    x = np.random.default_rng(4).normal(0, 1, (2, 8, 128)).astype(np.float32)
+    ours = dynamic(m)
+    assert graphs.op_types(ours).count("Mul") == 3  # SiLU's, the product and the mask
+    (ref_y, ref_u), (y, u) = run(m, {"x": x}), run(ours, {"x": x})
+    assert cosine(y, ref_y) > 0.999 and cosine(u, ref_u) > 0.999  # u keeps its scale
+    np.testing.assert_allclose(np.abs(u).max(), np.abs(ref_u).max(), rtol=0.05)
+
+
+def test_a_gated_block_gives_the_same_bytes_twice():
+    m = graphs.swiglu(outliers=(3, 17), gain=True)
+    assert dynamic(m).SerializeToString() == dynamic(m).SerializeToString()

@@ -7,7 +7,12 @@ ops that get onnxruntime's dynamically quantized kernels (``onnxq.rewrites.dynam
 
 from __future__ import annotations
 
-from onnxq.rewrites.dynamic import dynamic_gemm, dynamic_lstm, dynamic_matmul
+from onnxq.rewrites.dynamic import (
+    dynamic_gated_matmul,
+    dynamic_gemm,
+    dynamic_lstm,
+    dynamic_matmul,
+)
 from onnxq.rewrites.pattern import Rule
 from onnxq.rewrites.rules import (
     binary,
@@ -23,5 +28,5 @@ from onnxq.rewrites.rules import (
 RULE_SETS: dict[str, tuple[Rule, ...]] = {
     "tensorrt": (conv, gemm, matmul, residual_add),
     "onnxruntime": (conv, gemm, matmul, binary, concat, unary, passthrough),
-    "dynamic": (dynamic_matmul, dynamic_gemm, dynamic_lstm),
+    "dynamic": (dynamic_matmul, dynamic_gated_matmul, dynamic_gemm, dynamic_lstm),
 }

@@ -30,34 +30,30 @@ def test_matmuls_with_a_constant_weight_are_claimed_and_attention_scores_are_not
     assert {t.axis for t in ann.of_kind("weight")} == {1}  # per output column
 
 
-def swiglu(gate_op: str = "Mul"):
-    """x -> up = x W_up, g = x W_gate, SiLU(g) = g * Sigmoid(g); down(SiLU(g) * up)."""
+def test_a_gated_linear_units_output_goes_to_the_gated_rule_and_a_sum_does_not():
+    found, _ = decisions(graphs.swiglu())
+    assert found["gate"].quantized and found["up"].quantized
+    assert found["down"].rule == "dynamic_gated_matmul"
+    found, _ = decisions(graphs.swiglu(gate_op="Add"))  # a sum of two activations is no product
+    assert found["down"].rule == "dynamic_matmul"
+
+
+def test_a_gated_product_of_graph_inputs_stays_float_with_the_reason():
     from onnx import helper
 
-    r = graphs.rng(0)
     nodes = [
-        helper.make_node("MatMul", ["x", "wg"], ["g"], name="gate"),
-        helper.make_node("MatMul", ["x", "wu"], ["u"], name="up"),
-        helper.make_node("Sigmoid", ["g"], ["sg"], name="sigmoid"),
-        helper.make_node("Mul", ["g", "sg"], ["silu"], name="silu"),
-        helper.make_node(gate_op, ["silu", "u"], ["h"], name="glu"),
+        helper.make_node("Mul", ["a", "b"], ["h"], name="glu"),
         helper.make_node("MatMul", ["h", "wd"], ["y"], name="down"),
     ]
-    inits = [
-        graphs.init(n, graphs.weight(r, *s))
-        for n, s in (("wg", (128, 256)), ("wu", (128, 256)), ("wd", (256, 128)))
-    ]
-    return graphs.model(
-        nodes, [graphs.tensor("x", [2, 8, 128])], [graphs.tensor("y", [2, 8, 128])], inits
+    model = graphs.model(
+        nodes,
+        [graphs.tensor("a", [2, 256]), graphs.tensor("b", [2, 256])],
+        [graphs.tensor("y", [2, 128])],
+        [graphs.init("wd", graphs.weight(graphs.rng(0), 256, 128))],
     )
-
-
-def test_a_gated_linear_units_output_stays_float_and_a_silu_does_not():
-    found, _ = decisions(swiglu())
-    assert found["gate"].quantized and found["up"].quantized
+    found, _ = decisions(model)
     assert not found["down"].quantized and "gated linear unit" in found["down"].reason
-    found, _ = decisions(swiglu(gate_op="Add"))  # a sum of two activations is no product
-    assert found["down"].quantized
+    assert found["down"].rule == "dynamic_matmul"  # the closest rule's reason
 
 
 def test_a_decomposed_gelus_output_is_not_a_gated_product():
