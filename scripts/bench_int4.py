@@ -29,7 +29,8 @@ Methods (``--methods``, comma-separated; ``-B`` is the block size):
 * ``modelopt-awq-128`` / ``modelopt-rtn-128``: ``python -m modelopt.onnx.quantization
   --quantize_mode int4 --calibration_method awq_clip|rtn_dq --high_precision_dtype fp32``
   run with ``--modelopt-python`` (a python with ``nvidia-modelopt[onnx]``, which pins its own
-  onnx/onnxruntime), on CPU; its command line takes no block size (128).
+  onnx/onnxruntime), on CPU, given a copy of the model (it saves shape inference over its
+  input file); its command line takes no block size (128).
 
 Peers take their own defaults, as a user would.  Prints a markdown table; ``--json`` writes the
 records.  Say which CPU and onnxruntime version: the script prints both.
@@ -43,6 +44,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -154,7 +156,7 @@ def command(method: str, args: argparse.Namespace, out: Path) -> list[str] | str
             "-m",
             "modelopt.onnx.quantization",
             "--onnx_path",
-            model,
+            str(_private_copy(args.model, out.with_suffix(".input.onnx"))),
             "--quantize_mode",
             "int4",
             "--calibration_method",
@@ -169,6 +171,14 @@ def command(method: str, args: argparse.Namespace, out: Path) -> list[str] | str
             str(out),
         ]
     return f"unknown method {method!r}"
+
+
+def _private_copy(model: Path, copy: Path) -> Path:
+    """A copy of ``model`` for a tool that rewrites its input: ModelOpt 0.47 runs
+    ``onnx.shape_inference.infer_shapes_path(onnx_path)``, which saves the inferred model over
+    the file it was given (the zoo's model would change under every other user)."""
+    shutil.copyfile(model, copy)
+    return copy
 
 
 def _modelopt_calibration(folder: Path, out: Path, windows: int) -> None:

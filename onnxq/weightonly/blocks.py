@@ -129,11 +129,10 @@ def _block_params(
     best_err = np.full(lo.shape, np.inf, np.float32)
     best_scale = np.zeros_like(best_err)
     best_zero = np.zeros_like(best_err) if not fmt.symmetric else None
+    work = np.empty_like(blocks)  # one buffer for every ratio's squared error
     for ratio in ratios:
         scale, zero = _candidate(lo, hi, ratio, fmt)
-        deq = _fake_quant(blocks, scale[:, None], None if zero is None else zero[:, None], fmt)
-        diff = (deq - blocks) ** 2
-        err = (diff * weight).sum(axis=1) if weight is not None else diff.sum(axis=1)
+        err = _squared_error(blocks, scale, zero, weight, fmt, work)
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best_scale = np.where(better, scale, best_scale)
@@ -153,12 +152,31 @@ def _candidate(
     return scale, zero
 
 
-def _fake_quant(
-    x: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, fmt: BlockFormat
+def _squared_error(
+    blocks: np.ndarray,
+    scale: np.ndarray,
+    zero: np.ndarray | None,
+    weight: np.ndarray | None,
+    fmt: BlockFormat,
+    work: np.ndarray,
 ) -> np.ndarray:
-    if zero is None:
-        return np.clip(np.rint(x / scale), fmt.qmin, fmt.qmax) * scale
-    return (np.clip(np.rint(x / scale) + zero, fmt.qmin, fmt.qmax) - zero) * scale
+    """Per block and column, the (row-weighted) sum of squared rounding errors of ``blocks``
+    ``[nb, rows, N]`` for ``scale``/``zero`` ``[nb, N]``, computed in ``work`` (its shape):
+    the same operations as fake-quantizing, subtracting and squaring, without temporaries."""
+    s = scale[:, None]
+    np.divide(blocks, s, out=work)
+    np.rint(work, out=work)
+    if zero is not None:
+        work += zero[:, None]
+    np.clip(work, fmt.qmin, fmt.qmax, out=work)
+    if zero is not None:
+        work -= zero[:, None]
+    work *= s
+    work -= blocks
+    np.square(work, out=work)
+    if weight is not None:
+        work *= weight
+    return work.sum(axis=1)
 
 
 def codes(

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from onnxq import ir
+from onnxq.blas import blas_threads
 from onnxq.inputs import Batch
 from onnxq.weightonly.awq import search_scales
 from onnxq.weightonly.blocks import BlockFormat, BlockQuantized, output_error, quantize_rtn
@@ -52,7 +53,18 @@ def quantize_layers(
     batches: list[Batch] | None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Quantized]:
-    """Codes for every layer (by node name)."""
+    """Codes for every layer (by node name); numpy's BLAS runs one thread meanwhile
+    (:mod:`onnxq.blas`: the same results for far less CPU)."""
+    with blas_threads():
+        return _quantize_layers(model, layers, batches, progress)
+
+
+def _quantize_layers(
+    model: onnx.ModelProto,
+    layers: list[Layer],
+    batches: list[Batch] | None,
+    progress: Callable[[str], None] | None,
+) -> dict[str, Quantized]:
     graph = ir.Graph(model)
     out: dict[str, Quantized] = {}
     readers: dict[str, int] = {}

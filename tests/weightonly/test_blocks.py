@@ -93,3 +93,27 @@ def test_block_params_of_column_slices_equal_the_search_over_the_whole_weight(
     assert (whole[1] is None) == symmetric == (sliced[1] is None)
     if not symmetric:
         assert np.array_equal(whole[1], sliced[1])
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_squared_error_in_one_buffer_equals_fake_quantizing_and_subtracting(symmetric, weighted):
+    from onnxq.weightonly.blocks import _candidate, _squared_error, to_blocks
+
+    r = np.random.default_rng(5)
+    fmt = BlockFormat(4, 16, symmetric)
+    blocks = to_blocks(r.standard_normal((40, 6)).astype(np.float32), fmt)  # a short last block
+    lo, hi = np.minimum(blocks.min(axis=1), 0.0), np.maximum(blocks.max(axis=1), 0.0)
+    if symmetric:
+        lo = hi = np.abs(blocks).max(axis=1)
+    scale, zero = _candidate(lo, hi, 0.8, fmt)
+    weight = to_blocks(r.random((40, 1)).astype(np.float32), fmt) if weighted else None
+    s, z = scale[:, None], None if zero is None else zero[:, None]
+    codes = np.rint(blocks / s) if z is None else np.rint(blocks / s) + z
+    codes = np.clip(codes, fmt.qmin, fmt.qmax)
+    deq = codes * s if z is None else (codes - z) * s
+    expected = (deq - blocks) ** 2
+    expected = (expected * weight if weight is not None else expected).sum(axis=1)
+    work = np.full_like(blocks, np.nan)  # whatever the buffer held before
+    got = _squared_error(blocks, scale, zero, weight, fmt, work)
+    assert np.array_equal(got, expected)
