@@ -1,31 +1,28 @@
 """Sequential bias correction: each layer's mean output shift, measured with every earlier
-layer already quantized and corrected, removed from its bias, one layer at a time.
+layer already quantized and corrected, removed from its bias, one layer at a time, and kept
+only where it lowers the model's output error on the calibration data.
 
-The quantized model's error is not zero-mean: rounding a ReLU6 output to a per-tensor
-symmetric grid, clipping a range, rounding a depthwise kernel of nine weights all move the
-mean of the next layer's output, and the following layers inherit the shift.  The weight-only
-bias correction (``onnxq.bias_correction``) sees only the weights' part, on float inputs.
-This step measures the whole shift where the deployed model has it: for each quantized
-Conv/ConvTranspose/Gemm/MatMul with a float bias of its own, in topological order, a copy of
-the model with Q/DQ placed (with the biases corrected so far) runs on the calibration data up
-to that layer (the rest of the graph is pruned), and the per-channel mean of the layer's
-output is compared with the float model's on the same batches.  A channel's shift is
-subtracted from its bias only where it stands out of the batch-to-batch spread
-(:data:`MIN_SIGNIFICANCE` standard errors): a shift that depends on the image is not a
-bias, and correcting it moves every other image (all layers at once, or without that test,
-makes mobilenet_v2 worse, see docs/accuracy.md).
+The deployed model's error is not zero-mean: a ReLU6 output rounded to a symmetric per-tensor
+grid, a clipped range, an upstream shift all move the mean of the next layer's output
+(``onnxq.bias_correction`` sees only the weights' part, on float inputs).  For each quantized
+Conv/ConvTranspose/Gemm/MatMul with a float bias of its own, in graph order, a Q/DQ copy of
+the model (biases corrected so far) and the float model run on the calibration data up to the
+layer (the rest pruned); per channel, the mean difference over the positions where the float
+value is in the range a following Relu/Clip passes is the shift.  Channels whose shift exceeds
+:data:`MIN_SIGNIFICANCE` standard errors of the per-batch means are corrected, then the whole
+model is scored (:class:`OutputError`) and the correction undone unless the error went down.
 
-Doing it one layer at a time matters: a layer's measured shift includes what its
-predecessors' shifts cause, and correcting every layer from one pass over-corrects.  The cost
-is one pass over the calibration data per corrected layer, each through the model up to that
-layer only (about half the model on average), plus one float pass.
+One layer at a time, because a layer's shift includes what its predecessors' shifts cause
+(correcting all from one pass over-corrects); the check, because a mean shift is not always a
+bias worth removing (mobilenet_v2's deeper blocks: the error sits on few clipped positions,
+and moving the channel's mean hurts the next layers; docs/recovery.md has the numbers).  Cost:
+per layer two pruned passes and one full pass over the calibration data.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 import onnx
@@ -34,11 +31,11 @@ from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.bias_correction import CORRECTED_OPS, MIN_BATCHES, _bias_of
 from onnxq.data import check_batch
-from onnxq.errors import InternalError, UnsupportedModelError
 from onnxq.inputs import Batch, InputSpec
 from onnxq.observers import QParams
 from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations
+from onnxq.recover.outputs import OutputError, pruned_session, run_session
 
 Bounds = tuple[float | None, float | None]
 MIN_SIGNIFICANCE = 2.0  # a channel's shift must exceed this many standard errors
@@ -200,54 +197,6 @@ def correct_in_order(
     return done
 
 
-class OutputError:
-    """The error of a model's outputs against the float model's on the calibration batches:
-    per output, the sum of squared differences over the sum of squared float values, summed
-    over the outputs.  The float outputs are kept for the batches that fit ``memory_budget``
-    (at least one); only those batches are scored."""
-
-    def __init__(
-        self,
-        original: onnx.ModelProto,
-        data: Iterable[Batch],
-        inputs: list[InputSpec],
-        max_batches: int | None,
-        memory_budget: int,
-    ) -> None:
-        session = _session(original, None, "float")
-        self._batches: list[Batch] = []
-        self._reference: list[list[np.ndarray]] = []
-        used = 0
-        for index, raw in enumerate(data):
-            if max_batches is not None and index >= max_batches:
-                break
-            batch = check_batch(raw, inputs, index)
-            outputs = _run(session, None, batch, index)
-            used += sum(o.nbytes for o in outputs)
-            if self._batches and used > memory_budget:
-                break
-            self._batches.append(batch)
-            self._reference.append(outputs)
-
-    def __call__(self, model: onnx.ModelProto) -> float:
-        """The error of ``model`` (its outputs in the float model's order)."""
-        session = _session(model, None, "Q/DQ")
-        squared: list[float] = []
-        norms: list[float] = []
-        for index, (batch, reference) in enumerate(
-            zip(self._batches, self._reference, strict=True)
-        ):
-            for k, (got, want) in enumerate(
-                zip(_run(session, None, batch, index), reference, strict=True)
-            ):
-                if k == len(squared):
-                    squared.append(0.0)
-                    norms.append(0.0)
-                squared[k] += float(np.square(got - want).sum())
-                norms[k] += float(np.square(want).sum())
-        return sum(s / n if n > 0 else s for s, n in zip(squared, norms, strict=True))
-
-
 def _significant_shift(differences: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(mean shift per channel, which channels exceed :data:`MIN_SIGNIFICANCE` standard
     errors of the per-batch means) from per-batch mean differences (batches x channels;
@@ -275,13 +224,15 @@ def _differences(
     positions where the float output is in the range its activation passes (batches x
     channels; NaN where there is none)."""
     tensor = target.node.output[0]
-    sessions = [_session(m, tensor, what) for m, what in ((original, "float"), (quantized, "Q/DQ"))]
+    sessions = [
+        pruned_session(m, tensor, what) for m, what in ((original, "float"), (quantized, "Q/DQ"))
+    ]
     rows = []
     for index, raw in enumerate(data):
         if max_batches is not None and index >= max_batches:
             break
         batch = check_batch(raw, inputs, index)
-        exact, rounded = (_run(s, tensor, batch, index)[0] for s in sessions)
+        exact, rounded = (run_session(s, tensor, batch, index)[0] for s in sessions)
         exact = np.moveaxis(exact, target.channel_axis, -1).reshape(
             -1, exact.shape[target.channel_axis]
         )
@@ -297,37 +248,6 @@ def _differences(
         total = np.where(active, rounded - exact, 0.0).sum(axis=0)
         rows.append(np.where(count > 0, total / np.maximum(count, 1), np.nan))
     return np.stack(rows) if rows else np.zeros((0, 0))
-
-
-def _session(model: onnx.ModelProto, tensor: str | None, what: str) -> Any:
-    """An unoptimized onnxruntime session of ``model``, pruned to compute ``tensor`` alone
-    when given."""
-    from onnxq.calibrate import make_session
-
-    try:
-        if tensor is None:
-            return make_session(model, optimize=False)
-        output = ir.Graph(model).value_info(tensor)
-        with ir.pruned(model, [tensor]), ir.with_outputs(model, [output]) as view:
-            return make_session(view, optimize=False)
-    except UnsupportedModelError as exc:  # the float model itself loaded for calibration
-        raise InternalError(
-            f"onnxruntime cannot load onnxq's {what} copy for sequential correction: {exc}",
-            onnxruntime_failed=True,
-        ) from None
-
-
-def _run(session: Any, tensor: str | None, batch: Batch, index: int) -> list[np.ndarray]:
-    """``tensor`` (None: every output) on one batch, as float64."""
-    try:
-        values = session.run([tensor] if tensor is not None else None, batch)
-    except Exception as exc:  # the float model ran on this batch during calibration
-        raise InternalError(
-            f"onnxruntime fails on onnxq's sequential-correction copy on calibration batch "
-            f"{index}: {' '.join(str(exc).split())[:300]}",
-            onnxruntime_failed=True,
-        ) from None
-    return [np.asarray(v, dtype=np.float64) for v in values]
 
 
 def _progress(count: int, enabled: bool) -> Iterable[int]:

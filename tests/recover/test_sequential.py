@@ -17,8 +17,8 @@ from onnxq.backends.profile import PROFILES
 from onnxq.config import QuantConfig
 from onnxq.inputs import model_inputs
 from onnxq.recover.flags import add_recovery_flags, recovery_options
+from onnxq.recover.outputs import OutputError
 from onnxq.recover.sequential import (
-    OutputError,
     _passed,
     _significant_shift,
     correct_in_order,
