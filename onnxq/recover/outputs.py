@@ -19,7 +19,8 @@ class OutputError:
     """The error of a model's outputs against the float model's on the calibration batches:
     per output, the sum of squared differences over the sum of squared float values, summed
     over the outputs.  The float outputs are kept for the batches that fit ``memory_budget``
-    (at least one); only those batches are scored."""
+    (at least one); only those batches are scored.  ``every=(n, r)``: only the batches whose
+    index is ``r`` modulo ``n``."""
 
     def __init__(
         self,
@@ -28,6 +29,7 @@ class OutputError:
         inputs: list[InputSpec],
         max_batches: int | None,
         memory_budget: int,
+        every: tuple[int, int] = (1, 0),
     ) -> None:
         session = pruned_session(original, None, "float")
         self._batches: list[Batch] = []
@@ -36,6 +38,8 @@ class OutputError:
         for index, raw in enumerate(data):
             if max_batches is not None and index >= max_batches:
                 break
+            if index % every[0] != every[1]:
+                continue
             batch = check_batch(raw, inputs, index)
             outputs = run_session(session, None, batch, index)
             used += sum(o.nbytes for o in outputs)

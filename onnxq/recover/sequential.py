@@ -11,6 +11,8 @@ layer (the rest pruned); per channel, the mean difference over the positions whe
 value is in the range a following Relu/Clip passes is the shift.  Channels whose shift exceeds
 :data:`MIN_SIGNIFICANCE` standard errors of the per-batch means are corrected, then the whole
 model is scored (:class:`OutputError`) and the correction undone unless the error went down.
+The shifts are measured on the even calibration batches and judged on the odd ones: judged on
+the batches they were measured on, corrections that only fit those batches pass the check.
 
 One layer at a time, because a layer's shift includes what its predecessors' shifts cause
 (correcting all from one pass over-corrects); the check, because a mean shift is not always a
@@ -39,6 +41,7 @@ from onnxq.recover.outputs import OutputError, pruned_session, run_session
 
 Bounds = tuple[float | None, float | None]
 MIN_SIGNIFICANCE = 2.0  # a channel's shift must exceed this many standard errors
+JUDGED = 1  # batches with an odd index judge a correction; the even ones measure it
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,7 @@ def correct_in_order(
     original = onnx.ModelProto()  # the float outputs to match: before any correction
     original.CopyFrom(model)
     graph = ir.Graph(model)
-    judge = OutputError(original, data, inputs, max_batches, memory_budget)
+    judge = OutputError(original, data, inputs, max_batches, memory_budget, every=(2, JUDGED))
     current = judge(quantized(model)) if targets else 0.0
     done = []
     for index in _progress(len(targets), progress):
@@ -231,6 +234,8 @@ def _differences(
     for index, raw in enumerate(data):
         if max_batches is not None and index >= max_batches:
             break
+        if index % 2 == JUDGED:
+            continue  # the batches the output error is judged on
         batch = check_batch(raw, inputs, index)
         exact, rounded = (run_session(s, tensor, batch, index)[0] for s in sessions)
         exact = np.moveaxis(exact, target.channel_axis, -1).reshape(

@@ -32,6 +32,9 @@ def test_a_small_memory_budget_keeps_fewer_batches_but_at_least_one():
     assert len(OutputError(m, data, inputs, None, 2**30)._batches) == 4
     assert len(OutputError(m, data, inputs, None, 1)._batches) == 1
     assert len(OutputError(m, data, inputs, 2, 2**30)._batches) == 2
+    odd = OutputError(m, data, inputs, None, 2**30, every=(2, 1))._batches
+    assert len(odd) == 2
+    assert all(np.array_equal(b["x"], data[i]["x"]) for b, i in zip(odd, (1, 3), strict=True))
 
 
 def test_a_pruned_session_computes_the_tensor_and_leaves_the_model_as_it_was():
