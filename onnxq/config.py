@@ -220,8 +220,9 @@ class QuantConfig:
         adaround_engine: ``numpy`` or ``torch`` (when installed; the same steps, same
             integers but for ties within float error).
         sequential_correction: remove each quantized layer's mean output shift from its bias,
-            measured layer by layer with every earlier layer quantized and corrected (one pass
-            over the calibration data per layer; ``onnxq.recover.sequential``).
+            measured layer by layer with every earlier layer quantized and corrected, kept
+            where the model's output error goes down (about two passes over the calibration
+            data per layer; ``onnxq.recover.sequential``).
     """
 
     backend: str = option("tensorrt", one_of(lambda: BACKENDS, "backend"))

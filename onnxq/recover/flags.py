@@ -54,7 +54,8 @@ def add_recovery_flags(parser: argparse.ArgumentParser) -> None:
         "--sequential-correction",
         action=on_off,
         help="remove each layer's mean output shift from its bias, measured layer by layer "
-        "with every earlier layer quantized (one pass over the data per layer)",
+        "with every earlier layer quantized, where that lowers the output error (about two "
+        "passes over the data per layer)",
     )
     r.add_argument(
         "--bias-correction",
