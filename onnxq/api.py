@@ -45,7 +45,14 @@ from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
 from onnxq.prepare import ModelLike, prepare
 from onnxq.ranges import activation_ranges
-from onnxq.recover.stages import Recovery, choose_weights, recalibrate, rewrite_float
+from onnxq.recover.stages import (
+    Recovery,
+    choose_weights,
+    correct_sequentially,
+    recalibrate,
+    rewrite_float,
+    search_statistics,
+)
 from onnxq.report import Report
 from onnxq.scale.executor import Executor
 from onnxq.verify import float_reference, verify
@@ -238,8 +245,15 @@ def quantize(
         placement = place(facts, profile, cfg.placement, measure)
         mixed = None
         if goal is not None:
+            searched = search_statistics(
+                prepared.model, measure, placement.annotations, placement.statistics,
+                lambda measured: activation_ranges(
+                    placement.annotations, measured.stats, profile, cfg.percentile
+                ).qparams,
+                profile, cfg.recovery, cfg.calibration, cfg.weights, data, inputs, recovery,
+            )  # fmt: skip
             mixed = search(
-                goal, kept_out, prepared.model, facts, profile, cfg, measure, placement, executor
+                goal, kept_out, prepared.model, facts, profile, cfg, searched, placement, executor
             )
             placement = mixed.placement
         annotations, statistics = placement.annotations, placement.statistics
@@ -273,6 +287,10 @@ def quantize(
                 prepared.model, annotations, profile, cfg.weights, data, inputs,
                 cfg.max_batches, chosen,
             )  # fmt: skip
+        correct_sequentially(
+            prepared.model, annotations, ranges.qparams, profile, cfg.recovery, cfg.calibration,
+            cfg.weights, data, inputs, recovery, chosen,
+        )  # fmt: skip
         # the float outputs first: their session is gone before the quantized model is built
         reference = float_reference(
             prepared.take_reference(), prepared.model, statistics.held, profile

@@ -219,6 +219,10 @@ class QuantConfig:
         adaround_rows: input rows per layer that AdaRound's statistics are taken from.
         adaround_engine: ``numpy`` or ``torch`` (when installed; the same steps, same
             integers but for ties within float error).
+        sequential_correction: remove each quantized layer's mean output shift from its bias,
+            measured layer by layer with every earlier layer quantized and corrected, kept
+            where the model's output error goes down (about two passes over the calibration
+            data per layer; ``onnxq.recover.sequential``).
     """
 
     backend: str = option("tensorrt", one_of(lambda: BACKENDS, "backend"))
@@ -266,6 +270,7 @@ class QuantConfig:
     adaround_steps: int = option(500, must(lambda v: v >= 0, "be >= 0"))
     adaround_rows: int = option(4096, must(lambda v: v >= 1, "be >= 1"))
     adaround_engine: str = option("numpy", check_engine)
+    sequential_correction: bool = option(False)
 
     def __post_init__(self) -> None:
         # values from Python are checked like those from YAML: type first, then value

@@ -212,6 +212,7 @@ class RecoveryOptions:
     adaround_steps: int
     adaround_rows: int
     adaround_engine: str
+    sequential_correction: bool
 
 
 View = TypeVar(

@@ -51,6 +51,13 @@ def add_recovery_flags(parser: argparse.ArgumentParser) -> None:
         "--adaround-steps", type=int, metavar="N", help="AdaRound steps per layer (default 500)"
     )
     r.add_argument(
+        "--sequential-correction",
+        action=on_off,
+        help="remove each layer's mean output shift from its bias, measured layer by layer "
+        "with every earlier layer quantized, where that lowers the output error (about two "
+        "passes over the data per layer)",
+    )
+    r.add_argument(
         "--bias-correction",
         action=on_off,
         help="subtract each layer's mean output shift from weight rounding from its bias",
@@ -66,4 +73,5 @@ def recovery_options(args: argparse.Namespace) -> dict[str, Any]:
         "adaround": args.adaround,
         "adaround_steps": args.adaround_steps,
         "bias_correction": args.bias_correction,
+        "sequential_correction": args.sequential_correction,
     }

@@ -3,7 +3,9 @@
 * :func:`rewrite_float` before placement: cross-layer equalization and SmoothQuant, exact
   float rewrites of the model;
 * :func:`recalibrate` after the float calibration: quantized-prefix ranges;
-* :func:`choose_weights` before materialize: AdaRound's integer weights.
+* :func:`choose_weights` before materialize: AdaRound's integer weights;
+* :func:`correct_sequentially` just before materialize: biases corrected layer by layer on
+  the quantized prefix.
 
 Each does nothing unless its option is on, and records what it did in a :class:`Recovery`
 (the report's ``recovery`` section); a step that cannot run (no calibration data that can be
@@ -12,8 +14,8 @@ read again, a model too large to copy) adds a warning instead.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import onnx
@@ -30,6 +32,7 @@ from onnxq.place.facts import GraphFacts
 from onnxq.recover.adaround import ChosenWeight, adaround
 from onnxq.recover.cle import equalize
 from onnxq.recover.prefix import PASSES, prefix_calibrate
+from onnxq.recover.sequential import sequential_correction
 from onnxq.recover.smoothquant import smooth
 
 
@@ -134,6 +137,50 @@ def recalibrate(
     return again
 
 
+class Overlaid:
+    """A placement loop's ``measure`` whose statistics of the tensors in ``stats`` are
+    replaced (the quantized-prefix ones, for the ``--target`` search's trials)."""
+
+    def __init__(
+        self, measure: Callable[[Mapping[str, bool]], CalibrationResult], stats: CalibrationResult
+    ) -> None:
+        self._measure, self._stats = measure, stats.stats
+
+    def __call__(self, wanted: Mapping[str, bool]) -> CalibrationResult:
+        result = self._measure(wanted)
+        return replace(result, stats={**result.stats, **self._stats})
+
+
+def search_statistics(
+    model: onnx.ModelProto,
+    measure: Callable[[Mapping[str, bool]], CalibrationResult],
+    annotations: Annotations,
+    first: CalibrationResult,
+    qparams_of: Callable[[CalibrationResult], dict[str, QParams]],
+    profile: BackendProfile,
+    options: RecoveryOptions,
+    calibration: CalibrationOptions,
+    weights: WeightOptions,
+    data: Iterable[Batch] | None,
+    inputs: list[InputSpec],
+    recovery: Recovery,
+) -> Callable[[Mapping[str, bool]], CalibrationResult]:
+    """The ``measure`` the ``--target`` search scores its trials with: with
+    ``calibration_mode: prefix``, the all-INT8 placement's quantized-prefix statistics over
+    ``measure``'s (``annotations`` and ``first``: that placement and its statistics; the
+    search then starts from the ranges the run will write), else ``measure``."""
+    if options.calibration_mode != "prefix":
+        return measure
+    again = recalibrate(
+        model, annotations, qparams_of(first), first, profile, options, calibration, weights,
+        data, inputs, recovery, qparams_of,
+    )  # fmt: skip
+    if again is None:
+        return measure
+    recovery.sections["search_on_prefix_ranges"] = True
+    return Overlaid(measure, again)
+
+
 def choose_weights(
     model: onnx.ModelProto,
     annotations: Annotations,
@@ -158,6 +205,36 @@ def choose_weights(
         "layers": [layer.to_dict() for layer in layers],
     }
     return chosen
+
+
+def correct_sequentially(
+    model: onnx.ModelProto,
+    annotations: Annotations,
+    qparams: dict[str, QParams],
+    profile: BackendProfile,
+    options: RecoveryOptions,
+    calibration: CalibrationOptions,
+    weights: WeightOptions,
+    data: Iterable[Batch] | None,
+    inputs: list[InputSpec],
+    recovery: Recovery,
+    chosen: dict[str, ChosenWeight],
+) -> None:
+    """Biases of ``model`` corrected layer by layer (``sequential_correction: true``)."""
+    if not options.sequential_correction:
+        return
+    if not _readable_again(data, "sequential correction", recovery, model):
+        return
+    assert data is not None
+    layers = sequential_correction(
+        model, annotations, qparams, profile, weights, data, inputs,
+        calibration.max_batches, chosen, calibration.progress,
+        calibration.memory_budget_mb * 2**20,
+    )  # fmt: skip
+    recovery.sections["sequential_correction"] = {
+        "corrected": sum(layer.kept for layer in layers),
+        "layers": [layer.to_dict() for layer in layers],
+    }
 
 
 def _matmul_inputs(
@@ -223,4 +300,10 @@ def summary(sections: dict[str, Any]) -> str:
     if "adaround" in sections:
         layers = sections["adaround"]["layers"]
         parts.append(f"AdaRound learned {sections['adaround']['learned']} of {len(layers)} layers")
+    if "sequential_correction" in sections:
+        seq = sections["sequential_correction"]
+        parts.append(
+            f"sequential correction moved the bias of {seq['corrected']} of "
+            f"{len(seq['layers'])} layers"
+        )
     return "; ".join(parts)

@@ -1,0 +1,98 @@
+"""What sequential bias correction runs: onnxruntime sessions of a model pruned to one tensor,
+and the error of a model's outputs against the float model's on the calibration batches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import onnx
+
+from onnxq import ir
+from onnxq.data import check_batch
+from onnxq.errors import InternalError, UnsupportedModelError
+from onnxq.inputs import Batch, InputSpec
+
+
+class OutputError:
+    """The error of a model's outputs against the float model's on the calibration batches:
+    per output, the sum of squared differences over the sum of squared float values, summed
+    over the outputs.  The float outputs are kept for the batches that fit ``memory_budget``
+    (at least one); only those batches are scored.  ``every=(n, r)``: only the batches whose
+    index is ``r`` modulo ``n``."""
+
+    def __init__(
+        self,
+        original: onnx.ModelProto,
+        data: Iterable[Batch],
+        inputs: list[InputSpec],
+        max_batches: int | None,
+        memory_budget: int,
+        every: tuple[int, int] = (1, 0),
+    ) -> None:
+        session = pruned_session(original, None, "float")
+        self._batches: list[Batch] = []
+        self._reference: list[list[np.ndarray]] = []
+        used = 0
+        for index, raw in enumerate(data):
+            if max_batches is not None and index >= max_batches:
+                break
+            if index % every[0] != every[1]:
+                continue
+            batch = check_batch(raw, inputs, index)
+            outputs = run_session(session, None, batch, index)
+            used += sum(o.nbytes for o in outputs)
+            if self._batches and used > memory_budget:
+                break
+            self._batches.append(batch)
+            self._reference.append(outputs)
+
+    def __call__(self, model: onnx.ModelProto) -> float:
+        """The error of ``model`` (its outputs in the float model's order)."""
+        session = pruned_session(model, None, "Q/DQ")
+        squared: list[float] = []
+        norms: list[float] = []
+        for index, (batch, reference) in enumerate(
+            zip(self._batches, self._reference, strict=True)
+        ):
+            for k, (got, want) in enumerate(
+                zip(run_session(session, None, batch, index), reference, strict=True)
+            ):
+                if k == len(squared):
+                    squared.append(0.0)
+                    norms.append(0.0)
+                squared[k] += float(np.square(got - want).sum())
+                norms[k] += float(np.square(want).sum())
+        return sum(s / n if n > 0 else s for s, n in zip(squared, norms, strict=True))
+
+
+def pruned_session(model: onnx.ModelProto, tensor: str | None, what: str) -> Any:
+    """An unoptimized onnxruntime session of ``model``, pruned to compute ``tensor`` alone
+    when given."""
+    from onnxq.calibrate import make_session
+
+    try:
+        if tensor is None:
+            return make_session(model, optimize=False)
+        output = ir.Graph(model).value_info(tensor)
+        with ir.pruned(model, [tensor]), ir.with_outputs(model, [output]) as view:
+            return make_session(view, optimize=False)
+    except UnsupportedModelError as exc:  # the float model itself loaded for calibration
+        raise InternalError(
+            f"onnxruntime cannot load onnxq's {what} copy for sequential correction: {exc}",
+            onnxruntime_failed=True,
+        ) from None
+
+
+def run_session(session: Any, tensor: str | None, batch: Batch, index: int) -> list[np.ndarray]:
+    """``tensor`` (None: every output) on one batch, as float64."""
+    try:
+        values = session.run([tensor] if tensor is not None else None, batch)
+    except Exception as exc:  # the float model ran on this batch during calibration
+        raise InternalError(
+            f"onnxruntime fails on onnxq's sequential-correction copy on calibration batch "
+            f"{index}: {' '.join(str(exc).split())[:300]}",
+            onnxruntime_failed=True,
+        ) from None
+    return [np.asarray(v, dtype=np.float64) for v in values]
