@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+from lm_perplexity import window_scores  # scripts/, beside this file
 
 ZOO_MODELS = Path.home() / ".cache" / "onnxq-zoo" / "models"
 CALIB = Path("/work/zoo/calib")
@@ -95,17 +96,7 @@ def lm_perplexity(path: Path, zoo: Path, windows: int) -> dict[str, float]:
     ``zoo.py eval`` computes them over all 64."""
     ids = np.load(zoo / "data" / "lm" / "eval_ids.npy")[:windows]
     session = _session(path, 0)
-    nll_sum, hits, count = 0.0, 0, 0
-    for window in ids:
-        feed = {"input_ids": window[None].astype(np.int64)}
-        feed["attention_mask"] = np.ones_like(feed["input_ids"])
-        logits = session.run(["logits"], feed)[0][0, :-1].astype(np.float64)
-        target = window[1:]
-        top = logits.max(-1)
-        nll = top + np.log(np.exp(logits - top[:, None]).sum(-1))
-        nll_sum += float((nll - logits[np.arange(len(target)), target]).sum())
-        hits += int((logits.argmax(-1) == target).sum())
-        count += len(target)
+    nll_sum, hits, count = window_scores(session, ids)
     return {"perplexity": float(np.exp(nll_sum / count)), "top1": hits / count}
 
 

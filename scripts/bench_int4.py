@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from lm_perplexity import window_scores  # scripts/, beside this file
 
 HOME = Path.home() / ".cache" / "onnxq-zoo"
 ZOO = Path(os.environ.get("ZOO_DIR", "/work/shared/zoo"))
@@ -200,19 +201,7 @@ def perplexity(path: Path, ids: np.ndarray, float_dq: bool = False) -> tuple[flo
     if float_dq:
         opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
     session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    inputs = {i.name for i in session.get_inputs()}
-    nll, hits, count = 0.0, 0, 0
-    for window in ids:
-        feed = {"input_ids": window[None].astype(np.int64)}
-        if "attention_mask" in inputs:
-            feed["attention_mask"] = np.ones_like(feed["input_ids"])
-        logits = session.run(["logits"], feed)[0][0, :-1].astype(np.float64)
-        target = window[1:]
-        top = logits.max(-1)
-        lse = top + np.log(np.exp(logits - top[:, None]).sum(-1))
-        nll += float((lse - logits[np.arange(len(target)), target]).sum())
-        hits += int((logits.argmax(-1) == target).sum())
-        count += len(target)
+    nll, hits, count = window_scores(session, ids)
     return math.exp(nll / count), hits / count
 
 

@@ -19,6 +19,7 @@ import math
 import os
 import platform
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,8 +34,17 @@ def perplexity(path: Path, ids: np.ndarray) -> float:
     opts.log_severity_level = 3
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    nll, _, count = window_scores(session, ids)
+    return math.exp(nll / count)
+
+
+def window_scores(session: Any, ids: np.ndarray) -> tuple[float, int, int]:
+    """Over the windows ``ids`` ([windows, tokens]) run one at a time through the onnxruntime
+    ``session`` (``input_ids``, ``attention_mask`` if it takes one -> ``logits``): the summed
+    negative log-likelihood of every token after the first, the number predicted top-1, and
+    the number of tokens scored."""
     inputs = {i.name for i in session.get_inputs()}
-    nll, count = 0.0, 0
+    nll, hits, count = 0.0, 0, 0
     for window in ids:
         feed = {"input_ids": window[None].astype(np.int64)}
         if "attention_mask" in inputs:
@@ -44,8 +54,9 @@ def perplexity(path: Path, ids: np.ndarray) -> float:
         top = logits.max(-1)
         lse = top + np.log(np.exp(logits - top[:, None]).sum(-1))
         nll += float((lse - logits[np.arange(len(target)), target]).sum())
+        hits += int((logits.argmax(-1) == target).sum())
         count += len(target)
-    return math.exp(nll / count)
+    return nll, hits, count
 
 
 def cpu_name() -> str:
