@@ -100,3 +100,10 @@ class InternalError(Exception):
         suffix = "" if message.endswith(REPORT_REQUEST) else f"; {REPORT_REQUEST}"
         super().__init__(f"{message}{suffix}")
         self.onnxruntime_failed = onnxruntime_failed
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none): what a
+    one-line error message quotes of a library's failure."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

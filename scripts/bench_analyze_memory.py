@@ -7,7 +7,7 @@ of the quantized one in one onnxruntime session and exposes their tensors in gro
 the budget, as calibration does; the table shows what that costs against quantize.
 
     python scripts/bench_analyze_memory.py ~/.cache/onnxq-zoo/models/ppocrv4_det.onnx \
-        --calib /work/zoo/calib/ppocrv4_det --max-batches 4 --budgets 256 64
+        --calib ~/.cache/onnxq-zoo/calib/ppocrv4_det --max-batches 4 --budgets 256 64
 """
 
 from __future__ import annotations

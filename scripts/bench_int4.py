@@ -55,9 +55,8 @@ from pathlib import Path
 
 import numpy as np
 from lm_perplexity import window_scores  # scripts/, beside this file
+from zoo_paths import CALIB, MODELS, ZOO
 
-HOME = Path.home() / ".cache" / "onnxq-zoo"
-ZOO = Path(os.environ.get("ZOO_DIR", "/work/shared/zoo"))
 DEFAULT_METHODS = (
     "onnxq-128,onnxq-32,onnxq-trt-128,ort-rtn-128,ort-rtn-32,"
     "ort-rtn-asym-128,ort-hqq-128,ort-hqq-32"
@@ -248,8 +247,8 @@ def file_mib(path: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, default=HOME / "models" / "smollm2_135m.onnx")
-    p.add_argument("--calib", type=Path, default=Path("/work/zoo/calib/smollm2_135m"))
+    p.add_argument("--model", type=Path, default=MODELS / "smollm2_135m.onnx")
+    p.add_argument("--calib", type=Path, default=CALIB / "smollm2_135m")
     p.add_argument("--eval-ids", type=Path, default=ZOO / "data" / "lm" / "eval_ids.npy")
     p.add_argument("--methods", default=DEFAULT_METHODS)
     p.add_argument("--windows", type=int, default=64, help="evaluation windows (zoo: 64)")

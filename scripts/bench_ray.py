@@ -26,9 +26,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-ZOO = Path.home() / ".cache" / "onnxq-zoo" / "models"
-CALIB = Path("/work/zoo/calib")
+from zoo_paths import MODELS, calibration_folder
 
 
 def _cpu() -> str:
@@ -77,35 +77,45 @@ def _descendants(root: int) -> dict[int, str]:
     return found
 
 
+def start_ray(workers: int) -> tuple[Any, float]:
+    """A local Ray executor of ``workers`` CPUs, started; and the seconds its start took."""
+    from onnxq.scale import RayExecutor
+
+    began = time.perf_counter()
+    executor = RayExecutor("local", local_cpus=workers)
+    parallel = executor.parallelism  # starts Ray
+    assert parallel == workers, parallel
+    return executor, time.perf_counter() - began
+
+
+def ray_worker_peaks(executor: Any) -> dict[str, float]:
+    """Peak RSS (MiB) of each Ray worker process under this one, then ``executor`` closed;
+    ``{}`` for no executor."""
+    if executor is None:
+        return {}
+    peaks = {}
+    for pid, command in _descendants(os.getpid()).items():
+        if command.startswith("ray::") and "Agent" not in command:
+            peaks[f"{pid} {command.split()[0]}"] = _peak_kib(pid) / 1024
+    executor.close()
+    return peaks
+
+
 def _child(args: argparse.Namespace) -> None:
     """One run; prints a JSON line."""
     import onnxq
 
-    executor = None
-    startup = 0.0
-    if args.child == "ray":
-        from onnxq.scale import RayExecutor
-
-        began = time.perf_counter()
-        executor = RayExecutor("local", local_cpus=args.workers)
-        parallel = executor.parallelism  # starts Ray
-        startup = time.perf_counter() - began
-        assert parallel == args.workers, parallel
+    executor, startup = start_ray(args.workers) if args.child == "ray" else (None, 0.0)
     began = time.perf_counter()
     result = onnxq.quantize(args.model, args.calib, progress=False, executor=executor)
     wall = time.perf_counter() - began
-    workers: dict[str, int] = {}
-    if executor is not None:
-        for pid, command in _descendants(os.getpid()).items():
-            if command.startswith("ray::") and "Agent" not in command:
-                workers[f"{pid} {command.split()[0]}"] = _peak_kib(pid)
-        executor.close()
+    workers = ray_worker_peaks(executor)
     line = {
         "kind": args.child,
         "wall_s": wall,
         "startup_s": startup,
         "driver_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "worker_peak_mib": {k: v / 1024 for k, v in workers.items()},
+        "worker_peak_mib": workers,
         "sha256": hashlib.sha256(result.model.SerializeToString()).hexdigest(),
     }
     print(json.dumps(line))
@@ -113,9 +123,7 @@ def _child(args: argparse.Namespace) -> None:
 
 def _folder(model: str, batches: int, root: Path) -> Path:
     """``batches`` links to the zoo's batches of ``model``, repeated in order."""
-    source = sorted((CALIB / model).glob("*.npz"))
-    if not source:
-        raise SystemExit(f"no calibration batches in {CALIB / model}")
+    source = sorted(calibration_folder(model).glob("*.npz"))
     folder = root / f"{model}-{batches}"
     folder.mkdir()
     for k in range(batches):
@@ -179,7 +187,7 @@ def _run(kind: str, args: argparse.Namespace, calib: Path) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=str(ZOO / "ppocrv4_det.onnx"))
+    parser.add_argument("--model", default=str(MODELS / "ppocrv4_det.onnx"))
     parser.add_argument("--batches", type=int, default=256)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)

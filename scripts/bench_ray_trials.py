@@ -29,10 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from bench_ray import _cpu, _descendants, _peak_kib
-
-ZOO = Path.home() / ".cache" / "onnxq-zoo" / "models"
-CALIB = Path("/work/zoo/calib")
+from bench_ray import _cpu, ray_worker_peaks, start_ray
+from zoo_paths import MODELS, calibration_folder
 
 
 class _RecordingInProcess:
@@ -68,17 +66,8 @@ def _child(args: argparse.Namespace) -> None:
     import onnxq
     import onnxq.sensitivity
 
-    executor = None
-    startup = 0.0
-    if args.child == "ray":
-        from onnxq.scale import RayExecutor
-
-        began = time.perf_counter()
-        executor = RayExecutor("local", local_cpus=args.workers)
-        parallel = executor.parallelism  # starts Ray
-        startup = time.perf_counter() - began
-        assert parallel == args.workers, parallel
-    else:
+    executor, startup = start_ray(args.workers) if args.child == "ray" else (None, 0.0)
+    if executor is None:
         onnxq.sensitivity.InProcess = _RecordingInProcess  # type: ignore[attr-defined,misc]
     began = time.perf_counter()
     result = onnxq.quantize(
@@ -90,19 +79,14 @@ def _child(args: argparse.Namespace) -> None:
         executor=executor,
     )
     wall = time.perf_counter() - began
-    workers: dict[str, int] = {}
-    if executor is not None:
-        for pid, command in _descendants(os.getpid()).items():
-            if command.startswith("ray::") and "Agent" not in command:
-                workers[f"{pid} {command.split()[0]}"] = _peak_kib(pid)
-        executor.close()
+    workers = ray_worker_peaks(executor)
     record = result.report.mixed_precision or {}
     line = {
         "kind": args.child,
         "wall_s": wall,
         "startup_s": startup,
         "driver_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "worker_peak_mib": {k: v / 1024 for k, v in workers.items()},
+        "worker_peak_mib": workers,
         "sha256": hashlib.sha256(result.model.SerializeToString()).hexdigest(),
         "record": hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest(),
         "trials": record.get("trials"),
@@ -149,7 +133,7 @@ def _print_run(kind: str, run: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=str(ZOO / "mobilenet_v2.onnx"))
+    parser.add_argument("--model", default=str(MODELS / "mobilenet_v2.onnx"))
     parser.add_argument("--calib", help="calibration folder (default: the zoo's of the model)")
     parser.add_argument("--backend", default="tensorrt")
     parser.add_argument("--target", default="cosine=0.99")
@@ -157,7 +141,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--child", choices=["single", "ray"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.calib = args.calib or str(CALIB / Path(args.model).stem)
+    args.calib = args.calib or str(calibration_folder(Path(args.model).stem))
     if args.child:
         _child(args)
         return

@@ -3,7 +3,7 @@
 Usage::
 
     python scripts/lm_perplexity.py MODEL.onnx [MODEL.onnx ...] [--windows 8]
-        [--eval-ids /work/shared/zoo/data/lm/eval_ids.npy]
+        [--eval-ids ZOO_DIR/data/lm/eval_ids.npy]
 
 Each model runs in onnxruntime with graph optimizations off, so a Q/DQ model computes the
 graph's own arithmetic (what TensorRT computes; no fused int8 CPU kernels).  Every token after
@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import platform
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-ZOO = Path(os.environ.get("ZOO_DIR", "/work/shared/zoo"))
+from zoo_paths import ZOO
 
 
 def perplexity(path: Path, ids: np.ndarray) -> float:

@@ -3,20 +3,12 @@ none, and the link checker finds broken links and anchors."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
+
+from tests.script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 PEERS = """# Peers
@@ -37,7 +29,7 @@ Measured on a test machine.
 
 
 def test_results_page_reads_evals_and_peers_and_says_what_was_not_measured(tmp_path):
-    page = _script("results_page")
+    page = load_script("results_page")
     trt = tmp_path / "eval_trt.json"
     trt.write_text(
         json.dumps(
@@ -68,14 +60,14 @@ def test_results_page_reads_evals_and_peers_and_says_what_was_not_measured(tmp_p
 
 def test_results_page_without_inputs_measures_nothing_it_was_not_given(tmp_path):
     out = tmp_path / "results.md"
-    assert _script("results_page").main(["-o", str(out), "--no-example"]) == 0
+    assert load_script("results_page").main(["-o", str(out), "--no-example"]) == 0
     text = out.read_text()
     assert text.count("Not measured in this run.") == 6  # zoo, peers and four sections
     assert "|" not in text  # no table, so no figure
 
 
 def test_link_checker_finds_missing_files_and_anchors(tmp_path):
-    links = _script("check_links")
+    links = load_script("check_links")
     (tmp_path / "b.md").write_text("# Title\n\n## Exit codes and `outputs`\n")
     doc = tmp_path / "a.md"
     doc.write_text(

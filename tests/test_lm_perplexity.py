@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -11,19 +10,10 @@ import onnx
 from onnx import TensorProto, helper
 
 from tests import graphs
+from tests.script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, WIDTH = 11, 4
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "lm_perplexity", ROOT / "scripts" / "lm_perplexity.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def tiny_lm(embed: np.ndarray, head: np.ndarray) -> onnx.ModelProto:
@@ -50,4 +40,4 @@ def test_perplexity_is_exp_of_the_mean_next_token_nll(tmp_path):
         logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
         nll.extend(-logp[np.arange(len(window) - 1), window[1:]])
     expected = math.exp(float(np.mean(nll)))
-    assert abs(_script().perplexity(path, ids) - expected) < 1e-4 * expected
+    assert abs(load_script("lm_perplexity").perplexity(path, ids) - expected) < 1e-4 * expected

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import importlib.util
 import json
 import os
 import re
@@ -38,6 +37,7 @@ from onnxq import ir
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
 from onnxq.cli import main
+from tests.script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "onnxq"
@@ -819,12 +819,6 @@ def test_two_processes_write_byte_identical_model_and_report(tmp_path):
 
 
 # ------------------------------------------------------------------------------- large models
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_external_data_model_quantizes_and_saves_with_external_data(tmp_path):

@@ -32,21 +32,14 @@ from onnxq.ir.graph import (
     set_domain_opset,
     set_opset,
 )
-from onnxq.ir.load import (
+from onnxq.ir.load import check_model, load_model, name_nodes, sort_nodes, unshare_biases
+from onnxq.ir.opset import (
     LoadRecord,
     OpsetUpgrade,
-    check_model,
-    copy_without_initializers,
     drop_initializer_inputs,
-    infer_shapes,
-    load_model,
     lower_ir_version,
-    name_nodes,
     opset_purpose,
     opset_version,
-    shapes_for_inputs,
-    sort_nodes,
-    unshare_biases,
     upgrade_opset,
 )
 from onnxq.ir.order import attr_graphs, node_reads
@@ -63,7 +56,9 @@ from onnxq.ir.save import (
     weight_nbytes,
 )
 from onnxq.ir.scratch import interrupt, scratch_dir, uninterrupted
+from onnxq.ir.shapes import infer_shapes, shapes_for_inputs
 from onnxq.ir.twin import ACCUMULATED, LOCAL, Twin, pruned, twin_model
+from onnxq.ir.weightless import copy_without_initializers
 
 __all__ = [
     "ACCUMULATED",

@@ -15,8 +15,8 @@ from onnxq.errors import InternalError
 from onnxq.ir import external
 from onnxq.ir.bodies import all_names
 from onnxq.ir.constants import DEFAULT_DOMAINS
-from onnxq.ir.load import shapes_for_inputs
 from onnxq.ir.order import attr_graphs, node_reads, outer_reads, topological_order
+from onnxq.ir.shapes import shapes_for_inputs
 
 # ------------------------------------------------------------------------------- the index
 _CACHE_LIMIT = 16 * 2**20

@@ -16,24 +16,25 @@ from onnx import TensorProto, numpy_helper
 from onnxq.errors import OutputError
 from onnxq.ir import external
 from onnxq.ir.constants import PROTO_LIMIT
-from onnxq.ir.load import _nbytes, copy_without_initializers, lower_ir_version
+from onnxq.ir.opset import lower_ir_version
+from onnxq.ir.weightless import copy_without_initializers, nbytes
 
 
 # ------------------------------------------------------------------------------- saving
 def model_nbytes(model: onnx.ModelProto) -> int:
     """Approximate serialized size: the weights dominate (lazy ones included)."""
-    return sum(_nbytes(t) for t in model.graph.initializer) + 1_000_000
+    return sum(nbytes(t) for t in model.graph.initializer) + 1_000_000
 
 
 def weight_nbytes(model: onnx.ModelProto) -> int:
     """Bytes of the model's initializers (lazy ones included): its weights' size on disk."""
-    return sum(_nbytes(t) for t in model.graph.initializer)
+    return sum(nbytes(t) for t in model.graph.initializer)
 
 
 def inline_nbytes(model: onnx.ModelProto) -> int:
     """Approximate size of what the proto itself holds (weights left on disk excluded)."""
     return (
-        sum(_nbytes(t) for t in model.graph.initializer if t.data_location != TensorProto.EXTERNAL)
+        sum(nbytes(t) for t in model.graph.initializer if t.data_location != TensorProto.EXTERNAL)
         + 1_000_000
     )
 
@@ -98,11 +99,11 @@ def _save_external(model: onnx.ModelProto, out: Path, link_lazy: bool = False) -
             with open(tmp_data, "wb") as fh:
                 for tensor in model.graph.initializer:
                     lazy = external.is_lazy(tensor)
-                    if lazy and _nbytes(tensor) < 1024:
+                    if lazy and nbytes(tensor) < 1024:
                         header.graph.initializer.append(external.loaded_copy(tensor))
                         continue
                     if not lazy and (
-                        _nbytes(tensor) < 1024 or tensor.data_location == TensorProto.EXTERNAL
+                        nbytes(tensor) < 1024 or tensor.data_location == TensorProto.EXTERNAL
                     ):
                         header.graph.initializer.append(tensor)
                         continue

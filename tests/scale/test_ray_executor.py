@@ -26,26 +26,14 @@ from onnxq.scale import RayExecutor
 from onnxq.scale import ray_executor as ray_module
 from tests import control_flow_graphs as cf
 from tests import graphs
+from tests.scale.ray_cluster import local_cluster
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
     """Two raylets of one CPU each, and this process connected to them."""
-    ray = pytest.importorskip("ray", reason="needs ray: pip install 'onnxq[ray]'")
-    from ray.cluster_utils import Cluster
-
-    # workers unpickle this module's helpers by value, not by importing `tests`
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    nodes = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
-    )
-    nodes.add_node(num_cpus=1)
-    ray.init(address=nodes.address, logging_level="WARNING", log_to_driver=False)
-    try:
+    with local_cluster(sys.modules[__name__]) as ray:
         yield ray
-    finally:
-        ray.shutdown()
-        nodes.shutdown()
 
 
 def quantized_bytes(model: onnx.ModelProto, data: object, **options: object) -> bytes:
