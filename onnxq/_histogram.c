@@ -1,4 +1,4 @@
-/* onnxq._histogram: the histogram update of onnxq.observers.TensorStats, compiled.
+/* onnxq._histogram: the histogram update of onnxq.tensor_stats.TensorStats, compiled.
  *
  * count(x, rows, stride, scale, half, counts) adds to the int64 histogram `counts` the bin
  * floor(v * scale) + half of every `stride`-th value v of each of the `rows` samples of the
@@ -144,7 +144,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "onnxq._histogram",
-    "Compiled histogram update for onnxq.observers (optional; numpy is the fallback).", -1,
+    "Compiled histogram update for onnxq.tensor_stats (optional; numpy is the fallback).", -1,
     methods, NULL, NULL, NULL, NULL,
 };
 

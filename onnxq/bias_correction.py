@@ -37,9 +37,9 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.data import check_batch
 from onnxq.errors import InternalError, UnsupportedModelError
 from onnxq.inputs import Batch, InputSpec
-from onnxq.observers import QParams, dequantize_weight, quantize_weight
 from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations
+from onnxq.qparams import QParams, dequantize_weight, quantize_weight
 
 CORRECTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 MIN_SIGNIFICANCE = 2.0  # a channel's shift must exceed this many standard errors

@@ -48,7 +48,7 @@ from onnxq.calibration_plan import (
 from onnxq.data import check_batch
 from onnxq.errors import CalibrationDataError, InternalError, UnsupportedModelError
 from onnxq.inputs import Batch, InputSpec
-from onnxq.observers import TensorStats
+from onnxq.tensor_stats import TensorStats
 
 if TYPE_CHECKING:
     from onnxq.scale.calibration import CalibrationShard

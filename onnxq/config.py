@@ -29,7 +29,6 @@ from onnxq.backends.cpu import cpu_class
 from onnxq.backends.profile import BACKENDS
 from onnxq.device import is_device
 from onnxq.errors import ConfigError
-from onnxq.observers import WEIGHT_METHODS
 from onnxq.options import (
     AccuracyOptions,
     CalibrationOptions,
@@ -47,6 +46,7 @@ from onnxq.overrides import (
     check_precision,
     parse_override,
 )
+from onnxq.qparams import WEIGHT_METHODS
 from onnxq.recover.options import CALIBRATION_MODES, check_engine
 from onnxq.weightonly import WEIGHT_ALGORITHMS, WEIGHT_ONLY
 

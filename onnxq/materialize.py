@@ -23,16 +23,16 @@ from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.errors import InternalError
 from onnxq.metadata import METADATA_KEY, Placed, read_metadata, read_target_cpu, write_metadata
-from onnxq.observers import (
+from onnxq.options import WeightOptions
+from onnxq.place.annotations import Annotations, TensorAnnotation
+from onnxq.precisions import QType, tensor_qtype
+from onnxq.qparams import (
     QParams,
     dequantize_weight,
     qtype_of_array,
     quantize_weight,
     weight_qparams,
 )
-from onnxq.options import WeightOptions
-from onnxq.place.annotations import Annotations, TensorAnnotation
-from onnxq.precisions import QType, tensor_qtype
 
 QDQ_OPSET = 13  # per-axis QuantizeLinear/DequantizeLinear
 UINT8_MIDPOINT = 128  # the zero point of a symmetric weight stored as uint8
@@ -230,7 +230,7 @@ def weight_limits(
 ) -> dict[str, int]:
     """Each annotated weight's largest integer magnitude: the profile's limit (its depthwise
     one for a weight that only depthwise convs read), narrowed by a ``bits`` override (an FP8
-    weight takes FP8's own range: ``onnxq.observers.weight_qparams``)."""
+    weight takes FP8's own range: ``onnxq.qparams.weight_qparams``)."""
     scopes = ir.scopes(graph) if profile.depthwise_weight_qmax else []
     readers = {n.name: (scope, n) for scope in scopes for n in scope.nodes}
     limits = {}

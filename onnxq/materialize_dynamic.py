@@ -30,10 +30,10 @@ from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.errors import InternalError
 from onnxq.metadata import Placed, write_metadata
-from onnxq.observers import QParams, quantize_weight, weight_qparams
 from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations
 from onnxq.precisions import CONTRIB_DOMAIN
+from onnxq.qparams import QParams, quantize_weight, weight_qparams
 from onnxq.rewrites.dynamic import GATED_OUTLIERS, bias_add
 from onnxq.rewrites.gated import linear_factor, outlier_channels
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from onnxq.observers import QParams
+from onnxq.qparams import QParams
 
 
 @dataclass(frozen=True)

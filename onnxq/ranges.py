@@ -10,9 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from onnxq.backends.profile import BackendProfile
-from onnxq.observers import MethodOptions, QParams, TensorStats, activation_qparams
+from onnxq.observers import MethodOptions
 from onnxq.place.annotations import Annotations
 from onnxq.precisions import tensor_qtype
+from onnxq.qparams import QParams, activation_qparams
+from onnxq.tensor_stats import TensorStats
 
 
 @dataclass(frozen=True)

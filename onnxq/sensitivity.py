@@ -34,10 +34,10 @@ from onnxq.accuracy_target import AccuracyTarget, Outputs
 from onnxq.backends.profile import BackendProfile
 from onnxq.config import QuantConfig
 from onnxq.inputs import Batch
-from onnxq.observers import QParams
 from onnxq.place.annotations import Annotations, Excluded
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import Placement, Statistics, place
+from onnxq.qparams import QParams
 from onnxq.ranges import activation_ranges
 from onnxq.scale.executor import Executor, InProcess
 from onnxq.trial_tasks import TrialContext, TrialShard, score_trial, trial_worker

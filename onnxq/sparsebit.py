@@ -40,8 +40,8 @@ from typing import Any
 
 from onnxq.backends.profile import BACKENDS, PROFILES
 from onnxq.errors import ConfigError
-from onnxq.observers import WEIGHT_METHODS
 from onnxq.overrides import Override
+from onnxq.qparams import WEIGHT_METHODS
 from onnxq.scopes import module_pattern
 
 WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")

@@ -23,9 +23,9 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.backends.validate import padding_masks, run_outputs
 from onnxq.inputs import Batch
 from onnxq.materialize import materialize
-from onnxq.observers import QParams
 from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations
+from onnxq.qparams import QParams
 
 
 @dataclass(frozen=True)

@@ -34,10 +34,10 @@ from onnxq import ir
 from onnxq.backends.profile import PROFILES
 from onnxq.calibrate import CalibrationResult
 from onnxq.config import QuantConfig
-from onnxq.observers import TensorStats
 from onnxq.place.engine import annotate
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
+from onnxq.tensor_stats import TensorStats
 
 TARGET_S = 2.0
 

@@ -14,7 +14,7 @@ from onnxq import ir
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
 from onnxq.bias_correction import _significant
-from onnxq.observers import quantize_weight, weight_qparams
+from onnxq.qparams import quantize_weight, weight_qparams
 from tests import graphs
 
 

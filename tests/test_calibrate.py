@@ -12,7 +12,7 @@ from onnxq.calibrate import _OutputBuffers, calibrate, exposing, make_session
 from onnxq.calibration_plan import MIN_SAMPLE_SHARE, _stride, peaks_plan, sample_share
 from onnxq.data import model_inputs
 from onnxq.errors import CalibrationDataError, InternalError, UnsupportedModelError
-from onnxq.observers import BINS, TensorStats
+from onnxq.tensor_stats import BINS, TensorStats
 from tests import graphs
 
 

@@ -12,7 +12,7 @@ from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
 from onnxq.config import QuantConfig
 from onnxq.materialize import materialize, read_metadata
-from onnxq.observers import quantize_weight, range_to_qparams, weight_qparams
+from onnxq.qparams import quantize_weight, range_to_qparams, weight_qparams
 from tests import graphs
 from tests.placement import annotate_graph
 

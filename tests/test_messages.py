@@ -42,10 +42,10 @@ from onnxq.messages import (
     unmatched_patterns,
     weight_inputs,
 )
-from onnxq.observers import TensorStats
 from onnxq.place.annotations import Annotations
 from onnxq.prepare import IrDowngrade, Prepared
 from onnxq.ranges import RangeRemark
+from onnxq.tensor_stats import TensorStats
 from onnxq.verify import Verification
 from tests import graphs
 

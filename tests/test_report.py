@@ -11,8 +11,8 @@ import onnxq
 from onnxq.backends.validate import OutputFidelity
 from onnxq.errors import Violation
 from onnxq.materialize import Placed
-from onnxq.observers import QParams
 from onnxq.place.annotations import Decision
+from onnxq.qparams import QParams
 from onnxq.report import Report
 from tests import graphs
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from onnxq.observers import TensorStats
 from onnxq.options import PlacementOptions
 from onnxq.place.annotations import Annotations, Decision, Excluded, TensorAnnotation
 from onnxq.place.facts import GraphFacts
 from onnxq.rewrites.rules import WEAK_SHARE
+from onnxq.tensor_stats import TensorStats
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,13 @@ from typing import Generic, Protocol, TypeVar
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.errors import InternalError
-from onnxq.observers import HISTOGRAM_METHODS, TensorStats
+from onnxq.observers import HISTOGRAM_METHODS
 from onnxq.options import PlacementOptions
 from onnxq.place.annotations import Annotations, Excluded
 from onnxq.place.engine import annotate
 from onnxq.place.exclusions import Evidence, find_exclusions
 from onnxq.place.facts import GraphFacts
+from onnxq.tensor_stats import TensorStats
 
 # each round keeps at least one more tensor or node float; the zoo models settle in 1 or 2
 MAX_ROUNDS = 8

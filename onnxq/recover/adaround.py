@@ -32,9 +32,9 @@ import onnx
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.inputs import Batch, InputSpec
-from onnxq.observers import QParams, weight_qparams
 from onnxq.options import CalibrationOptions, RecoveryOptions, WeightOptions
 from onnxq.place.annotations import Annotations
+from onnxq.qparams import QParams, weight_qparams
 from onnxq.recover.capture import GramStats, capture_grams
 from onnxq.recover.layers import LAYER_OPS, LinearLayer, linear_layer
 from onnxq.recover.rounding import learn_rounding, problem

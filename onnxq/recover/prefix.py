@@ -25,9 +25,11 @@ import onnx
 from onnxq.backends.profile import BackendProfile
 from onnxq.calibrate import CalibrationResult, calibrate
 from onnxq.inputs import Batch, InputSpec
-from onnxq.observers import HISTOGRAM_METHODS, QParams, TensorStats
+from onnxq.observers import HISTOGRAM_METHODS
 from onnxq.options import CalibrationOptions, WeightOptions
 from onnxq.place.annotations import Annotations
+from onnxq.qparams import QParams
+from onnxq.tensor_stats import TensorStats
 
 PASSES = 2  # the second pass sees earlier layers quantized with their own prefix ranges
 

@@ -34,9 +34,9 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.bias_correction import CORRECTED_OPS, MIN_BATCHES, _bias_of
 from onnxq.data import check_batch
 from onnxq.inputs import Batch, InputSpec
-from onnxq.observers import QParams
 from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations
+from onnxq.qparams import QParams
 from onnxq.recover.outputs import OutputError, pruned_session, run_session
 
 Bounds = tuple[float | None, float | None]

@@ -24,11 +24,11 @@ from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.calibrate import CalibrationResult
 from onnxq.inputs import Batch, InputSpec
-from onnxq.observers import QParams
 from onnxq.options import CalibrationOptions, PlacementOptions, RecoveryOptions, WeightOptions
 from onnxq.place.annotations import Annotations
 from onnxq.place.engine import annotate
 from onnxq.place.facts import GraphFacts
+from onnxq.qparams import QParams
 from onnxq.recover.adaround import ChosenWeight, adaround
 from onnxq.recover.cle import equalize
 from onnxq.recover.prefix import PASSES, prefix_calibrate

@@ -11,7 +11,6 @@ import pytest
 from onnxq import ir
 from onnxq.backends.profile import PROFILES
 from onnxq.config import QuantConfig
-from onnxq.observers import TensorStats
 from onnxq.options import PlacementOptions
 from onnxq.place.annotations import Annotations, Decision, Excluded, TensorAnnotation
 from onnxq.place.exclusions import (
@@ -23,6 +22,7 @@ from onnxq.place.exclusions import (
 )
 from onnxq.place.facts import GraphFacts
 from onnxq.rewrites.rule_sets import RULE_SETS
+from onnxq.tensor_stats import TensorStats
 from tests import graphs
 
 

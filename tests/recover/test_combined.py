@@ -15,7 +15,7 @@ from onnxq.backends.profile import PROFILES
 from onnxq.bias_correction import correct_biases
 from onnxq.config import QuantConfig
 from onnxq.inputs import model_inputs
-from onnxq.observers import weight_qparams
+from onnxq.qparams import weight_qparams
 from tests.graphs import init, model, rng, tensor, weight
 from tests.recover.builders import placed
 

@@ -7,8 +7,8 @@ import numpy as np
 
 import onnxq
 from onnxq.calibrate import CalibrationResult
-from onnxq.observers import TensorStats
 from onnxq.recover.stages import Overlaid
+from onnxq.tensor_stats import TensorStats
 from tests import graphs
 from tests.test_mixed_precision import conv_chain
 
