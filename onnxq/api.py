@@ -31,7 +31,7 @@ from onnxq import ir
 from onnxq.accuracy_target import AccuracyTarget
 from onnxq.backends.target import profile_for, target_record
 from onnxq.bias_correction import bias_correction_pass
-from onnxq.calibrate import calibration_cache
+from onnxq.calibration_cache import calibration_cache
 from onnxq.config import QuantConfig
 from onnxq.data import model_inputs, open_source
 from onnxq.device import SessionSettings, check_device, using

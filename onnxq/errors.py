@@ -107,3 +107,10 @@ def first_line(exc: BaseException) -> str:
     one-line error message quotes of a library's failure."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's whole message on one line (whitespace runs joined), at most ``limit``
+    characters; its type's name when it has none."""
+    text = " ".join(str(exc).split())
+    return text[:limit] if text else type(exc).__name__

@@ -17,12 +17,8 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.calibrate import (
-    CalibrationResult,
-    cached_control_flow,
-    calibrate,
-    load_calibration,
-)
+from onnxq.calibrate import CalibrationResult, calibrate
+from onnxq.calibration_cache import cached_control_flow, load_calibration
 from onnxq.errors import InternalError
 from onnxq.inputs import Batch, InputSpec
 from onnxq.options import CalibrationOptions

@@ -16,6 +16,8 @@ from onnxq.errors import (
     OutputError,
     UnsupportedModelError,
     Violation,
+    first_line,
+    one_line,
 )
 
 
@@ -51,3 +53,11 @@ def test_package_exports():
     for name in onnxq.__all__:
         assert hasattr(onnxq, name)
     assert onnxq.quantize is onnxq.api.quantize
+
+
+def test_first_line_and_one_line_quote_a_library_failure_on_one_line():
+    failure = ValueError("bad node\n  at  input 3\n")
+    assert first_line(failure) == "bad node"
+    assert one_line(failure) == "bad node at input 3"
+    assert one_line(ValueError("x" * 500), limit=10) == "x" * 10
+    assert first_line(KeyError()) == one_line(KeyError()) == "KeyError"

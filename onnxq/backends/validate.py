@@ -16,7 +16,7 @@ import onnx
 
 from onnxq import device, ir
 from onnxq.backends.output_kinds import OutputKinds, score_axis, threshold_agreement
-from onnxq.errors import InternalError, UnsupportedModelError
+from onnxq.errors import InternalError, UnsupportedModelError, one_line
 from onnxq.heap import release_free_memory
 from onnxq.inputs import Batch
 
@@ -168,7 +168,7 @@ def validation_session(
         try:
             session = ort.InferenceSession(payload, opts, providers=device.providers(), **placed)
         except Exception as exc:
-            message = f"onnxruntime cannot load the {what} model: {_one_line(exc, 400)}"
+            message = f"onnxruntime cannot load the {what} model: {one_line(exc, 400)}"
             if ours:
                 raise InternalError(message, onnxruntime_failed=True) from None
             raise UnsupportedModelError(message, onnxruntime_failed=True) from None
@@ -209,7 +209,7 @@ def _run_all(
         try:
             values = session.run(names, batch)
         except Exception as exc:
-            message = f"the {what} model fails in onnxruntime on held batch {i}: {_one_line(exc)}"
+            message = f"the {what} model fails in onnxruntime on held batch {i}: {one_line(exc)}"
             if ours:
                 raise InternalError(message, onnxruntime_failed=True) from None
             raise UnsupportedModelError(
@@ -219,10 +219,6 @@ def _run_all(
             ) from None
         results.append(dict(zip(names, values, strict=True)))
     return results
-
-
-def _one_line(exc: BaseException, limit: int = 300) -> str:
-    return " ".join(str(exc).split())[:limit]
 
 
 def class_axes(model: onnx.ModelProto) -> dict[str, int]:

@@ -28,7 +28,7 @@ from collections.abc import Generator, Iterable
 from typing import Any
 
 from onnxq import device
-from onnxq.errors import InternalError, OnnxqError, ResourceError
+from onnxq.errors import InternalError, OnnxqError, ResourceError, one_line
 from onnxq.scale.executor import C, R, S, Setup, Task, W
 
 _INSTALL = "pip install 'onnxq[ray]'"
@@ -177,7 +177,7 @@ class RayExecutor:
             if isinstance(cause, (OnnxqError, InternalError)):
                 raise cause.with_traceback(None) from None
             raise InternalError(
-                f"a Ray task of onnxq failed: {type(cause).__name__}: {_one_line(cause)}"
+                f"a Ray task of onnxq failed: {type(cause).__name__}: {one_line(cause)}"
             ) from exc
         except ray.exceptions.RayError as exc:
             if (missing := _missing_module(exc)) is not None:
@@ -186,7 +186,7 @@ class RayExecutor:
 
     def _lost(self, exc: BaseException) -> ResourceError:
         return ResourceError(
-            f"Ray could not run a shard ({type(exc).__name__}: {_one_line(exc)}); a task "
+            f"Ray could not run a shard ({type(exc).__name__}: {one_line(exc)}); a task "
             f"whose worker dies is retried {self.max_retries} times: check the workers' memory "
             "(each holds the model and one session) and the cluster (ray status)"
         )
@@ -219,7 +219,7 @@ class RayExecutor:
                 else "check the address (ray status prints it on the head node)"
             )
             raise ResourceError(
-                f"cannot connect to the Ray cluster at {self.address}: {_one_line(exc)}; {hint}"
+                f"cannot connect to the Ray cluster at {self.address}: {one_line(exc)}; {hint}"
             ) from None
 
 
@@ -265,8 +265,3 @@ def _remote(ray: Any) -> Any:
     if _remote_run is None:
         _remote_run = ray.remote(_run)
     return _remote_run
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:300] if text else type(exc).__name__
