@@ -4,8 +4,9 @@ Called by :func:`onnxq.materialize.materialize` for a dynamic profile.  Each op 
 claimed (``onnxq.rewrites.dynamic``) is replaced by its kernel in onnxruntime's ``com.microsoft``
 domain, under the same output names, in the graph it sits in (an If/Loop/Scan body's too):
 
-* MatMul / Gemm -> ``DynamicQuantizeMatMul(A, B_int8[K, N], b_scale[N], b_zero_point[N], bias)``:
-  the weight quantized per output column ahead of time (a Gemm's ``alpha`` folded into the
+* MatMul / Gemm -> ``DynamicQuantizeMatMul(A, B_int8[K, N], b_scale[N] or [], , bias)``:
+  the weight quantized per output column ahead of time, or per tensor where one scale rounds it
+  well enough (``onnxq.dynamic_weights``; a Gemm's ``alpha`` folded into the
   scales, ``beta * C`` into the bias, a MatMul's bias Add that the rule fused taken in as the
   bias), ``A`` quantized per tensor to uint8 by the kernel at run time; an ``A`` that several
   of them read (attention's q, k and v projections) is quantized once by a
@@ -28,6 +29,7 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
+from onnxq.dynamic_weights import KernelWeights
 from onnxq.errors import InternalError
 from onnxq.metadata import Placed, write_metadata
 from onnxq.observers import QParams, quantize_weight, weight_qparams
@@ -36,6 +38,7 @@ from onnxq.place.annotations import Annotations
 from onnxq.precisions import CONTRIB_DOMAIN
 from onnxq.rewrites.dynamic import GATED_OUTLIERS, bias_add
 from onnxq.rewrites.gated import linear_factor, outlier_channels
+from onnxq.rewrites.residual_sum import residual_sums
 
 # what a gated product's outlier channels are divided by on their way into the quantized
 # kernel (and their weight rows multiplied by in the float MatMul beside it): a power of two,
@@ -65,6 +68,7 @@ def materialize_dynamic(
     readers = Counter(_input_key(*where[d.node]) for d in claimed if d.rule in SHARING_RULES)
     shared: dict[tuple[int, str], tuple[str, str, str]] = {}
     placed: list[Placed] = []
+    weights = KernelWeights(profile.weight_qmax, options.weight_method, profile.tensor_scale_sqnr)
     replaced: dict[int, tuple[ir.Graph, list[onnx.NodeProto]]] = {}
     for decision in claimed:
         scope, node = where[decision.node]
@@ -76,11 +80,14 @@ def materialize_dynamic(
                 shared[key] = _quantize_once(scope, node.input[0])
             once = shared[key]
         writer = WRITERS[decision.rule]
-        placed += writer(scope, node, profile.weight_qmax, options.weight_method, add, once)
+        placed += writer(scope, node, weights, add, once)
         done = replaced.setdefault(id(scope), (scope, []))[1]
         done += [node] if add is None else [node, add]
     for scope, nodes in replaced.values():
         scope.remove_nodes(nodes)
+    if profile.residual_sums:
+        for scope in scopes:
+            residual_sums(scope)
     if placed:
         ir.set_domain_opset(model, CONTRIB_DOMAIN, 1)
     for scope in reversed(scopes):  # bodies inside out, the top-level graph last
@@ -138,26 +145,24 @@ def _const(graph: ir.Graph, name: str) -> np.ndarray:
 def _matmul(
     graph: ir.Graph,
     node: onnx.NodeProto,
-    qmax: int,
-    method: str,
+    weights: KernelWeights,
     add: onnx.NodeProto | None = None,
     once: tuple[str, str, str] | None = None,
 ) -> list[Placed]:
     """MatMul or Gemm (and the bias ``add`` after a MatMul) -> DynamicQuantizeMatMul, or
     MatMulIntegerToFloat when the input was quantized ``once`` for several readers."""
     w, bias, output = _weight_and_bias(graph, node, add)
-    qp = _write_kernel(graph, node, node.input[0], w, bias, output, qmax, method, once)
+    qp = _write_kernel(graph, node, node.input[0], w, bias, output, weights, once)
     return [
         _runtime_activation(node.input[0], node),
-        Placed(node.input[1], "weight", qp, ((node.name, 1),), _bits(qmax), "int8"),
+        Placed(node.input[1], "weight", qp, ((node.name, 1),), _bits(weights.qmax), "int8"),
     ]
 
 
 def _gated_matmul(
     graph: ir.Graph,
     node: onnx.NodeProto,
-    qmax: int,
-    method: str,
+    weights: KernelWeights,
     add: onnx.NodeProto | None = None,
     once: tuple[str, str, str] | None = None,
 ) -> list[Placed]:
@@ -171,7 +176,7 @@ def _gated_matmul(
     if channels is None:
         raise InternalError(f"{node.name!r}: the MatMuls of its gated input were lost")
     if not channels.size:
-        return _matmul(graph, node, qmax, method)
+        return _matmul(graph, node, weights)
     w, _, output = _weight_and_bias(graph, node, None)
     tensor, base, shrink = node.input[0], node.name, np.float32(1.0)
     up = linear_factor(graph, node)
@@ -190,7 +195,7 @@ def _gated_matmul(
     inliers = w.copy()
     inliers[channels] = 0.0
     main = graph.unique_name(f"{output}_inliers")
-    qp = _write_kernel(graph, node, masked, inliers, None, main, qmax, method, None)
+    qp = _write_kernel(graph, node, masked, inliers, None, main, weights, None)
     index = graph.add_initializer(graph.unique_name(f"{base}_outlier_channels"), channels)
     rows = graph.add_initializer(graph.unique_name(f"{base}_outlier_rows"), w[channels] * shrink)
     picked, side = graph.unique_name(f"{tensor}_outliers"), graph.unique_name(f"{output}_outliers")
@@ -201,7 +206,7 @@ def _gated_matmul(
     graph.add_node("Add", [main, side], [output], graph.unique_name(f"{base}_outlier_add"))
     return [
         _runtime_activation(masked, node),
-        Placed(node.input[1], "weight", qp, ((node.name, 1),), _bits(qmax), "int8"),
+        Placed(node.input[1], "weight", qp, ((node.name, 1),), _bits(weights.qmax), "int8"),
     ]
 
 
@@ -212,19 +217,21 @@ def _write_kernel(
     w: np.ndarray,
     bias: np.ndarray | None,
     output: str,
-    qmax: int,
-    method: str,
+    weights: KernelWeights,
     once: tuple[str, str, str] | None,
 ) -> QParams:
-    """The kernel that multiplies ``tensor`` by ``w`` (int8 per column) into ``output``; the
-    weight's qparams."""
+    """The kernel that multiplies ``tensor`` by ``w`` (int8, per column or per tensor:
+    :meth:`KernelWeights.matrix_qparams`) into ``output``; the weight's qparams.  The weight's
+    zero point is 0, the kernels' default: its input is left empty (a tensor of zeros, one per
+    column, sends onnxruntime's GEMM down its per-column zero-point path for nothing)."""
     weight_name = node.input[1]
-    qp = weight_qparams(w, 1, qmax, method)
+    qp = weights.matrix_qparams(w)
     stored = graph.add_initializer(
-        graph.unique_name(f"{weight_name}_quantized"), quantize_weight(w, qp, qmax)
+        graph.unique_name(f"{weight_name}_quantized"), quantize_weight(w, qp, weights.qmax)
     )
     scale = graph.add_initializer(graph.unique_name(f"{weight_name}_scale"), qp.scale)
-    zero = graph.add_initializer(graph.unique_name(f"{weight_name}_zero_point"), qp.zero_point)
+    if np.any(qp.zero_point):
+        raise InternalError(f"{weight_name!r}: a dynamic kernel's weight with a zero point")
     bias_name = (
         graph.add_initializer(
             graph.unique_name(f"{node.name}_bias"), np.ascontiguousarray(bias, np.float32)
@@ -233,13 +240,15 @@ def _write_kernel(
         else ""
     )
     if once is None:
-        op, inputs = "DynamicQuantizeMatMul", [tensor, stored, scale, zero, bias_name]
+        op, inputs = "DynamicQuantizeMatMul", [tensor, stored, scale, "", bias_name]
     else:
         x_q, x_scale, x_zero = once
-        op, inputs = "MatMulIntegerToFloat", [x_q, stored, x_scale, scale, x_zero, zero, bias_name]
+        op, inputs = "MatMulIntegerToFloat", [x_q, stored, x_scale, scale, x_zero, "", bias_name]
+    while not inputs[-1]:  # optional inputs left out at the end
+        inputs.pop()
     graph.add_node(
         op,
-        inputs if bias_name else inputs[:-1],
+        inputs,
         [output],
         graph.unique_name(f"{node.name}_dynamic"),
         domain=CONTRIB_DOMAIN,
@@ -273,8 +282,7 @@ def _weight_and_bias(
 def _lstm(
     graph: ir.Graph,
     node: onnx.NodeProto,
-    qmax: int,
-    method: str,
+    weights: KernelWeights,
     add: onnx.NodeProto | None = None,
     once: tuple[str, str, str] | None = None,
 ) -> list[Placed]:
@@ -287,8 +295,8 @@ def _lstm(
         value = _const(graph, name).astype(np.float32)  # [dirs, 4*hidden, n]
         dirs, rows, cols = value.shape
         flat = value.reshape(dirs * rows, cols)
-        qp = weight_qparams(flat, 0, qmax, method)
-        q = quantize_weight(flat, qp, qmax).reshape(dirs, rows, cols).transpose(0, 2, 1)
+        qp = weight_qparams(flat, 0, weights.qmax, weights.method)
+        q = quantize_weight(flat, qp, weights.qmax).reshape(dirs, rows, cols).transpose(0, 2, 1)
         scale = qp.scale.reshape(dirs, rows)
         quantized += [
             graph.add_initializer(graph.unique_name(f"{name}_quantized"), q),
@@ -298,7 +306,9 @@ def _lstm(
             ),
         ]
         shown = QParams(scale, np.zeros((dirs, rows), np.int8), 1, qp.method, qp.low, qp.high)
-        placed.append(Placed(name, "weight", shown, ((node.name, index),), _bits(qmax), "int8"))
+        placed.append(
+            Placed(name, "weight", shown, ((node.name, index),), _bits(weights.qmax), "int8")
+        )
     optional = [node.input[i] if i < len(node.input) else "" for i in range(3, 8)]
     w_q, w_scale, w_zero, r_q, r_scale, r_zero = quantized
     attrs = {k: v for k, v in ir.node_attrs(node).items() if k != "layout"}
@@ -319,7 +329,7 @@ def _bits(qmax: int) -> int:
 
 
 Writer = Callable[
-    [ir.Graph, onnx.NodeProto, int, str, onnx.NodeProto | None, tuple[str, str, str] | None],
+    [ir.Graph, onnx.NodeProto, KernelWeights, onnx.NodeProto | None, tuple[str, str, str] | None],
     list[Placed],
 ]
 # rules whose writer reads the float MatMuls before it (a gated product's gate and up), which
