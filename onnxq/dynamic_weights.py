@@ -6,9 +6,9 @@ it slower than a single one: the per-column path of their output stage costs 10-
 kernel's time (the profile's ``tensor_scale_sqnr`` says where it was measured).  The activation
 the kernel quantizes at run time (uint8, one scale per call, from its own min/max) bounds what
 a finer weight scale can win: once a single scale rounds the weight with a signal-to-noise ratio
-(SQNR) far above the activation's, per-column scales buy fidelity nobody sees, at a measurable
-cost.  A weight with loud columns (a per-tensor SQNR of 8-25 dB, as BERT's FFN output
-projections have) keeps per-column scales.
+(SQNR) far above the activation's in every column, per-column scales buy fidelity nobody sees,
+at a measurable cost.  The worst column decides: a weight with a few loud columns rounds its
+quiet ones coarsely under one scale, however good its SQNR as a whole.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ class KernelWeights:
         qmax: the largest integer magnitude (127; 63 where the target CPU's kernels add
             int16 pairs).
         method: the weight method (``minmax``, ``mse``).
-        tensor_scale_sqnr: the SQNR in dB at or above which a [K, N] weight takes one scale
-            (``None``: per column always).
+        tensor_scale_sqnr: a [K, N] weight takes one scale where that rounds every column
+            with at least this signal-to-noise ratio in dB (``None``: per column always).
     """
 
     qmax: int
@@ -37,17 +37,18 @@ class KernelWeights:
     tensor_scale_sqnr: float | None = None
 
     def matrix_qparams(self, weight: np.ndarray) -> QParams:
-        """The qparams of a [K, N] weight: one scale where it rounds the weight well enough
-        (:func:`rounding_sqnr` >= ``tensor_scale_sqnr``), else one per column (axis 1)."""
+        """The qparams of a [K, N] weight: one scale where it rounds every column well enough
+        (:func:`column_sqnr` >= ``tensor_scale_sqnr``), else one per column (axis 1)."""
         if self.tensor_scale_sqnr is not None:
             whole = weight_qparams(weight, None, self.qmax, self.method)
-            if rounding_sqnr(weight, whole, self.qmax) >= self.tensor_scale_sqnr:
+            if column_sqnr(weight, whole, self.qmax).min() >= self.tensor_scale_sqnr:
                 return whole
         return weight_qparams(weight, 1, self.qmax, self.method)
 
 
-def rounding_sqnr(weight: np.ndarray, qp: QParams, qmax: int) -> float:
-    """The signal-to-noise ratio in dB of ``weight`` rounded under ``qp`` (inf when exact)."""
+def column_sqnr(weight: np.ndarray, qp: QParams, qmax: int) -> np.ndarray:
+    """Each column's signal-to-noise ratio in dB, ``weight`` [K, N] rounded under ``qp`` (inf
+    for a column rounded exactly)."""
     w = np.asarray(weight, dtype=np.float64)
     scale = np.asarray(qp.scale, dtype=np.float64)
     if qp.axis is not None:
@@ -55,7 +56,7 @@ def rounding_sqnr(weight: np.ndarray, qp: QParams, qmax: int) -> float:
         shape[qp.axis] = -1
         scale = scale.reshape(shape)
     error = w - quantize_weight(weight, qp, qmax).astype(np.float64) * scale
-    noise, signal = float(np.square(error).sum()), float(np.square(w).sum())
-    if noise == 0.0:
-        return float("inf")
-    return 10.0 * float(np.log10(max(signal, np.finfo(np.float64).tiny) / noise))
+    noise, signal = np.square(error).sum(axis=0), np.square(w).sum(axis=0)
+    with np.errstate(divide="ignore"):
+        ratio = np.where(noise > 0, signal / np.where(noise > 0, noise, 1.0), np.inf)
+        return 10.0 * np.log10(np.maximum(ratio, np.finfo(np.float64).tiny))
