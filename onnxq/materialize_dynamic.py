@@ -4,9 +4,8 @@ Called by :func:`onnxq.materialize.materialize` for a dynamic profile.  Each op 
 claimed (``onnxq.rewrites.dynamic``) is replaced by its kernel in onnxruntime's ``com.microsoft``
 domain, under the same output names, in the graph it sits in (an If/Loop/Scan body's too):
 
-* MatMul / Gemm -> ``DynamicQuantizeMatMul(A, B_int8[K, N], b_scale[N] or [], , bias)``:
-  the weight quantized per output column ahead of time, or per tensor where one scale rounds it
-  well enough (``onnxq.dynamic_weights``; a Gemm's ``alpha`` folded into the
+* MatMul / Gemm -> ``DynamicQuantizeMatMul(A, B_int8[K, N], b_scale[N], , bias)``:
+  the weight quantized per output column ahead of time (a Gemm's ``alpha`` folded into the
   scales, ``beta * C`` into the bias, a MatMul's bias Add that the rule fused taken in as the
   bias), ``A`` quantized per tensor to uint8 by the kernel at run time; an ``A`` that several
   of them read (attention's q, k and v projections) is quantized once by a
@@ -29,7 +28,6 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.dynamic_weights import KernelWeights
 from onnxq.errors import InternalError
 from onnxq.metadata import Placed, write_metadata
 from onnxq.observers import QParams, quantize_weight, weight_qparams
@@ -68,7 +66,6 @@ def materialize_dynamic(
     readers = Counter(_input_key(*where[d.node]) for d in claimed if d.rule in SHARING_RULES)
     shared: dict[tuple[int, str], tuple[str, str, str]] = {}
     placed: list[Placed] = []
-    weights = KernelWeights(profile.weight_qmax, options.weight_method, profile.tensor_scale_sqnr)
     replaced: dict[int, tuple[ir.Graph, list[onnx.NodeProto]]] = {}
     for decision in claimed:
         scope, node = where[decision.node]
@@ -80,7 +77,7 @@ def materialize_dynamic(
                 shared[key] = _quantize_once(scope, node.input[0])
             once = shared[key]
         writer = WRITERS[decision.rule]
-        placed += writer(scope, node, weights, add, once)
+        placed += writer(scope, node, profile.weight_qmax, options.weight_method, add, once)
         done = replaced.setdefault(id(scope), (scope, []))[1]
         done += [node] if add is None else [node, add]
     for scope, nodes in replaced.values():
@@ -145,24 +142,26 @@ def _const(graph: ir.Graph, name: str) -> np.ndarray:
 def _matmul(
     graph: ir.Graph,
     node: onnx.NodeProto,
-    weights: KernelWeights,
+    qmax: int,
+    method: str,
     add: onnx.NodeProto | None = None,
     once: tuple[str, str, str] | None = None,
 ) -> list[Placed]:
     """MatMul or Gemm (and the bias ``add`` after a MatMul) -> DynamicQuantizeMatMul, or
     MatMulIntegerToFloat when the input was quantized ``once`` for several readers."""
     w, bias, output = _weight_and_bias(graph, node, add)
-    qp = _write_kernel(graph, node, node.input[0], w, bias, output, weights, once)
+    qp = _write_kernel(graph, node, node.input[0], w, bias, output, qmax, method, once)
     return [
         _runtime_activation(node.input[0], node),
-        Placed(node.input[1], "weight", qp, ((node.name, 1),), _bits(weights.qmax), "int8"),
+        Placed(node.input[1], "weight", qp, ((node.name, 1),), _bits(qmax), "int8"),
     ]
 
 
 def _gated_matmul(
     graph: ir.Graph,
     node: onnx.NodeProto,
-    weights: KernelWeights,
+    qmax: int,
+    method: str,
     add: onnx.NodeProto | None = None,
     once: tuple[str, str, str] | None = None,
 ) -> list[Placed]:
@@ -176,7 +175,7 @@ def _gated_matmul(
     if channels is None:
         raise InternalError(f"{node.name!r}: the MatMuls of its gated input were lost")
     if not channels.size:
-        return _matmul(graph, node, weights)
+        return _matmul(graph, node, qmax, method)
     w, _, output = _weight_and_bias(graph, node, None)
     tensor, base, shrink = node.input[0], node.name, np.float32(1.0)
     up = linear_factor(graph, node)
@@ -195,7 +194,7 @@ def _gated_matmul(
     inliers = w.copy()
     inliers[channels] = 0.0
     main = graph.unique_name(f"{output}_inliers")
-    qp = _write_kernel(graph, node, masked, inliers, None, main, weights, None)
+    qp = _write_kernel(graph, node, masked, inliers, None, main, qmax, method, None)
     index = graph.add_initializer(graph.unique_name(f"{base}_outlier_channels"), channels)
     rows = graph.add_initializer(graph.unique_name(f"{base}_outlier_rows"), w[channels] * shrink)
     picked, side = graph.unique_name(f"{tensor}_outliers"), graph.unique_name(f"{output}_outliers")
@@ -206,7 +205,7 @@ def _gated_matmul(
     graph.add_node("Add", [main, side], [output], graph.unique_name(f"{base}_outlier_add"))
     return [
         _runtime_activation(masked, node),
-        Placed(node.input[1], "weight", qp, ((node.name, 1),), _bits(weights.qmax), "int8"),
+        Placed(node.input[1], "weight", qp, ((node.name, 1),), _bits(qmax), "int8"),
     ]
 
 
@@ -217,17 +216,18 @@ def _write_kernel(
     w: np.ndarray,
     bias: np.ndarray | None,
     output: str,
-    weights: KernelWeights,
+    qmax: int,
+    method: str,
     once: tuple[str, str, str] | None,
 ) -> QParams:
-    """The kernel that multiplies ``tensor`` by ``w`` (int8, per column or per tensor:
-    :meth:`KernelWeights.matrix_qparams`) into ``output``; the weight's qparams.  The weight's
-    zero point is 0, the kernels' default: its input is left empty (a tensor of zeros, one per
-    column, sends onnxruntime's GEMM down its per-column zero-point path for nothing)."""
+    """The kernel that multiplies ``tensor`` by ``w`` (int8 per column) into ``output``; the
+    weight's qparams.  The weight's zero point is 0, the kernels' default: its input is left
+    empty (a tensor of zeros, one per column, sends onnxruntime's GEMM down its per-column
+    zero-point path for nothing)."""
     weight_name = node.input[1]
-    qp = weights.matrix_qparams(w)
+    qp = weight_qparams(w, 1, qmax, method)
     stored = graph.add_initializer(
-        graph.unique_name(f"{weight_name}_quantized"), quantize_weight(w, qp, weights.qmax)
+        graph.unique_name(f"{weight_name}_quantized"), quantize_weight(w, qp, qmax)
     )
     scale = graph.add_initializer(graph.unique_name(f"{weight_name}_scale"), qp.scale)
     if np.any(qp.zero_point):
@@ -282,7 +282,8 @@ def _weight_and_bias(
 def _lstm(
     graph: ir.Graph,
     node: onnx.NodeProto,
-    weights: KernelWeights,
+    qmax: int,
+    method: str,
     add: onnx.NodeProto | None = None,
     once: tuple[str, str, str] | None = None,
 ) -> list[Placed]:
@@ -295,8 +296,8 @@ def _lstm(
         value = _const(graph, name).astype(np.float32)  # [dirs, 4*hidden, n]
         dirs, rows, cols = value.shape
         flat = value.reshape(dirs * rows, cols)
-        qp = weight_qparams(flat, 0, weights.qmax, weights.method)
-        q = quantize_weight(flat, qp, weights.qmax).reshape(dirs, rows, cols).transpose(0, 2, 1)
+        qp = weight_qparams(flat, 0, qmax, method)
+        q = quantize_weight(flat, qp, qmax).reshape(dirs, rows, cols).transpose(0, 2, 1)
         scale = qp.scale.reshape(dirs, rows)
         quantized += [
             graph.add_initializer(graph.unique_name(f"{name}_quantized"), q),
@@ -306,9 +307,7 @@ def _lstm(
             ),
         ]
         shown = QParams(scale, np.zeros((dirs, rows), np.int8), 1, qp.method, qp.low, qp.high)
-        placed.append(
-            Placed(name, "weight", shown, ((node.name, index),), _bits(weights.qmax), "int8")
-        )
+        placed.append(Placed(name, "weight", shown, ((node.name, index),), _bits(qmax), "int8"))
     optional = [node.input[i] if i < len(node.input) else "" for i in range(3, 8)]
     w_q, w_scale, w_zero, r_q, r_scale, r_zero = quantized
     attrs = {k: v for k, v in ir.node_attrs(node).items() if k != "layout"}
@@ -329,7 +328,7 @@ def _bits(qmax: int) -> int:
 
 
 Writer = Callable[
-    [ir.Graph, onnx.NodeProto, KernelWeights, onnx.NodeProto | None, tuple[str, str, str] | None],
+    [ir.Graph, onnx.NodeProto, int, str, onnx.NodeProto | None, tuple[str, str, str] | None],
     list[Placed],
 ]
 # rules whose writer reads the float MatMuls before it (a gated product's gate and up), which

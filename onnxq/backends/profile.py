@@ -238,9 +238,6 @@ class BackendProfile:
         residual_sums: an Add of two activations that only a LayerNormalization reads is
             written as Sum, which onnxruntime does not fuse into its SkipLayerNormalization
             (a scalar CPU kernel, 4-5x the time of the two ops: ``onnxq.rewrites.residual_sum``).
-        tensor_scale_sqnr: a dynamic kernel's [K, N] weight takes one scale instead of one per
-            column where that rounds it with at least this signal-to-noise ratio in dB
-            (``onnxq.dynamic_weights``); ``None``: per column always.
     """
 
     name: str
@@ -297,7 +294,6 @@ class BackendProfile:
     compare_default_session: bool = True
     weight_only: WeightOnlyFormat | None = None
     residual_sums: bool = False
-    tensor_scale_sqnr: float | None = None
 
     def replace(self, **changes: object) -> BackendProfile:
         """A copy with some fields changed."""
