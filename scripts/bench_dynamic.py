@@ -3,7 +3,7 @@
 
     python scripts/bench_dynamic.py [--models all_minilm_l6_v2,silero_vad,gru_kws,crnn_kws,
         lstm_kws,smollm2_135m] [--zoo /work/shared/zoo] [--recurrent DIR] [--out DIR]
-        [--rounds 9] [--threads 1] [--clock cpu] [--lm-windows N]
+        [--rounds 9] [--threads 1] [--clock cpu] [--lm-windows N] [--extra LABEL=DIR ...]
 
 For each model it writes three files under ``--out`` (default: a temporary folder): the float
 model, onnxq's ``--dynamic`` output, and onnxruntime's ``quantize_dynamic`` output with its
@@ -213,6 +213,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     p.add_argument("--lm-windows", type=int, default=0, help="0: all 64, through zoo.py eval")
+    p.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="also measure DIR/<model>.onnx as variant LABEL (e.g. onnxq at another commit)",
+    )
     args = p.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_dynamic_"))
     cpu_clock = args.clock == "cpu" and args.threads == 1  # one thread: the session runs here
@@ -233,6 +240,9 @@ def main() -> None:
         src = (args.recurrent if name in RECURRENT else ZOO_MODELS) / f"{name}.onnx"
         print(f"{name}:", flush=True)
         paths = build_variants(name, src, out)
+        for label, folder in (extra.split("=", 1) for extra in args.extra):
+            if (Path(folder) / f"{name}.onnx").exists():
+                paths[label] = Path(folder) / f"{name}.onnx"
         fidelity = measure_fidelity(name, paths, args)
         for label in paths:
             fidelity[label]["kernels"] = integer_kernels(paths[label]) if label != "float" else "-"
