@@ -4,7 +4,7 @@ Called by :func:`onnxq.materialize.materialize` for a dynamic profile.  Each op 
 claimed (``onnxq.rewrites.dynamic``) is replaced by its kernel in onnxruntime's ``com.microsoft``
 domain, under the same output names, in the graph it sits in (an If/Loop/Scan body's too):
 
-* MatMul / Gemm -> ``DynamicQuantizeMatMul(A, B_int8[K, N], b_scale[N], b_zero_point[N], bias)``:
+* MatMul / Gemm -> ``DynamicQuantizeMatMul(A, B_int8[K, N], b_scale[N], , bias)``:
   the weight quantized per output column ahead of time (a Gemm's ``alpha`` folded into the
   scales, ``beta * C`` into the bias, a MatMul's bias Add that the rule fused taken in as the
   bias), ``A`` quantized per tensor to uint8 by the kernel at run time; an ``A`` that several
@@ -36,6 +36,7 @@ from onnxq.precisions import CONTRIB_DOMAIN
 from onnxq.qparams import QParams, quantize_weight, weight_qparams
 from onnxq.rewrites.dynamic import GATED_OUTLIERS, bias_add
 from onnxq.rewrites.gated import linear_factor, outlier_channels
+from onnxq.rewrites.residual_sum import residual_sums
 
 # what a gated product's outlier channels are divided by on their way into the quantized
 # kernel (and their weight rows multiplied by in the float MatMul beside it): a power of two,
@@ -81,6 +82,9 @@ def materialize_dynamic(
         done += [node] if add is None else [node, add]
     for scope, nodes in replaced.values():
         scope.remove_nodes(nodes)
+    if profile.residual_sums:
+        for scope in scopes:
+            residual_sums(scope)
     if placed:
         ir.set_domain_opset(model, CONTRIB_DOMAIN, 1)
     for scope in reversed(scopes):  # bodies inside out, the top-level graph last
@@ -217,14 +221,17 @@ def _write_kernel(
     once: tuple[str, str, str] | None,
 ) -> QParams:
     """The kernel that multiplies ``tensor`` by ``w`` (int8 per column) into ``output``; the
-    weight's qparams."""
+    weight's qparams.  The weight's zero point is 0, the kernels' default: its input is left
+    empty (a tensor of zeros, one per column, sends onnxruntime's GEMM down its per-column
+    zero-point path for nothing)."""
     weight_name = node.input[1]
     qp = weight_qparams(w, 1, qmax, method)
     stored = graph.add_initializer(
         graph.unique_name(f"{weight_name}_quantized"), quantize_weight(w, qp, qmax)
     )
     scale = graph.add_initializer(graph.unique_name(f"{weight_name}_scale"), qp.scale)
-    zero = graph.add_initializer(graph.unique_name(f"{weight_name}_zero_point"), qp.zero_point)
+    if np.any(qp.zero_point):
+        raise InternalError(f"{weight_name!r}: a dynamic kernel's weight with a zero point")
     bias_name = (
         graph.add_initializer(
             graph.unique_name(f"{node.name}_bias"), np.ascontiguousarray(bias, np.float32)
@@ -233,13 +240,15 @@ def _write_kernel(
         else ""
     )
     if once is None:
-        op, inputs = "DynamicQuantizeMatMul", [tensor, stored, scale, zero, bias_name]
+        op, inputs = "DynamicQuantizeMatMul", [tensor, stored, scale, "", bias_name]
     else:
         x_q, x_scale, x_zero = once
-        op, inputs = "MatMulIntegerToFloat", [x_q, stored, x_scale, scale, x_zero, zero, bias_name]
+        op, inputs = "MatMulIntegerToFloat", [x_q, stored, x_scale, scale, x_zero, "", bias_name]
+    while not inputs[-1]:  # optional inputs left out at the end
+        inputs.pop()
     graph.add_node(
         op,
-        inputs if bias_name else inputs[:-1],
+        inputs,
         [output],
         graph.unique_name(f"{node.name}_dynamic"),
         domain=CONTRIB_DOMAIN,

@@ -3,7 +3,7 @@
 
     python scripts/bench_dynamic.py [--models all_minilm_l6_v2,silero_vad,gru_kws,crnn_kws,
         lstm_kws,smollm2_135m] [--zoo /work/shared/zoo] [--recurrent DIR] [--out DIR]
-        [--rounds 5] [--threads 1] [--clock cpu] [--lm-windows N]
+        [--rounds 9] [--threads 1] [--clock cpu] [--lm-windows N] [--extra LABEL=DIR ...]
 
 For each model it writes three files under ``--out`` (default: a temporary folder): the float
 model, onnxq's ``--dynamic`` output, and onnxruntime's ``quantize_dynamic`` output with its
@@ -18,10 +18,12 @@ defaults (per-tensor weights, the peer the issue names; for silero_vad also with
 * latency: all variants of one model timed in turns in one process (onnxruntime default
   session, ``--threads`` threads, the zoo's first calibration batch or 8 eval utterances as
   input; a language model also with its first token alone, as one step of generation),
-  ``--rounds`` rounds, the order reversed every other round; the medians and each variant's
-  time over float's.  ``--clock cpu`` (the default with one thread) times the CPU time of the
-  thread that runs the session, which other jobs on a shared machine do not inflate as they
-  do wall time; ``--clock wall`` times wall time.
+  ``--rounds`` rounds, the order reversed every other round; each variant's median time, and
+  its time over float's and over onnxruntime's ``quantize_dynamic`` output's, each the median
+  of the ratios within one round (both sides of a ratio see the same load).  ``--clock cpu``
+  (the default with one thread) times the CPU time of the thread that runs the session, which
+  other jobs on a shared machine do not inflate as they do wall time; ``--clock wall`` times
+  wall time.
 
 The header names the CPU, onnxruntime version and clock; a machine shared with other jobs shows
 up as spread between rounds.
@@ -48,6 +50,7 @@ from lm_perplexity import window_scores  # scripts/, beside this file
 ZOO_MODELS = Path.home() / ".cache" / "onnxq-zoo" / "models"
 CALIB = Path("/work/zoo/calib")
 RECURRENT = ("gru_kws", "crnn_kws", "lstm_kws")
+PEER = "ort quantize_dynamic"  # the variant the issue's "no slower" compares with
 DEFAULT = ("all_minilm_l6_v2", "silero_vad", *RECURRENT, "smollm2_135m")
 # the zoo metric that measures each model's fidelity to float (besides its score)
 ZOO_FIDELITY = {
@@ -74,7 +77,7 @@ def build_variants(name: str, src: Path, out: Path) -> dict[str, Path]:
         f"{time.perf_counter() - started:.1f} s",
         flush=True,
     )
-    peers = {"ort quantize_dynamic": {}}
+    peers: dict[str, dict] = {PEER: {}}
     if name == "silero_vad":
         peers["ort quantize_dynamic (EnableSubgraph)"] = {"extra_options": {"EnableSubgraph": True}}
     for label, options in peers.items():
@@ -151,9 +154,9 @@ def _session(path: Path, threads: int) -> ort.InferenceSession:
 
 def latency(
     paths: dict[str, Path], feed: dict, rounds: int, threads: int, clock: Callable[[], float]
-) -> dict[str, float]:
-    """Median ms per run of each variant, timed in turns by ``clock``, ``rounds`` rounds (the
-    order reversed every other round)."""
+) -> dict[str, list[float]]:
+    """Each variant's ms per run in each round, timed in turns by ``clock``, ``rounds`` rounds
+    (the order reversed every other round)."""
     sessions = {label: _session(path, threads) for label, path in paths.items()}
     for s in sessions.values():
         s.run(None, feed)
@@ -168,7 +171,13 @@ def latency(
             for _ in range(runs):
                 s.run(None, feed)
             times[label].append((clock() - started) / runs * 1e3)
-    return {label: statistics.median(t) for label, t in times.items()}
+    return times
+
+
+def paired_ratio(times: dict[str, list[float]], label: str, peer: str) -> float:
+    """The median over rounds of ``label``'s time over ``peer``'s in the same round: a load
+    that slows one round slows both sides of its ratio."""
+    return statistics.median(a / b for a, b in zip(times[label], times[peer], strict=True))
 
 
 def first_feed(name: str, recurrent: Path) -> dict:
@@ -200,10 +209,17 @@ def main() -> None:
     p.add_argument("--zoo", type=Path, default=Path("/work/shared/zoo"))
     p.add_argument("--recurrent", type=Path, default=Path.home() / ".cache/onnxq-zoo/recurrent")
     p.add_argument("--out", type=Path)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     p.add_argument("--lm-windows", type=int, default=0, help="0: all 64, through zoo.py eval")
+    p.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="also measure DIR/<model>.onnx as variant LABEL (e.g. onnxq at another commit)",
+    )
     args = p.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_dynamic_"))
     cpu_clock = args.clock == "cpu" and args.threads == 1  # one thread: the session runs here
@@ -213,7 +229,8 @@ def main() -> None:
         f"{'thread CPU' if cpu_clock else 'wall'} time; outputs in {out}"
     )
     names = args.models.split(",")
-    if any(n in RECURRENT for n in names) and not (args.recurrent / "eval.npz").exists():
+    wanted = [args.recurrent / f"{n}.onnx" for n in names if n in RECURRENT]
+    if wanted and not all(p.exists() for p in [*wanted, args.recurrent / "eval.npz"]):
         sys.path.insert(0, str(Path(__file__).parent))
         from make_gru_kws import main as make_recurrent
 
@@ -223,6 +240,9 @@ def main() -> None:
         src = (args.recurrent if name in RECURRENT else ZOO_MODELS) / f"{name}.onnx"
         print(f"{name}:", flush=True)
         paths = build_variants(name, src, out)
+        for label, folder in (extra.split("=", 1) for extra in args.extra):
+            if (Path(folder) / f"{name}.onnx").exists():
+                paths[label] = Path(folder) / f"{name}.onnx"
         fidelity = measure_fidelity(name, paths, args)
         for label in paths:
             fidelity[label]["kernels"] = integer_kernels(paths[label]) if label != "float" else "-"
@@ -232,13 +252,15 @@ def main() -> None:
         for shown, feed in feeds.items():
             times = latency(paths, feed, args.rounds, args.threads, clock)
             for label in paths:
-                ratio = times[label] / times["float"]
-                rows.append((shown, label, fidelity[label], times[label], ratio))
-                print(f"  {shown}: {label:40s} {_fmt(fidelity[label])}  {times[label]:9.2f} ms "
-                      f"({ratio:.2f}x float)", flush=True)  # fmt: skip
-    print("\n| model | variant | fidelity | ms | x float |\n|---|---|---|---|---|")
-    for name, label, fid, ms, ratio in rows:
-        print(f"| {name} | {label} | {_fmt(fid)} | {ms:.2f} | {ratio:.2f} |")
+                ms = statistics.median(times[label])
+                ratios = [paired_ratio(times, label, "float")]
+                ratios.append(paired_ratio(times, label, PEER) if PEER in times else float("nan"))
+                rows.append((shown, label, fidelity[label], ms, *ratios))
+                print(f"  {shown}: {label:40s} {_fmt(fidelity[label])}  {ms:9.2f} ms "
+                      f"({ratios[0]:.3f}x float, {ratios[1]:.3f}x {PEER})", flush=True)  # fmt: skip
+    print(f"\n| model | variant | fidelity | ms | x float | x {PEER} |\n|---|---|---|---|---|---|")
+    for name, label, fid, ms, to_float, to_peer in rows:
+        print(f"| {name} | {label} | {_fmt(fid)} | {ms:.2f} | {to_float:.3f} | {to_peer:.3f} |")
 
 
 def measure_fidelity(

@@ -1025,3 +1025,31 @@ def swiglu(
         inits.append(init("gain", (1.0 + r.random(128)).astype(np.float32)))
     outputs = [tensor("y", [2, 8, 128])] + ([tensor("u", [2, 8, 256])] if up_read_twice else [])
     return model(nodes, [tensor("x", [2, 8, 128])], outputs, inits)
+
+
+def encoder_block(
+    hidden: int = 64, residual_readers: int = 1, skip_shape: tuple = ("b", "s", 64), seed: int = 0
+) -> onnx.ModelProto:
+    """x[b, s, H] -> MatMul + bias Add 'dense' -> Add(skip) 'residual' -> LayerNormalization ->
+    y (a transformer encoder's residual connection); with ``residual_readers`` 2 a Relu reads
+    the residual sum too (output 'side').  Shapes inferred."""
+    r = rng(seed)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"], name="dense"),
+        helper.make_node("Add", ["mm", "bias"], ["h"], name="dense_bias"),
+        helper.make_node("Add", ["h", "skip"], ["sum"], name="residual"),
+        helper.make_node("LayerNormalization", ["sum", "g", "beta"], ["y"], name="ln", axis=-1),
+    ]
+    outputs = [tensor("y", ["b", "s", hidden])]
+    if residual_readers == 2:
+        nodes.append(helper.make_node("Relu", ["sum"], ["side"], name="side"))
+        outputs.append(tensor("side", ["b", "s", hidden]))
+    inits = [
+        init("w", weight(r, hidden, hidden)),
+        init("bias", weight(r, hidden)),
+        init("g", 1 + weight(r, hidden)),
+        init("beta", weight(r, hidden)),
+    ]
+    inputs = [tensor("x", ["b", "s", hidden]), tensor("skip", list(skip_shape))]
+    m = model(nodes, inputs, outputs, inits, opset=17, name="encoder_block")
+    return onnx.shape_inference.infer_shapes(m)

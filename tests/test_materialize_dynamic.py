@@ -12,6 +12,7 @@ import onnxq
 from onnxq.materialize import read_metadata
 from tests import control_flow_graphs as cf
 from tests import graphs
+from tests.cpus import skip_unless_fused_numerics_here
 
 
 def run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -280,3 +281,39 @@ def test_a_gated_product_whose_up_output_is_read_elsewhere_masks_its_outliers():
 def test_a_gated_block_gives_the_same_bytes_twice():
     m = graphs.swiglu(outliers=(3, 17), gain=True)
     assert dynamic(m).SerializeToString() == dynamic(m).SerializeToString()
+
+
+def optimized_ops(model: onnx.ModelProto, tmp_path) -> list[str]:
+    """The op types of ``model`` after onnxruntime's default session optimizations."""
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    opts.log_severity_level = 3
+    ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(tmp_path / "optimized.onnx").graph.node]
+
+
+@pytest.mark.parametrize("cpu", ["x86-vnni", "x86-avx2"])
+def test_a_residual_add_before_a_layernorm_is_a_sum_onnxruntime_keeps_apart(cpu, tmp_path):
+    # the bias goes into the kernel, which leaves Add -> LayerNormalization to onnxruntime's
+    # SkipLayerNormalization fusion (a slower CPU kernel) unless the Add is written as a Sum
+    m = graphs.encoder_block(hidden=128, skip_shape=("b", "s", 128))
+    ours = onnxq.quantize(m, backend="onnxruntime", dynamic=True, target_cpu=cpu).model
+    ops = [n.op_type for n in ours.graph.node]
+    assert ops.count("DynamicQuantizeMatMul") == 1 and ops.count("Sum") == 1
+    assert "Add" not in ops  # the bias went into the kernel, the residual Add became the Sum
+    fused = optimized_ops(ours, tmp_path)
+    assert "SkipLayerNormalization" not in fused and "LayerNormalization" in fused
+    assert "SkipLayerNormalization" in optimized_ops(m, tmp_path)  # the float model's
+    skip_unless_fused_numerics_here(cpu)
+    r = np.random.default_rng(1)
+    feed = {k: r.normal(0, 1, (2, 6, 128)).astype(np.float32) for k in ("x", "skip")}
+    assert cosine(run(ours, feed)[0], run(m, feed)[0]) > 0.999
+
+
+def test_the_kernels_weight_zero_point_is_left_out():
+    # symmetric int8 weights: zero, the kernels' default (a per-column tensor of zeros only
+    # sends onnxruntime's GEMM down its per-column zero-point path)
+    ours = dynamic(graphs.matmul_stack())
+    kernels = [n for n in ours.graph.node if n.op_type == "DynamicQuantizeMatMul"]
+    assert kernels and all(len(n.input) == 3 for n in kernels)
+    assert not [t.name for t in ours.graph.initializer if "zero_point" in t.name]

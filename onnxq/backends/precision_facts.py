@@ -89,6 +89,9 @@ ONNXRUNTIME_DYNAMIC_CHANGES: dict[str, object] = {
     "output_method": None,
     "fused_validation": True,
     "integer_kernel_ops": frozenset({"MatMul", "Gemm", "LSTM"}),
+    # the Linear biases the kernels take in leave each residual Add + LayerNorm to onnxruntime's
+    # SkipLayerNormalization fusion, whose CPU kernel is slower than the two ops it replaces
+    "residual_sums": True,
     "float_op_reasons": {
         **dict.fromkeys(("GRU", "RNN"), DYNAMIC_RECURRENT_REASON),
         "Conv": DYNAMIC_CONV_REASON,

@@ -235,6 +235,9 @@ class BackendProfile:
             where that session computes the profile's Q/DQ wrong (FP8, ``validation_note``).
         weight_only: how weight-only layers are written and what they may be
             (:class:`WeightOnlyFormat`).
+        residual_sums: an Add of two activations that only a LayerNormalization reads is
+            written as Sum, which onnxruntime does not fuse into its SkipLayerNormalization
+            (a scalar CPU kernel, 4-5x the time of the two ops: ``onnxq.rewrites.residual_sum``).
     """
 
     name: str
@@ -290,6 +293,7 @@ class BackendProfile:
     validation_note: str = ""
     compare_default_session: bool = True
     weight_only: WeightOnlyFormat | None = None
+    residual_sums: bool = False
 
     def replace(self, **changes: object) -> BackendProfile:
         """A copy with some fields changed."""
