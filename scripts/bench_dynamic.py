@@ -2,7 +2,7 @@
 """onnxq `--dynamic` against onnxruntime's `quantize_dynamic`: fidelity and latency side by side.
 
     python scripts/bench_dynamic.py [--models all_minilm_l6_v2,silero_vad,gru_kws,crnn_kws,
-        lstm_kws,smollm2_135m] [--zoo /work/shared/zoo] [--recurrent DIR] [--out DIR]
+        lstm_kws,smollm2_135m] [--zoo ZOO_DIR] [--recurrent DIR] [--out DIR]
         [--rounds 9] [--threads 1] [--clock cpu] [--lm-windows N] [--extra LABEL=DIR ...]
 
 For each model it writes three files under ``--out`` (default: a temporary folder): the float
@@ -46,9 +46,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from lm_perplexity import window_scores  # scripts/, beside this file
+from zoo_paths import CACHE, MODELS, ZOO, calibration_folder
 
-ZOO_MODELS = Path.home() / ".cache" / "onnxq-zoo" / "models"
-CALIB = Path("/work/zoo/calib")
 RECURRENT = ("gru_kws", "crnn_kws", "lstm_kws")
 PEER = "ort quantize_dynamic"  # the variant the issue's "no slower" compares with
 DEFAULT = ("all_minilm_l6_v2", "silero_vad", *RECURRENT, "smollm2_135m")
@@ -110,7 +109,7 @@ def zoo_fidelity(name: str, path: Path, zoo: Path) -> dict[str, float]:
         link.symlink_to(path.resolve())
         report = Path(tmp) / "eval.json"
         subprocess.run(
-            [sys.executable, "zoo.py", "eval", "--models", tmp, "--ref", str(ZOO_MODELS),
+            [sys.executable, "zoo.py", "eval", "--models", tmp, "--ref", str(MODELS),
              "--only", name, "--json", str(report)],
             cwd=zoo, check=True, capture_output=True,
         )  # fmt: skip
@@ -184,7 +183,7 @@ def first_feed(name: str, recurrent: Path) -> dict:
     if name in RECURRENT:
         with np.load(recurrent / "eval.npz") as z:
             return {"features": z["features"][:8]}
-    with np.load(sorted((CALIB / name).glob("*.npz"))[0]) as z:
+    with np.load(sorted(calibration_folder(name).glob("*.npz"))[0]) as z:
         return {k: z[k] for k in z.files}
 
 
@@ -206,8 +205,8 @@ def describe_cpu() -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(DEFAULT))
-    p.add_argument("--zoo", type=Path, default=Path("/work/shared/zoo"))
-    p.add_argument("--recurrent", type=Path, default=Path.home() / ".cache/onnxq-zoo/recurrent")
+    p.add_argument("--zoo", type=Path, default=ZOO)
+    p.add_argument("--recurrent", type=Path, default=CACHE / "recurrent")
     p.add_argument("--out", type=Path)
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--threads", type=int, default=1)
@@ -237,7 +236,7 @@ def main() -> None:
         make_recurrent(args.recurrent)
     rows = []
     for name in names:
-        src = (args.recurrent if name in RECURRENT else ZOO_MODELS) / f"{name}.onnx"
+        src = (args.recurrent if name in RECURRENT else MODELS) / f"{name}.onnx"
         print(f"{name}:", flush=True)
         paths = build_variants(name, src, out)
         for label, folder in (extra.split("=", 1) for extra in args.extra):
