@@ -185,6 +185,12 @@ def _parser() -> argparse.ArgumentParser:
         help="batches held out for --target (default 16)",
     )
     q.add_argument(
+        "--target-cost",
+        choices=["layers", "macs"],
+        help="what --target's search keeps small: layers (the fewest float layers, default) or "
+        "macs (the fewest multiply-adds left out of INT8, by gain per multiply-add)",
+    )
+    q.add_argument(
         "--ray",
         metavar="ADDRESS",
         help="observe the calibration batches, and run --target's sensitivity trials, as Ray "
@@ -501,6 +507,7 @@ def _quantize(args: argparse.Namespace) -> int:
         load_calibration=args.load_calibration,
         target_accuracy=args.target,
         heldout_batches=args.heldout_batches,
+        target_cost=args.target_cost,
         heldout=args.heldout,
         device=args.device,
         executor=_ray_executor(args.ray, args.device),

@@ -162,6 +162,7 @@ class AccuracyOptions:
 
     target_accuracy: str | None
     heldout_batches: int
+    target_cost: str
 
 
 @dataclass(frozen=True)

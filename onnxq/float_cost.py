@@ -1,0 +1,109 @@
+"""What the ``--target`` search minimises: the number of float layers, or the multiply-adds they
+leave out of INT8 (``target_cost``, ``--target-cost``).
+
+``layers`` (:func:`onnxq.mixed_precision.choose`) ranks the layers by gain (how much the metric
+rises when one alone stays float), keeps the shortest prefix of that ranking that meets the
+target and prunes it: few layers, but the most sensitive layers of a network whose error is
+spread are often its largest ones.
+
+``macs`` (:func:`choose_by_macs`) buys accuracy where it is cheapest: a greedy search that adds,
+one at a time, the layer with the largest gain per multiply-add *given the layers already
+float*, until the target holds.  Re-scoring every candidate at every step would cost L trials
+per step; instead each candidate's last measured gain per multiply-add is kept in a heap (at
+first its gain alone), and only the top one is scored again on the current set: when its fresh
+figure still heads the heap it is taken (lazy greedy).  Gains shrink as the error left shrinks,
+so a stale figure is mostly an upper bound and a step costs a few trials.  When no candidate
+raises the metric any more, the rest are appended in gain-per-MAC order and the shortest prefix
+that meets the target is found by bisection.  Last, the kept layers are pruned, most
+multiply-adds first: a layer goes back to INT8 when the target holds without it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # onnxq.config reads COSTS; onnxq.sensitivity reads onnxq.config
+    from onnxq.sensitivity import LayerSensitivity, Trials
+
+COSTS = ("layers", "macs")
+
+
+def macs_known(ranking: Sequence[LayerSensitivity]) -> bool:
+    """True if every candidate's multiply-adds are known (static shapes)."""
+    return all(s.macs is not None for s in ranking)
+
+
+def _cost(layer: LayerSensitivity) -> int:
+    return max(layer.macs or 0, 1)
+
+
+def by_gain_per_mac(ranking: Sequence[LayerSensitivity]) -> list[LayerSensitivity]:
+    """``ranking`` in the order of gain per multiply-add, largest first; layers that gain
+    nothing alone last, in ``ranking``'s order."""
+    gaining = [s for s in ranking if s.gain > 0]
+    rest = [s for s in ranking if not s.gain > 0]
+    return sorted(gaining, key=lambda s: -s.gain / _cost(s)) + rest
+
+
+def choose_by_macs(
+    trials: Trials, base: float, ranking: Sequence[LayerSensitivity]
+) -> list[LayerSensitivity]:
+    """The layers to keep float, fewest multiply-adds first (see the module); ``base``: the
+    all-INT8 score, and every candidate float must meet the target (the caller checks)."""
+    target = trials.target
+
+    def score(layers: Sequence[LayerSensitivity]) -> float:
+        return trials.score(s.node for s in layers)
+
+    kept = _greedy(score, target.met, base, by_gain_per_mac(ranking))
+    if not target.met(score(kept)):
+        rest = [s for s in by_gain_per_mac(ranking) if s not in kept]
+        kept = kept + rest[: _shortest_prefix(lambda n: target.met(score(kept + rest[:n])), rest)]
+    for layer in sorted(kept, key=lambda s: (-_cost(s), s.gain)):
+        without = [s for s in kept if s is not layer]
+        if without and target.met(score(without)):
+            kept = without
+    return kept
+
+
+def _greedy(
+    score: Callable[[Sequence[LayerSensitivity]], float],
+    met: Callable[[float], bool],
+    base: float,
+    order: list[LayerSensitivity],
+) -> list[LayerSensitivity]:
+    """Lazy greedy by gain per multiply-add until ``met``, or until nothing raises the score."""
+    kept: list[LayerSensitivity] = []
+    current = base
+    # (-gain per MAC, position, the len(kept) it was measured at, layer)
+    heap = [(-s.gain / _cost(s), i, -1, s) for i, s in enumerate(order) if s.gain > 0]
+    heapq.heapify(heap)
+    while heap and not met(current):
+        ratio, i, measured_at, layer = heapq.heappop(heap)
+        if measured_at == len(kept):  # fresh, and still the best
+            if ratio >= 0 or not math.isfinite(ratio):
+                break  # no candidate raises the score
+            kept.append(layer)
+            current = score(kept)
+            continue
+        fresh = score([*kept, layer])
+        heapq.heappush(heap, (-(fresh - current) / _cost(layer), i, len(kept), layer))
+    return kept
+
+
+def _shortest_prefix(meets: Callable[[int], bool], items: Sequence[object]) -> int:
+    """The smallest n with ``meets(n)``, by bisection; ``meets(len(items))`` must hold."""
+    low, high = -1, len(items)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if meets(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+__all__ = ["COSTS", "by_gain_per_mac", "choose_by_macs", "macs_known"]
