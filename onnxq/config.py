@@ -29,6 +29,7 @@ from onnxq.backends.cpu import cpu_class
 from onnxq.backends.profile import BACKENDS
 from onnxq.device import is_device
 from onnxq.errors import ConfigError
+from onnxq.float_cost import COSTS as TARGET_COSTS
 from onnxq.observers import WEIGHT_METHODS
 from onnxq.options import (
     AccuracyOptions,
@@ -47,7 +48,6 @@ from onnxq.overrides import (
     check_precision,
     parse_override,
 )
-from onnxq.float_cost import COSTS as TARGET_COSTS
 from onnxq.recover.options import CALIBRATION_MODES, check_engine
 from onnxq.weightonly import WEIGHT_ALGORITHMS, WEIGHT_ONLY
 

@@ -226,6 +226,7 @@ def layer_macs(graph: ir.Graph, node: onnx.NodeProto) -> int | None:
     w = _static(graph.shape(node.input[1])) if len(node.input) > 1 else None
     if out is None:
         return None
+    per_output: int | None
     if node.op_type == "Conv" and w is not None:
         per_output = math.prod(w[1:])
     elif node.op_type == "ConvTranspose" and w is not None and x is not None:
