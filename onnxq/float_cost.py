@@ -11,8 +11,12 @@ one at a time, the layer with the largest gain per multiply-add *given the layer
 float*, until the target holds.  Re-scoring every candidate at every step would cost L trials
 per step; instead each candidate's last measured gain per multiply-add is kept in a heap (at
 first its gain alone), and only the top one is scored again on the current set: when its fresh
-figure still heads the heap it is taken (lazy greedy).  Gains shrink as the error left shrinks,
-so a stale figure is mostly an upper bound and a step costs a few trials.  When no candidate
+figure still heads the heap it is taken (lazy greedy).  Gains mostly shrink as the error left
+shrinks, so a stale figure is mostly an upper bound and a step costs a few trials.  Not between
+neighbours: a depthwise conv float gains little while the conv reading its output still
+quantizes that output, and much once that conv is float too.  So when a layer is taken, the
+layers it reaches through non-layer ops (Relu, Clip, Add, ...) and those that reach it are
+scored again next (those that gained nothing alone too).  When no candidate
 raises the metric any more, the rest are appended in gain-per-MAC order and the shortest prefix
 that meets the target is found by bisection.  Last, the kept layers are pruned, most
 multiply-adds first: a layer goes back to INT8 when the target holds without it.
@@ -22,11 +26,16 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # onnxq.config reads COSTS; onnxq.sensitivity reads onnxq.config
+    from onnxq import ir
     from onnxq.sensitivity import LayerSensitivity, Trials
+
+# the ops whose multiply-adds count (onnxq.sensitivity.WEIGHTED_OPS): a path between two
+# layers that crosses one of them does not make the two neighbours
+_LAYER_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 COSTS = ("layers", "macs")
 
@@ -48,17 +57,44 @@ def by_gain_per_mac(ranking: Sequence[LayerSensitivity]) -> list[LayerSensitivit
     return sorted(gaining, key=lambda s: -s.gain / _cost(s)) + rest
 
 
+def layer_neighbours(graph: ir.Graph, layers: Iterable[str]) -> dict[str, set[str]]:
+    """For each of ``layers`` (node names), the others its output reaches, or that reach its
+    input, through ops that are not Conv/ConvTranspose/Gemm/MatMul."""
+    names = set(layers)
+    found: dict[str, set[str]] = {name: set() for name in names}
+    for name in sorted(names):
+        node = graph.node_by_name(name)
+        todo = [t for t in node.output if t] if node is not None else []
+        seen: set[str] = set()
+        while todo:
+            tensor = todo.pop()
+            if tensor in seen:
+                continue
+            seen.add(tensor)
+            for consumer, _ in graph.consumers.get(tensor, []):
+                if consumer.name in names and consumer.name != name:
+                    found[name].add(consumer.name)
+                    found[consumer.name].add(name)
+                elif consumer.op_type not in _LAYER_OPS:
+                    todo.extend(t for t in consumer.output if t)
+    return found
+
+
 def choose_by_macs(
-    trials: Trials, base: float, ranking: Sequence[LayerSensitivity]
+    trials: Trials,
+    base: float,
+    ranking: Sequence[LayerSensitivity],
+    neighbours: Mapping[str, set[str]] | None = None,
 ) -> list[LayerSensitivity]:
     """The layers to keep float, fewest multiply-adds first (see the module); ``base``: the
-    all-INT8 score, and every candidate float must meet the target (the caller checks)."""
+    all-INT8 score, and every candidate float must meet the target (the caller checks);
+    ``neighbours``: :func:`layer_neighbours` of the candidates (None: none)."""
     target = trials.target
 
     def score(layers: Sequence[LayerSensitivity]) -> float:
         return trials.score(s.node for s in layers)
 
-    kept = _greedy(score, target.met, base, by_gain_per_mac(ranking))
+    kept = _greedy(score, target.met, base, by_gain_per_mac(ranking), neighbours or {})
     if not target.met(score(kept)):
         rest = [s for s in by_gain_per_mac(ranking) if s not in kept]
         kept = kept + rest[: _shortest_prefix(lambda n: target.met(score(kept + rest[:n])), rest)]
@@ -74,23 +110,43 @@ def _greedy(
     met: Callable[[float], bool],
     base: float,
     order: list[LayerSensitivity],
+    neighbours: Mapping[str, set[str]],
 ) -> list[LayerSensitivity]:
-    """Lazy greedy by gain per multiply-add until ``met``, or until nothing raises the score."""
+    """Lazy greedy by gain per multiply-add until ``met``, or until nothing raises the score;
+    a layer taken gives its ``neighbours`` their first figure back."""
     kept: list[LayerSensitivity] = []
     current = base
-    # (-gain per MAC, position, the len(kept) it was measured at, layer)
-    heap = [(-s.gain / _cost(s), i, -1, s) for i, s in enumerate(order) if s.gain > 0]
+    first = {s.node: -s.gain / _cost(s) for s in order}
+    position = {s.node: i for i, s in enumerate(order)}
+    by_node = {s.node: s for s in order}
+    # (-gain per MAC, position, the len(kept) it was measured at, layer); `latest`: the one
+    # entry of each layer that counts (a neighbour's refresh leaves an old one behind)
+    heap = [(first[s.node], position[s.node], -1, s) for s in order if s.gain > 0]
+    latest = {entry[3].node: entry for entry in heap}
     heapq.heapify(heap)
+
+    def push(entry: tuple[float, int, int, LayerSensitivity]) -> None:
+        latest[entry[3].node] = entry
+        heapq.heappush(heap, entry)
+
     while heap and not met(current):
-        ratio, i, measured_at, layer = heapq.heappop(heap)
+        entry = heapq.heappop(heap)
+        ratio, i, measured_at, layer = entry
+        if latest.get(layer.node) is not entry:
+            continue
         if measured_at == len(kept):  # fresh, and still the best
             if ratio >= 0 or not math.isfinite(ratio):
                 break  # no candidate raises the score
             kept.append(layer)
+            latest.pop(layer.node)
             current = score(kept)
+            taken = {s.node for s in kept}
+            for near in sorted(neighbours.get(layer.node, ()), key=lambda n: position.get(n, -1)):
+                if near in position and near not in taken:  # scored next: as good as `layer`
+                    push((min(first[near], ratio), position[near], -1, by_node[near]))
             continue
         fresh = score([*kept, layer])
-        heapq.heappush(heap, (-(fresh - current) / _cost(layer), i, len(kept), layer))
+        push((-(fresh - current) / _cost(layer), i, len(kept), layer))
     return kept
 
 
@@ -106,4 +162,4 @@ def _shortest_prefix(meets: Callable[[int], bool], items: Sequence[object]) -> i
     return high
 
 
-__all__ = ["COSTS", "by_gain_per_mac", "choose_by_macs", "macs_known"]
+__all__ = ["COSTS", "by_gain_per_mac", "choose_by_macs", "layer_neighbours", "macs_known"]

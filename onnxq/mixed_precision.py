@@ -34,7 +34,7 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.backends.validate import run_outputs
 from onnxq.config import QuantConfig
 from onnxq.data import open_source
-from onnxq.float_cost import choose_by_macs, macs_known
+from onnxq.float_cost import choose_by_macs, layer_neighbours, macs_known
 from onnxq.heldout import HeldOut, hold_out
 from onnxq.place.annotations import Annotations
 from onnxq.place.facts import GraphFacts
@@ -260,7 +260,8 @@ def choose(
         tried = [[], gaining, ranking]
         return max(tried, key=lambda layers: (score(layers), -len(layers)))
     if cost == "macs":
-        return choose_by_macs(trials, base, ranking)
+        near = layer_neighbours(trials.facts.graph, (s.node for s in ranking))
+        return choose_by_macs(trials, base, ranking, near)
     low, high = 0, len(ranking)  # the prefix of length `high` meets the target, `low` not
     while high - low > 1:
         middle = (low + high) // 2

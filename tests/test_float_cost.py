@@ -8,9 +8,10 @@ from collections.abc import Callable, Iterable
 import pytest
 
 import onnxq
+from onnxq import ir
 from onnxq.accuracy_target import AccuracyTarget
 from onnxq.errors import ConfigError
-from onnxq.float_cost import by_gain_per_mac, choose_by_macs
+from onnxq.float_cost import by_gain_per_mac, choose_by_macs, layer_neighbours
 from onnxq.mixed_precision import choose
 from onnxq.sensitivity import LayerSensitivity
 from tests import graphs
@@ -51,7 +52,7 @@ def test_order_is_gain_per_mac_and_non_gaining_layers_last():
 
 def test_macs_keeps_two_cheap_layers_where_layers_keeps_the_big_one():
     by_layers = choose(ScoredBy(0.55, additive), 0.0, RANKING, "layers")
-    by_macs = choose(ScoredBy(0.55, additive), 0.0, RANKING, "macs")
+    by_macs = choose_by_macs(ScoredBy(0.55, additive), 0.0, RANKING)  # type: ignore[arg-type]
     assert [s.node for s in by_layers] == ["big", "small1"]  # 1010 multiply-adds
     assert sorted(s.node for s in by_macs) == ["small1", "small2"]  # 20
 
@@ -88,6 +89,29 @@ def test_pruning_drops_the_most_multiply_adds_first():
 
     kept = choose_by_macs(ScoredBy(0.6, score), 0.0, ranking)  # type: ignore[arg-type]
     assert sorted(s.node for s in kept) == ["y", "z"]
+
+
+def test_a_layer_taken_has_its_neighbours_scored_again():
+    # dw gains little alone and much once pw (which reads its output) is float too
+    gains = {"pw": 0.3, "x": 0.2, "y": 0.2, "dw": 0.001}
+    macs = {"pw": 100, "x": 100, "y": 100, "dw": 1}
+    ranking = [layer(n, gains[n], macs[n]) for n in gains]
+
+    def score(nodes: frozenset[str]) -> float:
+        return sum(gains[n] for n in nodes) + (0.3 if {"dw", "pw"} <= nodes else 0.0)
+
+    alone = choose_by_macs(ScoredBy(0.6, score), 0.0, ranking)  # type: ignore[arg-type]
+    assert sorted(s.node for s in alone) == ["pw", "x", "y"]  # 300 multiply-adds
+    near = {"pw": {"dw"}, "dw": {"pw"}}
+    kept = choose_by_macs(ScoredBy(0.6, score), 0.0, ranking, near)  # type: ignore[arg-type]
+    assert sorted(s.node for s in kept) == ["dw", "pw"]  # 101
+
+
+def test_neighbours_are_the_layers_reached_through_non_layer_ops():
+    graph = ir.Graph(conv_chain(layers=4))  # conv -> relu -> conv -> ...
+    near = layer_neighbours(graph, ["conv0", "conv1", "conv3"])
+    assert near == {"conv0": {"conv1"}, "conv1": {"conv0"}, "conv3": set()}  # conv2 in between
+    assert layer_neighbours(graph, [f"conv{i}" for i in range(4)])["conv2"] == {"conv1", "conv3"}
 
 
 def test_run_with_target_cost_macs_reports_cost_and_shares():
