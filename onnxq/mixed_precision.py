@@ -246,8 +246,8 @@ def choose(
     trials: Trials, base: float, ranking: list[LayerSensitivity], cost: str = "layers"
 ) -> list[LayerSensitivity]:
     """The layers to keep float: see steps 1-3 of the module (``ranking``: largest gain
-    first; layers that gain nothing are tried last); with ``cost`` ``macs``, steps 2-3 are
-    :func:`onnxq.float_cost.choose_by_macs`."""
+    first; layers that gain nothing are tried last); with ``cost`` ``macs``, the one of
+    those layers and :func:`onnxq.float_cost.choose_by_macs`'s with fewer multiply-adds."""
     target = trials.target
     if target.met(base):
         return []
@@ -259,9 +259,6 @@ def choose(
         gaining = [s for s in ranking if s.gain > 0]
         tried = [[], gaining, ranking]
         return max(tried, key=lambda layers: (score(layers), -len(layers)))
-    if cost == "macs":
-        near = layer_neighbours(trials.facts.graph, (s.node for s in ranking))
-        return choose_by_macs(trials, base, ranking, near)
     low, high = 0, len(ranking)  # the prefix of length `high` meets the target, `low` not
     while high - low > 1:
         middle = (low + high) // 2
@@ -274,6 +271,12 @@ def choose(
         rest = [s for s in kept if s is not layer]
         if rest and target.met(score(rest)):
             kept = rest
+    if cost == "macs":
+        near = layer_neighbours(trials.facts.graph, (s.node for s in ranking))
+        cheaper = choose_by_macs(trials, base, ranking, near)
+        return min(
+            [cheaper, kept], key=lambda layers: (sum(s.macs or 0 for s in layers), len(layers))
+        )
     return kept
 
 

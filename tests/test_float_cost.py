@@ -4,6 +4,8 @@ lazy greedy, the fall-back when no single layer helps, the pruning, and a run en
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -29,6 +31,7 @@ class ScoredBy:
         self.target = AccuracyTarget("cosine", threshold)
         self.fn = fn
         self.scored: set[frozenset[str]] = set()
+        self.facts: Any = None
 
     def score(self, nodes: Iterable[str]) -> float:
         key = frozenset(nodes)
@@ -55,6 +58,18 @@ def test_macs_keeps_two_cheap_layers_where_layers_keeps_the_big_one():
     by_macs = choose_by_macs(ScoredBy(0.55, additive), 0.0, RANKING)  # type: ignore[arg-type]
     assert [s.node for s in by_layers] == ["big", "small1"]  # 1010 multiply-adds
     assert sorted(s.node for s in by_macs) == ["small1", "small2"]  # 20
+
+
+def test_macs_takes_the_gain_ranking_when_that_is_cheaper():
+    # the greedy takes m1 then m2 (120 multiply-adds); `big` alone meets it with 100
+    gains = {"big": 0.5, "m1": 0.35, "m2": 0.35}
+    macs = {"big": 100, "m1": 60, "m2": 60}
+    ranking = [layer(n, gains[n], macs[n]) for n in gains]
+    trials = ScoredBy(0.5, lambda nodes: sum(gains[n] for n in nodes))
+    greedy = choose_by_macs(trials, 0.0, ranking)  # type: ignore[arg-type]
+    assert sorted(s.node for s in greedy) == ["m1", "m2"]
+    trials.facts = SimpleNamespace(graph=ir.Graph(conv_chain()))  # no node of the ranking
+    assert [s.node for s in choose(trials, 0.0, ranking, "macs")] == ["big"]  # type: ignore[arg-type]
 
 
 def test_lazy_greedy_scores_few_sets_when_gains_add_up():
