@@ -3,6 +3,7 @@ lazy greedy, the fall-back when no single layer helps, the pruning, and a run en
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from types import SimpleNamespace
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 import onnxq
 from onnxq import ir
 from onnxq.accuracy_target import AccuracyTarget
+from onnxq.cli import main
 from onnxq.errors import ConfigError
 from onnxq.float_cost import by_gain_per_mac, choose_by_macs, layer_neighbours
 from onnxq.mixed_precision import choose
@@ -155,3 +157,12 @@ def test_unknown_target_cost_is_a_config_error():
     m = conv_chain()
     with pytest.raises(ConfigError, match="target_cost"):
         onnxq.quantize(m, graphs.random_batches(m, 16), target="cosine=0.9", target_cost="flops")
+
+
+def test_cli_target_cost_macs(tmp_path, model_file, calib_dir):
+    path, calib = model_file(conv_chain()), calib_dir(conv_chain(), n=8)
+    out, report = tmp_path / "q.onnx", tmp_path / "r.json"
+    code = main(["quantize", str(path), "-o", str(out), "--calib", str(calib), "-q", "--target",
+                 "cosine=0.9", "--target-cost", "macs", "--report", str(report)])  # fmt: skip
+    assert code == 0
+    assert json.loads(report.read_text())["mixed_precision"]["cost"] == "macs"
