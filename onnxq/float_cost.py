@@ -94,26 +94,41 @@ def choose_by_macs(
     def score(layers: Sequence[LayerSensitivity]) -> float:
         return trials.score(s.node for s in layers)
 
-    kept = _greedy(score, target.met, base, by_gain_per_mac(ranking), neighbours or {})
+    cost = placement_cost(trials)
+    kept = _greedy(score, cost, target.met, base, by_gain_per_mac(ranking), neighbours or {})
     if not target.met(score(kept)):
         rest = [s for s in by_gain_per_mac(ranking) if s not in kept]
         kept = kept + rest[: _shortest_prefix(lambda n: target.met(score(kept + rest[:n])), rest)]
-    for layer in sorted(kept, key=lambda s: (-_cost(s), s.gain)):
+    saving = {s.node: cost(kept) - cost([k for k in kept if k is not s]) for s in kept}
+    for layer in sorted(kept, key=lambda s: (-saving[s.node], s.gain)):
         without = [s for s in kept if s is not layer]
         if without and target.met(score(without)):
             kept = without
     return kept
 
 
+def placement_cost(trials: Trials) -> Callable[[Sequence[LayerSensitivity]], int]:
+    """The multiply-adds a set of float layers leaves out of INT8: the settled placement's
+    (:meth:`onnxq.sensitivity.Trials.float_macs`), else the sum of the layers' own."""
+
+    def cost(layers: Sequence[LayerSensitivity]) -> int:
+        placed = trials.float_macs(s.node for s in layers)
+        return placed if placed is not None else sum(_cost(s) for s in layers)
+
+    return cost
+
+
 def _greedy(
     score: Callable[[Sequence[LayerSensitivity]], float],
+    cost: Callable[[Sequence[LayerSensitivity]], int],
     met: Callable[[float], bool],
     base: float,
     order: list[LayerSensitivity],
     neighbours: Mapping[str, set[str]],
 ) -> list[LayerSensitivity]:
     """Lazy greedy by gain per multiply-add until ``met``, or until nothing raises the score;
-    a layer taken gives its ``neighbours`` their first figure back."""
+    a layer's fresh figure divides by what it adds to ``cost``; a layer taken has its
+    ``neighbours`` scored next."""
     kept: list[LayerSensitivity] = []
     current = base
     first = {s.node: -s.gain / _cost(s) for s in order}
@@ -146,7 +161,8 @@ def _greedy(
                     push((min(first[near], ratio), position[near], -1, by_node[near]))
             continue
         fresh = score([*kept, layer])
-        push((-(fresh - current) / _cost(layer), i, len(kept), layer))
+        added = max(cost([*kept, layer]) - cost(kept), 1)
+        push((-(fresh - current) / added, i, len(kept), layer))
     return kept
 
 
@@ -162,4 +178,11 @@ def _shortest_prefix(meets: Callable[[int], bool], items: Sequence[object]) -> i
     return high
 
 
-__all__ = ["COSTS", "by_gain_per_mac", "choose_by_macs", "layer_neighbours", "macs_known"]
+__all__ = [
+    "COSTS",
+    "by_gain_per_mac",
+    "choose_by_macs",
+    "layer_neighbours",
+    "macs_known",
+    "placement_cost",
+]

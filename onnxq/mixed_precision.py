@@ -34,7 +34,7 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.backends.validate import run_outputs
 from onnxq.config import QuantConfig
 from onnxq.data import open_source
-from onnxq.float_cost import choose_by_macs, layer_neighbours, macs_known
+from onnxq.float_cost import choose_by_macs, layer_neighbours, macs_known, placement_cost
 from onnxq.heldout import HeldOut, hold_out
 from onnxq.place.annotations import Annotations
 from onnxq.place.facts import GraphFacts
@@ -274,9 +274,8 @@ def choose(
     if cost == "macs":
         near = layer_neighbours(trials.facts.graph, (s.node for s in ranking))
         cheaper = choose_by_macs(trials, base, ranking, near)
-        return min(
-            [cheaper, kept], key=lambda layers: (sum(s.macs or 0 for s in layers), len(layers))
-        )
+        by_placement = placement_cost(trials)
+        return min([cheaper, kept], key=lambda layers: (by_placement(layers), len(layers)))
     return kept
 
 

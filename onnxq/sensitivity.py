@@ -66,6 +66,8 @@ class Trials:
     target: AccuracyTarget
     count: int = 0
     scores: dict[frozenset[str], float] = field(default_factory=dict)
+    # multiply-adds left float by the placement of each set of float nodes (float_macs)
+    macs: dict[frozenset[str], int | None] = field(default_factory=dict)
     # activation qparams by (tensor, method, settings, bounds): computed once, reused by
     # every trial (the ``auto`` method's search over a histogram is most of a trial's time)
     qparams: dict[tuple[object, ...], QParams | None] = field(default_factory=dict)
@@ -78,6 +80,24 @@ class Trials:
         return place(
             self.facts, self.profile, self.config.placement, self.measure, kept=Excluded(nodes=kept)
         )
+
+    def float_macs(self, nodes: Iterable[str]) -> int | None:
+        """Multiply-adds per sample of the Conv/ConvTranspose/Gemm/MatMul that the settled
+        placement with ``nodes`` float leaves out of INT8, for any reason: a float layer can
+        take a neighbour's Q/DQ, and so its INT8 kernel, with it (memoized; None: a shape is
+        not static)."""
+        key = frozenset(nodes)
+        if key not in self.macs:
+            decisions = self.placement(dict.fromkeys(sorted(key), TRIAL_REASON)).annotations
+            quantized = {d.node for d in decisions.decisions if d.quantized}
+            graph = self.facts.graph
+            total: int | None = 0
+            for node in graph.nodes:
+                if node.op_type in WEIGHTED_OPS and node.name not in quantized:
+                    macs = layer_macs(graph, node)
+                    total = None if macs is None or total is None else total + macs
+            self.macs[key] = total
+        return self.macs[key]
 
     def score(self, nodes: Iterable[str]) -> float:
         """The target metric on the held-out batches with ``nodes`` float (memoized)."""

@@ -29,11 +29,20 @@ def layer(node: str, gain: float, macs: int) -> LayerSensitivity:
 class ScoredBy:
     """Trials whose score of a float set is ``fn(set)``; counts the distinct sets scored."""
 
-    def __init__(self, threshold: float, fn: Callable[[frozenset[str]], float]) -> None:
+    def __init__(
+        self,
+        threshold: float,
+        fn: Callable[[frozenset[str]], float],
+        placed: Callable[[frozenset[str]], int] | None = None,
+    ) -> None:
         self.target = AccuracyTarget("cosine", threshold)
-        self.fn = fn
+        self.fn, self.placed = fn, placed
         self.scored: set[frozenset[str]] = set()
         self.facts: Any = None
+
+    def float_macs(self, nodes: Iterable[str]) -> int | None:
+        """What the placement leaves float; None: unknown (the layers' own then count)."""
+        return None if self.placed is None else self.placed(frozenset(nodes))
 
     def score(self, nodes: Iterable[str]) -> float:
         key = frozenset(nodes)
@@ -72,6 +81,25 @@ def test_macs_takes_the_gain_ranking_when_that_is_cheaper():
     assert sorted(s.node for s in greedy) == ["m1", "m2"]
     trials.facts = SimpleNamespace(graph=ir.Graph(conv_chain()))  # no node of the ranking
     assert [s.node for s in choose(trials, 0.0, ranking, "macs")] == ["big"]  # type: ignore[arg-type]
+
+
+def test_cost_is_what_the_placement_leaves_float():
+    # `a` is cheap alone, but its placement takes 100 more multiply-adds out of INT8 with it
+    ranking = [layer("a", 0.3, 10), layer("b", 0.3, 20)]
+    own = {"a": 10, "b": 20}
+
+    def placed(nodes: frozenset[str]) -> int:
+        return sum(own[n] for n in nodes) + (100 if "a" in nodes else 0)
+
+    naive = choose_by_macs(ScoredBy(0.3, additive_of(ranking)), 0.0, ranking)  # type: ignore[arg-type]
+    assert [s.node for s in naive] == ["a"]
+    trials = ScoredBy(0.3, additive_of(ranking), placed)
+    assert [s.node for s in choose_by_macs(trials, 0.0, ranking)] == ["b"]  # type: ignore[arg-type]
+
+
+def additive_of(ranking: list[LayerSensitivity]) -> Callable[[frozenset[str]], float]:
+    gains = {s.node: s.gain for s in ranking}
+    return lambda nodes: sum(gains[n] for n in nodes)
 
 
 def test_lazy_greedy_scores_few_sets_when_gains_add_up():
