@@ -24,7 +24,7 @@ from onnxq.errors import (
     InternalError,
     OnnxqError,
 )
-from onnxq.float_cost import COSTS
+from onnxq.options import TARGET_COSTS
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the run worked and its result falls short: violations, a missed target
@@ -187,7 +187,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     q.add_argument(
         "--target-cost",
-        choices=COSTS,
+        choices=TARGET_COSTS,
         help="what --target's search keeps small: layers (the fewest float layers, default) or "
         "macs (the fewest multiply-adds left out of INT8, by gain per multiply-add)",
     )

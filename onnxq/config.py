@@ -29,9 +29,9 @@ from onnxq.backends.cpu import cpu_class
 from onnxq.backends.profile import BACKENDS
 from onnxq.device import is_device
 from onnxq.errors import ConfigError
-from onnxq.float_cost import COSTS as TARGET_COSTS
 from onnxq.observers import WEIGHT_METHODS
 from onnxq.options import (
+    TARGET_COSTS,
     AccuracyOptions,
     CalibrationOptions,
     PlacementOptions,

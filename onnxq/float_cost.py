@@ -29,6 +29,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from onnxq.options import TARGET_COSTS
+
 if TYPE_CHECKING:  # onnxq.config reads COSTS; onnxq.sensitivity reads onnxq.config
     from onnxq import ir
     from onnxq.sensitivity import LayerSensitivity, Trials
@@ -37,7 +39,7 @@ if TYPE_CHECKING:  # onnxq.config reads COSTS; onnxq.sensitivity reads onnxq.con
 # layers that crosses one of them does not make the two neighbours
 _LAYER_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
-COSTS = ("layers", "macs")
+COSTS = TARGET_COSTS  # the values of ``target_cost``
 
 
 def macs_known(ranking: Sequence[LayerSensitivity]) -> bool:
