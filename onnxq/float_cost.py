@@ -8,7 +8,9 @@ spread are often its largest ones.
 
 ``macs`` (:func:`choose_by_macs`) buys accuracy where it is cheapest: a greedy search that adds,
 one at a time, the layer with the largest gain per multiply-add *given the layers already
-float*, until the target holds.  Re-scoring every candidate at every step would cost L trials
+float*, until the target holds.  A layer's multiply-adds are what the settled placement leaves
+float with it (:func:`placement_cost`): keeping one layer float can take a neighbour's INT8
+kernel with it.  Re-scoring every candidate at every step would cost L trials
 per step; instead each candidate's last measured gain per multiply-add is kept in a heap (at
 first its gain alone), and only the top one is scored again on the current set: when its fresh
 figure still heads the heap it is taken (lazy greedy).  Gains mostly shrink as the error left
@@ -18,8 +20,10 @@ quantizes that output, and much once that conv is float too.  So when a layer is
 layers it reaches through non-layer ops (Relu, Clip, Add, ...) and those that reach it are
 scored again next (those that gained nothing alone too).  When no candidate
 raises the metric any more, the rest are appended in gain-per-MAC order and the shortest prefix
-that meets the target is found by bisection.  Last, the kept layers are pruned, most
-multiply-adds first: a layer goes back to INT8 when the target holds without it.
+that meets the target is found by bisection.  Last, the kept layers are pruned, those whose
+removal saves most multiply-adds first: a layer goes back to INT8 when the target holds
+without it.  :func:`onnxq.mixed_precision.choose` then keeps this choice or the ``layers``
+one, whichever leaves fewer multiply-adds float.
 """
 
 from __future__ import annotations
