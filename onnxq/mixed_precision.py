@@ -169,9 +169,12 @@ def _num(value: float) -> float | None:
 
 def reason(layer: LayerSensitivity, target: AccuracyTarget) -> str:
     """Why a layer stays float, for the report's decisions."""
-    return (
-        f"kept float for the accuracy target {target.describe()}: float alone it raises "
-        f"{target.name} by {layer.gain:.3g} on the held-out batches"
+    head = f"kept float for the accuracy target {target.describe()}: float alone it "
+    if layer.gain > 0:
+        return head + f"raises {target.name} by {layer.gain:.3g} on the held-out batches"
+    return head + (
+        f"changes {target.name} by {layer.gain:.3g} on the held-out batches, but with the "
+        "other float layers the target does not hold without it"
     )
 
 

@@ -16,7 +16,7 @@ from onnxq.accuracy_target import AccuracyTarget
 from onnxq.cli import main
 from onnxq.errors import ConfigError
 from onnxq.float_cost import by_gain_per_mac, choose_by_macs, layer_neighbours
-from onnxq.mixed_precision import choose
+from onnxq.mixed_precision import choose, reason
 from onnxq.sensitivity import LayerSensitivity
 from tests import graphs
 from tests.test_mixed_precision import conv_chain
@@ -194,3 +194,10 @@ def test_cli_target_cost_macs(tmp_path, model_file, calib_dir):
                  "cosine=0.9", "--target-cost", "macs", "--report", str(report)])  # fmt: skip
     assert code == 0
     assert json.loads(report.read_text())["mixed_precision"]["cost"] == "macs"
+
+
+def test_reason_of_a_layer_that_gains_nothing_alone():
+    target = AccuracyTarget("cosine", 0.99)
+    assert "raises cosine by 0.01" in reason(layer("a", 0.01, 10), target)
+    why = reason(layer("b", -0.0001, 10), target)
+    assert "changes cosine by -0.0001" in why and "does not hold without it" in why
