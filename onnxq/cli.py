@@ -24,6 +24,7 @@ from onnxq.errors import (
     InternalError,
     OnnxqError,
 )
+from onnxq.options import TARGET_COSTS
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the run worked and its result falls short: violations, a missed target
@@ -183,6 +184,12 @@ def _parser() -> argparse.ArgumentParser:
         "--heldout-batches",
         type=_positive,
         help="batches held out for --target (default 16)",
+    )
+    q.add_argument(
+        "--target-cost",
+        choices=TARGET_COSTS,
+        help="what --target's search keeps small: layers (the fewest float layers, default) or "
+        "macs (the fewest multiply-adds left out of INT8, by gain per multiply-add)",
     )
     q.add_argument(
         "--ray",
@@ -501,6 +508,7 @@ def _quantize(args: argparse.Namespace) -> int:
         load_calibration=args.load_calibration,
         target_accuracy=args.target,
         heldout_batches=args.heldout_batches,
+        target_cost=args.target_cost,
         heldout=args.heldout,
         device=args.device,
         executor=_ray_executor(args.ray, args.device),

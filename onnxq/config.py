@@ -30,6 +30,7 @@ from onnxq.backends.profile import BACKENDS
 from onnxq.device import is_device
 from onnxq.errors import ConfigError
 from onnxq.options import (
+    TARGET_COSTS,
     AccuracyOptions,
     CalibrationOptions,
     PlacementOptions,
@@ -188,6 +189,9 @@ class QuantConfig:
         heldout_batches: batches held out to measure the accuracy target: the first ones of
             the calibration data, which calibration then skips (at most a quarter of them),
             unless held-out data is given.
+        target_cost: what the accuracy target's search minimises: ``layers`` (the fewest
+            float layers, most sensitive first) or ``macs`` (the fewest multiply-adds left out
+            of INT8: layers by gain per multiply-add; ``onnxq.float_cost``).
         device: where the calibration and validation sessions run: ``cpu``, or ``cuda`` /
             ``cuda:N`` (onnxruntime's CUDA execution provider: the ``onnxruntime-gpu``
             package and a CUDA device; ``onnxq.device``).
@@ -256,6 +260,7 @@ class QuantConfig:
     progress: bool = option(True)
     target_accuracy: str | None = option(None, lambda name, value: _check_target(value, name))
     heldout_batches: int = option(16, must(lambda v: v >= 1, "be >= 1"))
+    target_cost: str = option("layers", one_of(lambda: TARGET_COSTS, "cost"))
     device: str = option("cpu", must(is_device, "be cpu, cuda or cuda:N"))
     weight_only: str | None = option(None, must(lambda v: v in WEIGHT_ONLY, "be int4 or int8"))
     block_size: int | None = option(None, must(lambda v: v >= 0, "be >= 0 (0: per channel)"))

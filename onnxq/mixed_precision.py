@@ -34,6 +34,7 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.backends.validate import run_outputs
 from onnxq.config import QuantConfig
 from onnxq.data import open_source
+from onnxq.float_cost import choose_by_macs, layer_neighbours, macs_known, placement_cost
 from onnxq.heldout import HeldOut, hold_out
 from onnxq.place.annotations import Annotations
 from onnxq.place.facts import GraphFacts
@@ -76,6 +77,8 @@ class MixedPrecision:
     # those the final placement leaves float for any reason (None: a shape is not static)
     model_macs: int | None = None
     model_float_macs: int | None = None
+    # what the search minimised (onnxq.float_cost): "layers", or "macs" (multiply-adds float)
+    cost: str = "layers"
 
     @property
     def met(self) -> bool:
@@ -99,7 +102,8 @@ class MixedPrecision:
             "heldout": self.heldout,
             "int8_score": _num(self.int8_score),
             "score": _num(self.score),
-            "kept_float": [s.to_dict() for s in self.kept],
+            "cost": self.cost,
+            "kept_float": [_with_share(s, self.model_macs) for s in self.kept],
             "float_macs": kept,
             "candidate_macs": total,
             "float_macs_fraction": round(kept / total, 6) if kept is not None and total else None,
@@ -126,6 +130,12 @@ class MixedPrecision:
         ]
 
 
+def _with_share(layer: LayerSensitivity, model_macs: int | None) -> dict[str, Any]:
+    """The layer's record with its share of the model's multiply-adds (None: unknown)."""
+    share = layer.macs / model_macs if layer.macs is not None and model_macs else None
+    return {**layer.to_dict(), "macs_share": None if share is None else round(share, 6)}
+
+
 def summary_lines(record: dict[str, Any]) -> list[str]:
     """The report summary's lines for a search record (:meth:`MixedPrecision.to_dict`)."""
     kept = record["kept_float"]
@@ -140,6 +150,8 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     ]
     for layer in kept[:12]:
         cost = "" if layer["macs"] is None else f", {layer['macs']:,} MACs"
+        if layer.get("macs_share") is not None:
+            cost += f" ({layer['macs_share']:.2%} of the model)"
         lines.append(f"  float: {layer['node']} ({layer['op_type']}) gain {layer['gain']}{cost}")
     if len(kept) > 12:
         lines.append(f"  ... {len(kept) - 12} more in the report file")
@@ -157,9 +169,12 @@ def _num(value: float) -> float | None:
 
 def reason(layer: LayerSensitivity, target: AccuracyTarget) -> str:
     """Why a layer stays float, for the report's decisions."""
-    return (
-        f"kept float for the accuracy target {target.describe()}: float alone it raises "
-        f"{target.name} by {layer.gain:.3g} on the held-out batches"
+    head = f"kept float for the accuracy target {target.describe()}: float alone it "
+    if layer.gain > 0:
+        return head + f"raises {target.name} by {layer.gain:.3g} on the held-out batches"
+    return head + (
+        f"changes {target.name} by {layer.gain:.3g} on the held-out batches, but with the "
+        "other float layers the target does not hold without it"
     )
 
 
@@ -170,7 +185,8 @@ def find_mixed_precision(
     (see the module), and place again with them as exclusions; ``heldout`` says where the
     held-out batches came from."""
     base, ranking = rank_layers(trials, candidates(first.annotations), progress)
-    kept = choose(trials, base, ranking)
+    cost = trials.config.target_cost if macs_known(ranking) else "layers"
+    kept = choose(trials, base, ranking, cost)
     reasons = {s.node: reason(s, trials.target) for s in kept}
     score = trials.score(reasons)
     final = trials.placement(reasons)
@@ -186,6 +202,7 @@ def find_mixed_precision(
         final,
         every,
         left_float,
+        cost,
     )
 
 
@@ -228,9 +245,12 @@ def search(
     return find_mixed_precision(trials, first, heldout.source, config.progress)
 
 
-def choose(trials: Trials, base: float, ranking: list[LayerSensitivity]) -> list[LayerSensitivity]:
+def choose(
+    trials: Trials, base: float, ranking: list[LayerSensitivity], cost: str = "layers"
+) -> list[LayerSensitivity]:
     """The layers to keep float: see steps 1-3 of the module (``ranking``: largest gain
-    first; layers that gain nothing are tried last)."""
+    first; layers that gain nothing are tried last); with ``cost`` ``macs``, the one of
+    those layers and :func:`onnxq.float_cost.choose_by_macs`'s with fewer multiply-adds."""
     target = trials.target
     if target.met(base):
         return []
@@ -254,6 +274,11 @@ def choose(trials: Trials, base: float, ranking: list[LayerSensitivity]) -> list
         rest = [s for s in kept if s is not layer]
         if rest and target.met(score(rest)):
             kept = rest
+    if cost == "macs":
+        near = layer_neighbours(trials.facts.graph, (s.node for s in ranking))
+        cheaper = choose_by_macs(trials, base, ranking, near)
+        by_placement = placement_cost(trials)
+        return min([cheaper, kept], key=lambda layers: (by_placement(layers), len(layers)))
     return kept
 
 

@@ -155,6 +155,10 @@ class WeightOptions:
     weight_method: str
 
 
+# what the accuracy target's search minimises (onnxq.float_cost)
+TARGET_COSTS = ("layers", "macs")
+
+
 @dataclass(frozen=True)
 class AccuracyOptions:
     """What the mixed-precision search reads (``onnxq.mixed_precision``): the accuracy target
@@ -162,6 +166,7 @@ class AccuracyOptions:
 
     target_accuracy: str | None
     heldout_batches: int
+    target_cost: str
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,7 @@ def view(cls: type[View], config: Any) -> View:
 
 
 __all__ = [
+    "TARGET_COSTS",
     "AccuracyOptions",
     "CalibrationOptions",
     "PlacementOptions",

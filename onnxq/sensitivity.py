@@ -66,6 +66,8 @@ class Trials:
     target: AccuracyTarget
     count: int = 0
     scores: dict[frozenset[str], float] = field(default_factory=dict)
+    # multiply-adds left float by the placement of each set of float nodes (float_macs)
+    macs: dict[frozenset[str], int | None] = field(default_factory=dict)
     # activation qparams by (tensor, method, settings, bounds): computed once, reused by
     # every trial (the ``auto`` method's search over a histogram is most of a trial's time)
     qparams: dict[tuple[object, ...], QParams | None] = field(default_factory=dict)
@@ -78,6 +80,24 @@ class Trials:
         return place(
             self.facts, self.profile, self.config.placement, self.measure, kept=Excluded(nodes=kept)
         )
+
+    def float_macs(self, nodes: Iterable[str]) -> int | None:
+        """Multiply-adds per sample of the Conv/ConvTranspose/Gemm/MatMul that the settled
+        placement with ``nodes`` float leaves out of INT8, for any reason: a float layer can
+        take a neighbour's Q/DQ, and so its INT8 kernel, with it (memoized; None: a shape is
+        not static)."""
+        key = frozenset(nodes)
+        if key not in self.macs:
+            decisions = self.placement(dict.fromkeys(sorted(key), TRIAL_REASON)).annotations
+            quantized = {d.node for d in decisions.decisions if d.quantized}
+            graph = self.facts.graph
+            total: int | None = 0
+            for node in graph.nodes:
+                if node.op_type in WEIGHTED_OPS and node.name not in quantized:
+                    macs = layer_macs(graph, node)
+                    total = None if macs is None or total is None else total + macs
+            self.macs[key] = total
+        return self.macs[key]
 
     def score(self, nodes: Iterable[str]) -> float:
         """The target metric on the held-out batches with ``nodes`` float (memoized)."""
@@ -222,21 +242,34 @@ def layer_macs(graph: ir.Graph, node: onnx.NodeProto) -> int | None:
     output is the batch), or None when a shape is not static."""
     out = _static(graph.shape(node.output[0]))
     x = _static(graph.shape(node.input[0]))
-    if out is None or x is None:
-        return None
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     w = _static(graph.shape(node.input[1])) if len(node.input) > 1 else None
+    if out is None:
+        return None
+    per_output: int | None
     if node.op_type == "Conv" and w is not None:
         per_output = math.prod(w[1:])
-    elif node.op_type == "ConvTranspose" and w is not None:
+    elif node.op_type == "ConvTranspose" and w is not None and x is not None:
         return math.prod(x[1:]) * math.prod(w[1:])
-    elif node.op_type == "Gemm":
-        per_output = x[0] if attrs.get("transA", 0) else x[-1]
-    elif node.op_type == "MatMul":
-        per_output = x[-1]
+    elif node.op_type in ("Gemm", "MatMul"):
+        per_output = _reduction(graph, node, x, attrs)
     else:
         return None
-    return math.prod(out[1:]) * per_output
+    return None if per_output is None else math.prod(out[1:]) * per_output
+
+
+def _reduction(
+    graph: ir.Graph, node: onnx.NodeProto, x: list[int] | None, attrs: dict[str, Any]
+) -> int | None:
+    """The products a Gemm/MatMul sums per output value: from its left input's shape, else
+    from a constant right-hand side's (a flattened input whose width shape inference lost)."""
+    if x is not None:
+        return x[0] if node.op_type == "Gemm" and attrs.get("transA", 0) else x[-1]
+    w = graph.shape(node.input[1]) if graph.is_const(node.input[1]) else None
+    if w is None or len(w) < 2 or not all(isinstance(d, int) and d > 0 for d in w):
+        return None
+    trans_b = node.op_type == "Gemm" and attrs.get("transB", 0)
+    return int(w[-1] if trans_b else w[-2])  # type: ignore[arg-type]
 
 
 def boundary_elements(graph: ir.Graph, node: onnx.NodeProto) -> int | None:

@@ -40,3 +40,14 @@ def test_ranking_lists_every_quantized_conv_most_harmful_first():
     assert gains == sorted(gains, reverse=True)
     for s in ranking:
         assert s["score_float_alone"] - record["int8_score"] == pytest.approx(s["gain"], abs=2e-6)
+
+
+@pytest.mark.parametrize("trans_b", [True, False])
+def test_layer_macs_of_gemm_reading_an_input_of_unknown_width(trans_b):
+    """A flattened input whose width shape inference lost: the constant weight gives K."""
+    m = graphs.gemm(trans_b=trans_b, k=32, n=16)
+    m.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "width"
+    graph = ir.Graph(ir.infer_shapes(m))
+    (node,) = [n for n in graph.nodes if n.op_type == "Gemm"]
+    assert graph.shape(node.input[0])[1] == "width"
+    assert layer_macs(graph, node) == 32 * 16
