@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onnxq.cli import _parser
+from onnxq.cli_parser import build_parser
 from onnxq.config import BACKENDS, WEIGHT_STORAGE, Override, QuantConfig
 from onnxq.observers import METHODS
 
@@ -77,7 +77,7 @@ def test_documented_choices_are_the_real_choices():
 
 
 def test_documented_cli_flags_exist():
-    quantize = next(a for a in _parser()._actions if a.dest == "command").choices["quantize"]
+    quantize = next(a for a in build_parser()._actions if a.dest == "command").choices["quantize"]
     flags = {s for action in quantize._actions for s in action.option_strings}
     documented = {
         flag
