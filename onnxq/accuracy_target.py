@@ -113,7 +113,7 @@ def top1(reference: Outputs, quantized: Outputs) -> float:
 
 def without_padding(outputs: Outputs, masks: list[np.ndarray | None]) -> Outputs:
     """``outputs`` (one dict per batch) without padded rows: an output of rank >= 3 whose two
-    leading axes are its batch's padding mask (``onnxq.backends.validate.padding_masks``:
+    leading axes are its batch's padding mask (``onnxq.backends.runs.padding_masks``:
     [batch, sequence], False = padding) keeps the unpadded rows only, as [rows, ...]."""
     out = []
     for batch, mask in zip(outputs, masks, strict=True):

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from onnxq.backends.cpu import CPU_CLASSES
 from onnxq.backends.default_session import DefaultSessionView, FusedFidelity, Latency
-from onnxq.backends.validate import DOMINATED, OutputFidelity
+from onnxq.backends.output_metrics import DOMINATED
+from onnxq.backends.validate import OutputFidelity
 from onnxq.verify import Verification
 
 LOW_FIDELITY = 0.95  # output cosine (or top-1 agreement) below which the report warns

@@ -31,7 +31,7 @@ import onnx
 from onnxq import ir
 from onnxq.accuracy_target import AccuracyTarget, parse_target
 from onnxq.backends.profile import BackendProfile
-from onnxq.backends.validate import run_outputs
+from onnxq.backends.runs import run_outputs
 from onnxq.config import QuantConfig
 from onnxq.data import open_source
 from onnxq.float_cost import choose_by_macs, layer_neighbours, macs_known, placement_cost

@@ -20,7 +20,7 @@ import onnx
 
 from onnxq.accuracy_target import AccuracyTarget, Outputs
 from onnxq.backends.profile import BackendProfile
-from onnxq.backends.validate import padding_masks, run_outputs
+from onnxq.backends.runs import padding_masks, run_outputs
 from onnxq.inputs import Batch
 from onnxq.materialize import materialize
 from onnxq.options import WeightOptions

@@ -22,14 +22,8 @@ from onnxq.backends.check import check
 from onnxq.backends.default_session import DefaultSessionView, default_session_view, timing_copy
 from onnxq.backends.output_kinds import output_kinds
 from onnxq.backends.profile import BackendProfile
-from onnxq.backends.validate import (
-    OutputFidelity,
-    class_axes,
-    fidelity,
-    padding_masks,
-    run_outputs,
-    selected_outputs,
-)
+from onnxq.backends.runs import padding_masks, run_outputs
+from onnxq.backends.validate import OutputFidelity, class_axes, fidelity, selected_outputs
 from onnxq.errors import InternalError
 from onnxq.inputs import Batch
 

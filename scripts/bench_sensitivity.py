@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from onnxq import ir
 from onnxq.accuracy_target import parse_target
+from onnxq.backends.runs import run_outputs
 from onnxq.backends.target import profile_for
-from onnxq.backends.validate import run_outputs
 from onnxq.config import QuantConfig
 from onnxq.inputs import model_inputs
 from onnxq.measure import Calibration

@@ -25,13 +25,8 @@ import onnx
 
 from onnxq import device, ir
 from onnxq.backends.cpu import this_machine
-from onnxq.backends.validate import (
-    OutputFidelity,
-    class_axes,
-    fidelity,
-    padding_masks,
-    run_outputs,
-)
+from onnxq.backends.runs import padding_masks, run_outputs
+from onnxq.backends.validate import OutputFidelity, class_axes, fidelity
 from onnxq.errors import UnsupportedModelError
 
 # the fused error counts as beyond noise above NOISE_FACTOR x the unfused error plus this

@@ -9,16 +9,15 @@ itself says.  For the onnxruntime backend the fused kernels are what the user ru
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import onnx
 
-from onnxq import device, ir
+from onnxq import ir
+from onnxq.backends import output_metrics as metrics
 from onnxq.backends.output_kinds import OutputKinds, score_axis, threshold_agreement
-from onnxq.errors import InternalError, UnsupportedModelError, one_line
-from onnxq.heap import release_free_memory
-from onnxq.inputs import Batch
+from onnxq.backends.runs import unpadded
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ class OutputFidelity:
     worst_slice: int | None = None
     worst_slice_cosine: float | None = None
     # the largest slice's peak |x| over the smallest non-zero one's, in the float model: from
-    # 2 on, the larger slices dominate the whole cosine (:data:`DOMINATED`)
+    # 2 on, the larger slices dominate the whole cosine (output_metrics.DOMINATED)
     slice_peak_ratio: float | None = None
     # rows left out because the model's padding mask marks them as padding (a transformer's
     # padded tokens: whatever the float model computes there is read by nothing)
@@ -97,128 +96,6 @@ class OutputFidelity:
 # module's own; OutputFidelity's properties read it)
 NOT_COMPARED = "not compared: "
 SHAPE_CHANGED = NOT_COMPARED + "the quantized model"  # how an output of another size reads
-
-
-def padding_masks(batches: list[dict[str, Any]]) -> list[np.ndarray | None]:
-    """Per batch, its padding mask: an integer or bool input of rank 2 named like
-    ``attention_mask`` ([batch, sequence], 0 = padding), else None."""
-    masks: list[np.ndarray | None] = []
-    for batch in batches:
-        found = None
-        for name in sorted(batch):
-            value = batch[name]
-            if (
-                "mask" in name.lower()
-                and isinstance(value, np.ndarray)
-                and value.ndim == 2
-                and value.dtype.kind in "iub"
-            ):
-                found = value != 0
-                break
-        masks.append(found)
-    return masks
-
-
-def _unpadded(
-    arrays: list[np.ndarray], masks: list[np.ndarray | None] | None
-) -> tuple[list[np.ndarray], int]:
-    """``arrays`` without their padded rows, when every batch has a mask that matches the
-    output's two leading axes (and some row is padding); else unchanged."""
-    if (
-        not masks
-        or len(masks) != len(arrays)
-        or any(
-            m is None or a.ndim < 3 or a.shape[:2] != m.shape
-            for a, m in zip(arrays, masks, strict=True)
-        )
-    ):
-        return arrays, 0
-    dropped = sum(int((~m).sum()) for m in masks if m is not None)
-    if dropped == 0:
-        return arrays, 0
-    return [a[m] for a, m in zip(arrays, masks, strict=True)], dropped
-
-
-def validation_session(
-    model: onnx.ModelProto, fused: bool, what: str = "quantized", ours: bool = False
-) -> Any:
-    """An onnxruntime session for ``model``, with Q/DQ fusion (all optimizations) or none, on
-    the device of :mod:`onnxq.device` (by default the CPU).
-
-    Nodes run in the model's priority order, not onnxruntime's default order: the default
-    runs every weight's DequantizeLinear first, so an unfused model would hold all its weights
-    dequantized to float at once (4x the int8 model) during each run.  ``ours``: the model is
-    onnxq's output, so onnxruntime refusing it is an :class:`InternalError` (else the model's
-    own :class:`UnsupportedModelError`).
-    """
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4  # failures reach the user as onnxq errors, not as log lines
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    opts.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if fused
-        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    )
-    with ir.scratch_dir() as workdir:
-        payload = ir.session_bytes_or_path(model, workdir)
-        placed = device.configure(opts)
-        try:
-            session = ort.InferenceSession(payload, opts, providers=device.providers(), **placed)
-        except Exception as exc:
-            message = f"onnxruntime cannot load the {what} model: {one_line(exc, 400)}"
-            if ours:
-                raise InternalError(message, onnxruntime_failed=True) from None
-            raise UnsupportedModelError(message, onnxruntime_failed=True) from None
-        return device.confirm(session)
-
-
-def run_outputs(
-    model: onnx.ModelProto | Any,
-    batches: list[Batch],
-    fused: bool,
-    what: str,
-    ours: bool = False,
-) -> list[dict[str, np.ndarray]]:
-    """Run ``model`` (a proto or a ready session) on ``batches``.
-
-    A session made here is released before this returns (the caller's next session must not
-    find this one's weights still in memory).  A failure is the model's
-    (:class:`UnsupportedModelError`: the batches match its declared inputs, so the model
-    does not run on such data in onnxruntime), or onnxq's when ``ours`` (its own output:
-    :class:`InternalError`).
-    """
-    if not isinstance(model, onnx.ModelProto):
-        return _run_all(model, batches, what, ours)
-    session = validation_session(model, fused, what, ours)
-    try:
-        return _run_all(session, batches, what, ours)
-    finally:
-        del session
-        release_free_memory()  # the float model's weights, freed but kept by the C library
-
-
-def _run_all(
-    session: Any, batches: list[Batch], what: str, ours: bool
-) -> list[dict[str, np.ndarray]]:
-    names = [o.name for o in session.get_outputs()]
-    results = []
-    for i, batch in enumerate(batches):
-        try:
-            values = session.run(names, batch)
-        except Exception as exc:
-            message = f"the {what} model fails in onnxruntime on held batch {i}: {one_line(exc)}"
-            if ours:
-                raise InternalError(message, onnxruntime_failed=True) from None
-            raise UnsupportedModelError(
-                f"{message}; the batch matches the model's declared inputs, so the model itself "
-                "does not run on such data in onnxruntime: check the float model on it",
-                onnxruntime_failed=True,
-            ) from None
-        results.append(dict(zip(names, values, strict=True)))
-    return results
 
 
 def class_axes(model: onnx.ModelProto) -> dict[str, int]:
@@ -312,8 +189,8 @@ def fidelity(
     axes are the mask's is compared on its unpadded rows only."""
     out = []
     for name in reference[0] if reference else []:
-        ref = [_as_array(r[name]) for r in reference]
-        got = [_as_array(q[name]) for q in quantized]
+        ref = [metrics.as_array(r[name]) for r in reference]
+        got = [metrics.as_array(q[name]) for q in quantized]
         if any(v is None for v in ref + got):
             kind = type(reference[0][name]).__name__
             out.append(
@@ -325,19 +202,21 @@ def fidelity(
         ref_arrays, got_arrays = cast(list[np.ndarray], ref), cast(list[np.ndarray], got)
         if not all(np.issubdtype(r.dtype, np.floating) for r in ref_arrays):
             out.append(
-                OutputFidelity(name, _agreement(ref_arrays, got_arrays), 0.0, 0.0, "agreement")
+                OutputFidelity(
+                    name, metrics.agreement(ref_arrays, got_arrays), 0.0, 0.0, "agreement"
+                )
             )
             continue
         class_axis = (axes or {}).get(name)
         if class_axis is None and kinds is not None:
             class_axis = score_axis(ref_arrays, name in kinds.logits)
-        ref_arrays, padded = _unpadded(ref_arrays, masks)
+        ref_arrays, padded = unpadded(ref_arrays, masks)
         if padded:  # [batch, sequence, ...] became [rows, ...]
-            got_arrays, _ = _unpadded(got_arrays, masks)
+            got_arrays, _ = unpadded(got_arrays, masks)
             if class_axis is not None and class_axis >= 0:
                 class_axis = class_axis - 1 if class_axis >= 2 else None
-        top1 = _top1(ref_arrays, got_arrays, class_axis)
-        a, b = _flat64(ref_arrays), _flat64(got_arrays)
+        top1 = metrics.top1(ref_arrays, got_arrays, class_axis)
+        a, b = metrics.flat64(ref_arrays), metrics.flat64(got_arrays)
         nonfinite = mismatch = 0
         if a.shape != b.shape:
             out.append(
@@ -357,8 +236,8 @@ def fidelity(
             mismatch = int((~finite & ~same).sum())
             a, b = a[finite], b[finite]
         del finite
-        err, peak = _abs_max(a, b), _abs_max(a)
-        cos = _cosine(a, b, overwrite=True)
+        err, peak = metrics.abs_max(a, b), metrics.abs_max(a)
+        cos = metrics.cosine(a, b, overwrite=True)
         del a, b  # an LM's logits: float64 copies of hundreds of MB
         result = OutputFidelity(
             name,
@@ -371,7 +250,9 @@ def fidelity(
             padding_left_out=padded,
         )
         per_sample = (
-            None if nonfinite or mismatch or padded else _sample_cosines(ref_arrays, got_arrays)
+            None
+            if nonfinite or mismatch or padded
+            else metrics.sample_cosines(ref_arrays, got_arrays)
         )
         if per_sample is not None:
             result = replace(
@@ -389,7 +270,7 @@ def fidelity(
         sliced = (
             None
             if nonfinite or mismatch or top1 is not None
-            else _slice_cosines(ref_arrays, got_arrays)
+            else metrics.slice_cosines(ref_arrays, got_arrays)
         )
         if sliced is not None:
             axis, cosines, peaks = sliced
@@ -406,167 +287,3 @@ def fidelity(
             )
         out.append(result)
     return out
-
-
-def _agreement(ref: list[np.ndarray], got: list[np.ndarray]) -> float:
-    """The share of values equal in both models (a batch whose shapes differ: none), so that
-    one changed label in a batch of 32 counts 1/32, not the whole batch."""
-    equal = total = 0
-    for r, g in zip(ref, got, strict=True):
-        if r.shape == g.shape:
-            equal += int(np.count_nonzero(r == g))
-            total += r.size
-        else:
-            total += max(r.size, g.size)
-    return equal / total if total else 1.0
-
-
-def _sample_cosines(ref: list[np.ndarray], got: list[np.ndarray]) -> np.ndarray | None:
-    """The cosine of each sample (an item along a batch's leading axis) of an output of rank
-    >= 2, or None (rank < 2, shapes that differ, one value per sample, fewer than two
-    samples)."""
-    if any(
-        r.ndim < 2 or r.shape != g.shape or r[0].size < 2 for r, g in zip(ref, got, strict=True)
-    ):
-        return None
-    if sum(len(r) for r in ref) < 2:
-        return None
-    values: list[float] = []
-    for r, g in zip(ref, got, strict=True):
-        rows_r, rows_g = r.reshape(len(r), -1), g.reshape(len(g), -1)
-        values.extend(
-            _cosine(a.astype(np.float64), b.astype(np.float64), overwrite=True)
-            for a, b in zip(rows_r, rows_g, strict=True)
-        )
-    return np.asarray(values) if len(values) >= 2 else None
-
-
-def _cosine(a: np.ndarray, b: np.ndarray, overwrite: bool = False) -> float:
-    """Cosine of two finite float64 vectors; both are divided by their common peak first, so
-    that values past 1e154 (whose squares overflow) give a number, not NaN.  ``overwrite``:
-    divide ``a`` and ``b`` in place (the caller's copies; no temporaries)."""
-    peak = max(_abs_max(a), _abs_max(b))
-    if peak > 0:
-        if overwrite:
-            a /= peak
-            b /= peak
-        else:
-            a, b = a / peak, b / peak
-    denom = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return float(a @ b / denom) if denom > 0 else float(np.array_equal(a, b))
-
-
-def _flat64(arrays: list[np.ndarray]) -> np.ndarray:
-    """All of ``arrays`` as one flat float64 vector, built in place (one copy)."""
-    out = np.empty(sum(x.size for x in arrays), np.float64)
-    at = 0
-    for x in arrays:
-        out[at : at + x.size] = x.ravel()
-        at += x.size
-    return out
-
-
-_ABS_CHUNK = 1 << 20  # values per slice in _abs_max (8 MB of float64)
-
-
-def _abs_max(a: np.ndarray, b: np.ndarray | None = None) -> float:
-    """``max |a|`` (or ``max |a - b|``) of flat vectors, 0 when empty, taken in slices so
-    that no full-size temporary is made (the maximum is exact in any order)."""
-    peak = 0.0
-    for at in range(0, a.size, _ABS_CHUNK):
-        part = (
-            a[at : at + _ABS_CHUNK]
-            if b is None
-            else a[at : at + _ABS_CHUNK] - b[at : at + _ABS_CHUNK]
-        )
-        peak = max(peak, float(np.abs(part).max(initial=0.0)))
-    return peak
-
-
-MAX_SLICES = 128  # a slice axis has 2..MAX_SLICES entries ...
-MIN_SLICE_REPEAT = 8  # ... each repeated over at least this many values per sample
-DOMINATED = 2.0  # slice peak ratio from which a low slice cosine is worth a warning
-
-
-def slice_axis_of(shape: tuple[int, ...]) -> int | None:
-    """The axis an output of this (per-batch) shape is compared along slice by slice: of the
-    axes after the first (the batch), the smallest with 2..:data:`MAX_SLICES` entries whose
-    slices hold at least :data:`MIN_SLICE_REPEAT` values per sample (the first on a tie);
-    None for rank < 3 or no such axis."""
-    if len(shape) < 3:
-        return None
-    per_sample = int(np.prod(shape[1:]))
-    best = None
-    for axis in range(1, len(shape)):
-        k = shape[axis]
-        if (
-            2 <= k <= MAX_SLICES
-            and per_sample >= MIN_SLICE_REPEAT * k
-            and (best is None or k < shape[best])
-        ):
-            best = axis
-    return best
-
-
-def _slice_cosines(
-    ref: list[np.ndarray], got: list[np.ndarray]
-) -> tuple[int, np.ndarray, np.ndarray] | None:
-    """(axis, cosine of every slice along it over all batches, each slice's peak |x| in the
-    float model), or None when the outputs have no slice axis or their shapes disagree between
-    batches or models."""
-    axis = slice_axis_of(ref[0].shape)
-    if axis is None:
-        return None
-    k = ref[0].shape[axis]
-    if any(
-        r.shape != g.shape or r.ndim != ref[0].ndim or r.shape[axis] != k
-        for r, g in zip(ref, got, strict=True)
-    ):
-        return None
-    # one scale for every batch (as in _cosine: squares of values past 1e154 overflow)
-    scale = max((float(np.abs(x).max(initial=0.0)) for x in (*ref, *got)), default=0.0) or 1.0
-    dot, na, nb, peaks = np.zeros(k), np.zeros(k), np.zeros(k), np.zeros(k)
-    for r, g in zip(ref, got, strict=True):
-        rm = np.moveaxis(r, axis, 0).reshape(k, -1).astype(np.float64)
-        gm = np.moveaxis(g, axis, 0).reshape(k, -1).astype(np.float64)
-        if rm.size:
-            peaks = np.maximum(peaks, np.abs(rm).max(axis=1))
-        rm, gm = rm / scale, gm / scale
-        dot += np.einsum("ij,ij->i", rm, gm)
-        na += np.einsum("ij,ij->i", rm, rm)
-        nb += np.einsum("ij,ij->i", gm, gm)
-    cosines = np.ones(k)
-    denom = np.sqrt(na * nb)
-    positive = denom > 0
-    cosines[positive] = dot[positive] / denom[positive]
-    # an all-zero slice: 1 when both models give zeros there, else 0
-    cosines[~positive] = ((na == 0) & (nb == 0))[~positive].astype(np.float64)
-    return axis, cosines, peaks
-
-
-def _top1(ref: list[np.ndarray], got: list[np.ndarray], axis: int | None) -> float | None:
-    """The share of rows along ``axis`` whose argmax agrees (None: no axis, or shapes that do
-    not allow it)."""
-    if axis is None:
-        return None
-    same: list[np.ndarray] = []
-    for r, g in zip(ref, got, strict=True):
-        if r.shape != g.shape or not r.ndim or not -r.ndim <= axis < r.ndim or r.size == 0:
-            return None
-        same.append((np.argmax(r, axis=axis) == np.argmax(g, axis=axis)).ravel())
-    return round(float(np.concatenate(same).mean()), 6) if same else None
-
-
-def _as_array(value: Any) -> np.ndarray | None:
-    """A numeric array for an output: tensors as they are, a sequence of {key: number} maps
-    (scikit-learn's ZipMap probabilities) as rows of its values in key order; None for any
-    other output."""
-    if isinstance(value, np.ndarray):
-        return value if value.dtype.kind in "biuf" else None
-    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        keys = sorted(value[0])
-        try:
-            return np.array([[float(v[k]) for k in keys] for v in value], dtype=np.float64)
-        except (KeyError, TypeError, ValueError):
-            return None
-    return None

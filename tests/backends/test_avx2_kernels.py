@@ -27,7 +27,8 @@ from onnx import helper
 import onnxq
 from onnxq import ir
 from onnxq.backends import default_session
-from onnxq.backends.validate import fidelity, run_outputs
+from onnxq.backends.runs import run_outputs
+from onnxq.backends.validate import fidelity
 from onnxq.fidelity_messages import default_session_warnings
 from tests import graphs
 from tests.rewrites.test_cost import SEPARABLE, net

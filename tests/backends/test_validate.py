@@ -7,15 +7,9 @@ import onnx
 import pytest
 
 from onnxq import ir
-from onnxq.backends.validate import (
-    OutputFidelity,
-    class_axes,
-    fidelity,
-    padding_masks,
-    run_outputs,
-    slice_axis_of,
-    validation_session,
-)
+from onnxq.backends.output_metrics import slice_axis_of
+from onnxq.backends.runs import padding_masks, run_outputs, validation_session
+from onnxq.backends.validate import OutputFidelity, class_axes, fidelity
 from onnxq.calibrate import make_session
 from onnxq.errors import InternalError, UnsupportedModelError
 from tests import graphs
@@ -266,9 +260,9 @@ def test_a_few_large_samples_cannot_hide_the_others_in_the_per_sample_cosine():
 def test_fidelity_leaves_the_outputs_it_compares_unchanged(monkeypatch: pytest.MonkeyPatch):
     # the float64 copies are scaled in place and maxima taken in slices: the caller's arrays
     # (float64 ones included) stay as they were, and the figures are those of the whole
-    from onnxq.backends import validate
+    from onnxq.backends import output_metrics
 
-    monkeypatch.setattr(validate, "_ABS_CHUNK", 7)
+    monkeypatch.setattr(output_metrics, "_ABS_CHUNK", 7)
     rng = np.random.default_rng(1)
     ref = [{"y": rng.standard_normal((1, 5, 9))} for _ in range(3)]
     got = [{"y": r["y"] + rng.standard_normal((1, 5, 9)) * 0.1} for r in ref]
