@@ -70,7 +70,7 @@ class LayerRounding:
 
 
 @dataclass(frozen=True)
-class _Target:
+class RoundingTarget:
     layer: LinearLayer
     qparams: QParams
     qmax: int
@@ -89,7 +89,7 @@ def adaround(
     """Learn the rounding of every quantized Conv/Gemm/MatMul weight of ``model`` (not
     edited); returns the chosen weights (by weight tensor) and one entry per layer."""
     graph = ir.Graph(model)
-    targets = _targets(graph, annotations, profile, weights)
+    targets = rounding_targets(graph, annotations, profile, weights)
     if not targets:
         return {}, []
     stats = capture_grams(
@@ -104,16 +104,16 @@ def adaround(
     )
     chosen: dict[str, ChosenWeight] = {}
     report: list[LayerRounding] = []
-    for target in _progress(targets, calibration.progress):
+    for target in layer_progress(targets, calibration.progress):
         if target.layer.node in stats:
-            weight, entry = _round(graph, target, stats[target.layer.node], options)
+            weight, entry = round_layer(graph, target, stats[target.layer.node], options)
             chosen[target.layer.weight] = weight
             report.append(entry)
     return chosen, report
 
 
-def _round(
-    graph: ir.Graph, target: _Target, stats: GramStats, options: RecoveryOptions
+def round_layer(
+    graph: ir.Graph, target: RoundingTarget, stats: GramStats, options: RecoveryOptions
 ) -> tuple[ChosenWeight, LayerRounding]:
     """One layer's learned rounding (or round-to-nearest, when that is as good)."""
     layer = target.layer
@@ -140,9 +140,9 @@ def _round(
     return ChosenWeight(target.qparams, values), entry
 
 
-def _targets(
+def rounding_targets(
     graph: ir.Graph, annotations: Annotations, profile: BackendProfile, weights: WeightOptions
-) -> list[_Target]:
+) -> list[RoundingTarget]:
     """Quantized Conv/Gemm/MatMul weights read by exactly one layer, in graph order."""
     from onnxq.materialize import weight_limits
 
@@ -165,7 +165,7 @@ def _targets(
             continue
         qmax = limits[ann.tensor]
         qp = weight_qparams(value, ann.axis, qmax, weights.weight_method)
-        out.append(_Target(layer, qp, qmax))
+        out.append(RoundingTarget(layer, qp, qmax))
     return out
 
 
@@ -182,14 +182,17 @@ def _steps(layer: LinearLayer, steps: int) -> int:
     return max(min(steps, MAX_MACS // max(per_step, 1)), min(steps, MIN_STEPS))
 
 
-def _progress(targets: list[_Target], enabled: bool) -> Iterable[_Target]:
+def layer_progress(
+    targets: list[RoundingTarget], enabled: bool, label: str = "adaround"
+) -> Iterable[RoundingTarget]:
+    """``targets``, with a progress bar counting the layers when ``enabled``."""
     if not enabled:
         return targets
     from tqdm import tqdm
 
     return tqdm(  # type: ignore[no-any-return]
         targets,
-        desc="adaround",
+        desc=label,
         unit="layer",
         file=sys.stderr,
         leave=False,
@@ -198,4 +201,12 @@ def _progress(targets: list[_Target], enabled: bool) -> Iterable[_Target]:
     )
 
 
-__all__ = ["ChosenWeight", "LayerRounding", "adaround"]
+__all__ = [
+    "ChosenWeight",
+    "LayerRounding",
+    "RoundingTarget",
+    "adaround",
+    "layer_progress",
+    "round_layer",
+    "rounding_targets",
+]

@@ -50,7 +50,10 @@ class GramStats:
 
 
 @dataclass
-class _Accumulator:
+class GramAccumulator:
+    """The :class:`GramStats` of one layer, summed batch by batch over a fixed sample of
+    ``per_batch`` rows (:func:`row_sample`, the same rows of the float and quantized inputs)."""
+
     layer: LinearLayer
     float_name: str
     quant_name: str | None
@@ -124,7 +127,7 @@ def capture_grams(
         )
     for gi, group in enumerate(groups):
         accs = [
-            _Accumulator(
+            GramAccumulator(
                 layer,
                 layer.input,
                 None if quant_inputs is None else quant_inputs[layer.node],
