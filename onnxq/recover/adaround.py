@@ -113,17 +113,26 @@ def adaround(
 
 
 def round_layer(
-    graph: ir.Graph, target: RoundingTarget, stats: GramStats, options: RecoveryOptions
+    graph: ir.Graph,
+    target: RoundingTarget,
+    stats: GramStats,
+    options: RecoveryOptions,
+    judge: GramStats | None = None,
+    fix_input_mean: bool = True,
 ) -> tuple[ChosenWeight, LayerRounding]:
-    """One layer's learned rounding (or round-to-nearest, when that is as good)."""
+    """One layer's learned rounding (or round-to-nearest, when that is as good), fitted on
+    ``stats`` and compared with round-to-nearest on ``judge`` (default: ``stats``) rows;
+    ``fix_input_mean``: see :func:`onnxq.recover.rounding.problem`."""
     layer = target.layer
     weight = graph.const_value(layer.weight)
     assert weight is not None
     scales = _scale_matrix(layer, target.qparams, weight)
-    p = problem(layer.matrix(weight), scales, stats, target.qmax)
+    p = problem(layer.matrix(weight), scales, stats, target.qmax, fix_input_mean)
     nearest = p.nearest()
     steps = _steps(layer, options.adaround_steps)
     learned = learn_rounding(p, steps, options.adaround_engine == "torch")
+    if judge is not None:
+        p = problem(layer.matrix(weight), scales, judge, target.qmax, fix_input_mean)
     mse_nearest, mse_learned = p.error(nearest), p.error(learned)
     better = mse_learned < mse_nearest
     values = layer.from_matrix(learned if better else nearest).astype(np.int8)

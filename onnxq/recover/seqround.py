@@ -25,6 +25,7 @@ layer's optimisation as in one-pass AdaRound.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -48,6 +49,8 @@ from onnxq.recover.adaround import (
 )
 from onnxq.recover.capture import DEFAULT_BATCHES, GramAccumulator, GramStats
 from onnxq.recover.outputs import pruned_session, run_session
+
+FIX_INPUT_MEAN = os.environ.get("ONNXQ_SEQROUND_MEAN", "1") == "1"
 
 
 def sequential_adaround(
@@ -83,7 +86,8 @@ def sequential_adaround(
         )
         if stats is None:
             continue
-        weight, entry = round_layer(graph, target, stats, options)
+        fit, judge = stats
+        weight, entry = round_layer(graph, target, fit, options, judge, FIX_INPUT_MEAN)
         chosen[target.layer.weight] = weight
         report.append(entry)
     return chosen, report
@@ -97,26 +101,28 @@ def capture_layer(
     inputs: list[InputSpec],
     rows_per_layer: int,
     max_batches: int | None,
-) -> GramStats | None:
+) -> tuple[GramStats, GramStats | None] | None:
     """The :class:`GramStats` of ``target``'s input in ``quantized`` (its Q/DQ copy, where
-    the layer's node keeps its name) against ``float_model``, over ``rows_per_layer`` rows
-    sampled across the batches (None: no batch, or the layer is not in ``quantized``)."""
+    the layer's node keeps its name) against ``float_model``: ``rows_per_layer`` rows
+    sampled across the even batches (to fit on), as many across the odd ones (to judge on;
+    None when there is one batch), or None (no batch, or the layer is not in ``quantized``)."""
     layer = target.layer
     reader = next((n for n in quantized.graph.node if n.name == layer.node), None)
     if reader is None:
         return None
     total = batches_total(data)
     total = min(total, max_batches) if total and max_batches else (total or max_batches)
-    per_batch = max(1, math.ceil(rows_per_layer / (total or DEFAULT_BATCHES)))
-    accumulator = GramAccumulator(layer, layer.input, reader.input[0], per_batch)
+    per_batch = max(1, math.ceil(2 * rows_per_layer / (total or DEFAULT_BATCHES)))
+    halves = [GramAccumulator(layer, layer.input, reader.input[0], per_batch) for _ in "fj"]
     f_run = _runner(float_model, layer.input, "float")
     q_run = _runner(quantized, reader.input[0], "Q/DQ")
     for index, raw in enumerate(data):
         if max_batches is not None and index >= max_batches:
             break
         batch = check_batch(raw, inputs, index)
-        accumulator.add(index, f_run(batch, index), q_run(batch, index))
-    return accumulator.stats
+        halves[index % 2].add(index, f_run(batch, index), q_run(batch, index))
+    fit, judge = (h.stats for h in halves)
+    return None if fit is None else (fit, judge)
 
 
 def _runner(model: onnx.ModelProto, tensor: str, what: str) -> Any:
