@@ -64,6 +64,10 @@ class LayerRounding:
     mse_learned: float
     kept: str  # "learned" or "nearest"
     changed: float  # share of the integers that differ from round-to-nearest
+    # sequential mode: the model's output error with this layer rounded to nearest / learned
+    # (None: not measured, the learned rounding lost on the layer's own rows already)
+    model_error_nearest: float | None = None
+    model_error_learned: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -48,9 +49,10 @@ from onnxq.recover.adaround import (
     rounding_targets,
 )
 from onnxq.recover.capture import DEFAULT_BATCHES, GramAccumulator, GramStats
-from onnxq.recover.outputs import pruned_session, run_session
+from onnxq.recover.outputs import OutputError, pruned_session, run_session
 
 FIX_INPUT_MEAN = os.environ.get("ONNXQ_SEQROUND_MEAN", "1") == "1"
+MODEL_CHECK = os.environ.get("ONNXQ_SEQROUND_CHECK", "1") == "1"
 
 
 def sequential_adaround(
@@ -77,19 +79,36 @@ def sequential_adaround(
     )
     chosen: dict[str, ChosenWeight] = {}
     report: list[LayerRounding] = []
+
+    def quantized(weights_now: dict[str, ChosenWeight]) -> onnx.ModelProto:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        materialize(copy, annotations, qparams, profile, weights, weights_now)
+        return copy
+
+    budget = calibration.memory_budget_mb * 2**20
+    judge = OutputError(model, data, inputs, calibration.max_batches, budget, every=(2, 1))
+    current = quantized(chosen)
+    error = judge(current) if MODEL_CHECK else None
     for target in layer_progress(targets, calibration.progress, "sequential adaround"):
-        quantized = onnx.ModelProto()
-        quantized.CopyFrom(model)
-        materialize(quantized, annotations, qparams, profile, weights, chosen)
         stats = capture_layer(
-            model, quantized, target, data, inputs, options.adaround_rows, calibration.max_batches
+            model, current, target, data, inputs, options.adaround_rows, calibration.max_batches
         )
         if stats is None:
             continue
-        fit, judge = stats
-        weight, entry = round_layer(graph, target, fit, options, judge, FIX_INPUT_MEAN)
-        chosen[target.layer.weight] = weight
-        report.append(entry)
+        weight, entry = round_layer(graph, target, stats[0], options, stats[1], FIX_INPUT_MEAN)
+        if entry.kept != "learned":
+            report.append(entry)
+            continue
+        trial = quantized({**chosen, target.layer.weight: weight})
+        after = judge(trial) if error is not None else None
+        if error is not None and after is not None and after >= error:
+            entry = replace(entry, kept="nearest")
+        else:
+            chosen[target.layer.weight] = weight
+            current = trial
+        report.append(replace(entry, model_error_nearest=error, model_error_learned=after))
+        error = after if entry.kept == "learned" else error
     return chosen, report
 
 
