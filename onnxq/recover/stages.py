@@ -308,7 +308,10 @@ def summary(sections: dict[str, Any]) -> str:
         parts.append(f"prefix calibration ({sections['calibration']['passes']} passes)")
     if "adaround" in sections:
         layers = sections["adaround"]["layers"]
-        parts.append(f"AdaRound learned {sections['adaround']['learned']} of {len(layers)} layers")
+        mode = " (sequential)" if sections["adaround"].get("mode") == "sequential" else ""
+        parts.append(
+            f"AdaRound{mode} learned {sections['adaround']['learned']} of {len(layers)} layers"
+        )
     if "sequential_correction" in sections:
         seq = sections["sequential_correction"]
         parts.append(
