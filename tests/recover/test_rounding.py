@@ -55,7 +55,7 @@ def test_torch_chooses_the_same_integers_as_numpy():
 
 def asymmetric_problem(fix_input_mean: bool, seed: int = 3, rows: int = 2048):
     """A layer whose quantized input is its float input plus a shift and noise."""
-    p, x_f, w, scale = correlated_problem(seed, groups=2, rows=rows)
+    _, x_f, w, scale = correlated_problem(seed, groups=2, rows=rows)
     r = np.random.default_rng(seed + 10)
     x_q = x_f + 0.3 + 0.2 * r.standard_normal(x_f.shape)
     q, f = x_q.transpose(0, 2, 1), x_f.transpose(0, 2, 1)
