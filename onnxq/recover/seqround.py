@@ -14,18 +14,22 @@ with ``x_q`` the layer's input in the quantized model and ``x_f`` in the float o
 (:func:`onnxq.recover.rounding.problem` with the cross term of :class:`GramStats`).  A layer's
 weights thus also take up part of the error its input carries from the activations and the
 layers before it, and each layer sees what its predecessors already corrected, which fitting
-every layer on quantized inputs from one pass does not (that over-corrects).  A layer keeps
-round-to-nearest unless the learned rounding has the lower error on its captured rows.
+every layer on quantized inputs from one pass does not (that over-corrects).
+
+Two checks keep a layer from fitting noise: the rows of the even calibration batches fit the
+rounding and those of the odd ones judge it (round-to-nearest stays unless the learned rounding
+has the lower error there: a classifier's Gemm gets one row per image, fewer than its
+weights), and the learned rounding is kept only if the model's output error on the odd
+batches (:class:`onnxq.recover.outputs.OutputError`, as in sequential bias correction) drops.
 
 Cost: per layer, two pruned passes over the calibration data (the float and the Q/DQ model
-up to the layer's input; the rows kept are the same sample as in one-pass AdaRound), then the
-layer's optimisation as in one-pass AdaRound.
+up to the layer's input; as many rows kept as in one-pass AdaRound), the layer's optimisation
+as in one-pass AdaRound, and one full Q/DQ pass over the odd batches.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -51,8 +55,9 @@ from onnxq.recover.adaround import (
 from onnxq.recover.capture import DEFAULT_BATCHES, GramAccumulator, GramStats
 from onnxq.recover.outputs import OutputError, pruned_session, run_session
 
-FIX_INPUT_MEAN = os.environ.get("ONNXQ_SEQROUND_MEAN", "1") == "1"
-MODEL_CHECK = os.environ.get("ONNXQ_SEQROUND_CHECK", "1") == "1"
+# the weights take up the whole input error, its mean included (False: only its fluctuation;
+# measured on mobilenet_v2 in docs/recovery.md)
+FIX_INPUT_MEAN = True
 
 
 def sequential_adaround(
@@ -68,7 +73,8 @@ def sequential_adaround(
 ) -> tuple[dict[str, ChosenWeight], list[LayerRounding]]:
     """Learn the rounding of every quantized Conv/Gemm/MatMul weight of ``model`` (not
     edited) layer by layer on the quantized prefix (``qparams``: the activation ranges);
-    returns the chosen weights (by weight tensor) and one entry per layer, in graph order."""
+    returns the chosen weights (by weight tensor; a layer left out rounds to nearest) and one
+    entry per layer, in graph order."""
     from onnxq.materialize import materialize
 
     graph = ir.Graph(model)
@@ -89,7 +95,7 @@ def sequential_adaround(
     budget = calibration.memory_budget_mb * 2**20
     judge = OutputError(model, data, inputs, calibration.max_batches, budget, every=(2, 1))
     current = quantized(chosen)
-    error = judge(current) if MODEL_CHECK else None
+    error = judge(current)
     for target in layer_progress(targets, calibration.progress, "sequential adaround"):
         stats = capture_layer(
             model, current, target, data, inputs, options.adaround_rows, calibration.max_batches
@@ -101,14 +107,13 @@ def sequential_adaround(
             report.append(entry)
             continue
         trial = quantized({**chosen, target.layer.weight: weight})
-        after = judge(trial) if error is not None else None
-        if error is not None and after is not None and after >= error:
-            entry = replace(entry, kept="nearest")
+        after = judge(trial)
+        entry = replace(entry, model_error_nearest=error, model_error_learned=after)
+        if after < error:
+            chosen[target.layer.weight], current, error = weight, trial, after
         else:
-            chosen[target.layer.weight] = weight
-            current = trial
-        report.append(replace(entry, model_error_nearest=error, model_error_learned=after))
-        error = after if entry.kept == "learned" else error
+            entry = replace(entry, kept="nearest")
+        report.append(entry)
     return chosen, report
 
 
