@@ -86,6 +86,23 @@ def test_every_layer_beats_round_to_nearest_on_the_quantized_prefix(builder):
     assert check(learned.model, PROFILES["tensorrt"]) == []
 
 
+def test_a_learned_rounding_stays_only_where_the_model_error_drops():
+    m = conv_chain()
+    layers = onnxq.quantize(
+        m, smooth_batches(m, n=24), adaround=True, adaround_mode="sequential",
+        adaround_steps=300, progress=False,
+    ).report.to_dict()["recovery"]["adaround"]["layers"]  # fmt: skip
+    errors = []
+    for layer in layers:
+        if layer["model_error_learned"] is None:  # lost on its own judging rows already
+            assert layer["kept"] == "nearest" and layer["mse_learned"] >= layer["mse_nearest"]
+            continue
+        better = layer["model_error_learned"] < layer["model_error_nearest"]
+        assert layer["kept"] == ("learned" if better else "nearest")
+        errors.append(layer["model_error_learned"] if better else layer["model_error_nearest"])
+    assert errors and errors == sorted(errors, reverse=True)  # the model's error never rises
+
+
 def test_later_layers_see_the_earlier_layers_rounding():
     """The first layer reads the same quantized input in both modes; a later one reads the
     output of learned (not nearest) weights, so its statistics, and its integers, differ."""
