@@ -78,11 +78,9 @@ def sequential_adaround(
     from onnxq.materialize import materialize
 
     graph = ir.Graph(model)
-    order = {node.name: index for index, node in enumerate(graph.nodes)}
-    targets = sorted(
-        rounding_targets(graph, annotations, profile, weights),
-        key=lambda t: order.get(t.layer.node, len(order)),
-    )
+    targets = _in_graph_order(graph, rounding_targets(graph, annotations, profile, weights))
+    if not targets:
+        return {}, []
     chosen: dict[str, ChosenWeight] = {}
     report: list[LayerRounding] = []
 
@@ -115,6 +113,11 @@ def sequential_adaround(
             entry = replace(entry, kept="nearest")
         report.append(entry)
     return chosen, report
+
+
+def _in_graph_order(graph: ir.Graph, targets: list[RoundingTarget]) -> list[RoundingTarget]:
+    order = {node.name: index for index, node in enumerate(graph.nodes)}
+    return sorted(targets, key=lambda t: order.get(t.layer.node, len(order)))
 
 
 def capture_layer(
