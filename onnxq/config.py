@@ -221,8 +221,8 @@ class QuantConfig:
             integers but for ties within float error).
         adaround_mode: ``float`` (every layer fitted on the float model's inputs, one pass)
             or ``sequential`` (layer by layer on its inputs in the quantized model, earlier
-            layers already rounded, against the float output: two pruned passes per layer;
-            ``onnxq.recover.seqround``).
+            layers already rounded, against the float output, kept where the model's output
+            error drops: about three passes per layer; ``onnxq.recover.seqround``).
         sequential_correction: remove each quantized layer's mean output shift from its bias,
             measured layer by layer with every earlier layer quantized and corrected, kept
             where the model's output error goes down (about two passes over the calibration

@@ -52,7 +52,8 @@ def add_recovery_flags(parser: argparse.ArgumentParser) -> None:
         choices=ADAROUND_MODES,
         help="float: fit each layer on the float model's inputs (one pass); sequential: "
         "layer by layer on its inputs with every earlier layer quantized and rounded, against "
-        "the float output (two pruned passes per layer); implies --adaround",
+        "the float output, kept where the model's output error drops (about three passes "
+        "per layer); implies --adaround",
     )
     r.add_argument(
         "--adaround-steps", type=int, metavar="N", help="AdaRound steps per layer (default 500)"
