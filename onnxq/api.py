@@ -279,7 +279,7 @@ def quantize(
             ranges = activation_ranges(annotations, statistics.stats, profile, cfg.percentile)
         chosen = choose_weights(
             prepared.model, annotations, profile, cfg.recovery, cfg.calibration, cfg.weights,
-            data, inputs, recovery,
+            data, inputs, recovery, ranges.qparams,
         )  # fmt: skip
         bias = None
         if cfg.bias_correction and data is not None:

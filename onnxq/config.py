@@ -48,7 +48,7 @@ from onnxq.overrides import (
     parse_override,
 )
 from onnxq.qparams import WEIGHT_METHODS
-from onnxq.recover.options import CALIBRATION_MODES, check_engine
+from onnxq.recover.options import ADAROUND_MODES, CALIBRATION_MODES, check_engine
 from onnxq.weightonly import WEIGHT_ALGORITHMS, WEIGHT_ONLY
 
 WEIGHT_STORAGE = ("int8", "qdq")
@@ -223,6 +223,10 @@ class QuantConfig:
         adaround_rows: input rows per layer that AdaRound's statistics are taken from.
         adaround_engine: ``numpy`` or ``torch`` (when installed; the same steps, same
             integers but for ties within float error).
+        adaround_mode: ``float`` (every layer fitted on the float model's inputs, one pass)
+            or ``sequential`` (layer by layer on its inputs in the quantized model, earlier
+            layers already rounded, against the float output, kept where the model's output
+            error drops: about three passes per layer; ``onnxq.recover.seqround``).
         sequential_correction: remove each quantized layer's mean output shift from its bias,
             measured layer by layer with every earlier layer quantized and corrected, kept
             where the model's output error goes down (about two passes over the calibration
@@ -275,6 +279,7 @@ class QuantConfig:
     adaround_steps: int = option(500, must(lambda v: v >= 0, "be >= 0"))
     adaround_rows: int = option(4096, must(lambda v: v >= 1, "be >= 1"))
     adaround_engine: str = option("numpy", check_engine)
+    adaround_mode: str = option("float", one_of(lambda: ADAROUND_MODES, "mode"))
     sequential_correction: bool = option(False)
 
     def __post_init__(self) -> None:

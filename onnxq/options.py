@@ -217,6 +217,7 @@ class RecoveryOptions:
     adaround_steps: int
     adaround_rows: int
     adaround_engine: str
+    adaround_mode: str
     sequential_correction: bool
 
 

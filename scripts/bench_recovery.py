@@ -42,6 +42,11 @@ SETTINGS: dict[str, list[str]] = {
     "prefix+adaround+bias-correction": [
         "--calibration-mode", "prefix", "--adaround", "--bias-correction",
     ],
+    "sequential-adaround": ["--adaround-mode", "sequential"],
+    "prefix+sequential-adaround": ["--calibration-mode", "prefix", "--adaround-mode", "sequential"],
+    "prefix+sequential-adaround+sequential-correction": [
+        "--calibration-mode", "prefix", "--adaround-mode", "sequential", "--sequential-correction",
+    ],
     "prefix-percentile": ["--calibration-mode", "prefix", "--method", "percentile"],
     "prefix-entropy": ["--calibration-mode", "prefix", "--method", "entropy"],
     "prefix-mse": ["--calibration-mode", "prefix", "--method", "mse"],

@@ -64,13 +64,17 @@ class LayerRounding:
     mse_learned: float
     kept: str  # "learned" or "nearest"
     changed: float  # share of the integers that differ from round-to-nearest
+    # sequential mode: the model's output error with this layer rounded to nearest / learned
+    # (None: not measured, the learned rounding lost on the layer's own rows already)
+    model_error_nearest: float | None = None
+    model_error_learned: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
 @dataclass(frozen=True)
-class _Target:
+class RoundingTarget:
     layer: LinearLayer
     qparams: QParams
     qmax: int
@@ -89,7 +93,7 @@ def adaround(
     """Learn the rounding of every quantized Conv/Gemm/MatMul weight of ``model`` (not
     edited); returns the chosen weights (by weight tensor) and one entry per layer."""
     graph = ir.Graph(model)
-    targets = _targets(graph, annotations, profile, weights)
+    targets = rounding_targets(graph, annotations, profile, weights)
     if not targets:
         return {}, []
     stats = capture_grams(
@@ -104,26 +108,35 @@ def adaround(
     )
     chosen: dict[str, ChosenWeight] = {}
     report: list[LayerRounding] = []
-    for target in _progress(targets, calibration.progress):
+    for target in layer_progress(targets, calibration.progress):
         if target.layer.node in stats:
-            weight, entry = _round(graph, target, stats[target.layer.node], options)
+            weight, entry = round_layer(graph, target, stats[target.layer.node], options)
             chosen[target.layer.weight] = weight
             report.append(entry)
     return chosen, report
 
 
-def _round(
-    graph: ir.Graph, target: _Target, stats: GramStats, options: RecoveryOptions
+def round_layer(
+    graph: ir.Graph,
+    target: RoundingTarget,
+    stats: GramStats,
+    options: RecoveryOptions,
+    judge: GramStats | None = None,
+    fix_input_mean: bool = True,
 ) -> tuple[ChosenWeight, LayerRounding]:
-    """One layer's learned rounding (or round-to-nearest, when that is as good)."""
+    """One layer's learned rounding (or round-to-nearest, when that is as good), fitted on
+    ``stats`` and compared with round-to-nearest on ``judge`` (default: ``stats``) rows;
+    ``fix_input_mean``: see :func:`onnxq.recover.rounding.problem`."""
     layer = target.layer
     weight = graph.const_value(layer.weight)
     assert weight is not None
     scales = _scale_matrix(layer, target.qparams, weight)
-    p = problem(layer.matrix(weight), scales, stats, target.qmax)
+    p = problem(layer.matrix(weight), scales, stats, target.qmax, fix_input_mean)
     nearest = p.nearest()
     steps = _steps(layer, options.adaround_steps)
     learned = learn_rounding(p, steps, options.adaround_engine == "torch")
+    if judge is not None:
+        p = problem(layer.matrix(weight), scales, judge, target.qmax, fix_input_mean)
     mse_nearest, mse_learned = p.error(nearest), p.error(learned)
     better = mse_learned < mse_nearest
     values = layer.from_matrix(learned if better else nearest).astype(np.int8)
@@ -140,9 +153,9 @@ def _round(
     return ChosenWeight(target.qparams, values), entry
 
 
-def _targets(
+def rounding_targets(
     graph: ir.Graph, annotations: Annotations, profile: BackendProfile, weights: WeightOptions
-) -> list[_Target]:
+) -> list[RoundingTarget]:
     """Quantized Conv/Gemm/MatMul weights read by exactly one layer, in graph order."""
     from onnxq.materialize import weight_limits
 
@@ -165,7 +178,7 @@ def _targets(
             continue
         qmax = limits[ann.tensor]
         qp = weight_qparams(value, ann.axis, qmax, weights.weight_method)
-        out.append(_Target(layer, qp, qmax))
+        out.append(RoundingTarget(layer, qp, qmax))
     return out
 
 
@@ -182,14 +195,17 @@ def _steps(layer: LinearLayer, steps: int) -> int:
     return max(min(steps, MAX_MACS // max(per_step, 1)), min(steps, MIN_STEPS))
 
 
-def _progress(targets: list[_Target], enabled: bool) -> Iterable[_Target]:
+def layer_progress(
+    targets: list[RoundingTarget], enabled: bool, label: str = "adaround"
+) -> Iterable[RoundingTarget]:
+    """``targets``, with a progress bar counting the layers when ``enabled``."""
     if not enabled:
         return targets
     from tqdm import tqdm
 
     return tqdm(  # type: ignore[no-any-return]
         targets,
-        desc="adaround",
+        desc=label,
         unit="layer",
         file=sys.stderr,
         leave=False,
@@ -198,4 +214,12 @@ def _progress(targets: list[_Target], enabled: bool) -> Iterable[_Target]:
     )
 
 
-__all__ = ["ChosenWeight", "LayerRounding", "adaround"]
+__all__ = [
+    "ChosenWeight",
+    "LayerRounding",
+    "RoundingTarget",
+    "adaround",
+    "layer_progress",
+    "round_layer",
+    "rounding_targets",
+]

@@ -37,12 +37,15 @@ DEFAULT_BATCHES = 64  # assumed when the source does not say how many batches it
 class GramStats:
     """Sums over the sampled rows of one layer's input: ``qq = sum x_q x_q^T``, ``qf = sum
     x_q x_f^T`` and ``ff = sum x_f x_f^T`` (float64, ``[groups, K, K]``; ``qf``/``ff`` are
-    None when only one model was captured), and how many rows went in."""
+    None when only one model was captured), how many rows went in, and the sums of the rows
+    themselves (``[groups, K]``: ``q_sum`` of ``x_q``, ``f_sum`` of ``x_f`` when captured)."""
 
     qq: np.ndarray
     qf: np.ndarray | None = None
     ff: np.ndarray | None = None
     rows: int = 0
+    q_sum: np.ndarray | None = None
+    f_sum: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
@@ -50,7 +53,10 @@ class GramStats:
 
 
 @dataclass
-class _Accumulator:
+class GramAccumulator:
+    """The :class:`GramStats` of one layer, summed batch by batch over a fixed sample of
+    ``per_batch`` rows (:func:`row_sample`, the same rows of the float and quantized inputs)."""
+
     layer: LinearLayer
     float_name: str
     quant_name: str | None
@@ -63,22 +69,22 @@ class _Accumulator:
         f = self.layer.rows(x_float, take).astype(np.float64)
         ft = f.transpose(0, 2, 1)
         if x_quant is None:
-            self._sum(ft @ f, None, None, f.shape[1])
+            self._sum(GramStats(ft @ f, None, None, f.shape[1], f.sum(axis=1)))
             return
         q = self.layer.rows(x_quant, take).astype(np.float64)
         qt = q.transpose(0, 2, 1)
-        self._sum(qt @ q, qt @ f, ft @ f, f.shape[1])
+        self._sum(GramStats(qt @ q, qt @ f, ft @ f, f.shape[1], q.sum(axis=1), f.sum(axis=1)))
 
-    def _sum(self, qq: np.ndarray, qf: np.ndarray | None, ff: np.ndarray | None, rows: int) -> None:
+    def _sum(self, batch: GramStats) -> None:
         if self.stats is None:
-            self.stats = GramStats(qq, qf, ff, rows)
+            self.stats = batch
             return
         s = self.stats
-        s.qq += qq
-        if qf is not None and s.qf is not None and ff is not None and s.ff is not None:
-            s.qf += qf
-            s.ff += ff
-        s.rows += rows
+        for name in ("qq", "qf", "ff", "q_sum", "f_sum"):
+            mine, more = getattr(s, name), getattr(batch, name)
+            if mine is not None and more is not None:
+                mine += more
+        s.rows += batch.rows
 
 
 def row_sample(positions: int, budget: int, index: int) -> np.ndarray | None:
@@ -124,7 +130,7 @@ def capture_grams(
         )
     for gi, group in enumerate(groups):
         accs = [
-            _Accumulator(
+            GramAccumulator(
                 layer,
                 layer.input,
                 None if quant_inputs is None else quant_inputs[layer.node],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from onnxq.recover.options import CALIBRATION_MODES
+from onnxq.recover.options import ADAROUND_MODES, CALIBRATION_MODES
 from onnxq.recover.smoothquant import DEFAULT_ALPHA
 
 
@@ -48,6 +48,14 @@ def add_recovery_flags(parser: argparse.ArgumentParser) -> None:
         "outputs on the calibration data",
     )
     r.add_argument(
+        "--adaround-mode",
+        choices=ADAROUND_MODES,
+        help="float: fit each layer on the float model's inputs (one pass); sequential: "
+        "layer by layer on its inputs with every earlier layer quantized and rounded, against "
+        "the float output, kept where the model's output error drops (about three passes "
+        "per layer); implies --adaround",
+    )
+    r.add_argument(
         "--adaround-steps", type=int, metavar="N", help="AdaRound steps per layer (default 500)"
     )
     r.add_argument(
@@ -70,7 +78,8 @@ def recovery_options(args: argparse.Namespace) -> dict[str, Any]:
         "cle": args.cle,
         "smoothquant": args.smoothquant,
         "calibration_mode": args.calibration_mode,
-        "adaround": args.adaround,
+        "adaround": True if args.adaround is None and args.adaround_mode else args.adaround,
+        "adaround_mode": args.adaround_mode,
         "adaround_steps": args.adaround_steps,
         "bias_correction": args.bias_correction,
         "sequential_correction": args.sequential_correction,

@@ -73,8 +73,18 @@ class Problem:
         return np.clip(np.rint(self.weight / self.scale), -self.qmax, self.qmax)
 
 
-def problem(weight: np.ndarray, scale: np.ndarray, stats: GramStats, qmax: int) -> Problem:
-    """The :class:`Problem` of a ``[G, O, K]`` weight with ``[G, O, 1]`` scales."""
+def problem(
+    weight: np.ndarray,
+    scale: np.ndarray,
+    stats: GramStats,
+    qmax: int,
+    fix_input_mean: bool = True,
+) -> Problem:
+    """The :class:`Problem` of a ``[G, O, K]`` weight with ``[G, O, 1]`` scales.
+
+    ``fix_input_mean`` False (with the row sums captured): the target is the float output
+    plus ``W E[x_q - x_f]``, the mean shift the input's error brings; the weights then take
+    up the input error's fluctuation, not its mean (the cross term is a covariance)."""
     rows = max(stats.rows, 1)
     w = weight.astype(np.float64)
     h = stats.qq / rows
@@ -85,6 +95,11 @@ def problem(weight: np.ndarray, scale: np.ndarray, stats: GramStats, qmax: int) 
     if stats.qf is not None and stats.ff is not None:
         qd = (stats.qq - stats.qf) / rows  # E[x_q (x_q - x_f)^T]
         dd = (stats.qq - stats.qf - stats.qf.transpose(0, 2, 1) + stats.ff) / rows
+        if not fix_input_mean and stats.q_sum is not None and stats.f_sum is not None:
+            mean_q = stats.q_sum / rows
+            mean_d = (stats.q_sum - stats.f_sum) / rows
+            qd = qd - mean_q[:, :, None] * mean_d[:, None, :]  # Cov(x_q, x_q - x_f)
+            dd = dd - mean_d[:, :, None] * mean_d[:, None, :]
         d = w @ qd.transpose(0, 2, 1)
         c = float((w * (w @ dd)).sum())
     return Problem(

@@ -32,6 +32,7 @@ from onnxq.qparams import QParams
 from onnxq.recover.adaround import ChosenWeight, adaround
 from onnxq.recover.cle import equalize
 from onnxq.recover.prefix import PASSES, prefix_calibrate
+from onnxq.recover.seqround import sequential_adaround
 from onnxq.recover.sequential import sequential_correction
 from onnxq.recover.smoothquant import smooth
 
@@ -191,15 +192,23 @@ def choose_weights(
     data: Iterable[Batch] | None,
     inputs: list[InputSpec],
     recovery: Recovery,
+    qparams: dict[str, QParams],
 ) -> dict[str, ChosenWeight]:
-    """AdaRound's integer weights (``adaround: true``), by weight tensor."""
+    """AdaRound's integer weights (``adaround: true``), by weight tensor; ``qparams``: the
+    activation ranges (what ``adaround_mode: sequential`` quantizes the prefix with)."""
     if not options.adaround or not _readable_again(data, "adaround", recovery, model):
         return {}
     assert data is not None
-    chosen, layers = adaround(
-        model, annotations, profile, options, calibration, weights, data, inputs
-    )
+    if options.adaround_mode == "sequential":
+        chosen, layers = sequential_adaround(
+            model, annotations, qparams, profile, options, calibration, weights, data, inputs
+        )
+    else:
+        chosen, layers = adaround(
+            model, annotations, profile, options, calibration, weights, data, inputs
+        )
     recovery.sections["adaround"] = {
+        "mode": options.adaround_mode,
         "steps": options.adaround_steps,
         "learned": sum(layer.kept == "learned" for layer in layers),
         "layers": [layer.to_dict() for layer in layers],
@@ -299,7 +308,10 @@ def summary(sections: dict[str, Any]) -> str:
         parts.append(f"prefix calibration ({sections['calibration']['passes']} passes)")
     if "adaround" in sections:
         layers = sections["adaround"]["layers"]
-        parts.append(f"AdaRound learned {sections['adaround']['learned']} of {len(layers)} layers")
+        mode = " (sequential)" if sections["adaround"].get("mode") == "sequential" else ""
+        parts.append(
+            f"AdaRound{mode} learned {sections['adaround']['learned']} of {len(layers)} layers"
+        )
     if "sequential_correction" in sections:
         seq = sections["sequential_correction"]
         parts.append(

@@ -51,3 +51,30 @@ def test_torch_chooses_the_same_integers_as_numpy():
     b = rounding.learn_rounding(p, 400, use_torch=True)
     assert (a == b).mean() > 0.99
     assert p.error(b) == pytest.approx(p.error(a), rel=0.02)
+
+
+def asymmetric_problem(fix_input_mean: bool, seed: int = 3, rows: int = 2048):
+    """A layer whose quantized input is its float input plus a shift and noise."""
+    _, x_f, w, scale = correlated_problem(seed, groups=2, rows=rows)
+    r = np.random.default_rng(seed + 10)
+    x_q = x_f + 0.3 + 0.2 * r.standard_normal(x_f.shape)
+    q, f = x_q.transpose(0, 2, 1), x_f.transpose(0, 2, 1)
+    stats = GramStats(q @ x_q, q @ x_f, f @ x_f, rows, x_q.sum(axis=1), x_f.sum(axis=1))
+    return rounding.problem(w, scale, stats, 127, fix_input_mean), x_q, x_f, w, scale
+
+
+@pytest.mark.parametrize("fix_input_mean", [True, False])
+def test_the_asymmetric_form_is_the_error_against_the_float_output(fix_input_mean):
+    p, x_q, x_f, w, scale = asymmetric_problem(fix_input_mean)
+    ints = p.nearest()
+    target = x_f @ w.transpose(0, 2, 1)
+    if not fix_input_mean:  # the input error's mean shift, passed through, is part of the target
+        target = target + (x_q - x_f).mean(axis=1, keepdims=True) @ w.transpose(0, 2, 1)
+    direct = np.mean((x_q @ (ints * scale).transpose(0, 2, 1) - target) ** 2)
+    assert p.error(ints) == pytest.approx(direct, rel=0.02)
+
+
+def test_learned_rounding_takes_up_part_of_the_input_error():
+    p, *_ = asymmetric_problem(True)
+    learned = rounding.learn_rounding(p, 400)
+    assert p.error(learned) < p.error(p.nearest())
