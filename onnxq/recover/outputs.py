@@ -1,5 +1,6 @@
-"""What sequential bias correction runs: onnxruntime sessions of a model pruned to one tensor,
-and the error of a model's outputs against the float model's on the calibration batches."""
+"""What the layer-by-layer recovery steps (sequential bias correction, sequential AdaRound) run:
+onnxruntime sessions of a model pruned to one tensor, and the error of a model's outputs against
+the float model's on the calibration batches."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import onnx
 
 from onnxq import ir
 from onnxq.data import check_batch
-from onnxq.errors import InternalError, UnsupportedModelError
+from onnxq.errors import InternalError, UnsupportedModelError, one_line
 from onnxq.inputs import Batch, InputSpec
 
 
@@ -80,7 +81,8 @@ def pruned_session(model: onnx.ModelProto, tensor: str | None, what: str) -> Any
             return make_session(view, optimize=False)
     except UnsupportedModelError as exc:  # the float model itself loaded for calibration
         raise InternalError(
-            f"onnxruntime cannot load onnxq's {what} copy for sequential correction: {exc}",
+            f"onnxruntime cannot load onnxq's {what} copy of the model for a layer-by-layer "
+            f"recovery step (sequential correction or AdaRound): {exc}",
             onnxruntime_failed=True,
         ) from None
 
@@ -91,8 +93,8 @@ def run_session(session: Any, tensor: str | None, batch: Batch, index: int) -> l
         values = session.run([tensor] if tensor is not None else None, batch)
     except Exception as exc:  # the float model ran on this batch during calibration
         raise InternalError(
-            f"onnxruntime fails on onnxq's sequential-correction copy on calibration batch "
-            f"{index}: {' '.join(str(exc).split())[:300]}",
+            f"onnxruntime fails on onnxq's copy of the model for a layer-by-layer recovery step "
+            f"(sequential correction or AdaRound) on calibration batch {index}: {one_line(exc)}",
             onnxruntime_failed=True,
         ) from None
     return [np.asarray(v, dtype=np.float64) for v in values]
