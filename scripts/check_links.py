@@ -20,7 +20,7 @@ CODE = re.compile(r"```.*?```", re.DOTALL)
 
 def slug(heading: str) -> str:
     """The anchor mkdocs (Python-Markdown's toc) gives a heading."""
-    text = re.sub(r"[`*_]", "", heading).strip().lower()
+    text = re.sub(r"[`*]", "", heading).strip().lower()  # `_` stays: toc keeps it (\w)
     text = re.sub(r"[^\w\s-]", "", text)
     return re.sub(r"[\s-]+", "-", text).strip("-")
 

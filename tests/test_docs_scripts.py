@@ -68,10 +68,11 @@ def test_results_page_without_inputs_measures_nothing_it_was_not_given(tmp_path)
 
 def test_link_checker_finds_missing_files_and_anchors(tmp_path):
     links = load_script("check_links")
-    (tmp_path / "b.md").write_text("# Title\n\n## Exit codes and `outputs`\n")
+    (tmp_path / "b.md").write_text("# Title\n\n## Exit codes and `outputs`\n\n## A (`a_mode: x`)\n")
     doc = tmp_path / "a.md"
     doc.write_text(
         "[ok](b.md#exit-codes-and-outputs) [web](https://example.org/x) [self](#top)\n"
+        "[underscore kept, as mkdocs does](b.md#a-a_mode-x)\n"
         "[gone](c.md) [bad](b.md#nope)\n```\n[in code](d.md)\n```\n# Top\n"
     )
     links.ROOT = tmp_path
