@@ -47,6 +47,7 @@ from onnxq.prepare import ModelLike, prepare
 from onnxq.ranges import activation_ranges
 from onnxq.recover.stages import (
     Recovery,
+    Steps,
     choose_weights,
     correct_sequentially,
     recalibrate,
@@ -224,9 +225,10 @@ def quantize(
                 data, heldout, inputs, cfg.accuracy.heldout_batches, batch_size, cfg.preprocess
             )
         recovery = Recovery()  # accuracy recovery (onnxq.recover): exact float rewrites first
+        steps = Steps(profile, cfg.recovery, cfg.calibration, cfg.weights, data, inputs, recovery)
         prepared.model = rewrite_float(
-            prepared.model, profile, cfg.recovery, cfg.placement, cfg.calibration, data, inputs,
-            recovery, cached=save_calibration is not None or load_calibration is not None,
+            steps, prepared.model, cfg.placement,
+            cached=save_calibration is not None or load_calibration is not None,
         )  # fmt: skip
         graph = ir.Graph(prepared.model)
         facts, view = GraphFacts.of(graph, profile), GraphView.of(graph, profile)
@@ -246,11 +248,10 @@ def quantize(
         mixed = None
         if goal is not None:
             searched = search_statistics(
-                prepared.model, measure, placement.annotations, placement.statistics,
+                steps, prepared.model, measure, placement.annotations, placement.statistics,
                 lambda measured: activation_ranges(
                     placement.annotations, measured.stats, profile, cfg.percentile
                 ).qparams,
-                profile, cfg.recovery, cfg.calibration, cfg.weights, data, inputs, recovery,
             )  # fmt: skip
             mixed = search(
                 goal, kept_out, prepared.model, facts, profile, cfg, searched, placement, executor
@@ -268,8 +269,7 @@ def quantize(
             )
         ranges = activation_ranges(annotations, statistics.stats, profile, cfg.percentile)
         again = recalibrate(
-            prepared.model, annotations, ranges.qparams, statistics, profile, cfg.recovery,
-            cfg.calibration, cfg.weights, data, inputs, recovery,
+            steps, prepared.model, annotations, ranges.qparams, statistics,
             lambda measured: activation_ranges(
                 annotations, measured.stats, profile, cfg.percentile
             ).qparams,
@@ -277,20 +277,14 @@ def quantize(
         if again is not None:  # quantized-prefix ranges
             statistics = again
             ranges = activation_ranges(annotations, statistics.stats, profile, cfg.percentile)
-        chosen = choose_weights(
-            prepared.model, annotations, profile, cfg.recovery, cfg.calibration, cfg.weights,
-            data, inputs, recovery, ranges.qparams,
-        )  # fmt: skip
+        chosen = choose_weights(steps, prepared.model, annotations, ranges.qparams)
         bias = None
         if cfg.bias_correction and data is not None:
             bias = bias_correction_pass(
                 prepared.model, annotations, profile, cfg.weights, data, inputs,
                 cfg.max_batches, chosen,
             )  # fmt: skip
-        correct_sequentially(
-            prepared.model, annotations, ranges.qparams, profile, cfg.recovery, cfg.calibration,
-            cfg.weights, data, inputs, recovery, chosen,
-        )  # fmt: skip
+        correct_sequentially(steps, prepared.model, annotations, ranges.qparams, chosen)
         # the float outputs first: their session is gone before the quantized model is built
         reference = float_reference(
             prepared.take_reference(), prepared.model, statistics.held, profile

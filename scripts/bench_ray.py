@@ -131,11 +131,11 @@ def _folder(model: str, batches: int, root: Path) -> Path:
     return folder
 
 
-class _Recording:
+class Recording:
     """An in-process executor that records the pickled size of what a Ray task would carry:
     the context (once per worker), each shard (the task's argument) and each result."""
 
-    def __init__(self, shard_batches: int) -> None:
+    def __init__(self, shard_batches: int | None = None) -> None:
         from onnxq.scale import InProcess
 
         self.inner, self.shard_batches, self.parallelism = InProcess(), shard_batches, 1
@@ -166,7 +166,7 @@ def _travel(model: str, calib: Path, shard: int) -> str:
     small.mkdir()
     for path in sorted(calib.glob("*.npz"))[: 2 * shard]:
         (small / path.name).symlink_to(path.resolve())
-    recording = _Recording(shard)
+    recording = Recording(shard)
     onnxq.quantize(model, small, progress=False, executor=recording)
     kib = 1024
     return (

@@ -18,47 +18,20 @@ import argparse
 import hashlib
 import json
 import os
-import pickle
 import platform
 import resource
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from bench_ray import _cpu, ray_worker_peaks, start_ray
+from bench_ray import Recording, _cpu, ray_worker_peaks, start_ray
 from zoo_paths import MODELS, calibration_folder
 
-
-class _RecordingInProcess:
-    """The trials' default executor, recording the pickled size of what a Ray task would
-    carry: the context (once per worker), each trial (the task's argument) and each score."""
-
-    context: ClassVar[int] = 0
-    shards: ClassVar[list[int]] = []
-    results: ClassVar[list[int]] = []
-
-    def __init__(self) -> None:
-        from onnxq.scale import InProcess
-
-        self.inner = InProcess()
-        self.parallelism, self.shard_batches = 1, None
-
-    def map(self, task: Any, setup: Any, context: Any, shards: Any) -> Iterator[Any]:
-        cls = _RecordingInProcess
-        cls.context = max(cls.context, len(pickle.dumps(context)))
-
-        def recorded() -> Iterator[Any]:
-            for shard in shards:
-                cls.shards.append(len(pickle.dumps(shard)))
-                yield shard
-
-        for result in self.inner.map(task, setup, context, recorded()):
-            cls.results.append(len(pickle.dumps(result)))
-            yield result
+# the trials' default executor, recording what a Ray task would carry (one for the whole run)
+RECORDED = Recording()
 
 
 def _child(args: argparse.Namespace) -> None:
@@ -68,7 +41,7 @@ def _child(args: argparse.Namespace) -> None:
 
     executor, startup = start_ray(args.workers) if args.child == "ray" else (None, 0.0)
     if executor is None:
-        onnxq.sensitivity.InProcess = _RecordingInProcess  # type: ignore[attr-defined,misc]
+        onnxq.sensitivity.InProcess = lambda: RECORDED  # type: ignore[attr-defined,assignment]
     began = time.perf_counter()
     result = onnxq.quantize(
         args.model,
@@ -93,10 +66,10 @@ def _child(args: argparse.Namespace) -> None:
         "kept": [k["node"] for k in record.get("kept_float", [])],
         "score": record.get("score"),
         "travel": {
-            "context": _RecordingInProcess.context,
-            "shard_max": max(_RecordingInProcess.shards, default=0),
-            "shard_median": statistics.median(_RecordingInProcess.shards or [0]),
-            "result_max": max(_RecordingInProcess.results, default=0),
+            "context": RECORDED.context,
+            "shard_max": max(RECORDED.shards, default=0),
+            "shard_median": statistics.median(RECORDED.shards or [0]),
+            "result_max": max(RECORDED.results, default=0),
         },
     }
     print(json.dumps(line))

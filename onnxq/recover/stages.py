@@ -50,22 +50,29 @@ class Recovery:
         return dict(self.sections)
 
 
+@dataclass(frozen=True)
+class Steps:
+    """What every recovery step reads (the backend, the options, the calibration data) and
+    where it says what it did (``recovery``)."""
+
+    profile: BackendProfile
+    options: RecoveryOptions
+    calibration: CalibrationOptions
+    weights: WeightOptions
+    data: Iterable[Batch] | None
+    inputs: list[InputSpec]
+    recovery: Recovery
+
+
 def rewrite_float(
-    model: onnx.ModelProto,
-    profile: BackendProfile,
-    options: RecoveryOptions,
-    placement: PlacementOptions,
-    calibration: CalibrationOptions,
-    data: Iterable[Batch] | None,
-    inputs: list[InputSpec],
-    recovery: Recovery,
-    cached: bool = False,
+    steps: Steps, model: onnx.ModelProto, placement: PlacementOptions, cached: bool = False
 ) -> onnx.ModelProto:
     """CLE and SmoothQuant on ``model`` (edited in place, returned with shapes inferred).
 
     ``cached``: the run saves or loads a calibration cache, whose statistics are those of the
     model as given: both steps are skipped (a cache saved with them would not fit a model
     loaded without them, nor the reverse)."""
+    options, recovery, data = steps.options, steps.recovery, steps.data
     if cached:
         why = "skipped: a calibration cache holds the statistics of the model without it"
         if options.cle:
@@ -84,17 +91,17 @@ def rewrite_float(
             "pairs": [p.to_dict() for p in pairs],
         }
     alpha = options.smoothquant
-    tensors = _matmul_inputs(model, profile, placement) if alpha > 0 else []
+    tensors = _matmul_inputs(model, steps.profile, placement) if alpha > 0 else []
     if tensors and _readable_again(data, "smoothquant", recovery, said=recovery.notes):
         assert data is not None
         model, smoothed = smooth(
             model,
             tensors,
             data,
-            inputs,
+            steps.inputs,
             alpha=float(alpha),
-            max_batches=calibration.max_batches,
-            progress=calibration.progress,
+            max_batches=steps.calibration.max_batches,
+            progress=steps.calibration.progress,
             min_spread=options.smoothquant_min_spread,
         )
         recovery.sections["smoothquant"] = {
@@ -107,30 +114,25 @@ def rewrite_float(
 
 
 def recalibrate(
+    steps: Steps,
     model: onnx.ModelProto,
     annotations: Annotations,
     qparams: dict[str, QParams],
     result: CalibrationResult,
-    profile: BackendProfile,
-    options: RecoveryOptions,
-    calibration: CalibrationOptions,
-    weights: WeightOptions,
-    data: Iterable[Batch] | None,
-    inputs: list[InputSpec],
-    recovery: Recovery,
     qparams_of: Callable[[CalibrationResult], dict[str, QParams]],
 ) -> CalibrationResult | None:
     """Statistics measured again with the prefix quantized (``calibration_mode: prefix``), or None
     (keep the float ones)."""
-    if options.calibration_mode != "prefix":
+    if steps.options.calibration_mode != "prefix":
         return None
-    if not _readable_again(data, "prefix calibration", recovery, model):
+    if not _readable_again(steps.data, "prefix calibration", steps.recovery, model):
         return None
-    assert data is not None
+    assert steps.data is not None
     again = prefix_calibrate(
-        model, annotations, qparams, result, profile, calibration, weights, data, inputs, qparams_of
-    )
-    recovery.sections["calibration"] = {
+        model, annotations, qparams, result, steps.profile, steps.calibration, steps.weights,
+        steps.data, steps.inputs, qparams_of,
+    )  # fmt: skip
+    steps.recovery.sections["calibration"] = {
         "mode": "prefix",
         "passes": PASSES,
         "tensors": len([a for a in annotations.of_kind("activation") if a.tensor in result.stats]),
@@ -153,61 +155,41 @@ class Overlaid:
 
 
 def search_statistics(
+    steps: Steps,
     model: onnx.ModelProto,
     measure: Callable[[Mapping[str, bool]], CalibrationResult],
     annotations: Annotations,
     first: CalibrationResult,
     qparams_of: Callable[[CalibrationResult], dict[str, QParams]],
-    profile: BackendProfile,
-    options: RecoveryOptions,
-    calibration: CalibrationOptions,
-    weights: WeightOptions,
-    data: Iterable[Batch] | None,
-    inputs: list[InputSpec],
-    recovery: Recovery,
 ) -> Callable[[Mapping[str, bool]], CalibrationResult]:
     """The ``measure`` the ``--target`` search scores its trials with: with
     ``calibration_mode: prefix``, the all-INT8 placement's quantized-prefix statistics over
     ``measure``'s (``annotations`` and ``first``: that placement and its statistics; the
     search then starts from the ranges the run will write), else ``measure``."""
-    if options.calibration_mode != "prefix":
+    if steps.options.calibration_mode != "prefix":
         return measure
-    again = recalibrate(
-        model, annotations, qparams_of(first), first, profile, options, calibration, weights,
-        data, inputs, recovery, qparams_of,
-    )  # fmt: skip
+    again = recalibrate(steps, model, annotations, qparams_of(first), first, qparams_of)
     if again is None:
         return measure
-    recovery.sections["search_on_prefix_ranges"] = True
+    steps.recovery.sections["search_on_prefix_ranges"] = True
     return Overlaid(measure, again)
 
 
 def choose_weights(
-    model: onnx.ModelProto,
-    annotations: Annotations,
-    profile: BackendProfile,
-    options: RecoveryOptions,
-    calibration: CalibrationOptions,
-    weights: WeightOptions,
-    data: Iterable[Batch] | None,
-    inputs: list[InputSpec],
-    recovery: Recovery,
-    qparams: dict[str, QParams],
+    steps: Steps, model: onnx.ModelProto, annotations: Annotations, qparams: dict[str, QParams]
 ) -> dict[str, ChosenWeight]:
     """AdaRound's integer weights (``adaround: true``), by weight tensor; ``qparams``: the
     activation ranges (what ``adaround_mode: sequential`` quantizes the prefix with)."""
-    if not options.adaround or not _readable_again(data, "adaround", recovery, model):
+    options, data = steps.options, steps.data
+    if not options.adaround or not _readable_again(data, "adaround", steps.recovery, model):
         return {}
     assert data is not None
+    common = (steps.profile, options, steps.calibration, steps.weights, data, steps.inputs)
     if options.adaround_mode == "sequential":
-        chosen, layers = sequential_adaround(
-            model, annotations, qparams, profile, options, calibration, weights, data, inputs
-        )
+        chosen, layers = sequential_adaround(model, annotations, qparams, *common)
     else:
-        chosen, layers = adaround(
-            model, annotations, profile, options, calibration, weights, data, inputs
-        )
-    recovery.sections["adaround"] = {
+        chosen, layers = adaround(model, annotations, *common)
+    steps.recovery.sections["adaround"] = {
         "mode": options.adaround_mode,
         "steps": options.adaround_steps,
         "learned": sum(layer.kept == "learned" for layer in layers),
@@ -217,30 +199,25 @@ def choose_weights(
 
 
 def correct_sequentially(
+    steps: Steps,
     model: onnx.ModelProto,
     annotations: Annotations,
     qparams: dict[str, QParams],
-    profile: BackendProfile,
-    options: RecoveryOptions,
-    calibration: CalibrationOptions,
-    weights: WeightOptions,
-    data: Iterable[Batch] | None,
-    inputs: list[InputSpec],
-    recovery: Recovery,
     chosen: dict[str, ChosenWeight],
 ) -> None:
     """Biases of ``model`` corrected layer by layer (``sequential_correction: true``)."""
-    if not options.sequential_correction:
+    data, calibration = steps.data, steps.calibration
+    if not steps.options.sequential_correction:
         return
-    if not _readable_again(data, "sequential correction", recovery, model):
+    if not _readable_again(data, "sequential correction", steps.recovery, model):
         return
     assert data is not None
     layers = sequential_correction(
-        model, annotations, qparams, profile, weights, data, inputs,
+        model, annotations, qparams, steps.profile, steps.weights, data, steps.inputs,
         calibration.max_batches, chosen, calibration.progress,
         calibration.memory_budget_mb * 2**20,
     )  # fmt: skip
-    recovery.sections["sequential_correction"] = {
+    steps.recovery.sections["sequential_correction"] = {
         "corrected": sum(layer.kept for layer in layers),
         "layers": [layer.to_dict() for layer in layers],
     }
