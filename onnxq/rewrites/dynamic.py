@@ -43,11 +43,10 @@ int8 rounding under one scale for the whole tensor keeps an SQNR of at least thi
 kernels take a per-column scale down a slower path when few rows are multiplied (x86-vnni,
 onnxruntime 1.32, one thread, DynamicQuantizeMatMul at one row: 576x1536 22% slower, the
 576x49152 LM head 17%, 1536x576 6%; at 512 rows 0-1%): a language model's one-token generation
-step feels it. Measured (docs/precisions.md): smollm2_135m, perplexity over 8 windows, per column
-everywhere 22.14 / auto 22.64 (143 of 211 weights one scale) / one scale everywhere but the up
-projections whose outlier columns are divided 23.31 (quantize_dynamic 31.99); all_minilm_l6_v2
-embedding cosine 0.9935 / 0.9925 (28 of 36) / one scale everywhere 0.9669 (quantize_dynamic
-0.9660)."""
+step feels it. Measured (docs/precisions.md): smollm2_135m, perplexity over 8 windows, channel
+22.14 / auto 22.77 (141 of 211 weights one scale) / tensor 23.65 (204: all but the up
+projections whose outlier columns are divided; quantize_dynamic 31.99); all_minilm_l6_v2
+embedding cosine 0.9935 / 0.9934 (28 of 36) / 0.9858 (quantize_dynamic 0.9660)."""
 
 
 def _weighted(m: Match, ctx: Context, k: int, n: int, gated: bool = False) -> Claim | Decline:
