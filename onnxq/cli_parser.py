@@ -333,7 +333,8 @@ def _target_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _precision_flags(parser: argparse.ArgumentParser) -> None:
-    """--precision and --dynamic (docs/precisions.md)."""
+    """--precision, --dynamic and --dynamic-weight-scales (docs/precisions.md)."""
+    from onnxq.options import DYNAMIC_WEIGHT_SCALES
     from onnxq.precisions import PRECISIONS
 
     parser.add_argument(
@@ -346,9 +347,16 @@ def _precision_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dynamic",
         action="store_true",
-        help="dynamic quantization (--backend onnxruntime): int8 weights per channel, "
-        "activations quantized at run time; no --calib needed (given, it feeds the fidelity "
-        "check)",
+        help="dynamic quantization (--backend onnxruntime): int8 weights, activations "
+        "quantized at run time; no --calib needed (given, it feeds the fidelity check)",
+    )
+    parser.add_argument(
+        "--dynamic-weight-scales",
+        choices=list(DYNAMIC_WEIGHT_SCALES),
+        help="with --dynamic: one scale per weight where that keeps its SQNR >= 30 dB, else "
+        "one per output column (auto, default; onnxruntime runs one scale faster on few rows, "
+        "as in a one-token generation step), one per column everywhere (channel: most "
+        "accurate) or one per weight everywhere (tensor: fastest)",
     )
 
 

@@ -58,6 +58,7 @@ def quantize_command(args: argparse.Namespace) -> int:
         preprocess=args.preprocess,
         precision=args.precision,
         dynamic=True if args.dynamic else None,
+        dynamic_weight_scales=args.dynamic_weight_scales,
         weight_only=args.weights,
         block_size=args.block_size,
         weight_algorithm=args.algorithm,

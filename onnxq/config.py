@@ -30,6 +30,7 @@ from onnxq.backends.profile import BACKENDS
 from onnxq.device import is_device
 from onnxq.errors import ConfigError
 from onnxq.options import (
+    DYNAMIC_WEIGHT_SCALES,
     TARGET_COSTS,
     AccuracyOptions,
     CalibrationOptions,
@@ -155,10 +156,16 @@ class QuantConfig:
             (the default), ``int16`` (16-bit activations, 8-bit weights, A16W8; onnxruntime
             backend) or ``fp8`` (FP8 E4M3 activations and weights; TensorRT backend, opset
             >= 19); an override's ``precision`` mixes them per tensor or op.
-        dynamic: dynamic quantization (onnxruntime backend): int8 weights per channel, written
-            ahead of time; activations quantized at run time by onnxruntime's
+        dynamic: dynamic quantization (onnxruntime backend): int8 weights written ahead of
+            time; activations quantized at run time by onnxruntime's
             DynamicQuantizeMatMul / MatMulIntegerToFloat / DynamicQuantizeLSTM kernels.  No
             calibration data is needed (given, it only feeds the fidelity check).
+        dynamic_weight_scales: with ``dynamic``, a MatMul/Gemm weight's scales: ``auto`` (one
+            scale for the whole weight where that keeps its SQNR >= 30 dB, else one per output
+            column: onnxruntime runs one scale faster when few rows are multiplied, as in a
+            one-token generation step), ``channel`` (one per column: the most accurate) or
+            ``tensor`` (one per weight: the fastest).  An override's ``per_channel: false``
+            gives the matched weights one scale.
         reduce_range: 7-bit int8 weights for the onnxruntime backend (its u8s8 CPU kernels
             saturate int16 sums on x86 CPUs without VNNI), or full-range int8 (False);
             ``None`` decides from ``target_cpu`` (uint8-stored 8-bit weights on ``x86-avx2``).
@@ -252,6 +259,9 @@ class QuantConfig:
     weak_position_fraction: float = option(0.25, must(lambda v: 0.0 < v <= 1.0, "be in (0, 1]"))
     precision: str = option("int8", lambda name, value: check_precision(value, name))
     dynamic: bool = option(False)
+    dynamic_weight_scales: str = option(
+        "auto", one_of(lambda: DYNAMIC_WEIGHT_SCALES, "weight scales")
+    )
     reduce_range: bool | None = option(None)
     target_cpu: str | None = option(None, lambda name, value: _check_cpu_class(value, name))
     cost_table: str | None = option(None)

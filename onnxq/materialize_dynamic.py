@@ -4,11 +4,12 @@ Called by :func:`onnxq.materialize.materialize` for a dynamic profile.  Each op 
 claimed (``onnxq.rewrites.dynamic``) is replaced by its kernel in onnxruntime's ``com.microsoft``
 domain, under the same output names, in the graph it sits in (an If/Loop/Scan body's too):
 
-* MatMul / Gemm -> ``DynamicQuantizeMatMul(A, B_int8[K, N], b_scale[N], , bias)``:
-  the weight quantized per output column ahead of time (a Gemm's ``alpha`` folded into the
+* MatMul / Gemm -> ``DynamicQuantizeMatMul(A, B_int8[K, N], b_scale, , bias)``: the weight
+  quantized ahead of time, per output column (``b_scale[N]``) or with one scale where placement
+  gave it one (``onnxq.rewrites.dynamic.ONE_SCALE_SQNR_DB``; a Gemm's ``alpha`` folded into the
   scales, ``beta * C`` into the bias, a MatMul's bias Add that the rule fused taken in as the
-  bias), ``A`` quantized per tensor to uint8 by the kernel at run time; an ``A`` that several
-  of them read (attention's q, k and v projections) is quantized once by a
+  bias), ``A`` quantized per tensor to uint8 by the kernel at run time; an ``A`` that several of
+  them read (attention's q, k and v projections) is quantized once by a
   ``DynamicQuantizeLinear`` and read by ``MatMulIntegerToFloat`` kernels;
 * a MatMul reading a gated product (SwiGLU's down projection) -> the same kernel on the product
   with its outlier channels zeroed, plus a float MatMul of those channels' rows
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -46,6 +47,19 @@ OUTLIER_SHRINK = 1024.0
 # what the kernels quantize activations to at run time: per tensor, uint8, from the tensor's
 # own min/max on each call
 RUNTIME_METHOD = "dynamic: per tensor, uint8, min/max of each run"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """How a kernel's weight is quantized: integers within ``+-qmax``, the weight range
+    ``method``, one scale per output column (``per_column``) or one for the whole weight
+    (an LSTM's weights always take one per gate row); for a MatMul reading a gated product,
+    whether its up projection's weight columns may be divided (their own scales keep them)."""
+
+    qmax: int
+    method: str
+    per_column: bool
+    up_columns_divisible: bool = False  # a gated product's up projection keeps per-column scales
 
 
 def materialize_dynamic(
@@ -76,8 +90,8 @@ def materialize_dynamic(
             if key not in shared:
                 shared[key] = _quantize_once(scope, node.input[0])
             once = shared[key]
-        writer = WRITERS[decision.rule]
-        placed += writer(scope, node, profile.weight_qmax, options.weight_method, add, once)
+        kernel = _kernel(scope, node, annotations, profile, options)
+        placed += WRITERS[decision.rule](scope, node, kernel, add, once)
         done = replaced.setdefault(id(scope), (scope, []))[1]
         done += [node] if add is None else [node, add]
     for scope, nodes in replaced.values():
@@ -92,6 +106,30 @@ def materialize_dynamic(
     placed = _merged(placed)
     write_metadata(model, placed, profile.target_cpu)
     return placed
+
+
+def _kernel(
+    graph: ir.Graph,
+    node: onnx.NodeProto,
+    annotations: Annotations,
+    profile: BackendProfile,
+    options: WeightOptions,
+) -> Kernel:
+    """How ``node``'s weight is quantized: per column unless placement gave it one scale; a
+    gated product's up projection may carry its outlier columns only if it keeps per-column
+    scales (one scale for the whole weight would round those divided columns to zero)."""
+
+    def per_column(weight: str) -> bool:
+        entry = annotations.tensors.get(weight)
+        return entry is None or entry.axis is not None
+
+    up = linear_factor(graph, node) if node.op_type == "MatMul" else None
+    return Kernel(
+        profile.weight_qmax,
+        options.weight_method,
+        per_column(node.input[1]),
+        up is not None and per_column(up.input[1]),
+    )
 
 
 def _input_key(scope: ir.Graph, node: onnx.NodeProto) -> tuple[int, str]:
@@ -142,26 +180,24 @@ def _const(graph: ir.Graph, name: str) -> np.ndarray:
 def _matmul(
     graph: ir.Graph,
     node: onnx.NodeProto,
-    qmax: int,
-    method: str,
+    kernel: Kernel,
     add: onnx.NodeProto | None = None,
     once: tuple[str, str, str] | None = None,
 ) -> list[Placed]:
     """MatMul or Gemm (and the bias ``add`` after a MatMul) -> DynamicQuantizeMatMul, or
     MatMulIntegerToFloat when the input was quantized ``once`` for several readers."""
     w, bias, output = _weight_and_bias(graph, node, add)
-    qp = _write_kernel(graph, node, node.input[0], w, bias, output, qmax, method, once)
+    qp = _write_kernel(graph, node, node.input[0], w, bias, output, kernel, once)
     return [
         _runtime_activation(node.input[0], node),
-        Placed(node.input[1], "weight", qp, ((node.name, 1),), _bits(qmax), "int8"),
+        Placed(node.input[1], "weight", qp, ((node.name, 1),), _bits(kernel.qmax), "int8"),
     ]
 
 
 def _gated_matmul(
     graph: ir.Graph,
     node: onnx.NodeProto,
-    qmax: int,
-    method: str,
+    kernel: Kernel,
     add: onnx.NodeProto | None = None,
     once: tuple[str, str, str] | None = None,
 ) -> list[Placed]:
@@ -175,10 +211,10 @@ def _gated_matmul(
     if channels is None:
         raise InternalError(f"{node.name!r}: the MatMuls of its gated input were lost")
     if not channels.size:
-        return _matmul(graph, node, qmax, method)
+        return _matmul(graph, node, kernel)
     w, _, output = _weight_and_bias(graph, node, None)
     tensor, base, shrink = node.input[0], node.name, np.float32(1.0)
-    up = linear_factor(graph, node)
+    up = linear_factor(graph, node) if kernel.up_columns_divisible else None
     if up is not None:  # the up projection writes h_J / s: exact, s is a power of two
         shrink = np.float32(OUTLIER_SHRINK)
         columns = _const(graph, up.input[1]).astype(np.float32)  # a copy
@@ -194,7 +230,7 @@ def _gated_matmul(
     inliers = w.copy()
     inliers[channels] = 0.0
     main = graph.unique_name(f"{output}_inliers")
-    qp = _write_kernel(graph, node, masked, inliers, None, main, qmax, method, None)
+    qp = _write_kernel(graph, node, masked, inliers, None, main, kernel, None)
     index = graph.add_initializer(graph.unique_name(f"{base}_outlier_channels"), channels)
     rows = graph.add_initializer(graph.unique_name(f"{base}_outlier_rows"), w[channels] * shrink)
     picked, side = graph.unique_name(f"{tensor}_outliers"), graph.unique_name(f"{output}_outliers")
@@ -205,7 +241,7 @@ def _gated_matmul(
     graph.add_node("Add", [main, side], [output], graph.unique_name(f"{base}_outlier_add"))
     return [
         _runtime_activation(masked, node),
-        Placed(node.input[1], "weight", qp, ((node.name, 1),), _bits(qmax), "int8"),
+        Placed(node.input[1], "weight", qp, ((node.name, 1),), _bits(kernel.qmax), "int8"),
     ]
 
 
@@ -216,8 +252,7 @@ def _write_kernel(
     w: np.ndarray,
     bias: np.ndarray | None,
     output: str,
-    qmax: int,
-    method: str,
+    kernel: Kernel,
     once: tuple[str, str, str] | None,
 ) -> QParams:
     """The kernel that multiplies ``tensor`` by ``w`` (int8 per column) into ``output``; the
@@ -225,9 +260,9 @@ def _write_kernel(
     empty (a tensor of zeros, one per column, sends onnxruntime's GEMM down its per-column
     zero-point path for nothing)."""
     weight_name = node.input[1]
-    qp = weight_qparams(w, 1, qmax, method)
+    qp = weight_qparams(w, 1 if kernel.per_column else None, kernel.qmax, kernel.method)
     stored = graph.add_initializer(
-        graph.unique_name(f"{weight_name}_quantized"), quantize_weight(w, qp, qmax)
+        graph.unique_name(f"{weight_name}_quantized"), quantize_weight(w, qp, kernel.qmax)
     )
     scale = graph.add_initializer(graph.unique_name(f"{weight_name}_scale"), qp.scale)
     if np.any(qp.zero_point):
@@ -282,8 +317,7 @@ def _weight_and_bias(
 def _lstm(
     graph: ir.Graph,
     node: onnx.NodeProto,
-    qmax: int,
-    method: str,
+    kernel: Kernel,
     add: onnx.NodeProto | None = None,
     once: tuple[str, str, str] | None = None,
 ) -> list[Placed]:
@@ -296,8 +330,8 @@ def _lstm(
         value = _const(graph, name).astype(np.float32)  # [dirs, 4*hidden, n]
         dirs, rows, cols = value.shape
         flat = value.reshape(dirs * rows, cols)
-        qp = weight_qparams(flat, 0, qmax, method)
-        q = quantize_weight(flat, qp, qmax).reshape(dirs, rows, cols).transpose(0, 2, 1)
+        qp = weight_qparams(flat, 0, kernel.qmax, kernel.method)
+        q = quantize_weight(flat, qp, kernel.qmax).reshape(dirs, rows, cols).transpose(0, 2, 1)
         scale = qp.scale.reshape(dirs, rows)
         quantized += [
             graph.add_initializer(graph.unique_name(f"{name}_quantized"), q),
@@ -307,7 +341,9 @@ def _lstm(
             ),
         ]
         shown = QParams(scale, np.zeros((dirs, rows), np.int8), 1, qp.method, qp.low, qp.high)
-        placed.append(Placed(name, "weight", shown, ((node.name, index),), _bits(qmax), "int8"))
+        placed.append(
+            Placed(name, "weight", shown, ((node.name, index),), _bits(kernel.qmax), "int8")
+        )
     optional = [node.input[i] if i < len(node.input) else "" for i in range(3, 8)]
     w_q, w_scale, w_zero, r_q, r_scale, r_zero = quantized
     attrs = {k: v for k, v in ir.node_attrs(node).items() if k != "layout"}
@@ -328,7 +364,7 @@ def _bits(qmax: int) -> int:
 
 
 Writer = Callable[
-    [ir.Graph, onnx.NodeProto, int, str, onnx.NodeProto | None, tuple[str, str, str] | None],
+    [ir.Graph, onnx.NodeProto, Kernel, onnx.NodeProto | None, tuple[str, str, str] | None],
     list[Placed],
 ]
 # rules whose writer reads the float MatMuls before it (a gated product's gate and up), which

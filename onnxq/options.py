@@ -45,8 +45,9 @@ class TargetOptions:
 @dataclass(frozen=True)
 class PlacementOptions:
     """What placement reads: which nodes and tensors stay float, the per-tensor settings (the
-    run's precision among them), the small-op threshold and the thresholds of the data-driven
-    exclusions (:data:`onnxq.place.exclusions.EXCLUSIONS` names each by its field)."""
+    run's precision among them), the small-op threshold, the thresholds of the data-driven
+    exclusions (:data:`onnxq.place.exclusions.EXCLUSIONS` names each by its field) and how a
+    dynamic kernel's weight is scaled."""
 
     method: str
     precision: str
@@ -59,6 +60,7 @@ class PlacementOptions:
     concat_range_ratio: float
     weak_channel_fraction: float
     weak_position_fraction: float
+    dynamic_weight_scales: str
 
     def node_excluded(self, node_name: str, op_type: str) -> str | None:
         """The pattern that keeps this node float, or ``None``."""
@@ -156,6 +158,11 @@ class WeightOptions:
 
 
 # what the accuracy target's search minimises (onnxq.float_cost)
+DYNAMIC_WEIGHT_SCALES = ("auto", "channel", "tensor")
+"""``dynamic_weight_scales``: a dynamic kernel's weight scales: one per output column
+(``channel``), one for the whole weight (``tensor``), or per weight by
+:data:`onnxq.rewrites.dynamic.ONE_SCALE_SQNR_DB` (``auto``)."""
+
 TARGET_COSTS = ("layers", "macs")
 
 

@@ -189,6 +189,18 @@ def _mse_weight_range(
     return best
 
 
+def one_scale_sqnr_db(weight: np.ndarray, qmax: float = 127) -> float:
+    """The SQNR (dB) of ``weight`` rounded to integers within ``+-qmax`` under one scale for
+    the whole tensor (``amax / qmax``): its energy against uniform rounding noise of
+    ``scale**2 / 12`` per value (``inf`` for an all-zero weight)."""
+    w = np.asarray(weight, dtype=np.float64).reshape(-1)
+    amax = float(np.abs(w).max()) if w.size else 0.0
+    if amax <= _TINY:
+        return float("inf")
+    noise = (amax / qmax) ** 2 / 12.0
+    return float(10.0 * np.log10(float(np.vdot(w, w)) / w.size / noise))
+
+
 def quantize_weight(weight: np.ndarray, qp: QParams, qmax: float = 127) -> np.ndarray:
     """Values of ``weight`` under ``qp`` in the zero point's type (int8; FP8 E4M3), rounded
     half to even and saturated as QuantizeLinear does; integers within ``+-qmax``."""

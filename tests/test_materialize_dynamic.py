@@ -130,7 +130,9 @@ def test_a_gru_stays_float_and_its_matmul_does_not():
 def test_metadata_marks_activations_quantized_at_run_time(cpu, bits):
     # the dynamic kernels add u8 x s8 products in int16 pairs on AVX2 too: 7-bit weights there
     m = graphs.matmul_stack()
-    result = onnxq.quantize(m, backend="onnxruntime", dynamic=True, target_cpu=cpu)
+    result = onnxq.quantize(
+        m, backend="onnxruntime", dynamic=True, target_cpu=cpu, dynamic_weight_scales="channel"
+    )
     records = read_metadata(result.model)
     assert records is not None
     assert records["x"]["runtime"] is True and records["x"]["dtype"] == "uint8"
@@ -317,3 +319,51 @@ def test_the_kernels_weight_zero_point_is_left_out():
     kernels = [n for n in ours.graph.node if n.op_type == "DynamicQuantizeMatMul"]
     assert kernels and all(len(n.input) == 3 for n in kernels)
     assert not [t.name for t in ours.graph.initializer if "zero_point" in t.name]
+
+
+def kernel_scales(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    """Each dynamic kernel's weight-scale shape, by the kernel's output."""
+    inits = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    at = {"DynamicQuantizeMatMul": 2, "MatMulIntegerToFloat": 3}
+    return {n.output[0]: inits[n.input[at[n.op_type]]] for n in model.graph.node if n.op_type in at}
+
+
+@pytest.mark.parametrize("cpu", ["x86-vnni", "x86-avx2"])
+def test_auto_writes_one_scale_where_it_keeps_the_weight_and_columns_where_not(cpu):
+    m = graphs.matmul_stack()
+    w1 = next(t for t in m.graph.initializer if t.name == "w1")
+    loud = onnx.numpy_helper.to_array(w1).copy()
+    loud[:, :8] *= 30
+    w1.CopyFrom(onnx.numpy_helper.from_array(loud, "w1"))
+    x = np.random.default_rng(3).normal(0, 1, (4, 8, 128)).astype(np.float32)
+    out = {}
+    for mode in ("auto", "channel", "tensor"):
+        out[mode] = onnxq.quantize(
+            m, backend="onnxruntime", dynamic=True, target_cpu=cpu, dynamic_weight_scales=mode
+        ).model
+    assert kernel_scales(out["auto"]) == {"h": (256,), "y": ()}
+    assert kernel_scales(out["channel"]) == {"h": (256,), "y": (128,)}
+    assert kernel_scales(out["tensor"]) == {"h": (), "y": ()}
+    records = read_metadata(out["auto"])
+    assert records is not None and (records["w1"]["axis"], records["w2"]["axis"]) == (1, None)
+    skip_unless_fused_numerics_here(cpu)
+    ref = run(m, {"x": x})[0]
+    err = {mode: 1 - cosine(run(model, {"x": x})[0], ref) for mode, model in out.items()}
+    assert err["auto"] < 2 * err["channel"] and err["auto"] < 0.25 * err["tensor"]
+
+
+def test_an_up_projection_given_one_scale_leaves_its_columns_alone_and_masks_the_outliers():
+    from onnxq.overrides import Override
+
+    m = graphs.swiglu(outliers=(3, 17, 200))
+    x = np.random.default_rng(4).normal(0, 1, (2, 8, 128)).astype(np.float32)
+    forced = onnxq.quantize(
+        m,
+        backend="onnxruntime",
+        dynamic=True,
+        config={"overrides": [Override(node="up", per_channel=False)]},
+    ).model
+    assert kernel_scales(forced)["u"] == ()
+    # divided by 1024 under one scale the outlier columns would round to zero: a mask instead
+    assert graphs.op_types(forced).count("Mul") == 3
+    assert cosine(run(forced, {"x": x})[0], run(m, {"x": x})[0]) > 0.999

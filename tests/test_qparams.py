@@ -15,6 +15,7 @@ from onnxq.observers import METHODS
 from onnxq.qparams import (
     activation_qparams,
     dequantize_weight,
+    one_scale_sqnr_db,
     quantize_weight,
     range_to_qparams,
     weight_qparams,
@@ -227,3 +228,21 @@ def test_fp8_weight_is_per_channel_amax_and_keeps_three_mantissa_bits():
     back = dequantize_weight(q, qp)
     # E4M3 keeps 3 mantissa bits: every value within 1/16 of itself (2^-4 relative)
     assert np.all(np.abs(back - w) <= np.abs(w) / 16 + 1e-12)
+
+
+@pytest.mark.parametrize(("qmax", "loud"), [(127, 1.0), (63, 1.0), (127, 30.0)])
+def test_one_scale_sqnr_follows_the_rounding_noise_it_models(qmax, loud):
+    w = np.random.default_rng(0).normal(0, 0.1, (256, 128)).astype(np.float32)
+    w[:, :4] *= loud  # a few loud columns: one scale rounds the rest coarsely
+    qp = weight_qparams(w, None, qmax, "minmax")
+    noise = dequantize_weight(quantize_weight(w, qp, qmax), qp) - w
+    measured = 10 * np.log10(
+        np.sum(w.astype(np.float64) ** 2) / np.sum(noise.astype(np.float64) ** 2)
+    )
+    assert abs(one_scale_sqnr_db(w, qmax) - measured) < 0.5
+    assert one_scale_sqnr_db(np.zeros((4, 4), np.float32)) == float("inf")
+
+
+def test_one_scale_sqnr_loses_six_db_a_bit():
+    w = np.random.default_rng(1).normal(0, 1, (64, 64)).astype(np.float32)
+    assert one_scale_sqnr_db(w, 127) - one_scale_sqnr_db(w, 63) == pytest.approx(6.1, abs=0.05)

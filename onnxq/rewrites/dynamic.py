@@ -13,11 +13,13 @@ MatMuls).  Ops inside If/Loop/Scan bodies are placed like top-level ones.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import onnx
 
 from onnxq import ir
-from onnxq.rewrites.gated import OutlierSplit, outlier_channels
+from onnxq.qparams import one_scale_sqnr_db
+from onnxq.rewrites.gated import OutlierSplit, linear_factor, outlier_channels
 from onnxq.rewrites.pattern import Claim, Context, Decline, Match, Spec, claim, rule
 from onnxq.rewrites.rules import activation, activation_problem, small_decline, weight_spec
 
@@ -32,6 +34,19 @@ ratio 2 / at most 16 channels (27 of the 30 projections split) 22.01; ratio 4 / 
 22.14; ratio 6 / 8 (4 split) 23.18.  Each split costs a Gather, a small MatMul and an Add,
 which a 1-token step feels (0.5% of smollm2_135m's kernel time with 7); ratio 4 keeps the
 ones that matter."""
+
+
+ONE_SCALE_SQNR_DB = 30.0
+"""``dynamic_weight_scales="auto"`` (:data:`onnxq.options.DYNAMIC_WEIGHT_SCALES`): a weight whose
+int8 rounding under one scale for the whole tensor keeps an SQNR of at least this
+(``onnxq.qparams.one_scale_sqnr_db``) gets one scale; the others one per column. onnxruntime's
+kernels take a per-column scale down a slower path when few rows are multiplied (x86-vnni,
+onnxruntime 1.32, one thread, DynamicQuantizeMatMul at one row: 576x1536 22% slower, the
+576x49152 LM head 17%, 1536x576 6%; at 512 rows 0-1%): a language model's one-token generation
+step feels it. Measured (docs/precisions.md): smollm2_135m, perplexity over 8 windows, channel
+22.14 / auto 22.77 (141 of 211 weights one scale) / tensor 23.65 (204: all but the up
+projections whose outlier columns are divided; quantize_dynamic 31.99); all_minilm_l6_v2
+embedding cosine 0.9935 / 0.9934 (28 of 36) / 0.9858 (quantize_dynamic 0.9660)."""
 
 
 def _weighted(m: Match, ctx: Context, k: int, n: int, gated: bool = False) -> Claim | Decline:
@@ -54,7 +69,39 @@ def _weighted(m: Match, ctx: Context, k: int, n: int, gated: bool = False) -> Cl
             "costs more than it saves on so small a weight)"
         )
     w = weight_spec(m, ctx, 1)
-    return w if isinstance(w, Decline) else claim(activation(m, 0), w)
+    if isinstance(w, Decline):
+        return w
+    if w.axis is not None and _one_scale(m, ctx, gated):
+        w = replace(w, axis=None)
+    return claim(activation(m, 0), w)
+
+
+def _one_scale(m: Match, ctx: Context, gated: bool) -> bool:
+    """Whether the kernel's weight gets one scale for the whole tensor
+    (:data:`DYNAMIC_WEIGHT_SCALES`); never the up projection of a gated product whose outlier
+    channels are split out: materialize divides those columns by a large factor, and only
+    scales of their own keep their values."""
+    mode = ctx.options.dynamic_weight_scales
+    if mode == "channel" or (not gated and divided_columns(ctx.graph, m.node)):
+        return False
+    if mode == "tensor":
+        return True
+    w = ctx.graph.const_value(m.input(1))
+    return w is not None and one_scale_sqnr_db(w, ctx.profile.weight_qmax) >= ONE_SCALE_SQNR_DB
+
+
+def divided_columns(graph: ir.Graph, node: onnx.NodeProto) -> bool:
+    """Whether ``node`` is the up projection (:func:`onnxq.rewrites.gated.linear_factor`) of
+    a gated product whose down projection computes outlier channels in float: their weight
+    columns in ``node`` are divided by ``onnxq.materialize_dynamic.OUTLIER_SHRINK``."""
+    for product, _ in graph.consumers.get(node.output[0], []):
+        for down, _ in graph.consumers.get(product.output[0], []):
+            up = linear_factor(graph, down) if down.op_type == "MatMul" else None
+            if up is not None and up.name == node.name:
+                channels = outlier_channels(graph, down, GATED_OUTLIERS)
+                if channels is not None and channels.size:
+                    return True
+    return False
 
 
 @rule("dynamic_matmul", "MatMul")

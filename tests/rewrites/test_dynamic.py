@@ -12,7 +12,8 @@ from onnxq.place.engine import annotate
 from onnxq.place.facts import GraphFacts
 from tests import graphs
 
-CFG = QuantConfig(backend="onnxruntime", dynamic=True, target_cpu="x86-vnni")
+BASE = {"backend": "onnxruntime", "dynamic": True, "target_cpu": "x86-vnni"}
+CFG = QuantConfig(**BASE)
 DYNAMIC = profile_for(CFG.target)[0]
 
 
@@ -27,7 +28,62 @@ def test_matmuls_with_a_constant_weight_are_claimed_and_attention_scores_are_not
     assert found["up"].rule == found["down"].rule == "dynamic_matmul"
     assert not found["scores"].quantized and "activation x activation" in found["scores"].reason
     assert {t.tensor for t in ann.of_kind("weight")} == {"w1", "w2"}
+    # Gaussian weights keep ~40 dB under one scale: auto gives them one
+    assert {t.axis for t in ann.of_kind("weight")} == {None}
+    channel = QuantConfig(**{**BASE, "dynamic_weight_scales": "channel"})
+    _, ann = decisions(graphs.matmul_stack(), config=channel)
     assert {t.axis for t in ann.of_kind("weight")} == {1}  # per output column
+
+
+def weight_axes(model, config=CFG, profile=DYNAMIC):
+    _, ann = decisions(model, profile, config)
+    return {t.tensor: t.axis for t in ann.of_kind("weight")}
+
+
+def with_weight(model, name, value):
+    from onnx import numpy_helper
+
+    t = next(t for t in model.graph.initializer if t.name == name)
+    t.CopyFrom(numpy_helper.from_array(value.astype(np.float32), name))
+    return model
+
+
+def test_auto_keeps_per_column_scales_where_one_scale_would_round_the_weight_away():
+    m = graphs.matmul_stack()
+    loud = graphs.weight(graphs.rng(5), 128, 256)
+    loud[:, :8] *= 30  # a few loud columns: one scale leaves the rest a few levels
+    assert weight_axes(with_weight(m, "w1", loud)) == {"w1": 1, "w2": None}
+    tensor = QuantConfig(**{**BASE, "dynamic_weight_scales": "tensor"})
+    assert weight_axes(with_weight(m, "w1", loud), tensor) == {"w1": None, "w2": None}
+
+
+def test_the_threshold_counts_the_weight_range_of_the_target_cpu():
+    # one value of 1 among +-0.1: ~33 dB under one scale at 8 bits, ~27 dB at the 7 bits an
+    # x86-avx2 target's kernels get
+    w = np.where(graphs.rng(2).random((128, 256)) < 0.5, -0.1, 0.1).astype(np.float32)
+    w[0, 0] = 1.0
+    m = with_weight(graphs.matmul_stack(), "w1", w)
+    assert weight_axes(m)["w1"] is None
+    avx2 = QuantConfig(**{**BASE, "target_cpu": "x86-avx2"})
+    assert weight_axes(m, avx2, profile_for(avx2.target)[0])["w1"] == 1
+
+
+def test_the_up_projection_whose_outlier_columns_are_divided_keeps_per_column_scales():
+    tensor = QuantConfig(**{**BASE, "dynamic_weight_scales": "tensor"})
+    axes = weight_axes(graphs.swiglu(outliers=(3, 17, 200)), tensor)
+    assert axes == {"wg": None, "wu": 1, "wd": None}
+    # without outlier channels nothing is divided: the up projection gets one scale too
+    assert set(weight_axes(graphs.swiglu(), tensor).values()) == {None}
+
+
+def test_an_override_gives_a_weight_one_scale_in_channel_mode():
+    from onnxq.overrides import Override
+
+    channel = QuantConfig(
+        **{**BASE, "dynamic_weight_scales": "channel"},
+        overrides=(Override(node="down", per_channel=False),),
+    )
+    assert weight_axes(graphs.matmul_stack(), channel) == {"w1": 1, "w2": None}
 
 
 def test_a_gated_linear_units_output_goes_to_the_gated_rule_and_a_sum_does_not():
