@@ -95,13 +95,13 @@ def rewrite_float(
         }
     if options.dw_equalization and _readable_again(data, "depthwise equalization", recovery):
         assert data is not None
-        model, pairs = equalize_depthwise(
+        model, scaled = equalize_depthwise(
             model, data, steps.inputs, options.dw_equalization,
             steps.calibration.max_batches, steps.calibration.progress,
         )  # fmt: skip
         recovery.sections["dw_equalization"] = {
             "max_scale": options.dw_equalization,
-            "pairs": [p.to_dict() for p in pairs],
+            "pairs": [p.to_dict() for p in scaled],
         }
     alpha = options.smoothquant
     tensors = _matmul_inputs(model, steps.profile, placement) if alpha > 0 else []
