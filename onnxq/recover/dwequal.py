@@ -4,9 +4,9 @@ and the depthwise Conv that reads it the same range, at no cost to either weight
 For ``Conv1 -> f -> DWConv`` (``DWConv``: one input channel per group, one output per
 group, as in every MobileNet inverted-residual block) scaling Conv1's output channel ``c``
 (its weights and bias) by ``s_c > 0`` and dividing DWConv's channel ``c`` by ``s_c`` keeps
-the model's function when ``f`` is positively homogeneous (nothing, Relu, LeakyRelu).  Both
-weights are quantized per output channel, so their integer weights do not change at all
-(their per-channel scales absorb ``s``); only the activation does: one per-tensor scale
+the model's function when ``f`` is positively homogeneous (nothing, Relu, LeakyRelu,
+PRelu).  Both weights are quantized per output channel, so their integer weights do not
+change (their per-channel scales absorb ``s``); only the activation does: one per-tensor scale
 then serves channels whose ranges were 10-100x apart, the way a per-channel activation
 scale would.  ``s_c = T / m_c`` with ``m_c`` the channel's largest value on the calibration
 data and ``T`` the largest over channels, bounded to ``[1, max_scale]``: channels are only
@@ -34,7 +34,7 @@ from onnxq.inputs import Batch, InputSpec
 from onnxq.recover.capture import paired_batches
 
 DEFAULT_MAX_SCALE = 4.0  # mobilenet_v2: docs/recovery.md
-HOMOGENEOUS = frozenset({"Relu", "LeakyRelu"})
+HOMOGENEOUS = frozenset({"Relu", "LeakyRelu", "PRelu"})  # f(s x) = s f(x) for s > 0
 
 
 @dataclass(frozen=True)

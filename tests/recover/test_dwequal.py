@@ -40,7 +40,7 @@ def initializer(m: onnx.ModelProto, name: str) -> np.ndarray:
     return numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == name))
 
 
-@pytest.mark.parametrize("activation", ["Relu", None, "LeakyRelu"])
+@pytest.mark.parametrize("activation", ["Relu", None, "LeakyRelu", "PRelu"])
 def test_homogeneous_pairs_are_exact_and_the_ranges_even_out(activation):
     m = conv_act_conv(activation, second_groups=CHANNELS)
     batches = image_batches(m)
