@@ -4,6 +4,8 @@ unchanged, and the quantized model better where channel ranges are far apart."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -14,10 +16,11 @@ import onnxq
 from onnxq import ir
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
+from onnxq.cli import main
 from onnxq.errors import ConfigError
 from onnxq.inputs import model_inputs
 from onnxq.recover.dwequal import channel_scales, equalize_depthwise
-from tests.recover.builders import conv_act_conv, image_batches
+from tests.recover.builders import conv_act_conv, conv_chain, image_batches
 
 CHANNELS = 16
 
@@ -133,3 +136,30 @@ def test_weak_channels_no_longer_keep_the_depthwise_conv_float():
     done = onnxq.quantize(m, batches, backend="tensorrt", dw_equalization=8.0, progress=False)
     float_ops = [[op["node"] for op in r.report.to_dict()["float_ops"]] for r in (plain, done)]
     assert "conv2" in float_ops[0] and "conv2" not in float_ops[1]
+
+
+def test_a_calibration_cache_skips_it_with_a_warning(tmp_path):
+    m = conv_act_conv("Relu", second_groups=CHANNELS)
+    cache = tmp_path / "stats.json"
+    options = {"backend": "tensorrt", "dw_equalization": 4.0, "progress": False}
+    saved = onnxq.quantize(m, image_batches(m), save_calibration=cache, **options)
+    report = saved.report
+    assert "dw_equalization" not in report.to_dict().get("recovery", {})
+    assert any(
+        w.startswith("depthwise equalization skipped: a calibration") for w in report.warnings
+    )
+
+
+def test_the_bare_flag_takes_the_default_bound_and_the_summary_names_it(tmp_path, capsys):
+    m = conv_chain()  # conv1 -> relu -> conv2 -> relu -> depthwise conv3
+    model, calib, report = tmp_path / "m.onnx", tmp_path / "calib", tmp_path / "r.json"
+    onnx.save(m, model)
+    calib.mkdir()
+    for i, batch in enumerate(image_batches(m, n=4)):
+        np.savez(calib / f"{i:04d}.npz", **batch)
+    args = ["quantize", str(model), "-o", str(tmp_path / "o.onnx"), "--calib", str(calib)]
+    assert main([*args, "--report", str(report), "--dw-equalization"]) == 0
+    assert "recovery: depthwise equalization of 1 activations" in capsys.readouterr().out
+    written = json.loads(report.read_text())
+    assert written["config"]["dw_equalization"] == 4.0
+    assert [p["second"] for p in written["recovery"]["dw_equalization"]["pairs"]] == ["conv3"]
