@@ -210,9 +210,10 @@ class QuantConfig:
             (0-4; 4 computes with int8 activations); ``None``: the measured default.
         cle: cross-layer equalization of Conv -> (Relu | LeakyRelu | PRelu | nothing) ->
             Conv pairs before calibration (an exact float rewrite; ``onnxq.recover.cle``).
-        dw_equalization: for Conv -> (Relu | Clip(0, hi) | nothing) -> depthwise Conv, scale
-            the channels between them up to one range, each by at most this factor (weights
-            quantized per channel do not change; ``onnxq.recover.dwequal``); ``0``: off.
+        dw_equalization: for Conv -> (Relu | LeakyRelu | PRelu | Clip(0, hi) | nothing) ->
+            depthwise Conv, scale the channels between them up to one range, each by at most
+            this factor (weights quantized per channel do not change;
+            ``onnxq.recover.dwequal``); ``0``: off.
         smoothquant: SmoothQuant's migration strength ``alpha`` in (0, 1] for the inputs of
             quantized MatMul/Gemm layers (an exact float rewrite from per-channel maxima on the
             calibration data; ``onnxq.recover.smoothquant``); ``0``: off.

@@ -94,15 +94,7 @@ def rewrite_float(
             "pairs": [p.to_dict() for p in pairs],
         }
     if options.dw_equalization and _readable_again(data, "depthwise equalization", recovery):
-        assert data is not None
-        model, scaled = equalize_depthwise(
-            model, data, steps.inputs, options.dw_equalization,
-            steps.calibration.max_batches, steps.calibration.progress,
-        )  # fmt: skip
-        recovery.sections["dw_equalization"] = {
-            "max_scale": options.dw_equalization,
-            "pairs": [p.to_dict() for p in scaled],
-        }
+        model = _equalize_depthwise(steps, model)
     alpha = options.smoothquant
     tensors = _matmul_inputs(model, steps.profile, placement) if alpha > 0 else []
     if tensors and _readable_again(data, "smoothquant", recovery, said=recovery.notes):
@@ -123,6 +115,21 @@ def rewrite_float(
             "candidates": len(tensors),
             "tensors": [s.to_dict() for s in smoothed],
         }
+    return model
+
+
+def _equalize_depthwise(steps: Steps, model: onnx.ModelProto) -> onnx.ModelProto:
+    """Depthwise activation equalization (``dw_equalization`` > 0) on ``model``."""
+    assert steps.data is not None
+    bound = steps.options.dw_equalization
+    model, scaled = equalize_depthwise(
+        model, steps.data, steps.inputs, bound,
+        steps.calibration.max_batches, steps.calibration.progress,
+    )  # fmt: skip
+    steps.recovery.sections["dw_equalization"] = {
+        "max_scale": bound,
+        "pairs": [p.to_dict() for p in scaled],
+    }
     return model
 
 
