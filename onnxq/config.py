@@ -217,6 +217,10 @@ class QuantConfig:
             (0-4; 4 computes with int8 activations); ``None``: the measured default.
         cle: cross-layer equalization of Conv -> (Relu | LeakyRelu | PRelu | nothing) ->
             Conv pairs before calibration (an exact float rewrite; ``onnxq.recover.cle``).
+        dw_equalization: for Conv -> (Relu | LeakyRelu | PRelu | Clip(0, hi) | nothing) ->
+            depthwise Conv, scale the channels between them up to one range, each by at most
+            this factor (weights quantized per channel do not change;
+            ``onnxq.recover.dwequal``); ``0``: off.
         smoothquant: SmoothQuant's migration strength ``alpha`` in (0, 1] for the inputs of
             quantized MatMul/Gemm layers (an exact float rewrite from per-channel maxima on the
             calibration data; ``onnxq.recover.smoothquant``); ``0``: off.
@@ -282,6 +286,7 @@ class QuantConfig:
     weight_symmetric: bool = option(True)
     weight_accuracy_level: int | None = option(None, must(lambda v: 0 <= v <= 4, "be 0..4"))
     cle: bool = option(False)
+    dw_equalization: float = option(0.0, must(lambda v: v == 0 or v >= 1, "be 0 (off) or >= 1"))
     smoothquant: float = option(0.8, must(lambda v: 0.0 <= v <= 1.0, "be in [0, 1]"))
     smoothquant_min_spread: float = option(8.0, must(lambda v: v >= 1, "be >= 1"))
     calibration_mode: str = option("float", one_of(lambda: CALIBRATION_MODES, "mode"))

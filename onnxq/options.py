@@ -217,6 +217,7 @@ class RecoveryOptions:
     AdaRound's effort."""
 
     cle: bool
+    dw_equalization: float
     smoothquant: float
     smoothquant_min_spread: float
     calibration_mode: str

@@ -34,6 +34,8 @@ SETTINGS: dict[str, list[str]] = {
     "smoothquant": ["--smoothquant", "0.5"],
     "smoothquant-0.8": ["--smoothquant", "0.8"],
     "prefix": ["--calibration-mode", "prefix"],
+    "dw-equalization": ["--dw-equalization"],
+    "prefix+dw-equalization": ["--calibration-mode", "prefix", "--dw-equalization"],
     "adaround": ["--adaround"],
     "bias-correction": ["--bias-correction"],
     "prefix+adaround": ["--calibration-mode", "prefix", "--adaround"],

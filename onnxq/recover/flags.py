@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from onnxq.recover.dwequal import DEFAULT_MAX_SCALE
 from onnxq.recover.options import ADAROUND_MODES, CALIBRATION_MODES
 from onnxq.recover.smoothquant import DEFAULT_ALPHA
 
@@ -18,6 +19,16 @@ def add_recovery_flags(parser: argparse.ArgumentParser) -> None:
         action=on_off,
         help="cross-layer equalization of Conv -> [Relu] -> Conv pairs (exact float rewrite; "
         "a Clip between them leaves the pair alone)",
+    )
+    r.add_argument(
+        "--dw-equalization",
+        type=float,
+        nargs="?",
+        const=DEFAULT_MAX_SCALE,
+        metavar="MAX_SCALE",
+        help="give the channels of each activation a depthwise Conv reads one range, scaling "
+        "the Conv before it (weights quantized per channel do not change); channels are "
+        f"scaled up by at most MAX_SCALE (default {DEFAULT_MAX_SCALE:g})",
     )
     r.add_argument(
         "--smoothquant",
@@ -76,6 +87,7 @@ def recovery_options(args: argparse.Namespace) -> dict[str, Any]:
     """QuantConfig fields the recovery flags set (None: not given, the config decides)."""
     return {
         "cle": args.cle,
+        "dw_equalization": args.dw_equalization,
         "smoothquant": args.smoothquant,
         "calibration_mode": args.calibration_mode,
         "adaround": True if args.adaround is None and args.adaround_mode else args.adaround,

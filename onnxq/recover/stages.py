@@ -1,7 +1,7 @@
 """The accuracy-recovery steps as the pipeline calls them, one function per place in it.
 
-* :func:`rewrite_float` before placement: cross-layer equalization and SmoothQuant, exact
-  float rewrites of the model;
+* :func:`rewrite_float` before placement: cross-layer equalization, depthwise activation
+  equalization and SmoothQuant, float rewrites of the model;
 * :func:`recalibrate` after the float calibration: quantized-prefix ranges;
 * :func:`choose_weights` before materialize: AdaRound's integer weights;
 * :func:`correct_sequentially` just before materialize: biases corrected layer by layer on
@@ -31,6 +31,7 @@ from onnxq.place.facts import GraphFacts
 from onnxq.qparams import QParams
 from onnxq.recover.adaround import ChosenWeight, adaround
 from onnxq.recover.cle import equalize
+from onnxq.recover.dwequal import equalize_depthwise
 from onnxq.recover.prefix import PASSES, prefix_calibrate
 from onnxq.recover.seqround import sequential_adaround
 from onnxq.recover.sequential import sequential_correction
@@ -77,6 +78,8 @@ def rewrite_float(
         why = "skipped: a calibration cache holds the statistics of the model without it"
         if options.cle:
             recovery.warnings.append(f"cle {why}")
+        if options.dw_equalization:
+            recovery.warnings.append(f"depthwise equalization {why}")
         if options.smoothquant > 0:
             recovery.notes.append(f"smoothquant {why}")
         return model
@@ -90,6 +93,8 @@ def rewrite_float(
             "equalized": sum(p.equalized for p in pairs),
             "pairs": [p.to_dict() for p in pairs],
         }
+    if options.dw_equalization and _readable_again(data, "depthwise equalization", recovery):
+        model = _equalize_depthwise(steps, model)
     alpha = options.smoothquant
     tensors = _matmul_inputs(model, steps.profile, placement) if alpha > 0 else []
     if tensors and _readable_again(data, "smoothquant", recovery, said=recovery.notes):
@@ -110,6 +115,21 @@ def rewrite_float(
             "candidates": len(tensors),
             "tensors": [s.to_dict() for s in smoothed],
         }
+    return model
+
+
+def _equalize_depthwise(steps: Steps, model: onnx.ModelProto) -> onnx.ModelProto:
+    """Depthwise activation equalization (``dw_equalization`` > 0) on ``model``."""
+    assert steps.data is not None
+    bound = steps.options.dw_equalization
+    model, scaled = equalize_depthwise(
+        model, steps.data, steps.inputs, bound,
+        steps.calibration.max_batches, steps.calibration.progress,
+    )  # fmt: skip
+    steps.recovery.sections["dw_equalization"] = {
+        "max_scale": bound,
+        "pairs": [p.to_dict() for p in scaled],
+    }
     return model
 
 
@@ -275,6 +295,10 @@ def summary(sections: dict[str, Any]) -> str:
     if "cle" in sections:
         cle = sections["cle"]
         parts.append(f"CLE equalized {cle['equalized']} of {len(cle['pairs'])} Conv pairs")
+    if "dw_equalization" in sections:
+        parts.append(
+            f"depthwise equalization of {len(sections['dw_equalization']['pairs'])} activations"
+        )
     if "smoothquant" in sections:
         sq = sections["smoothquant"]
         parts.append(
