@@ -293,6 +293,8 @@ def quantize(
         placed = materialize(
             prepared.model, annotations, ranges.qparams, profile, cfg.weights, chosen
         )
+        if mixed is not None:  # the target's verdict on the model written, recovery included
+            mixed = mixed.as_written(prepared.model)
         if ir.external.lazy_nbytes(prepared.model) < ir.external.LAZY_BYTES:
             ir.external.load_all(prepared.model)  # float weights that stayed float (biases)
         verification = verify(

@@ -66,6 +66,7 @@ def quantize_command(args: argparse.Namespace) -> int:
         target_accuracy=args.target,
         heldout_batches=args.heldout_batches,
         target_cost=args.target_cost,
+        target_max_float_macs=args.target_max_float_macs,
         heldout=args.heldout,
         device=args.device,
         executor=_ray_executor(args.ray, args.device),

@@ -21,9 +21,10 @@ length is known), or an explicit source (:func:`hold_out`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import onnx
@@ -34,12 +35,14 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.backends.runs import run_outputs
 from onnxq.config import QuantConfig
 from onnxq.data import open_source
+from onnxq.float_budget import ceiling, ceiling_warning, within_ceiling
 from onnxq.float_cost import choose_by_macs, layer_neighbours, macs_known, placement_cost
 from onnxq.heldout import HeldOut, hold_out
 from onnxq.place.annotations import Annotations
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import Placement, Statistics
 from onnxq.scale.executor import Executor
+from onnxq.trial_tasks import score_model
 from onnxq.sensitivity import (
     WEIGHTED_OPS,
     LayerSensitivity,
@@ -79,6 +82,24 @@ class MixedPrecision:
     model_float_macs: int | None = None
     # what the search minimised (onnxq.float_cost): "layers", or "macs" (multiply-adds float)
     cost: str = "layers"
+    # the most of the model's multiply-adds the search could leave float (onnxq.float_budget;
+    # None: any), and why it could not be applied (None: it was, or there was none)
+    max_float_macs: float | None = None
+    ceiling_note: str | None = None
+    # ``score`` is the written model's once :meth:`as_written` measured it (after the run's
+    # recovery steps, which the search's trials do not run); this is then the trial's
+    search_score: float | None = None
+    rescore: Callable[[onnx.ModelProto], float] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    def as_written(self, model: onnx.ModelProto) -> MixedPrecision:
+        """This result with ``score`` measured on ``model``, the model as the run writes it
+        (its ranges and weights after the recovery steps), on the held-out batches; the
+        search's own score of its choice becomes ``search_score``."""
+        if self.rescore is None:
+            return self
+        return replace(self, score=self.rescore(model), search_score=self.score, rescore=None)
 
     @property
     def met(self) -> bool:
@@ -102,6 +123,7 @@ class MixedPrecision:
             "heldout": self.heldout,
             "int8_score": _num(self.int8_score),
             "score": _num(self.score),
+            "search_score": None if self.search_score is None else _num(self.search_score),
             "cost": self.cost,
             "kept_float": [_with_share(s, self.model_macs) for s in self.kept],
             "float_macs": kept,
@@ -114,19 +136,28 @@ class MixedPrecision:
                 if self.model_float_macs is not None and self.model_macs
                 else None
             ),
+            "max_float_macs_fraction": self.max_float_macs,
             "trials": self.trials,
             "sensitivity": [s.to_dict() for s in self.ranking],
         }
 
     def warnings(self) -> list[str]:
-        """The warning of a missed target."""
+        """The warnings of a missed target and of a ceiling that could not be applied."""
+        said = [self.ceiling_note] if self.ceiling_note else []
         if self.met:
-            return []
+            return said
+        if self.max_float_macs is None or self.ceiling_note:
+            hint = "Try more float layers by hand (--exclude), another --method, or a lower target"
+        else:
+            hint = (
+                f"within the ceiling of {self.max_float_macs:.1%} of the model's multiply-adds "
+                "float. Try a higher --target-max-float-macs, recovery, or a lower target"
+            )
         return [
+            *said,
             f"accuracy target {self.target.describe()} not met on the held-out batches: the "
             f"best model found scores {self.score:.6g} (all INT8: {self.int8_score:.6g}) with "
-            f"{len(self.kept)} layer(s) float; it was written anyway. Try more float layers "
-            "by hand (--exclude), another --method, or a lower target"
+            f"{len(self.kept)} layer(s) float; it was written anyway. {hint}",
         ]
 
 
@@ -141,11 +172,13 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     kept = record["kept_float"]
     share = record["model_float_macs_fraction"]
     macs = "" if share is None else f"; {share:.1%} of the model's multiply-adds are float"
+    if record.get("max_float_macs_fraction") is not None:
+        macs += f" (ceiling {record['max_float_macs_fraction']:.1%})"
     lines = [
         f"accuracy target {record['target']} "
         + ("met" if record["met"] else "NOT met")
         + f" on {record['heldout']}: {_shown(record['score'])} (all INT8: "
-        f"{_shown(record['int8_score'])}), "
+        f"{_shown(record['int8_score'])}{_trial(record)}), "
         f"{len(kept)} layer(s) kept float{macs}, {record['trials']} trials"
     ]
     for layer in kept[:12]:
@@ -156,6 +189,15 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     if len(kept) > 12:
         lines.append(f"  ... {len(kept) - 12} more in the report file")
     return lines
+
+
+def _trial(record: dict[str, Any]) -> str:
+    """The search's own score of the written choice, where the written model's differs (its
+    recovery steps, which the trials do not run)."""
+    searched = record.get("search_score")
+    if searched is None or searched == record["score"]:
+        return ""
+    return f"; the search's trial, without recovery: {_shown(searched)}"
 
 
 def _shown(value: float | None) -> str:
@@ -187,10 +229,15 @@ def find_mixed_precision(
     base, ranking = rank_layers(trials, candidates(first.annotations), progress)
     cost = trials.config.target_cost if macs_known(ranking) else "layers"
     kept = choose(trials, base, ranking, cost)
+    share = trials.config.target_max_float_macs
+    every, int8_float = model_macs(trials.facts.graph, first.annotations)
+    note = None if share is None else ceiling_warning(share, every, int8_float)
+    limit = ceiling(share, every if macs_known(ranking) else None)
+    kept = within_ceiling(trials, base, ranking, kept, limit)
     reasons = {s.node: reason(s, trials.target) for s in kept}
     score = trials.score(reasons)
     final = trials.placement(reasons)
-    every, left_float = model_macs(trials.facts.graph, final.annotations)
+    _, left_float = model_macs(trials.facts.graph, final.annotations)
     return MixedPrecision(
         trials.target,
         heldout,
@@ -203,6 +250,8 @@ def find_mixed_precision(
         every,
         left_float,
         cost,
+        share,
+        note,
     )
 
 
@@ -242,7 +291,8 @@ def search(
         model, facts, profile, config, measure, heldout.batches, reference, target,
         executor=executor,
     )  # fmt: skip
-    return find_mixed_precision(trials, first, heldout.source, config.progress)
+    found = find_mixed_precision(trials, first, heldout.source, config.progress)
+    return replace(found, rescore=functools.partial(score_model, trials.context()))
 
 
 def choose(
