@@ -282,7 +282,9 @@ class QuantConfig:
     heldout_batches: int = option(16, must(lambda v: v >= 1, "be >= 1"))
     target_cost: str = option("layers", one_of(lambda: TARGET_COSTS, "cost"))
     target_max_float_macs: float | None = option(
-        None, must(lambda v: 0 <= v <= 1, "be a share in [0, 1]"), also=(str,),
+        None,
+        must(lambda v: 0 <= v <= 1, "be a share in [0, 1]"),
+        also=(str,),
         parse=lambda value: share_of(value, "target_max_float_macs"),
     )
     device: str = option("cpu", must(is_device, "be cpu, cuda or cuda:N"))

@@ -67,9 +67,7 @@ def choose_within(
     :func:`onnxq.float_cost.layer_neighbours` of the candidates (None: none)."""
     target = trials.target
     cost = placement_cost(trials)
-    scored: dict[frozenset[str], tuple[float, list[LayerSensitivity]]] = {
-        frozenset(): (base, [])
-    }
+    scored: dict[frozenset[str], tuple[float, list[LayerSensitivity]]] = {frozenset(): (base, [])}
 
     def score(layers: Sequence[LayerSensitivity]) -> float:
         value = trials.score(s.node for s in layers)

@@ -42,7 +42,6 @@ from onnxq.place.annotations import Annotations
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import Placement, Statistics
 from onnxq.scale.executor import Executor
-from onnxq.trial_tasks import score_model
 from onnxq.sensitivity import (
     WEIGHTED_OPS,
     LayerSensitivity,
@@ -51,6 +50,7 @@ from onnxq.sensitivity import (
     layer_macs,
     rank_layers,
 )
+from onnxq.trial_tasks import score_model
 
 
 def accuracy_target(text: str | None, given: AccuracyTarget | str | None) -> AccuracyTarget | None:

@@ -82,7 +82,8 @@ def score_model(context: TrialContext, model: onnx.ModelProto) -> float:
 def _scored(
     context: TrialContext, model: onnx.ModelProto, masks: list[np.ndarray | None], label: str
 ) -> float:
-    outputs = run_outputs(model, context.heldout, context.profile.fused_validation, label, ours=True)
+    fused = context.profile.fused_validation
+    outputs = run_outputs(model, context.heldout, fused, label, ours=True)
     return float(context.target.evaluate(context.reference, outputs, masks))
 
 

@@ -217,7 +217,7 @@ def test_analyze_sensitivity_prints_the_ranking(tmp_path, model_file, calib_dir,
 
 def test_score_is_the_written_models_recovery_included():
     m = conv_chain()
-    calib, held = graphs.random_batches(m, 16), graphs.random_batches(m, 3, seed=7)
+    held = graphs.random_batches(m, 3, seed=7)
     plain = run(m, "cosine=0.0", heldout=held).report.mixed_precision
     assert plain["score"] == plain["search_score"]  # no recovery: the trial is the model
     result = run(m, "cosine=0.0", heldout=held, sequential_correction=True)
