@@ -103,8 +103,12 @@ def _target_missed(record: dict[str, Any] | None, out: Path) -> None:
     raise AccuracyError(
         f"accuracy target {record['target']} not met on the held-out batches: the best model "
         f"found ({out}, {len(record['kept_float'])} layer(s) float) scores {record['score']} "
-        f"(all INT8: {record['int8_score']}); lower the target or keep more layers float "
-        "with --exclude"
+        f"(all INT8: {record['int8_score']}); lower the target or "
+        + (
+            "raise --target-max-float-macs"
+            if record.get("max_float_macs_fraction") is not None
+            else "keep more layers float with --exclude"
+        )
     )
 
 

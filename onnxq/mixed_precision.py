@@ -146,18 +146,16 @@ class MixedPrecision:
         said = [self.ceiling_note] if self.ceiling_note else []
         if self.met:
             return said
-        if self.max_float_macs is None or self.ceiling_note:
-            hint = "Try more float layers by hand (--exclude), another --method, or a lower target"
-        else:
-            hint = (
-                f"within the ceiling of {self.max_float_macs:.1%} of the model's multiply-adds "
-                "float. Try a higher --target-max-float-macs, recovery, or a lower target"
-            )
+        within, hint = "", "more float layers by hand (--exclude), another --method"
+        if self.max_float_macs is not None and not self.ceiling_note:
+            within = f" within the ceiling of {self.max_float_macs:.1%} of its multiply-adds"
+            hint = "a higher --target-max-float-macs, recovery (docs/recovery.md)"
         return [
             *said,
             f"accuracy target {self.target.describe()} not met on the held-out batches: the "
-            f"best model found scores {self.score:.6g} (all INT8: {self.int8_score:.6g}) with "
-            f"{len(self.kept)} layer(s) float; it was written anyway. {hint}",
+            f"best model found{within} scores {self.score:.6g} (all INT8: "
+            f"{self.int8_score:.6g}) with {len(self.kept)} layer(s) float; it was written "
+            f"anyway. Try {hint}, or a lower target",
         ]
 
 
