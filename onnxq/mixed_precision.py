@@ -25,7 +25,7 @@ import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -50,7 +50,11 @@ from onnxq.sensitivity import (
     layer_macs,
     rank_layers,
 )
+from onnxq.target_confirm import confirm
 from onnxq.trial_tasks import score_model
+
+if TYPE_CHECKING:
+    from onnxq.recover.confirm import Measure
 
 
 def accuracy_target(text: str | None, given: AccuracyTarget | str | None) -> AccuracyTarget | None:
@@ -89,6 +93,9 @@ class MixedPrecision:
     # ``score`` is the written model's once :meth:`as_written` measured it (after the run's
     # recovery steps, which the search's trials do not run); this is then the trial's
     search_score: float | None = None
+    # runs that scored the choice with the statistics the run writes it with
+    # (onnxq.target_confirm; 0: the trials' statistics are those)
+    confirmations: int = 0
     rescore: Callable[[onnx.ModelProto], float] | None = field(
         default=None, repr=False, compare=False
     )
@@ -138,6 +145,7 @@ class MixedPrecision:
             ),
             "max_float_macs_fraction": self.max_float_macs,
             "trials": self.trials,
+            "confirmations": self.confirmations,
             "sensitivity": [s.to_dict() for s in self.ranking],
         }
 
@@ -219,11 +227,16 @@ def reason(layer: LayerSensitivity, target: AccuracyTarget) -> str:
 
 
 def find_mixed_precision(
-    trials: Trials, first: Placement[Any], heldout: str, progress: bool
+    trials: Trials,
+    first: Placement[Any],
+    heldout: str,
+    progress: bool,
+    remeasure: Callable[[Placement[Any]], Measure] | None = None,
 ) -> MixedPrecision:
     """Rank the layers of ``first`` (the all-INT8 placement), choose the layers to keep float
     (see the module), and place again with them as exclusions; ``heldout`` says where the
-    held-out batches came from."""
+    held-out batches came from; ``remeasure``: the statistics the run writes a placement with,
+    where they are not the trials' (:func:`onnxq.recover.confirm.written_statistics`)."""
     base, ranking = rank_layers(trials, candidates(first.annotations), progress)
     cost = trials.config.target_cost if macs_known(ranking) else "layers"
     kept = choose(trials, base, ranking, cost)
@@ -232,6 +245,9 @@ def find_mixed_precision(
     note = None if share is None else ceiling_warning(share, every, int8_float)
     limit = ceiling(share, every if macs_known(ranking) else None)
     kept = within_ceiling(trials, base, ranking, kept, limit)
+    confirmations = 0
+    if remeasure is not None and trials.target.met(trials.score(s.node for s in kept)):
+        kept, confirmations = confirm(trials, kept, ranking, limit, remeasure)
     reasons = {s.node: reason(s, trials.target) for s in kept}
     score = trials.score(reasons)
     final = trials.placement(reasons)
@@ -250,6 +266,7 @@ def find_mixed_precision(
         cost,
         share,
         note,
+        confirmations=confirmations,
     )
 
 
@@ -279,17 +296,19 @@ def search(
     measure: Callable[[Mapping[str, bool]], Statistics],
     first: Placement[Any],
     executor: Executor | None = None,
+    remeasure: Callable[[Placement[Any]], Measure] | None = None,
 ) -> MixedPrecision:
     """The pipeline's entry: trials over ``model`` (the prepared float model, not edited)
     with the statistics ``measure`` has cached, scored against the float model's outputs on
-    the held-out batches, then :func:`find_mixed_precision`; the trials run on ``executor``
-    (:mod:`onnxq.scale`; None: in this process), with the same scores."""
+    the held-out batches, then :func:`find_mixed_precision` (``remeasure``: see there); the
+    trials run on ``executor`` (:mod:`onnxq.scale`; None: in this process), with the same
+    scores."""
     reference = run_outputs(model, heldout.batches, profile.fused_validation, "float")
     trials = Trials(
         model, facts, profile, config, measure, heldout.batches, reference, target,
         executor=executor,
     )  # fmt: skip
-    found = find_mixed_precision(trials, first, heldout.source, config.progress)
+    found = find_mixed_precision(trials, first, heldout.source, config.progress, remeasure)
     return replace(found, rescore=functools.partial(score_model, trials.context()))
 
 
