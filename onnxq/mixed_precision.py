@@ -12,6 +12,12 @@ stays float (:func:`onnxq.sensitivity.rank_layers`: L + 1 trials, no recalibrati
    float, every candidate float) is kept and the result says the target was not met;
 3. each kept layer, least gain first, is dropped again when the target holds without it.
 
+With ``target_cost: macs`` :mod:`onnxq.float_cost` chooses too; with ``target_max_float_macs``
+a choice over that ceiling is made again within it (:mod:`onnxq.float_budget`); where the run
+writes the choice with statistics of its own (prefix calibration), :mod:`onnxq.target_confirm`
+checks it with them.  The verdict (``score``, ``met``) is measured on the model the run writes,
+recovery included (:meth:`MixedPrecision.as_written`).
+
 The chosen layers stay float through the normal placement machinery: they are exclusions with
 a reason (their sensitivity) passed to :func:`onnxq.place.loop.place`, and only
 ``materialize`` writes Q/DQ.  The held-out batches are the first ``heldout_batches`` batches
@@ -198,12 +204,12 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
 
 
 def _trial(record: dict[str, Any]) -> str:
-    """The search's own score of the written choice, where the written model's differs (its
-    recovery steps, which the trials do not run)."""
+    """The search's own score of the written choice, where the written model's differs (the
+    recovery steps the trials do not run)."""
     searched = record.get("search_score")
     if searched is None or searched == record["score"]:
         return ""
-    return f"; the search's trial, without recovery: {_shown(searched)}"
+    return f"; the search's trial: {_shown(searched)}"
 
 
 def _shown(value: float | None) -> str:
