@@ -154,3 +154,15 @@ def test_cli_bad_share_is_a_user_error(tmp_path, model_file, calib_dir, capsys):
                  "--target-max-float-macs", "lots"])  # fmt: skip
     assert code == 2
     assert "target_max_float_macs" in capsys.readouterr().err
+
+
+def test_a_run_within_a_ceiling_is_byte_identical_when_repeated():
+    m = conv_chain()
+    outputs = [
+        onnxq.quantize(
+            m, graphs.random_batches(m, 16), progress=False, target="cosine=1.5",
+            target_cost="macs", target_max_float_macs="30%", calibration_mode="prefix",
+        ).model.SerializeToString()
+        for _ in range(2)
+    ]  # fmt: skip
+    assert outputs[0] == outputs[1]
