@@ -12,7 +12,7 @@ target, layers are added one at a time, by gain per multiply-add and within the 
 :data:`MAX_TOP_UPS` were tried; the best confirmed set is kept.  The other recovery steps
 (AdaRound, sequential correction) are not run in confirmations (each costs minutes on a
 mobilenet); the run's verdict is measured on the model written, with them
-(:meth:`onnxq.mixed_precision.MixedPrecision.as_written`).
+(:meth:`onnxq.mixed_record.MixedPrecision.as_written`).
 """
 
 from __future__ import annotations
