@@ -45,6 +45,7 @@ from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
 from onnxq.prepare import ModelLike, prepare
 from onnxq.ranges import activation_ranges
+from onnxq.recover.confirm import written_statistics
 from onnxq.recover.stages import (
     Recovery,
     Steps,
@@ -253,9 +254,16 @@ def quantize(
                     placement.annotations, measured.stats, profile, cfg.percentile
                 ).qparams,
             )  # fmt: skip
+            written = written_statistics(
+                steps, prepared.model, searched,
+                lambda placed, measured: activation_ranges(
+                    placed, measured.stats, profile, cfg.percentile
+                ).qparams,
+            )  # fmt: skip
             mixed = search(
-                goal, kept_out, prepared.model, facts, profile, cfg, searched, placement, executor
-            )
+                goal, kept_out, prepared.model, facts, profile, cfg, searched, placement,
+                executor, written,
+            )  # fmt: skip
             placement = mixed.placement
         annotations, statistics = placement.annotations, placement.statistics
         cache = None  # written last: a run that fails or is interrupted leaves no file
@@ -293,6 +301,8 @@ def quantize(
         placed = materialize(
             prepared.model, annotations, ranges.qparams, profile, cfg.weights, chosen
         )
+        if mixed is not None:  # the target's verdict on the model written, recovery included
+            mixed = mixed.as_written(prepared.model)
         if ir.external.lazy_nbytes(prepared.model) < ir.external.LAZY_BYTES:
             ir.external.load_all(prepared.model)  # float weights that stayed float (biases)
         verification = verify(

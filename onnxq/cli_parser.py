@@ -160,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
         "macs (the fewest multiply-adds left out of INT8, by gain per multiply-add)",
     )
     q.add_argument(
+        "--target-max-float-macs",
+        metavar="SHARE",
+        help="the most of the model's multiply-adds --target's search may leave out of INT8, "
+        "e.g. 10%% or 0.1: it keeps the best model within it, exit 1 when that misses the "
+        "target (default: no ceiling)",
+    )
+    q.add_argument(
         "--ray",
         metavar="ADDRESS",
         help="observe the calibration batches, and run --target's sensitivity trials, as Ray "

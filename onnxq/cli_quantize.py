@@ -67,6 +67,7 @@ def quantize_command(args: argparse.Namespace) -> int:
         target_accuracy=args.target,
         heldout_batches=args.heldout_batches,
         target_cost=args.target_cost,
+        target_max_float_macs=args.target_max_float_macs,
         heldout=args.heldout,
         device=args.device,
         executor=_ray_executor(args.ray, args.device),
@@ -103,8 +104,12 @@ def _target_missed(record: dict[str, Any] | None, out: Path) -> None:
     raise AccuracyError(
         f"accuracy target {record['target']} not met on the held-out batches: the best model "
         f"found ({out}, {len(record['kept_float'])} layer(s) float) scores {record['score']} "
-        f"(all INT8: {record['int8_score']}); lower the target or keep more layers float "
-        "with --exclude"
+        f"(all INT8: {record['int8_score']}); lower the target or "
+        + (
+            "raise --target-max-float-macs"
+            if record.get("max_float_macs_fraction") is not None
+            else "keep more layers float with --exclude"
+        )
     )
 
 

@@ -96,6 +96,18 @@ def _check_cpu_class(value: str | None, name: str) -> None:
         cpu_class(value, name)
 
 
+def share_of(value: float | str | None, name: str) -> float | None:
+    """A share from a number or a percentage string (``0.1``, ``"0.1"``, ``"10%"``); ``name``:
+    the field, for the error."""
+    if not isinstance(value, str):
+        return None if value is None else float(value)
+    text = value.strip()
+    try:
+        return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise ConfigError(f"{name}: expected a share such as 0.1 or 10%, got {value!r}") from None
+
+
 def _check_target(value: str | None, name: str) -> None:
     if value is not None:
         from onnxq.accuracy_target import parse_target
@@ -199,6 +211,10 @@ class QuantConfig:
         target_cost: what the accuracy target's search minimises: ``layers`` (the fewest
             float layers, most sensitive first) or ``macs`` (the fewest multiply-adds left out
             of INT8: layers by gain per multiply-add; ``onnxq.float_cost``).
+        target_max_float_macs: the most of the model's multiply-adds the accuracy target's
+            search may leave out of INT8, a share (``0.1``, or ``"10%"``); the search keeps
+            the best model within it and says when the target is missed (``onnxq.float_budget``);
+            ``None``: no ceiling.
         device: where the calibration and validation sessions run: ``cpu``, or ``cuda`` /
             ``cuda:N`` (onnxruntime's CUDA execution provider: the ``onnxruntime-gpu``
             package and a CUDA device; ``onnxq.device``).
@@ -279,6 +295,12 @@ class QuantConfig:
     target_accuracy: str | None = option(None, lambda name, value: _check_target(value, name))
     heldout_batches: int = option(16, must(lambda v: v >= 1, "be >= 1"))
     target_cost: str = option("layers", one_of(lambda: TARGET_COSTS, "cost"))
+    target_max_float_macs: float | None = option(
+        None,
+        must(lambda v: 0 <= v <= 1, "be a share in [0, 1]"),
+        also=(str,),
+        parse=lambda value: share_of(value, "target_max_float_macs"),
+    )
     device: str = option("cpu", must(is_device, "be cpu, cuda or cuda:N"))
     weight_only: str | None = option(None, must(lambda v: v in WEIGHT_ONLY, "be int4 or int8"))
     block_size: int | None = option(None, must(lambda v: v >= 0, "be >= 0 (0: per channel)"))

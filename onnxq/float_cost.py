@@ -101,14 +101,26 @@ def choose_by_macs(
         return trials.score(s.node for s in layers)
 
     cost = placement_cost(trials)
-    kept = _greedy(score, cost, target.met, base, by_gain_per_mac(ranking), neighbours or {})
+    kept = greedy(score, cost, target.met, base, by_gain_per_mac(ranking), neighbours or {})
     if not target.met(score(kept)):
         rest = [s for s in by_gain_per_mac(ranking) if s not in kept]
         kept = kept + rest[: _shortest_prefix(lambda n: target.met(score(kept + rest[:n])), rest)]
+    return prune(kept, score, cost, target.met)
+
+
+def prune(
+    kept: list[LayerSensitivity],
+    score: Callable[[Sequence[LayerSensitivity]], float],
+    cost: Callable[[Sequence[LayerSensitivity]], int],
+    met: Callable[[float], bool],
+) -> list[LayerSensitivity]:
+    """``kept`` (which meets the target) without the layers the target holds without, those
+    whose removal saves most multiply-adds tried first (a layer's saving measured once, on
+    ``kept`` as given)."""
     saving = {s.node: cost(kept) - cost([k for k in kept if k is not s]) for s in kept}
     for layer in sorted(kept, key=lambda s: (-saving[s.node], s.gain)):
         without = [s for s in kept if s is not layer]
-        if without and target.met(score(without)):
+        if without and met(score(without)):
             kept = without
     return kept
 
@@ -124,17 +136,19 @@ def placement_cost(trials: Trials) -> Callable[[Sequence[LayerSensitivity]], int
     return cost
 
 
-def _greedy(
+def greedy(
     score: Callable[[Sequence[LayerSensitivity]], float],
     cost: Callable[[Sequence[LayerSensitivity]], int],
     met: Callable[[float], bool],
     base: float,
     order: list[LayerSensitivity],
     neighbours: Mapping[str, set[str]],
+    fits: Callable[[Sequence[LayerSensitivity]], bool] | None = None,
 ) -> list[LayerSensitivity]:
     """Lazy greedy by gain per multiply-add until ``met``, or until nothing raises the score;
     a layer's fresh figure divides by what it adds to ``cost``; a layer taken has its
-    ``neighbours`` scored next."""
+    ``neighbours`` scored next; with ``fits``, a layer that would make the set not fit is
+    dropped unscored."""
     kept: list[LayerSensitivity] = []
     current = base
     first = {s.node: -s.gain / _cost(s) for s in order}
@@ -166,6 +180,9 @@ def _greedy(
                 if near in position and near not in taken:  # scored next: as good as `layer`
                     push((min(first[near], ratio), position[near], -1, by_node[near]))
             continue
+        if fits is not None and not fits([*kept, layer]):
+            latest.pop(layer.node)
+            continue
         fresh = score([*kept, layer])
         added = max(cost([*kept, layer]) - cost(kept), 1)
         push((-(fresh - current) / added, i, len(kept), layer))
@@ -188,7 +205,9 @@ __all__ = [
     "COSTS",
     "by_gain_per_mac",
     "choose_by_macs",
+    "greedy",
     "layer_neighbours",
     "macs_known",
     "placement_cost",
+    "prune",
 ]

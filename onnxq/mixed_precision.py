@@ -12,6 +12,12 @@ stays float (:func:`onnxq.sensitivity.rank_layers`: L + 1 trials, no recalibrati
    float, every candidate float) is kept and the result says the target was not met;
 3. each kept layer, least gain first, is dropped again when the target holds without it.
 
+With ``target_cost: macs`` :mod:`onnxq.float_cost` chooses too; with ``target_max_float_macs``
+a choice over that ceiling is made again within it (:mod:`onnxq.float_budget`); where the run
+writes the choice with statistics of its own (prefix calibration), :mod:`onnxq.target_confirm`
+checks it with them.  The verdict (``score``, ``met``) is measured on the model the run writes,
+recovery included (:meth:`MixedPrecision.as_written`).
+
 The chosen layers stay float through the normal placement machinery: they are exclusions with
 a reason (their sensitivity) passed to :func:`onnxq.place.loop.place`, and only
 ``materialize`` writes Q/DQ.  The held-out batches are the first ``heldout_batches`` batches
@@ -21,10 +27,10 @@ length is known), or an explicit source (:func:`hold_out`).
 
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -34,8 +40,10 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.backends.runs import run_outputs
 from onnxq.config import QuantConfig
 from onnxq.data import open_source
+from onnxq.float_budget import ceiling, ceiling_warning, within_ceiling
 from onnxq.float_cost import choose_by_macs, layer_neighbours, macs_known, placement_cost
 from onnxq.heldout import HeldOut, hold_out
+from onnxq.mixed_record import MixedPrecision, summary_lines
 from onnxq.place.annotations import Annotations
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import Placement, Statistics
@@ -48,6 +56,11 @@ from onnxq.sensitivity import (
     layer_macs,
     rank_layers,
 )
+from onnxq.target_confirm import confirm
+from onnxq.trial_tasks import score_model
+
+if TYPE_CHECKING:
+    from onnxq.recover.confirm import Measure
 
 
 def accuracy_target(text: str | None, given: AccuracyTarget | str | None) -> AccuracyTarget | None:
@@ -57,114 +70,6 @@ def accuracy_target(text: str | None, given: AccuracyTarget | str | None) -> Acc
     if given is not None:
         return parse_target(given, "target")
     return parse_target(text, "target_accuracy") if text is not None else None
-
-
-@dataclass(frozen=True)
-class MixedPrecision:
-    """What the search chose and why: the target, the held-out data, the all-INT8 score and
-    the chosen model's, the kept layers (with their sensitivity and cost), the whole ranking,
-    the number of trials, and the settled placement that keeps the chosen layers float."""
-
-    target: AccuracyTarget
-    heldout: str
-    int8_score: float
-    score: float
-    kept: tuple[LayerSensitivity, ...]
-    ranking: tuple[LayerSensitivity, ...]
-    trials: int
-    placement: Placement[Any]
-    # multiply-adds per sample of every Conv/ConvTranspose/Gemm/MatMul of the model, and of
-    # those the final placement leaves float for any reason (None: a shape is not static)
-    model_macs: int | None = None
-    model_float_macs: int | None = None
-    # what the search minimised (onnxq.float_cost): "layers", or "macs" (multiply-adds float)
-    cost: str = "layers"
-
-    @property
-    def met(self) -> bool:
-        """True if the chosen model meets the target on the held-out batches."""
-        return self.target.met(self.score)
-
-    def float_macs(self) -> tuple[int | None, int | None]:
-        """(multiply-adds per sample kept float, of all candidate layers); None: unknown."""
-        kept = [s.macs for s in self.kept]
-        every = [s.macs for s in self.ranking]
-        if any(m is None for m in every):
-            return None, None
-        return sum(m for m in kept if m is not None), sum(m for m in every if m is not None)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict for the report."""
-        kept, total = self.float_macs()
-        return {
-            "target": self.target.describe(),
-            "met": self.met,
-            "heldout": self.heldout,
-            "int8_score": _num(self.int8_score),
-            "score": _num(self.score),
-            "cost": self.cost,
-            "kept_float": [_with_share(s, self.model_macs) for s in self.kept],
-            "float_macs": kept,
-            "candidate_macs": total,
-            "float_macs_fraction": round(kept / total, 6) if kept is not None and total else None,
-            "model_macs": self.model_macs,
-            "model_float_macs": self.model_float_macs,
-            "model_float_macs_fraction": (
-                round(self.model_float_macs / self.model_macs, 6)
-                if self.model_float_macs is not None and self.model_macs
-                else None
-            ),
-            "trials": self.trials,
-            "sensitivity": [s.to_dict() for s in self.ranking],
-        }
-
-    def warnings(self) -> list[str]:
-        """The warning of a missed target."""
-        if self.met:
-            return []
-        return [
-            f"accuracy target {self.target.describe()} not met on the held-out batches: the "
-            f"best model found scores {self.score:.6g} (all INT8: {self.int8_score:.6g}) with "
-            f"{len(self.kept)} layer(s) float; it was written anyway. Try more float layers "
-            "by hand (--exclude), another --method, or a lower target"
-        ]
-
-
-def _with_share(layer: LayerSensitivity, model_macs: int | None) -> dict[str, Any]:
-    """The layer's record with its share of the model's multiply-adds (None: unknown)."""
-    share = layer.macs / model_macs if layer.macs is not None and model_macs else None
-    return {**layer.to_dict(), "macs_share": None if share is None else round(share, 6)}
-
-
-def summary_lines(record: dict[str, Any]) -> list[str]:
-    """The report summary's lines for a search record (:meth:`MixedPrecision.to_dict`)."""
-    kept = record["kept_float"]
-    share = record["model_float_macs_fraction"]
-    macs = "" if share is None else f"; {share:.1%} of the model's multiply-adds are float"
-    lines = [
-        f"accuracy target {record['target']} "
-        + ("met" if record["met"] else "NOT met")
-        + f" on {record['heldout']}: {_shown(record['score'])} (all INT8: "
-        f"{_shown(record['int8_score'])}), "
-        f"{len(kept)} layer(s) kept float{macs}, {record['trials']} trials"
-    ]
-    for layer in kept[:12]:
-        cost = "" if layer["macs"] is None else f", {layer['macs']:,} MACs"
-        if layer.get("macs_share") is not None:
-            cost += f" ({layer['macs_share']:.2%} of the model)"
-        lines.append(f"  float: {layer['node']} ({layer['op_type']}) gain {layer['gain']}{cost}")
-    if len(kept) > 12:
-        lines.append(f"  ... {len(kept) - 12} more in the report file")
-    return lines
-
-
-def _shown(value: float | None) -> str:
-    """A score of the record; None is an infinite one (sqnr of equal outputs)."""
-    return "exact (inf)" if value is None else f"{value:g}"
-
-
-def _num(value: float) -> float | None:
-    return round(value, 6) if math.isfinite(value) else None
 
 
 def reason(layer: LayerSensitivity, target: AccuracyTarget) -> str:
@@ -179,18 +84,31 @@ def reason(layer: LayerSensitivity, target: AccuracyTarget) -> str:
 
 
 def find_mixed_precision(
-    trials: Trials, first: Placement[Any], heldout: str, progress: bool
+    trials: Trials,
+    first: Placement[Any],
+    heldout: str,
+    progress: bool,
+    remeasure: Callable[[Placement[Any]], Measure] | None = None,
 ) -> MixedPrecision:
     """Rank the layers of ``first`` (the all-INT8 placement), choose the layers to keep float
     (see the module), and place again with them as exclusions; ``heldout`` says where the
-    held-out batches came from."""
+    held-out batches came from; ``remeasure``: the statistics the run writes a placement with,
+    where they are not the trials' (:func:`onnxq.recover.confirm.written_statistics`)."""
     base, ranking = rank_layers(trials, candidates(first.annotations), progress)
     cost = trials.config.target_cost if macs_known(ranking) else "layers"
     kept = choose(trials, base, ranking, cost)
+    share = trials.config.target_max_float_macs
+    every, int8_float = model_macs(trials.facts.graph, first.annotations)
+    note = None if share is None else ceiling_warning(share, every, int8_float)
+    limit = ceiling(share, every if macs_known(ranking) else None)
+    kept = within_ceiling(trials, base, ranking, kept, limit)
+    confirmations = 0
+    if remeasure is not None and trials.target.met(trials.score(s.node for s in kept)):
+        kept, confirmations = confirm(trials, kept, ranking, limit, remeasure)
     reasons = {s.node: reason(s, trials.target) for s in kept}
     score = trials.score(reasons)
     final = trials.placement(reasons)
-    every, left_float = model_macs(trials.facts.graph, final.annotations)
+    _, left_float = model_macs(trials.facts.graph, final.annotations)
     return MixedPrecision(
         trials.target,
         heldout,
@@ -203,6 +121,9 @@ def find_mixed_precision(
         every,
         left_float,
         cost,
+        share,
+        note,
+        confirmations=confirmations,
     )
 
 
@@ -232,17 +153,20 @@ def search(
     measure: Callable[[Mapping[str, bool]], Statistics],
     first: Placement[Any],
     executor: Executor | None = None,
+    remeasure: Callable[[Placement[Any]], Measure] | None = None,
 ) -> MixedPrecision:
     """The pipeline's entry: trials over ``model`` (the prepared float model, not edited)
     with the statistics ``measure`` has cached, scored against the float model's outputs on
-    the held-out batches, then :func:`find_mixed_precision`; the trials run on ``executor``
-    (:mod:`onnxq.scale`; None: in this process), with the same scores."""
+    the held-out batches, then :func:`find_mixed_precision` (``remeasure``: see there); the
+    trials run on ``executor`` (:mod:`onnxq.scale`; None: in this process), with the same
+    scores."""
     reference = run_outputs(model, heldout.batches, profile.fused_validation, "float")
     trials = Trials(
         model, facts, profile, config, measure, heldout.batches, reference, target,
         executor=executor,
     )  # fmt: skip
-    return find_mixed_precision(trials, first, heldout.source, config.progress)
+    found = find_mixed_precision(trials, first, heldout.source, config.progress, remeasure)
+    return replace(found, rescore=functools.partial(score_model, trials.context()))
 
 
 def choose(

@@ -169,11 +169,13 @@ TARGET_COSTS = ("layers", "macs")
 @dataclass(frozen=True)
 class AccuracyOptions:
     """What the mixed-precision search reads (``onnxq.mixed_precision``): the accuracy target
-    (``METRIC=VALUE``; None: no search) and how many batches are held out to measure it."""
+    (``METRIC=VALUE``; None: no search), how many batches are held out to measure it, what the
+    search minimises and the most multiply-adds it may leave float (a share; None: any)."""
 
     target_accuracy: str | None
     heldout_batches: int
     target_cost: str
+    target_max_float_macs: float | None
 
 
 @dataclass(frozen=True)

@@ -70,10 +70,28 @@ def score_trial(worker: TrialWorker, shard: TrialShard) -> float:
     trial = onnx.ModelProto()
     trial.CopyFrom(context.model)
     materialize(trial, shard.annotations, shard.qparams, context.profile, context.weights)
-    outputs = run_outputs(
-        trial, context.heldout, context.profile.fused_validation, "trial", ours=True
-    )
-    return float(context.target.evaluate(context.reference, outputs, worker.masks))
+    return _scored(context, trial, worker.masks, "trial")
 
 
-__all__ = ["TrialContext", "TrialShard", "TrialWorker", "score_trial", "trial_worker"]
+def score_model(context: TrialContext, model: onnx.ModelProto) -> float:
+    """The target metric of ``model``, a quantized model of ``context``'s float one (the
+    model a run writes, after its recovery steps), on the held-out batches."""
+    return _scored(context, model, padding_masks(context.heldout), "quantized")
+
+
+def _scored(
+    context: TrialContext, model: onnx.ModelProto, masks: list[np.ndarray | None], label: str
+) -> float:
+    fused = context.profile.fused_validation
+    outputs = run_outputs(model, context.heldout, fused, label, ours=True)
+    return float(context.target.evaluate(context.reference, outputs, masks))
+
+
+__all__ = [
+    "TrialContext",
+    "TrialShard",
+    "TrialWorker",
+    "score_model",
+    "score_trial",
+    "trial_worker",
+]

@@ -13,6 +13,7 @@ from onnx import helper
 import onnxq
 from onnxq import ir
 from onnxq.accuracy_target import AccuracyTarget
+from onnxq.backends.runs import run_outputs
 from onnxq.cli import main
 from onnxq.errors import CalibrationDataError, ConfigError
 from tests import graphs
@@ -212,3 +213,18 @@ def test_analyze_sensitivity_prints_the_ranking(tmp_path, model_file, calib_dir,
     assert code == 0
     ranking = text[text.index("sensitivity (tensorrt") :].splitlines()
     assert "conv2" in ranking[1] and len(ranking) == 5
+
+
+def test_score_is_the_written_models_recovery_included():
+    m = conv_chain()
+    held = graphs.random_batches(m, 3, seed=7)
+    plain = run(m, "cosine=0.0", heldout=held).report.mixed_precision
+    assert plain["score"] == plain["search_score"]  # no recovery: the trial is the model
+    result = run(m, "cosine=0.0", heldout=held, sequential_correction=True)
+    record = result.report.mixed_precision
+    reference = run_outputs(m, held, False, "float")
+    written = run_outputs(result.model, held, False, "quantized", ours=True)
+    expected = AccuracyTarget("cosine", 0.0).evaluate(reference, written)
+    assert record["score"] == pytest.approx(expected, abs=1e-6)
+    assert record["search_score"] == plain["search_score"]  # the trials run no recovery
+    assert record["score"] != record["search_score"]
