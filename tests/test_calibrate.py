@@ -8,8 +8,9 @@ import onnxruntime as ort
 import pytest
 
 from onnxq import ir
-from onnxq.calibrate import _OutputBuffers, calibrate, exposing, make_session
+from onnxq.calibrate import calibrate
 from onnxq.calibration_plan import MIN_SAMPLE_SHARE, _stride, peaks_plan, sample_share
+from onnxq.calibration_session import OutputBuffers, exposing, make_session
 from onnxq.data import model_inputs
 from onnxq.errors import CalibrationDataError, InternalError, UnsupportedModelError
 from onnxq.tensor_stats import BINS, TensorStats
@@ -73,7 +74,7 @@ def test_output_buffers_give_the_plain_runs_values(with_nonzero):
     model = _aliasing_model()
     names = ["y", "x", "xi"] + (["nz"] if with_nonzero else [])
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    buffers = _OutputBuffers(session, names)
+    buffers = OutputBuffers(session, names)
     r = np.random.default_rng(0)
     shapes = [(2, 3), (2, 3), (2, 3), (5, 3), (2, 3), (2, 3)]  # one batch of another shape
     previous: list[np.ndarray] = []
@@ -181,7 +182,7 @@ def test_make_session_wraps_onnxruntime_failures():
 def test_a_failure_on_the_calibration_copy_blames_onnxq_only_when_the_model_itself_runs(
     monkeypatch,
 ):
-    import onnxq.calibrate
+    import onnxq.calibration_observation
 
     model, _ = prepared(graphs.conv_relu())
     inputs = model_inputs(ir.Graph(model))
@@ -190,7 +191,7 @@ def test_a_failure_on_the_calibration_copy_blames_onnxq_only_when_the_model_itse
     def refused(*_args, **_kwargs):
         raise UnsupportedModelError("onnxruntime cannot load the model: Failed to find node")
 
-    monkeypatch.setattr(onnxq.calibrate, "_peaks_session", refused)
+    monkeypatch.setattr(onnxq.calibration_observation, "peaks_session", refused)
     with pytest.raises(InternalError, match="calibration copy of the model") as caught:
         calibrate(model, {"x": True}, batches, inputs, progress=False)
     assert "this is a bug in onnxq" in str(caught.value)
@@ -576,7 +577,7 @@ def test_stale_declared_shapes_do_not_mix_up_channels():
 def test_batch_work_runs_every_job_once_and_raises_the_first_failure_by_position():
     from concurrent.futures import ThreadPoolExecutor
 
-    from onnxq.calibrate import _BatchWork
+    from onnxq.calibration_batch import BatchWork
 
     ran: list[int] = []
 
@@ -591,12 +592,12 @@ def test_batch_work_runs_every_job_once_and_raises_the_first_failure_by_position
     with ThreadPoolExecutor(max_workers=1) as pool:
         for _ in range(20):  # whichever thread meets a failure first, job 1's is raised
             ran.clear()
-            work = _BatchWork([job(k) for k in range(6)], order=[3, 5, 1, 0, 2, 4])
+            work = BatchWork([job(k) for k in range(6)], order=[3, 5, 1, 0, 2, 4])
             work.start(pool)
             with pytest.raises(CalibrationDataError, match="job 1 failed"):
                 work.finish()
             assert sorted(ran) == list(range(6))
-        work = _BatchWork([job(k) for k in (0, 2, 4)], order=[])
+        work = BatchWork([job(k) for k in (0, 2, 4)], order=[])
         work.start(pool)
         work.finish()
         assert sorted(ran[-3:]) == [0, 2, 4]
@@ -625,7 +626,6 @@ def test_a_session_that_onnxruntimes_layout_optimizer_breaks_falls_back(capsys):
     # such tensors (timm's fastvit_t8 failed with --backend tensorrt)
     from onnx import helper
 
-    from onnxq.calibrate import make_session
     from tests import graphs
 
     r = graphs.rng(0)
