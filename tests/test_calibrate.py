@@ -9,7 +9,7 @@ import pytest
 
 from onnxq import ir
 from onnxq.calibrate import calibrate
-from onnxq.calibration_plan import MIN_SAMPLE_SHARE, _stride, sample_share
+from onnxq.calibration_plan import MIN_SAMPLE_SHARE, _stride
 from onnxq.data import model_inputs
 from onnxq.errors import CalibrationDataError
 from onnxq.tensor_stats import BINS, TensorStats
@@ -201,20 +201,6 @@ def test_a_single_nan_anywhere_is_found(histogram):
         calibrate(model, {"log_out": histogram}, [{"x": x}], inputs, progress=False)
 
 
-def test_stride_is_a_prime_coprime_to_every_dimension():
-    assert _stride(1000, [10, 10, 10], 1000) == 1
-    assert _stride(2304, [1, 16, 12, 12], 100) == 29  # 24 -> 29: the next prime
-    assert _stride(768 * 64, [1, 64, 768], 1024) == 53  # 48 -> 53
-    assert _stride(7 * 49, [1, 7, 7, 7], 100) == 5  # 4 -> 5 (5 divides no dimension)
-    assert _stride(11 * 13 * 100, [1, 11, 13, 100], 500) == 29  # skips 11, 13, 17, 19, 23
-    for dims in ([1, 64, 56, 56], [1, 3, 224, 224], [1, 128, 768], [4, 17, 19, 23]):
-        n = int(np.prod(dims[1:]))
-        for target in (64, 1000, 4096):
-            s = _stride(n, dims, target)
-            assert s >= n / target or s == 1
-            assert s == 1 or (all(s % k for k in range(2, s)) and all(d % s for d in dims))
-
-
 def test_sampled_histogram_holds_every_sth_value_of_each_sample_and_exact_extremes():
     model, inputs = prepared(batched_conv())
     batches = [graphs.random_inputs(model, seed=i, dynamic=3) for i in range(4)]
@@ -287,18 +273,6 @@ def test_a_time_major_tensor_is_observed_per_sample_along_its_batch_axis():
     np.testing.assert_array_equal(a.counts, b.counts)
     assert a.sample_max_sum == pytest.approx(b.sample_max_sum, rel=1e-6)
     assert a.sample_max_sum == pytest.approx(sum(float(s["x"].max()) for s in samples), rel=1e-6)
-
-
-def test_sample_share_follows_the_budget_in_powers_of_two():
-    assert sample_share(65536, 2**24, None) == 65536  # unknown sample count: no budget
-    assert sample_share(65536, 2**24, 256) == 65536  # 2^24 / 256 = 65536: not lowered
-    assert sample_share(65536, 2**24, 257) == 32768  # 65280 rounds down to a power of two
-    assert sample_share(65536, 2**24, 512) == 32768
-    assert sample_share(65536, 2**24, 1000) == sample_share(65536, 2**24, 1024) == 16384
-    assert sample_share(65536, 2**24, 10**9) == MIN_SAMPLE_SHARE
-    assert sample_share(500, 2**24, 10**9) == 500  # never above histogram_sample
-    assert sample_share(0, 2**24, 10**9) == 0  # 0: every value, whatever the budget
-    assert sample_share(65536, 0, 10**9) == 65536  # budget 0: off
 
 
 def test_histogram_budget_lowers_each_samples_share_whatever_the_batching():
@@ -382,23 +356,6 @@ def test_float16_rank1_and_unknown_rank_tensors_are_observed():
     assert result.stats["total"].count == 1
     assert result.stats["total"].max == pytest.approx(float(np.maximum(x, 0).sum()), rel=1e-3)
     assert result.stats["anyrank"].counts.sum() == 37  # exposed whole, numpy's statistics
-
-
-def test_an_unbatched_image_input_counts_one_sample_per_batch():
-    # torchvision's detectors take [3, H, W]: its fixed 3 is channels, not 3 samples
-    from onnxq.calibration_plan import batch_samples, samples_total
-    from onnxq.data import InputSpec
-
-    image = {"image": np.zeros((3, 64, 48), np.float32)}
-    unbatched = [InputSpec("image", np.dtype(np.float32), (3, "height", "width"))]
-    assert batch_samples(image, unbatched) == 1
-    assert samples_total(image, 16, unbatched) == 16
-    batched = [InputSpec("image", np.dtype(np.float32), ("n", 64, 48))]
-    assert batch_samples(image, batched) == 3
-    static = [InputSpec("image", np.dtype(np.float32), (3, 64, 48))]  # no symbol: as given
-    assert batch_samples(image, static) == 3
-    nchw = {"x": np.zeros((2, 3, 64, 48), np.float32)}  # a fixed batch of 2, dynamic H/W
-    assert batch_samples(nchw, [InputSpec("x", np.dtype(np.float32), (2, 3, "h", "w"))]) == 2
 
 
 def test_tensors_of_a_branch_never_taken_are_unobservable_with_the_reason():
