@@ -19,7 +19,8 @@ import onnx
 from onnxq import ir
 from onnxq.advice import advise, quantized_op, weight_sqnr_db
 from onnxq.analysis_view import print_analysis, write_analysis
-from onnxq.calibrate import DEFAULT_MEMORY_BUDGET, augmented_session, run_batch
+from onnxq.calibration_plan import DEFAULT_MEMORY_BUDGET
+from onnxq.calibration_session import augmented_session, run_batch
 from onnxq.data import Batch, InputSpec, check_batch, model_inputs
 from onnxq.error_stats import ErrorSums
 from onnxq.errors import CalibrationDataError, UnsupportedModelError

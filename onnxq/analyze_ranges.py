@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from onnxq import ir
-from onnxq.calibrate import augmented_session, run_batch
+from onnxq.calibration_session import augmented_session, run_batch
 from onnxq.data import Batch, check_batch, model_inputs
 
 BINS = 64

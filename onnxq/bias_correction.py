@@ -289,7 +289,7 @@ def _measure(
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per target: the mean shift per channel over all values seen, and which channels' shift
     exceeds :data:`MIN_SIGNIFICANCE` standard errors of the per-batch means."""
-    from onnxq.calibrate import augmented_session
+    from onnxq.calibration_session import augmented_session
 
     names = [n for pair in outputs for n in pair]
     try:

@@ -55,6 +55,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
+# the calibration engine's sources: a sampled stack through one of them is calibration's
+ENGINE_FILES = tuple(
+    f"onnxq/{name}.py"
+    for name in ("calibrate", "calibration_observation", "calibration_batch", "calibration_session")
+)
 HISTOGRAM_METHODS = {"percentile", "entropy", "mse", "aciq", "auto"}
 ORT_METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
 DEFAULT_METHODS = "minmax,percentile,entropy,mse,auto"
@@ -777,7 +782,8 @@ def profile(args: argparse.Namespace) -> None:
 
 def _report_spy(raw: Path, top: int) -> None:
     """Shares of the samples taken inside calibrate(), on the main thread or on a statistics
-    worker thread (a stack through ``onnxq/calibrate.py``), by innermost onnxq source line."""
+    worker thread (a stack through the engine's files, ``ENGINE_FILES``), by innermost onnxq
+    source line."""
     import collections
     import linecache
     import re
@@ -794,11 +800,7 @@ def _report_spy(raw: Path, top: int) -> None:
         stack, _, count = row.rpartition(" ")
         frames = [frame.match(f) for f in stack.split(";")]
         parsed = [(m.group(1), m.group(2), int(m.group(3))) for m in frames if m]
-        at = [
-            i
-            for i, f in enumerate(parsed)
-            if f[1].replace("\\", "/").endswith("onnxq/calibrate.py")
-        ]
+        at = [i for i, f in enumerate(parsed) if f[1].replace("\\", "/").endswith(ENGINE_FILES)]
         if not at:
             continue
         k = int(count)

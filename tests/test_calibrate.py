@@ -8,10 +8,10 @@ import onnxruntime as ort
 import pytest
 
 from onnxq import ir
-from onnxq.calibrate import _OutputBuffers, calibrate, exposing, make_session
-from onnxq.calibration_plan import MIN_SAMPLE_SHARE, _stride, peaks_plan, sample_share
+from onnxq.calibrate import calibrate
+from onnxq.calibration_plan import MIN_SAMPLE_SHARE, _stride
 from onnxq.data import model_inputs
-from onnxq.errors import CalibrationDataError, InternalError, UnsupportedModelError
+from onnxq.errors import CalibrationDataError
 from onnxq.tensor_stats import BINS, TensorStats
 from tests import graphs
 
@@ -50,50 +50,6 @@ def test_statistics_equal_the_tensors_values():
     assert result.stats["conv2_out"].counts.sum() == 0  # no histogram asked
 
 
-def _aliasing_model() -> onnx.ModelProto:
-    """Outputs: a computed tensor, the graph input itself, an Identity of it, and the count
-    of positive values' positions (NonZero: its shape depends on the data)."""
-    h, T = onnx.helper, onnx.TensorProto
-    nodes = [
-        h.make_node("Identity", ["x"], ["xi"]),
-        h.make_node("Relu", ["xi"], ["r"]),
-        h.make_node("Neg", ["r"], ["y"]),
-        h.make_node("NonZero", ["r"], ["nz"]),
-    ]
-    outputs = [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("y", "x", "xi")]
-    outputs.append(h.make_tensor_value_info("nz", T.INT64, None))
-    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["n", 3])], outputs)
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
-@pytest.mark.parametrize("with_nonzero", [False, True])
-def test_output_buffers_give_the_plain_runs_values(with_nonzero):
-    model = _aliasing_model()
-    names = ["y", "x", "xi"] + (["nz"] if with_nonzero else [])
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    buffers = _OutputBuffers(session, names)
-    r = np.random.default_rng(0)
-    shapes = [(2, 3), (2, 3), (2, 3), (5, 3), (2, 3), (2, 3)]  # one batch of another shape
-    previous: list[np.ndarray] = []
-    for index, shape in enumerate(shapes):
-        x = r.standard_normal(shape).astype(np.float32)
-        got = buffers.run({"x": x}, index)
-        want = session.run(names, {"x": x})
-        for name, g, w in zip(names, got, want, strict=True):
-            np.testing.assert_array_equal(g, w, err_msg=f"batch {index}, {name}")
-        assert all(g is not p for g in got for p in previous)  # the last batch's are intact
-        # nothing aliases the input, which the caller drops before the statistics are taken
-        assert not any(np.shares_memory(g, x) for g in got)
-        previous = got
-    if with_nonzero:  # NonZero's shape changes with the data: bound buffers were given up
-        assert not buffers._bound
-    else:  # the buffers were used, but the graph input comes back as onnxruntime's own value
-        assert buffers._bound
-        assert got[0] is buffers._sets[1][0] and got[1] is not buffers._sets[1][1]
-
-
 def test_max_batches_and_held_batches():
     model, inputs = prepared(graphs.conv_relu())
     batches = graphs.random_batches(model, 6)
@@ -105,18 +61,6 @@ def test_max_batches_and_held_batches():
     assert len(result.held) == 2
     assert result.held[0]["x"].dtype == np.float32
     np.testing.assert_array_equal(result.held[1]["x"], batches[1]["x"].astype(np.float32))
-
-
-def test_memory_budget_splits_tensors_into_passes_with_the_same_result():
-    model, inputs = prepared(graphs.residual_add())
-    batches = graphs.random_batches(model, 3)
-    tensors = {"x": True, "skip": True, "conv2_out": True}
-    one = calibrate(model, tensors, batches, inputs, progress=False)
-    split = calibrate(model, tensors, batches, inputs, memory_budget=1, progress=False)
-    assert split.batches_seen == one.batches_seen == 3
-    for name in tensors:
-        assert split.stats[name].count == one.stats[name].count
-        np.testing.assert_array_equal(split.stats[name].counts, one.stats[name].counts)
 
 
 def test_several_passes_refuse_a_one_shot_iterator():
@@ -158,66 +102,6 @@ def test_nan_produced_inside_the_model_names_the_tensor_and_batch():
         CalibrationDataError, match="'log_out' has NaN or Inf values in calibration batch 1"
     ):
         calibrate(model, {"log_out": True}, batches, inputs, progress=False)
-
-
-def test_exposing_shows_exactly_the_observed_tensors_and_restores_the_outputs():
-    model, _ = prepared(graphs.residual_add())
-    before = ir.serialize(model)
-    with exposing(model, ir.Graph(model), ["skip", "conv2_out"]) as aug:
-        assert [o.name for o in aug.graph.output] == ["skip", "conv2_out"]
-    assert ir.serialize(model) == before  # the original keeps its outputs
-    with pytest.raises(RuntimeError), exposing(model, ir.Graph(model), ["skip"]):
-        raise RuntimeError("interrupted")
-    assert ir.serialize(model) == before  # ... even when the block fails
-
-
-def test_make_session_wraps_onnxruntime_failures():
-    model = graphs.conv_relu()
-    model.graph.node[0].op_type = "NoSuchOp"
-    with pytest.raises(UnsupportedModelError, match="onnxruntime cannot load the model"):
-        make_session(model)
-
-
-def test_a_failure_on_the_calibration_copy_blames_onnxq_only_when_the_model_itself_runs(
-    monkeypatch,
-):
-    import onnxq.calibrate
-
-    model, _ = prepared(graphs.conv_relu())
-    inputs = model_inputs(ir.Graph(model))
-    batches = graphs.random_batches(model, 2)
-
-    def refused(*_args, **_kwargs):
-        raise UnsupportedModelError("onnxruntime cannot load the model: Failed to find node")
-
-    monkeypatch.setattr(onnxq.calibrate, "_peaks_session", refused)
-    with pytest.raises(InternalError, match="calibration copy of the model") as caught:
-        calibrate(model, {"x": True}, batches, inputs, progress=False)
-    assert "this is a bug in onnxq" in str(caught.value)
-    # a model onnxruntime cannot run either way: the model's own error
-    broken = onnx.ModelProto()
-    broken.CopyFrom(model)
-    broken.graph.node[0].op_type = "NoSuchOp"
-    with pytest.raises(UnsupportedModelError, match="cannot load the model"):
-        calibrate(broken, {"x": True}, batches, inputs, progress=False)
-
-
-def test_a_batch_the_model_fails_on_is_the_models_error_not_the_datas():
-    # the data matches the declared input [N, 6]; the model's fixed Reshape cannot take it
-    nodes = [
-        onnx.helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
-        onnx.helper.make_node("Relu", ["r"], ["y"], name="relu"),
-    ]
-    shape = graphs.init("shape", np.array([4, 4], np.int64))
-    model = graphs.model(
-        nodes, [graphs.tensor("x", ["N", 6])], [graphs.tensor("y", [4, 4])], [shape]
-    )
-    model, inputs = prepared(model)
-    batches = [{"x": np.ones((1, 6), np.float32)}] * 2
-    with pytest.raises(UnsupportedModelError, match="batch 0: onnxruntime failed on it") as caught:
-        calibrate(model, {"r": True}, batches, inputs, progress=False)
-    assert "matches the model's declared inputs" in str(caught.value)
-    assert caught.value.onnxruntime_failed
 
 
 # --------------------------------------------------------------- in-graph statistics, sampling
@@ -317,20 +201,6 @@ def test_a_single_nan_anywhere_is_found(histogram):
         calibrate(model, {"log_out": histogram}, [{"x": x}], inputs, progress=False)
 
 
-def test_stride_is_a_prime_coprime_to_every_dimension():
-    assert _stride(1000, [10, 10, 10], 1000) == 1
-    assert _stride(2304, [1, 16, 12, 12], 100) == 29  # 24 -> 29: the next prime
-    assert _stride(768 * 64, [1, 64, 768], 1024) == 53  # 48 -> 53
-    assert _stride(7 * 49, [1, 7, 7, 7], 100) == 5  # 4 -> 5 (5 divides no dimension)
-    assert _stride(11 * 13 * 100, [1, 11, 13, 100], 500) == 29  # skips 11, 13, 17, 19, 23
-    for dims in ([1, 64, 56, 56], [1, 3, 224, 224], [1, 128, 768], [4, 17, 19, 23]):
-        n = int(np.prod(dims[1:]))
-        for target in (64, 1000, 4096):
-            s = _stride(n, dims, target)
-            assert s >= n / target or s == 1
-            assert s == 1 or (all(s % k for k in range(2, s)) and all(d % s for d in dims))
-
-
 def test_sampled_histogram_holds_every_sth_value_of_each_sample_and_exact_extremes():
     model, inputs = prepared(batched_conv())
     batches = [graphs.random_inputs(model, seed=i, dynamic=3) for i in range(4)]
@@ -403,18 +273,6 @@ def test_a_time_major_tensor_is_observed_per_sample_along_its_batch_axis():
     np.testing.assert_array_equal(a.counts, b.counts)
     assert a.sample_max_sum == pytest.approx(b.sample_max_sum, rel=1e-6)
     assert a.sample_max_sum == pytest.approx(sum(float(s["x"].max()) for s in samples), rel=1e-6)
-
-
-def test_sample_share_follows_the_budget_in_powers_of_two():
-    assert sample_share(65536, 2**24, None) == 65536  # unknown sample count: no budget
-    assert sample_share(65536, 2**24, 256) == 65536  # 2^24 / 256 = 65536: not lowered
-    assert sample_share(65536, 2**24, 257) == 32768  # 65280 rounds down to a power of two
-    assert sample_share(65536, 2**24, 512) == 32768
-    assert sample_share(65536, 2**24, 1000) == sample_share(65536, 2**24, 1024) == 16384
-    assert sample_share(65536, 2**24, 10**9) == MIN_SAMPLE_SHARE
-    assert sample_share(500, 2**24, 10**9) == 500  # never above histogram_sample
-    assert sample_share(0, 2**24, 10**9) == 0  # 0: every value, whatever the budget
-    assert sample_share(65536, 0, 10**9) == 65536  # budget 0: off
 
 
 def test_histogram_budget_lowers_each_samples_share_whatever_the_batching():
@@ -498,187 +356,6 @@ def test_float16_rank1_and_unknown_rank_tensors_are_observed():
     assert result.stats["total"].count == 1
     assert result.stats["total"].max == pytest.approx(float(np.maximum(x, 0).sum()), rel=1e-3)
     assert result.stats["anyrank"].counts.sum() == 37  # exposed whole, numpy's statistics
-
-
-def test_observing_adds_nothing_to_the_model():
-    model, inputs = prepared(batched_conv())
-    before = ir.serialize(model)
-    calibrate(
-        model,
-        {"conv_out": True, "x": False},
-        graphs.random_batches(model, 2),
-        inputs,
-        progress=False,
-    )
-    assert ir.serialize(model) == before
-
-
-def test_a_relu_output_is_observed_in_the_graph_with_the_same_statistics():
-    # y = Relu(conv_out): its per-channel maxima come from an in-graph GlobalMaxPool; min,
-    # max, count, per-sample sums and channel peaks equal those of the whole tensor
-    model, inputs = prepared(batched_conv())
-    graph = ir.Graph(model)
-    assert peaks_plan(graph, "y") is not None  # observed in the graph
-    assert peaks_plan(graph, "conv_out") is None  # signed: exposed whole
-    batches = [graphs.random_inputs(model, seed=i, dynamic=3) for i in range(4)]
-    got = calibrate(
-        model, {"y": False}, batches, inputs, channels=frozenset({"y"}), progress=False
-    ).stats["y"]
-    want = TensorStats("y", histogram=False, channels=True)
-    for b in batches:
-        want.update(
-            np.maximum(
-                reference_values(model, [b], ["conv_out"])["conv_out"].reshape(3, 16, 12, 12), 0
-            )
-        )
-    assert got.nonnegative and (got.count, got.samples) == (want.count, want.samples) == (
-        4 * 3 * 16 * 144,
-        12,
-    )
-    assert (got.min, got.max) == (0.0, want.max) and want.min == 0.0
-    assert got.sample_max_sum == pytest.approx(want.sample_max_sum, rel=1e-12)
-    assert got.sample_min_sum == want.sample_min_sum == 0.0
-    np.testing.assert_array_equal(got.channel_amax, want.channel_amax)
-    # with a histogram the values themselves are needed: the tensor is exposed whole
-    hist = calibrate(model, {"y": True}, batches, inputs, progress=False).stats["y"]
-    assert (hist.max, hist.count) == (want.max, want.count) and hist.counts.sum() == want.count
-
-
-def test_nan_in_an_in_graph_observed_tensor_is_an_error():
-    # Exp(Log(x)) >= 0 is observed in the graph; x < 0 makes every value NaN
-    nodes = [onnx.helper.make_node("Log", ["x"], ["l"]), onnx.helper.make_node("Exp", ["l"], ["e"])]
-    model, inputs = prepared(
-        graphs.model(nodes, [graphs.tensor("x", [1, 4, 8, 8])], [graphs.tensor("e", [1, 4, 8, 8])])
-    )
-    assert peaks_plan(ir.Graph(model), "e") is not None
-    with pytest.raises(CalibrationDataError, match="'e' has NaN or Inf values in calibration"):
-        calibrate(
-            model, {"e": False}, [{"x": -np.ones((1, 4, 8, 8), np.float32)}], inputs, progress=False
-        )
-
-
-def test_stale_declared_shapes_do_not_mix_up_channels():
-    # the model declares y with 8 channels, onnxruntime computes 16
-    model = graphs.conv_relu()
-    model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 8
-    model, inputs = prepared(model)
-    assert ir.Graph(model).shape("y") == (1, 8, 8, 8) and peaks_plan(ir.Graph(model), "y")
-    batches = graphs.random_batches(model, 3)
-    # a re-iterable source: shapes inferred afresh for the first batch disagree, so y is
-    # read whole and its statistics are right
-    stats = calibrate(model, {"y": False}, batches, inputs, progress=False).stats["y"]
-    assert stats.max == float(reference_values(model, batches, ["y"])["y"].max())
-    # a source read once cannot be looked at first: the mismatch is found at run time
-    with pytest.raises(UnsupportedModelError, match="onnxruntime gives 16 channels in all"):
-        calibrate(model, {"y": False}, iter(batches), inputs, progress=False)
-
-
-def test_batch_work_runs_every_job_once_and_raises_the_first_failure_by_position():
-    from concurrent.futures import ThreadPoolExecutor
-
-    from onnxq.calibrate import _BatchWork
-
-    ran: list[int] = []
-
-    def job(k: int):
-        def run() -> None:
-            ran.append(k)
-            if k in (1, 3):
-                raise CalibrationDataError(f"job {k} failed")
-
-        return run
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        for _ in range(20):  # whichever thread meets a failure first, job 1's is raised
-            ran.clear()
-            work = _BatchWork([job(k) for k in range(6)], order=[3, 5, 1, 0, 2, 4])
-            work.start(pool)
-            with pytest.raises(CalibrationDataError, match="job 1 failed"):
-                work.finish()
-            assert sorted(ran) == list(range(6))
-        work = _BatchWork([job(k) for k in (0, 2, 4)], order=[])
-        work.start(pool)
-        work.finish()
-        assert sorted(ran[-3:]) == [0, 2, 4]
-
-
-def test_an_unbatched_image_input_counts_one_sample_per_batch():
-    # torchvision's detectors take [3, H, W]: its fixed 3 is channels, not 3 samples
-    from onnxq.calibration_plan import batch_samples, samples_total
-    from onnxq.data import InputSpec
-
-    image = {"image": np.zeros((3, 64, 48), np.float32)}
-    unbatched = [InputSpec("image", np.dtype(np.float32), (3, "height", "width"))]
-    assert batch_samples(image, unbatched) == 1
-    assert samples_total(image, 16, unbatched) == 16
-    batched = [InputSpec("image", np.dtype(np.float32), ("n", 64, 48))]
-    assert batch_samples(image, batched) == 3
-    static = [InputSpec("image", np.dtype(np.float32), (3, 64, 48))]  # no symbol: as given
-    assert batch_samples(image, static) == 3
-    nchw = {"x": np.zeros((2, 3, 64, 48), np.float32)}  # a fixed batch of 2, dynamic H/W
-    assert batch_samples(nchw, [InputSpec("x", np.dtype(np.float32), (2, 3, "h", "w"))]) == 2
-
-
-def test_a_session_that_onnxruntimes_layout_optimizer_breaks_falls_back(capsys):
-    # onnxruntime 1.31 at ORT_ENABLE_ALL drops a grouped Conv's output that is a graph output
-    # and feeds Add(conv, conv) ("Failed to find node output"); calibration exposes exactly
-    # such tensors (timm's fastvit_t8 failed with --backend tensorrt)
-    from onnx import helper
-
-    from onnxq.calibrate import make_session
-    from tests import graphs
-
-    r = graphs.rng(0)
-    nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], group=32, kernel_shape=[1, 1]),
-        helper.make_node(
-            "Conv", ["x", "w2", "b2"], ["c2"], group=32, kernel_shape=[3, 3], pads=[1, 1, 1, 1]
-        ),
-        helper.make_node("Add", ["c1", "c2"], ["y"]),
-    ]
-    model = graphs.model(
-        nodes,
-        [graphs.tensor("x", ["n", 32, 7, 7])],
-        [graphs.tensor("y", ["n", 64, 7, 7]), graphs.tensor("c1", ["n", 64, 7, 7])],
-        [
-            graphs.init("w1", graphs.weight(r, 64, 1, 1, 1)),
-            graphs.init("b1", graphs.weight(r, 64)),
-            graphs.init("w2", graphs.weight(r, 64, 1, 3, 3)),
-            graphs.init("b2", graphs.weight(r, 64)),
-        ],
-    )
-    session = make_session(model)
-    x = graphs.rng(1).standard_normal((2, 32, 7, 7)).astype(np.float32)
-    y, c1 = session.run(None, {"x": x})
-    assert y.shape == c1.shape == (2, 64, 7, 7)
-    assert capsys.readouterr().out == ""  # no "EP Error ... retrying" banner
-
-
-def test_tensors_inside_bodies_are_observed_over_every_run_of_their_body():
-    from tests import control_flow_graphs as cf
-
-    model, inputs = prepared(cf.if_in_loop())
-    batches = cf.batches(model, 3, steps=lambda k: 3 + k)  # 3, 4, 5 iterations
-    result = calibrate(
-        model, {"h": True, "odd_y": True, "h0": False}, batches, inputs, progress=False
-    )
-    # h at iteration i is h0 + i; odd_y = MatMul(h, W) on the odd iterations only
-    w = onnx.numpy_helper.to_array(
-        next(n for n in ir.every_node(model.graph) if n.output[0] == "odd.w").attribute[0].t
-    )
-    h = [b["h0"] + i for b in batches for i in range(int(b["steps"]))]
-    odd = [(b["h0"] + i) @ w for b in batches for i in range(1, int(b["steps"]), 2)]
-    for name, values in (("h", h), ("odd_y", odd)):
-        stats, flat = result.stats[name], np.concatenate([v.ravel() for v in values])
-        assert stats.count == flat.size and stats.counts.sum() == flat.size
-        assert stats.min == pytest.approx(float(flat.min()), rel=1e-6)
-        assert stats.max == pytest.approx(float(flat.max()), rel=1e-6)
-    assert result.body_runs == {  # 1 + 2 + 2 odd iterations of 3 + 4 + 5
-        "loop/body": 12,
-        "step_if/else_branch": 7,
-        "step_if/then_branch": 5,
-    }
-    assert result.unobservable == {}
 
 
 def test_tensors_of_a_branch_never_taken_are_unobservable_with_the_reason():

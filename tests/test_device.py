@@ -9,7 +9,7 @@ import pytest
 
 import onnxq
 from onnxq import device
-from onnxq.calibrate import make_session
+from onnxq.calibration_session import make_session
 from onnxq.cli import main
 from onnxq.errors import ConfigError, ResourceError
 from tests import graphs

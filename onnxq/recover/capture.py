@@ -176,7 +176,7 @@ def paired_batches(
     """Per batch: its index, ``float_names`` from the float model and ``quant_names`` from
     ``quant_model`` (Q/DQ arithmetic as written: onnxruntime's fusion off), on the same batch.
     One batch of values is alive at a time."""
-    from onnxq.calibrate import augmented_session, run_batch
+    from onnxq.calibration_session import augmented_session, run_batch
 
     f_session = augmented_session(float_model, ir.Graph(float_model), float_names)
     q_session = None

@@ -71,7 +71,7 @@ class OutputError:
 def pruned_session(model: onnx.ModelProto, tensor: str | None, what: str) -> Any:
     """An unoptimized onnxruntime session of ``model``, pruned to compute ``tensor`` alone
     when given."""
-    from onnxq.calibrate import make_session
+    from onnxq.calibration_session import make_session
 
     try:
         if tensor is None:

@@ -11,9 +11,9 @@ A shard is either a *window* of a source read from files (``source.window(start,
 names that every worker reads from a shared filesystem) or a *chunk*: up to ``shard_batches``
 batches of an in-memory source, which travel to the worker through the executor (Ray's object
 store).  Each worker parses the model once and keeps its last calibration session for the
-next shard of the same plan (:class:`onnxq.calibrate.WorkerState`): the task that observes a
-shard and the worker's setup come from :func:`onnxq.calibrate.calibrate`, so that this module
-needs nothing of the engine itself.
+next shard of the same plan (:class:`onnxq.calibration_observation.WorkerState`): the task
+that observes a shard and the worker's setup come from :func:`onnxq.calibrate.calibrate`, so
+that this module needs nothing of the engine itself.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ class LayerwiseRunner:
             del self._weights[x]
 
     def _run_session(self, k: int, stage: Stage) -> Iterator[dict[str, np.ndarray]]:
-        from onnxq.calibrate import make_session
+        from onnxq.calibration_session import make_session
 
         types = {
             x: int(helper.np_dtype_to_tensor_dtype(self._store[x][0].dtype)) for x in stage.inputs
