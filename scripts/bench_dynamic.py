@@ -25,9 +25,10 @@ defaults (per-tensor weights, the peer the issue names; for silero_vad also with
   (the default with one thread) times the CPU time of the thread that runs the session, which
   other jobs on a shared machine do not inflate as they do wall time; ``--clock wall`` times
   wall time.  ``--processes N`` repeats each model's timing in N fresh processes, one after
-  another, and takes the median of their ratios (each process's shown): where a process's
-  allocations put the weights moves a memory-bound run by a few percent from one process to
-  the next (smollm2_135m's one-token step against ``quantize_dynamic``'s: 0.94x to 1.09x in
+  another, the k-th making and timing the variants in their order rotated by k, and takes
+  the median of their ratios (each process's shown): where a session's weights land in memory
+  moves a memory-bound run by a few percent from one process, or one creation order, to the
+  next (smollm2_135m's one-token step against ``quantize_dynamic``'s: 0.94x to 1.09x in
   separate runs of the same two files).
 
 The header names the CPU, onnxruntime version and clock; a machine shared with other jobs shows
@@ -188,13 +189,17 @@ def latency_runs(
     processes: int,
 ) -> list[dict[str, list[float]]]:
     """:func:`latency` in this process (``processes`` 1), or once in each of ``processes``
-    fresh processes, one after another."""
+    fresh processes, one after another, the k-th creating (and timing) the variants in their
+    order rotated by k: where a session's weights land depends on when it is made."""
     if processes <= 1:
         return [latency(paths, feed, rounds, threads, clock)]
     runs = []
-    for _ in range(processes):
+    labels = list(paths)
+    for k in range(processes):
+        turn = labels[k % len(labels) :] + labels[: k % len(labels)]
         with multiprocessing.get_context("spawn").Pool(1) as pool:
-            runs.append(pool.apply(latency, (paths, feed, rounds, threads, clock)))
+            rotated = {label: paths[label] for label in turn}
+            runs.append(pool.apply(latency, (rotated, feed, rounds, threads, clock)))
     return runs
 
 
