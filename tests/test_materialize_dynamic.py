@@ -206,7 +206,7 @@ def test_matmuls_inside_control_flow_bodies_get_dynamic_kernels_there(build, fix
     assert check(result.model, ONNXRUNTIME) == []
     for batch in batches:
         for mine, ref in zip(run(result.model, batch), run(m, batch), strict=True):
-            assert cosine(mine, ref) > 0.999
+            assert cosine(mine, ref) > 0.995  # one 7-bit weight scale (x86-avx2): 0.997
 
 
 def test_a_branch_that_reads_an_outer_input_twice_quantizes_it_once_there():
@@ -366,4 +366,4 @@ def test_an_up_projection_given_one_scale_leaves_its_columns_alone_and_masks_the
     assert kernel_scales(forced)["u"] == ()
     # divided by 1024 under one scale the outlier columns would round to zero: a mask instead
     assert graphs.op_types(forced).count("Mul") == 3
-    assert cosine(run(forced, {"x": x})[0], run(m, {"x": x})[0]) > 0.999
+    assert cosine(run(forced, {"x": x})[0], run(m, {"x": x})[0]) > 0.995  # 7-bit (avx2): 0.997
