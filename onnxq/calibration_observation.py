@@ -7,7 +7,6 @@ observes its shards with :func:`observe_shard`.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from onnxq.calibration_session import OutputBuffers, SessionCache, blamed_error,
 from onnxq.data import check_batch
 from onnxq.errors import UnsupportedModelError
 from onnxq.inputs import Batch, InputSpec
+from onnxq.progress import counted
 from onnxq.tensor_stats import TensorStats
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def observe(
         for gi, group in enumerate(plan.groups):
             count = len(plan.groups)
             label = "calibrating" if count == 1 else f"calibrating {gi + 1}/{count}"
-            source = _progress(iter(batches()), label, progress, plan.total)
+            source = counted(iter(batches()), label, progress, plan.total)
             observer.pass_over(group, source, start, hold if gi == 0 else -1, pool)
     return observer.seen
 
@@ -210,24 +210,4 @@ def observe_shard(state: WorkerState, shard: CalibrationShard) -> Observation:
         start=shard.start,
         graph=state.graph,
         sessions=state.sessions,
-    )
-
-
-def _progress(it: Iterator[Batch], label: str, enabled: bool, total: int | None) -> Iterator[Batch]:
-    if not enabled:
-        return it
-    from tqdm import tqdm
-
-    # disable=None: no bar when stderr is not a terminal (logs stay one line per error)
-    return iter(
-        tqdm(
-            it,
-            desc=label,
-            total=total,
-            unit="batch",
-            file=sys.stderr,
-            leave=False,
-            dynamic_ncols=True,
-            disable=None,
-        )
     )

@@ -37,6 +37,7 @@ from onnxq.inputs import Batch
 from onnxq.place.annotations import Annotations, Excluded
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import Placement, Statistics, place
+from onnxq.progress import counted
 from onnxq.qparams import QParams
 from onnxq.ranges import activation_ranges
 from onnxq.scale.executor import Executor, InProcess
@@ -216,18 +217,7 @@ def rank_layers(
 
 def _progress(scores: Iterator[float], total: int, enabled: bool) -> Iterator[float]:
     """``scores``, with a bar of the trials done when ``enabled`` and there are several."""
-    if not enabled or total < 2:
-        return scores
-    import sys
-
-    from tqdm import tqdm
-
-    # disable=None: no bar when stderr is not a terminal
-    bar = tqdm(
-        scores, total=total, desc="sensitivity", unit="trial", file=sys.stderr, leave=False,
-        disable=None,
-    )  # fmt: skip
-    return iter(bar)
+    return counted(scores, "sensitivity", enabled and total >= 2, total, unit="trial")
 
 
 def _static(shape: tuple[int | str | None, ...] | None) -> list[int] | None:

@@ -21,7 +21,6 @@ layer larger than :data:`MAX_MACS` multiply-adds over all steps takes fewer step
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
@@ -34,6 +33,7 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.inputs import Batch, InputSpec
 from onnxq.options import CalibrationOptions, RecoveryOptions, WeightOptions
 from onnxq.place.annotations import Annotations
+from onnxq.progress import counted
 from onnxq.qparams import QParams, weight_qparams
 from onnxq.recover.capture import GramStats, capture_grams
 from onnxq.recover.layers import LAYER_OPS, LinearLayer, linear_layer
@@ -199,19 +199,7 @@ def layer_progress(
     targets: list[RoundingTarget], enabled: bool, label: str = "adaround"
 ) -> Iterable[RoundingTarget]:
     """``targets``, with a progress bar counting the layers when ``enabled``."""
-    if not enabled:
-        return targets
-    from tqdm import tqdm
-
-    return tqdm(  # type: ignore[no-any-return]
-        targets,
-        desc=label,
-        unit="layer",
-        file=sys.stderr,
-        leave=False,
-        dynamic_ncols=True,
-        disable=None,
-    )
+    return counted(targets, label, enabled, len(targets), unit="layer")
 
 
 __all__ = [

@@ -17,7 +17,6 @@ float model with a quantized one on the same batches.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -28,6 +27,7 @@ from onnxq import ir
 from onnxq.data import batches_total, check_batch
 from onnxq.errors import CalibrationDataError
 from onnxq.inputs import Batch, InputSpec
+from onnxq.progress import counted
 from onnxq.recover.layers import LinearLayer
 
 DEFAULT_BATCHES = 64  # assumed when the source does not say how many batches it holds
@@ -161,6 +161,29 @@ def capture_grams(
     return out
 
 
+def channel_peaks(
+    model: onnx.ModelProto,
+    tensors: list[str],
+    data: Iterable[Batch],
+    inputs: list[InputSpec],
+    *,
+    axis: int,
+    label: str,
+    max_batches: int | None = None,
+    progress: bool = True,
+) -> dict[str, np.ndarray]:
+    """max |x_c| over the calibration data, per tensor and channel along ``axis`` (float64)."""
+    peaks: dict[str, np.ndarray] = {}
+    for _, values, _ in paired_batches(
+        model, tensors, data, inputs, max_batches=max_batches, progress=progress, label=label
+    ):
+        for name, value in values.items():
+            moved = np.moveaxis(np.abs(value), axis, 0)
+            peak = moved.reshape(moved.shape[0], -1).max(axis=1).astype(np.float64)
+            peaks[name] = peak if name not in peaks else np.maximum(peaks[name], peak)
+    return peaks
+
+
 def paired_batches(
     float_model: onnx.ModelProto,
     float_names: list[str],
@@ -188,7 +211,7 @@ def paired_batches(
     total = batches_total(data)
     if max_batches is not None:
         total = min(total, max_batches) if total is not None else max_batches
-    for index, raw in enumerate(_progress(batches, label, progress, total)):
+    for index, raw in enumerate(counted(batches, label, progress, total)):
         if max_batches is not None and index >= max_batches:
             break
         batch = check_batch(raw, inputs, index)
@@ -216,20 +239,3 @@ def _groups(layers: list[LinearLayer], per_batch: int, budget: int) -> list[list
         groups[-1].append(layer)
         used += size
     return [g for g in groups if g]
-
-
-def _progress(it: Iterable[Batch], label: str, enabled: bool, total: int | None) -> Iterable[Batch]:
-    if not enabled:
-        return it
-    from tqdm import tqdm
-
-    return tqdm(  # type: ignore[no-any-return]
-        it,
-        desc=label,
-        total=total,
-        unit="batch",
-        file=sys.stderr,
-        leave=False,
-        dynamic_ncols=True,
-        disable=None,
-    )

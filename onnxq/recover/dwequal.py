@@ -31,7 +31,7 @@ import onnx
 
 from onnxq import ir
 from onnxq.inputs import Batch, InputSpec
-from onnxq.recover.capture import paired_batches
+from onnxq.recover.capture import channel_peaks
 
 DEFAULT_MAX_SCALE = 4.0  # mobilenet_v2: docs/recovery.md
 HOMOGENEOUS = frozenset({"Relu", "LeakyRelu", "PRelu"})  # f(s x) = s f(x) for s > 0
@@ -80,7 +80,10 @@ def equalize_depthwise(
     pairs = [p for p in _pairs(graph) if not _problem(graph, p)]
     if not pairs:
         return model, []
-    peaks = _channel_peaks(model, [p.tensor for p in pairs], data, inputs, max_batches, progress)
+    peaks = channel_peaks(
+        model, [p.tensor for p in pairs], data, inputs, axis=1, label="depthwise equalization",
+        max_batches=max_batches, progress=progress,
+    )  # fmt: skip
     done = []
     for pair in pairs:
         peak = peaks[pair.tensor]
@@ -173,27 +176,6 @@ def _problem(graph: ir.Graph, pair: _Pair) -> str:
 
 
 # ------------------------------------------------------------------------------- scaling
-def _channel_peaks(
-    model: onnx.ModelProto,
-    tensors: list[str],
-    data: Iterable[Batch],
-    inputs: list[InputSpec],
-    max_batches: int | None,
-    progress: bool,
-) -> dict[str, np.ndarray]:
-    """max |x_c| over the calibration data, per tensor and channel (axis 1)."""
-    peaks: dict[str, np.ndarray] = {}
-    for _, values, _ in paired_batches(
-        model, tensors, data, inputs, max_batches=max_batches, progress=progress,
-        label="depthwise equalization",
-    ):  # fmt: skip
-        for name, value in values.items():
-            moved = np.moveaxis(np.abs(value), 1, 0).reshape(value.shape[1], -1)
-            peak = moved.max(axis=1).astype(np.float64)
-            peaks[name] = peak if name not in peaks else np.maximum(peaks[name], peak)
-    return peaks
-
-
 def _scale_pair(graph: ir.Graph, pair: _Pair, scale: np.ndarray) -> None:
     """Multiply the first Conv's output channels (weights, bias) by ``scale`` and divide the
     depthwise Conv's channels by it."""

@@ -36,6 +36,7 @@ from onnxq.data import check_batch
 from onnxq.inputs import Batch, InputSpec
 from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations
+from onnxq.progress import counted
 from onnxq.qparams import QParams
 from onnxq.recover.outputs import OutputError, pruned_session, run_session
 
@@ -256,11 +257,5 @@ def _differences(
 
 
 def _progress(count: int, enabled: bool) -> Iterable[int]:
-    """``range(count)``, with a progress bar when ``enabled`` and tqdm is installed."""
-    if not enabled:
-        return range(count)
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return range(count)
-    return tqdm(range(count), desc="sequential correction", unit="layer", leave=False)
+    """``range(count)``, with a progress bar when ``enabled``."""
+    return counted(range(count), "sequential correction", enabled, count, unit="layer")

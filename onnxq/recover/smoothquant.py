@@ -29,7 +29,7 @@ import onnx
 
 from onnxq import ir
 from onnxq.inputs import Batch, InputSpec
-from onnxq.recover.capture import paired_batches
+from onnxq.recover.capture import channel_peaks
 from onnxq.recover.layers import LinearLayer, linear_layer
 
 SCALE_LIMITS = (1e-5, 1e5)
@@ -75,7 +75,10 @@ def smooth(
     targets = [t for name in tensors if (t := _target(graph, name)) is not None]
     if not targets:
         return model, []
-    peaks = _channel_peaks(model, [t.tensor for t in targets], data, inputs, max_batches, progress)
+    peaks = channel_peaks(
+        model, [t.tensor for t in targets], data, inputs, axis=-1, label="smoothing",
+        max_batches=max_batches, progress=progress,
+    )  # fmt: skip
     done: list[Smoothed] = []
     for target in targets:
         peak = peaks[target.tensor]
@@ -123,25 +126,6 @@ def _target(graph: ir.Graph, tensor: str) -> _Target | None:
     if shape is not None and isinstance(shape[-1], int) and shape[-1] != k:
         return None
     return _Target(tensor, tuple(layers))
-
-
-def _channel_peaks(
-    model: onnx.ModelProto,
-    tensors: list[str],
-    data: Iterable[Batch],
-    inputs: list[InputSpec],
-    max_batches: int | None,
-    progress: bool,
-) -> dict[str, np.ndarray]:
-    """max |X_j| over the calibration data, per tensor and last-axis channel."""
-    peaks: dict[str, np.ndarray] = {}
-    for _, values, _ in paired_batches(
-        model, tensors, data, inputs, max_batches=max_batches, progress=progress, label="smoothing"
-    ):
-        for name, value in values.items():
-            flat = np.abs(value.reshape(-1, value.shape[-1])).max(axis=0).astype(np.float64)
-            peaks[name] = flat if name not in peaks else np.maximum(peaks[name], flat)
-    return peaks
 
 
 def _scales(graph: ir.Graph, target: _Target, peak: np.ndarray, alpha: float) -> np.ndarray:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +29,7 @@ import onnx
 from onnxq.calibration_plan import CalibrationPlan
 from onnxq.data import check_batch
 from onnxq.inputs import Batch, InputSpec
+from onnxq.progress import bar
 from onnxq.scale.executor import Executor, Setup, Task
 
 SHARDS_PER_WORKER = 4  # shards per parallel worker, when the number of batches is known
@@ -124,17 +124,7 @@ def _counted(observed: Iterator[Any], total: int | None, progress: bool) -> Iter
     if not progress:
         yield from observed
         return
-    from tqdm import tqdm
-
-    with tqdm(
-        desc="calibrating",
-        total=total,
-        unit="batch",
-        file=sys.stderr,
-        leave=False,
-        dynamic_ncols=True,
-        disable=None,
-    ) as bar:
+    with bar("calibrating", total) as counter:
         for observation in observed:
-            bar.update(observation.batches)
+            counter.update(observation.batches)
             yield observation
