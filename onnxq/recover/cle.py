@@ -52,25 +52,33 @@ class PairDecision:
 
 
 @dataclass(frozen=True)
-class _Pair:
+class ConvPair:
+    """Conv -> [one single-reader activation] -> Conv, the second reading ``tensor`` as data."""
+
     first: onnx.NodeProto
     activation: onnx.NodeProto | None
     second: onnx.NodeProto
+
+    @property
+    def tensor(self) -> str:
+        """The activation between the two Convs."""
+        return (self.activation or self.first).output[0]
 
 
 def equalize(graph: ir.Graph) -> tuple[bool, list[PairDecision]]:
     """Equalize every eligible Conv pair of ``graph`` (edited through its methods); returns
     whether anything changed and one decision per candidate pair."""
-    pairs: list[_Pair] = []
+    pairs: list[ConvPair] = []
     decisions: dict[tuple[str, str], PairDecision] = {}
-    for first, activation, second, reason in _candidates(graph):
-        act = activation.op_type if activation is not None else ""
+    for pair in conv_pairs(graph):
+        reason = _problem(graph, pair.first, pair.activation, pair.second)
+        act = pair.activation.op_type if pair.activation is not None else ""
         if reason:
-            decisions[(first.name, second.name)] = PairDecision(
-                first.name, second.name, act, False, reason
+            decisions[(pair.first.name, pair.second.name)] = PairDecision(
+                pair.first.name, pair.second.name, act, False, reason
             )
         else:
-            pairs.append(_Pair(first, activation, second))
+            pairs.append(pair)
     if not pairs:
         return False, list(decisions.values())
     weights = _own_weights(graph, pairs)
@@ -98,29 +106,24 @@ def equalize(graph: ir.Graph) -> tuple[bool, list[PairDecision]]:
 
 
 # ------------------------------------------------------------------------------- matching
-def _candidates(graph: ir.Graph):  # type: ignore[no-untyped-def]
-    """(first, activation or None, second, reason) for every Conv whose output reaches one
-    Conv through at most one single-reader activation; reason "" when the pair can be
-    equalized."""
+def conv_pairs(graph: ir.Graph) -> list[ConvPair]:
+    """Every Conv whose output reaches one Conv through at most one single-reader activation,
+    read there as the data input (in graph order)."""
+    found = []
     for first in graph.nodes:
         if first.op_type != "Conv" or first.domain not in ir.DEFAULT_DOMAINS:
             continue
-        readers = _only_reader(graph, first.output[0])
-        if readers is None:
+        second = _only_reader(graph, first.output[0])
+        activation = None
+        if second is not None and second.op_type != "Conv":
+            activation = second
+            second = _only_reader(graph, activation.output[0]) if activation.output else None
+        if second is None or second.op_type != "Conv":
             continue
-        activation: onnx.NodeProto | None = None
-        second = readers
-        if readers.op_type != "Conv":
-            activation = readers
-            second_or_none = (
-                _only_reader(graph, activation.output[0]) if activation.output else None
-            )
-            if second_or_none is None or second_or_none.op_type != "Conv":
-                continue
-            second = second_or_none
-        if second.input[0] != (activation.output[0] if activation else first.output[0]):
-            continue  # read as a weight, not as the data input
-        yield first, activation, second, _problem(graph, first, activation, second)
+        pair = ConvPair(first, activation, second)
+        if second.input[0] == pair.tensor:  # not read as a weight
+            found.append(pair)
+    return found
 
 
 def _only_reader(graph: ir.Graph, tensor: str) -> onnx.NodeProto | None:
@@ -174,7 +177,7 @@ def _slope_per_tensor_or_channel(graph: ir.Graph, prelu: onnx.NodeProto) -> bool
 
 
 # ------------------------------------------------------------------------------- scaling
-def _own_weights(graph: ir.Graph, pairs: list[_Pair]) -> dict[str, np.ndarray]:
+def _own_weights(graph: ir.Graph, pairs: list[ConvPair]) -> dict[str, np.ndarray]:
     """Float64 copies of every weight and bias the pairs scale, by initializer name."""
     names = set()
     for p in pairs:
@@ -189,7 +192,7 @@ def _own_weights(graph: ir.Graph, pairs: list[_Pair]) -> dict[str, np.ndarray]:
     return out
 
 
-def _ranges(weights: dict[str, np.ndarray], pair: _Pair) -> tuple[np.ndarray, np.ndarray, int]:
+def _ranges(weights: dict[str, np.ndarray], pair: ConvPair) -> tuple[np.ndarray, np.ndarray, int]:
     """Per channel between the two: the first Conv's output range and the second's input
     range, and the second's groups."""
     w1 = weights[pair.first.input[1]]
@@ -202,7 +205,7 @@ def _ranges(weights: dict[str, np.ndarray], pair: _Pair) -> tuple[np.ndarray, np
     return r1, r2, groups
 
 
-def _equalize_pair(weights: dict[str, np.ndarray], pair: _Pair) -> float:
+def _equalize_pair(weights: dict[str, np.ndarray], pair: ConvPair) -> float:
     """Scale one pair in ``weights``; returns how far the scales were from 1 (log ratio)."""
     r1, r2, groups = _ranges(weights, pair)
     alive = (r1 > 0) & (r2 > 0)
@@ -222,7 +225,7 @@ def _equalize_pair(weights: dict[str, np.ndarray], pair: _Pair) -> float:
     return float(np.abs(np.log(scale)).max(initial=0.0))
 
 
-def _spread(weights: dict[str, np.ndarray], pair: _Pair) -> float:
+def _spread(weights: dict[str, np.ndarray], pair: ConvPair) -> float:
     """How unequal the pair's channels are: the largest over the smallest per-channel ratio
     ``r1_i / r2_i`` (1 once equalized)."""
     r1, r2, _ = _ranges(weights, pair)

@@ -32,6 +32,7 @@ import onnx
 from onnxq import ir
 from onnxq.inputs import Batch, InputSpec
 from onnxq.recover.capture import channel_peaks
+from onnxq.recover.cle import ConvPair, conv_pairs
 
 DEFAULT_MAX_SCALE = 4.0  # mobilenet_v2: docs/recovery.md
 HOMOGENEOUS = frozenset({"Relu", "LeakyRelu", "PRelu"})  # f(s x) = s f(x) for s > 0
@@ -52,17 +53,6 @@ class EqualizedPair:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class _Pair:
-    first: onnx.NodeProto
-    activation: onnx.NodeProto | None
-    second: onnx.NodeProto
-
-    @property
-    def tensor(self) -> str:
-        return (self.activation or self.first).output[0]
 
 
 def equalize_depthwise(
@@ -120,32 +110,12 @@ def channel_scales(peak: np.ndarray, max_scale: float) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------- matching
-def _pairs(graph: ir.Graph) -> list[_Pair]:
-    """Conv -> [one single-reader activation] -> depthwise Conv chains (data input)."""
-    found = []
-    for first in graph.nodes:
-        if first.op_type != "Conv" or first.domain not in ir.DEFAULT_DOMAINS:
-            continue
-        reader = _only_reader(graph, first.output[0])
-        activation = None
-        if reader is not None and reader.op_type != "Conv":
-            activation, reader = reader, _only_reader(graph, reader.output[0])
-        if reader is None or reader.op_type != "Conv" or reader.domain not in ir.DEFAULT_DOMAINS:
-            continue
-        pair = _Pair(first, activation, reader)
-        if reader.input[0] == pair.tensor:
-            found.append(pair)
-    return found
+def _pairs(graph: ir.Graph) -> list[ConvPair]:
+    """Conv -> [one single-reader activation] -> Conv chains whose second Conv is ONNX's."""
+    return [p for p in conv_pairs(graph) if p.second.domain in ir.DEFAULT_DOMAINS]
 
 
-def _only_reader(graph: ir.Graph, tensor: str) -> onnx.NodeProto | None:
-    readers = graph.consumers.get(tensor, [])
-    if len(readers) != 1 or tensor in graph.graph_outputs or tensor in graph.subgraph_reads:
-        return None
-    return readers[0][0]
-
-
-def _problem(graph: ir.Graph, pair: _Pair) -> str:
+def _problem(graph: ir.Graph, pair: ConvPair) -> str:
     """Why the pair cannot be equalized ("" when it can)."""
     act = pair.activation
     if act is not None and act.domain not in ir.DEFAULT_DOMAINS:
@@ -176,7 +146,7 @@ def _problem(graph: ir.Graph, pair: _Pair) -> str:
 
 
 # ------------------------------------------------------------------------------- scaling
-def _scale_pair(graph: ir.Graph, pair: _Pair, scale: np.ndarray) -> None:
+def _scale_pair(graph: ir.Graph, pair: ConvPair, scale: np.ndarray) -> None:
     """Multiply the first Conv's output channels (weights, bias) by ``scale`` and divide the
     depthwise Conv's channels by it."""
     for name, factor in ((pair.first.input[1], scale), (pair.second.input[1], 1.0 / scale)):
