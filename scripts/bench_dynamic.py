@@ -3,7 +3,8 @@
 
     python scripts/bench_dynamic.py [--models all_minilm_l6_v2,silero_vad,gru_kws,crnn_kws,
         lstm_kws,smollm2_135m] [--zoo ZOO_DIR] [--recurrent DIR] [--out DIR]
-        [--rounds 9] [--threads 1] [--clock cpu] [--processes 1] [--lm-windows N]
+        [--rounds 9] [--threads 1] [--clock cpu] [--processes 1] [--no-huge-pages]
+        [--lm-windows N]
         [--extra LABEL=DIR ...]
 
 For each model it writes three files under ``--out`` (default: a temporary folder): the float
@@ -16,7 +17,7 @@ defaults (per-tensor weights, the peer the issue names; for silero_vad also with
   ``--lm-windows`` of them, computed here the same way); the recurrent keyword spotters of
   ``scripts/make_gru_kws.py`` (built into ``--recurrent`` when missing) on their 512 held-out
   utterances: logits cosine, top-1 agreement with float, accuracy;
-* latency: all variants of one model timed in turns in one process (onnxruntime default
+* latency: all variants of one model timed in turns in one fresh process (onnxruntime default
   session, ``--threads`` threads, the zoo's first calibration batch or 8 eval utterances as
   input; a language model also with its first token alone, as one step of generation),
   ``--rounds`` rounds, the order reversed every other round; each variant's median time, and
@@ -28,8 +29,11 @@ defaults (per-tensor weights, the peer the issue names; for silero_vad also with
   another, the k-th making and timing the variants in their order rotated by k, and takes
   the median of their ratios (each process's shown): where a session's weights land in memory
   moves a memory-bound run by a few percent from one process, or one creation order, to the
-  next (smollm2_135m's one-token step against ``quantize_dynamic``'s: 0.94x to 1.09x in
-  separate runs of the same two files).
+  next (smollm2_135m's one-token step against ``quantize_dynamic``'s: 0.91x to 1.08x in
+  separate processes timing the same two files).  The timing processes ask glibc for
+  transparent huge pages (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, where the kernel offers
+  them), which takes most of that spread away (1.00x to 1.05x over 6 processes);
+  ``--no-huge-pages`` leaves memory as a plain process gets it.
 
 The header names the CPU, onnxruntime version and clock; a machine shared with other jobs shows
 up as spread between rounds.
@@ -40,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import platform
 import statistics
 import subprocess
@@ -56,6 +61,8 @@ from lm_perplexity import window_scores  # scripts/, beside this file
 from zoo_paths import CACHE, MODELS, ZOO, calibration_folder
 
 RECURRENT = ("gru_kws", "crnn_kws", "lstm_kws")
+# glibc.malloc.hugetlb=1: malloc asks for transparent huge pages (madvise); glibc >= 2.35
+THP = 1
 PEER = "ort quantize_dynamic"  # the variant the issue's "no slower" compares with
 DEFAULT = ("all_minilm_l6_v2", "silero_vad", *RECURRENT, "smollm2_135m")
 # the zoo metric that measures each model's fidelity to float (besides its score)
@@ -188,14 +195,12 @@ def latency_runs(
     clock: Callable[[], float],
     processes: int,
 ) -> list[dict[str, list[float]]]:
-    """:func:`latency` in this process (``processes`` 1), or once in each of ``processes``
-    fresh processes, one after another, the k-th creating (and timing) the variants in their
-    order rotated by k: where a session's weights land depends on when it is made."""
-    if processes <= 1:
-        return [latency(paths, feed, rounds, threads, clock)]
+    """:func:`latency` once in each of ``processes`` fresh processes, one after another, the
+    k-th creating (and timing) the variants in their order rotated by k: where a session's
+    weights land depends on when it is made."""
     runs = []
     labels = list(paths)
-    for k in range(processes):
+    for k in range(max(processes, 1)):
         turn = labels[k % len(labels) :] + labels[: k % len(labels)]
         with multiprocessing.get_context("spawn").Pool(1) as pool:
             rotated = {label: paths[label] for label in turn}
@@ -215,6 +220,21 @@ def first_feed(name: str, recurrent: Path) -> dict:
             return {"features": z["features"][:8]}
     with np.load(sorted(calibration_folder(name).glob("*.npz"))[0]) as z:
         return {k: z[k] for k in z.files}
+
+
+def use_huge_pages() -> str:
+    """Ask glibc to back the processes started from now on (the timing processes) with
+    transparent huge pages: the weights then sit in 2 MiB pages wherever they land, which
+    removes most of the spread between processes of a memory-bound run (smollm2_135m's one-token
+    step, 6 processes: 0.91-1.08x without, 1.00-1.05x with).  Returns what the header says."""
+    try:
+        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
+    except OSError:
+        return "huge pages: not available here (no transparent huge pages)"
+    os.environ["GLIBC_TUNABLES"] = ":".join(
+        t for t in (os.environ.get("GLIBC_TUNABLES", ""), f"glibc.malloc.hugetlb={THP}") if t
+    )
+    return f"huge pages: glibc.malloc.hugetlb={THP} (transparent huge pages: {mode})"
 
 
 def describe_cpu() -> str:
@@ -246,7 +266,14 @@ def main() -> None:
         type=int,
         default=1,
         help="time each model in this many fresh processes, one after another (the median "
-        "of their ratios)",
+        "of their ratios; default 1)",
+    )
+    p.add_argument(
+        "--huge-pages",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="back the timing processes' memory with transparent huge pages (default; "
+        "--no-huge-pages: as a plain process gets it)",
     )
     p.add_argument("--lm-windows", type=int, default=0, help="0: all 64, through zoo.py eval")
     p.add_argument(
@@ -260,9 +287,10 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="bench_dynamic_"))
     cpu_clock = args.clock == "cpu" and args.threads == 1  # one thread: the session runs here
     clock = time.thread_time if cpu_clock else time.perf_counter
+    pages = use_huge_pages() if args.huge_pages else "huge pages: off"
     print(
         f"# {describe_cpu()}; {args.threads} thread(s); "
-        f"{'thread CPU' if cpu_clock else 'wall'} time; outputs in {out}"
+        f"{'thread CPU' if cpu_clock else 'wall'} time; {pages}; outputs in {out}"
     )
     names = args.models.split(",")
     wanted = [args.recurrent / f"{n}.onnx" for n in names if n in RECURRENT]

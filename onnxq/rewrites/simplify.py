@@ -19,6 +19,7 @@ from onnxq.rewrites.bias_add import fold_bias_add, fold_channel_mul, scaled_weig
 from onnxq.rewrites.hardswish import fuse_hardswish
 from onnxq.rewrites.pad import fold_pad
 from onnxq.rewrites.prelu import decompose_prelu
+from onnxq.rewrites.rsqrt import reciprocal_sqrt_to_div
 
 Pass = Callable[[ir.Graph], bool]
 
@@ -262,6 +263,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     fold_bias_add,
     fuse_hardswish,
     decompose_prelu,
+    reciprocal_sqrt_to_div,
 )
 
 

@@ -279,6 +279,7 @@ def test_default_passes_order():
         "fold_bias_add",
         "fuse_hardswish",
         "decompose_prelu",
+        "reciprocal_sqrt_to_div",
     ]
 
 
