@@ -229,6 +229,7 @@ class RecoveryOptions:
     adaround_engine: str
     adaround_mode: str
     sequential_correction: bool
+    range_search: bool
 
 
 View = TypeVar(

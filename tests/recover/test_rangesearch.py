@@ -1,0 +1,136 @@
+"""Output-driven range search: each activation's range chosen by the model's output error,
+one tensor at a time, kept only when the error on the judging batches drops."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import onnxq
+from onnxq import ir
+from onnxq.backends.check import check
+from onnxq.backends.profile import PROFILES
+from onnxq.calibration_session import make_session
+from onnxq.config import QuantConfig
+from onnxq.inputs import model_inputs
+from onnxq.qparams import range_to_qparams
+from onnxq.recover.flags import add_recovery_flags, recovery_options
+from onnxq.recover.outputs import OutputError
+from onnxq.recover.rangegrid import Candidate
+from onnxq.recover.rangesearch import FloatOutputs, SuffixRunner, fake_quantize, sample_errors
+from tests.graphs import init, model, tensor
+from tests.recover.builders import conv_chain, image_batches
+
+SETTINGS = {"progress": False, "min_channels": 0, "fidelity_batches": 2}
+
+
+@pytest.mark.parametrize(("dtype", "symmetric"), [("int8", True), ("uint8", False)])
+def test_fake_quantize_is_what_onnxruntime_computes(dtype, symmetric):
+    qp = range_to_qparams(-1.3, 2.1, dtype, symmetric)
+    x = np.random.default_rng(0).standard_normal((4, 257)).astype(np.float32) * 2
+    x[0, :5] = np.array([0.5, 1.5, -0.5, 2.5, -2.5], np.float32) * qp.scale  # ties to even
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"]),
+    ]
+    m = model(
+        nodes, [tensor("x", [4, 257])], [tensor("y", [4, 257])],
+        [init("s", np.asarray(qp.scale, np.float32)), init("z", np.asarray(qp.zero_point))],
+    )  # fmt: skip
+    want = make_session(m, optimize=False).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(fake_quantize(x, qp), want)
+
+
+def _quantized(m: onnx.ModelProto, data: list[dict[str, np.ndarray]]):
+    out = onnxq.quantize(m, data, backend="tensorrt", **SETTINGS)
+    return out.model
+
+
+def test_the_current_range_scores_what_the_whole_quantized_model_scores():
+    m = ir.infer_shapes(conv_chain())
+    data = image_batches(m, n=6)
+    quantized = _quantized(m, data)
+    inputs = model_inputs(ir.Graph(m))
+    cfg = QuantConfig(max_batches=None)
+    reference = FloatOutputs(m, data, inputs, _calibration(cfg))
+    full, floating = make_session(quantized, optimize=False), make_session(m, optimize=False)
+    per_sample = [
+        sample_errors(full.run(None, batch)[0], floating.run(None, batch)[0]) for batch in data[::2]
+    ]
+    whole = float(np.concatenate(per_sample).mean())
+    for tensor_name in ("r1", "r2"):
+        runner = SuffixRunner.at(quantized, tensor_name)
+        assert runner is not None
+        qp = _qparams_in(quantized, tensor_name)
+        [error] = runner.errors([Candidate("x1", 1.0, qp)], reference.batches(0))
+        assert error == pytest.approx(whole, rel=1e-5)
+
+
+def test_sample_errors_weigh_each_sample_alone():
+    want = np.array([[1.0, 0.0], [10.0, 0.0]])
+    got = np.array([[1.0, 1.0], [10.0, 1.0]])
+    np.testing.assert_allclose(sample_errors(got, want), [1.0, 0.01])
+    assert sample_errors(np.float64(3.0), np.float64(0.0)).tolist() == [9.0]
+
+
+def _calibration(cfg: QuantConfig):
+    from onnxq.options import CalibrationOptions, view
+
+    return view(CalibrationOptions, cfg)
+
+
+def _qparams_in(quantized: onnx.ModelProto, tensor_name: str):
+    """The qparams of ``tensor_name``'s QuantizeLinear in ``quantized``."""
+    graph = ir.Graph(quantized)
+    node = next(
+        n
+        for n in quantized.graph.node
+        if n.op_type == "QuantizeLinear" and n.input[0] == tensor_name
+    )
+    scale, zero = graph.const_value(node.input[1]), graph.const_value(node.input[2])
+    assert scale is not None and zero is not None
+    high = float(scale) * 127
+    qp = range_to_qparams(-high, high, "int8", True)
+    assert float(qp.scale) == float(scale) and int(qp.zero_point) == int(zero)
+    return qp
+
+
+def test_quantize_with_range_search_reports_each_tensor_and_never_judges_worse():
+    m = conv_chain()
+    data = image_batches(ir.infer_shapes(m), n=8)
+    plain = onnxq.quantize(m, data, backend="tensorrt", **SETTINGS)
+    searched = onnxq.quantize(m, data, backend="tensorrt", range_search=True, **SETTINGS)
+    section = searched.report.recovery["range_search"]
+    assert [t["tensor"] for t in section["tensors"]] == ["x", "r1", "r2"]
+    assert section["changed"] == sum(t["kept"] for t in section["tensors"])
+    for entry in section["tensors"]:
+        before, after = entry["error_fit"]
+        assert after <= before
+        if entry["kept"]:
+            assert entry["error_judge"][1] < entry["error_judge"][0]
+            assert entry["candidate"] != "x1"
+    assert check(searched.model, PROFILES["tensorrt"]) == []
+    shaped = ir.infer_shapes(m)
+    judge = OutputError(shaped, data, model_inputs(ir.Graph(shaped)), None, 2**30, every=(2, 1))
+    assert judge(searched.model) <= judge(plain.model) + 1e-12
+    again = onnxq.quantize(m, data, backend="tensorrt", range_search=True, **SETTINGS)
+    assert again.model.SerializeToString() == searched.model.SerializeToString()
+
+
+def test_a_source_read_once_skips_it_with_a_warning():
+    m = conv_chain()
+    data = image_batches(ir.infer_shapes(m), n=4)
+    out = onnxq.quantize(m, iter(data), backend="tensorrt", range_search=True, **SETTINGS)
+    assert "range_search" not in out.report.recovery
+    assert any("range search skipped" in w for w in out.report.warnings)
+
+
+def test_the_cli_flag_sets_the_config_field():
+    parser = argparse.ArgumentParser()
+    add_recovery_flags(parser)
+    assert recovery_options(parser.parse_args(["--range-search"]))["range_search"] is True
+    assert recovery_options(parser.parse_args([]))["range_search"] is None
