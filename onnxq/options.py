@@ -230,6 +230,7 @@ class RecoveryOptions:
     adaround_mode: str
     sequential_correction: bool
     range_search: bool
+    range_search_batches: int | None
 
 
 View = TypeVar(

@@ -84,6 +84,12 @@ def add_recovery_flags(parser: argparse.ArgumentParser) -> None:
         "and the mse range (about 1 + candidates/2 passes over the data per tensor)",
     )
     r.add_argument(
+        "--range-search-batches",
+        type=int,
+        metavar="N",
+        help="the range search reads at most N calibration batches (default: all)",
+    )
+    r.add_argument(
         "--bias-correction",
         action=on_off,
         help="subtract each layer's mean output shift from weight rounding from its bias",
@@ -103,4 +109,5 @@ def recovery_options(args: argparse.Namespace) -> dict[str, Any]:
         "bias_correction": args.bias_correction,
         "sequential_correction": args.sequential_correction,
         "range_search": args.range_search,
+        "range_search_batches": args.range_search_batches,
     }

@@ -25,7 +25,7 @@ under ``memory_budget_mb`` (later batches are not used).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,8 @@ from onnxq.recover.rangegrid import Candidate, Grid, candidates
 from onnxq.tensor_stats import TensorStats
 
 FACTORS = (1.2, 0.9, 0.8, 0.7, 0.6, 0.5)  # the current range times each, besides 1 and mse
+# a range is kept when its gain on the judging batches exceeds this many standard errors
+MIN_SIGNIFICANCE = 2.0
 
 
 @dataclass(frozen=True)
@@ -93,14 +95,16 @@ def search_ranges(
     calibration: CalibrationOptions,
     data: Iterable[Batch],
     inputs: list[InputSpec],
+    max_batches: int | None = None,
 ) -> tuple[dict[str, QParams], list[RangeChoice]]:
     """The activation ranges of ``model`` (the float model, not edited) chosen one tensor at
     a time in graph order by the model's output error (``qparams``: the observers' ranges,
     where every search starts; returned with the kept changes), and one record per tensor
-    searched, in graph order."""
+    searched, in graph order; ``max_batches``: read at most that many batches (and at most
+    ``calibration.max_batches``)."""
     from onnxq.materialize import materialize
 
-    reference = FloatOutputs(model, data, inputs, calibration)
+    reference = FloatOutputs(model, data, inputs, calibration, max_batches)
     current = dict(qparams)
     done: list[RangeChoice] = []
     order = _in_graph_order(model, annotations, current)
@@ -128,21 +132,33 @@ def _choose(
     site: SuffixRunner, grid: list[Candidate], reference: FloatOutputs, tensor: str
 ) -> RangeChoice:
     """The best of ``grid`` (the current range first) on the even batches, judged on the
-    odd ones."""
-    fit = site.errors(grid, reference.batches(0))
+    odd ones (:func:`significantly_lower`)."""
+    fit = site.errors(grid, reference.batches(0)).mean(axis=1)
     best = int(np.argmin(fit))
     chosen = grid[best]
     record = RangeChoice(
         tensor, chosen.label, chosen.factor, chosen.qparams.low, chosen.qparams.high,
-        fit[0], fit[best],
+        float(fit[0]), float(fit[best]),
     )  # fmt: skip
     if best == 0:
         return record
     judged = site.errors([grid[0], chosen], reference.batches(1))
-    return RangeChoice(
-        tensor, chosen.label, chosen.factor, chosen.qparams.low, chosen.qparams.high,
-        fit[0], fit[best], judged[0], judged[1], judged[1] < judged[0],
+    before, after = (float(v) for v in judged.mean(axis=1))
+    return replace(
+        record, judge_before=before, judge_after=after,
+        kept=significantly_lower(judged[1], judged[0]),
     )  # fmt: skip
+
+
+def significantly_lower(new: np.ndarray, old: np.ndarray) -> bool:
+    """Whether the per-batch errors ``new`` are lower than ``old`` (paired, batch by batch)
+    by more than :data:`MIN_SIGNIFICANCE` standard errors of their mean difference (with one
+    batch: lower at all)."""
+    gain = old - new
+    if gain.size < 2:
+        return bool(gain.sum() > 0)
+    spread = float(gain.std(ddof=1)) / np.sqrt(gain.size)
+    return bool(gain.mean() > MIN_SIGNIFICANCE * spread) and bool(gain.mean() > 0)
 
 
 def _grid_of(ann: TensorAnnotation, profile: BackendProfile) -> Grid:
@@ -179,7 +195,8 @@ def _in_graph_order(
 
 class FloatOutputs:
     """The calibration batches and the float model's outputs on them (by output name), as
-    many batches as fit ``memory_budget_mb`` (at least one of each parity)."""
+    many batches as fit ``memory_budget_mb`` (at least one of each parity), of the first
+    ``max_batches`` and ``calibration.max_batches``."""
 
     def __init__(
         self,
@@ -187,13 +204,16 @@ class FloatOutputs:
         data: Iterable[Batch],
         inputs: list[InputSpec],
         calibration: CalibrationOptions,
+        max_batches: int | None = None,
     ) -> None:
         session = pruned_session(model, None, "float")
+        limits = [n for n in (calibration.max_batches, max_batches) if n is not None]
+        limit = min(limits) if limits else None
         names = [o.name for o in model.graph.output]
         budget, used = calibration.memory_budget_mb * 2**20, 0
         self._kept: list[tuple[int, Batch, dict[str, np.ndarray]]] = []
         for index, raw in enumerate(data):
-            if calibration.max_batches is not None and index >= calibration.max_batches:
+            if limit is not None and index >= limit:
                 break
             batch = check_batch(raw, inputs, index)
             outputs = dict(zip(names, run_session(session, None, batch, index), strict=True))
@@ -247,24 +267,25 @@ class SuffixRunner:
         self,
         grid: list[Candidate],
         batches: Iterable[tuple[int, Batch, dict[str, np.ndarray]]],
-    ) -> list[float]:
-        """The output error of each candidate over ``batches``: per output, the mean over the
-        samples (the leading axis) of the squared difference from float over the float
-        squared norm, summed over the outputs (:func:`sample_errors`)."""
-        total = np.zeros((len(grid), len(self.cut.outputs)))
-        samples = np.zeros(len(self.cut.outputs))
+    ) -> np.ndarray:
+        """The output error of each candidate on each of ``batches`` (candidates x batches):
+        per output, the mean over the batch's samples (the leading axis) of the squared
+        difference from float over the float squared norm (:func:`sample_errors`), summed
+        over the outputs."""
+        columns = []
         for index, batch, want in batches:
             feeds = self._boundary(batch, index)
             value = feeds.pop(self._dequantized)
+            column = np.zeros(len(grid))
             for k, candidate in enumerate(grid):
                 feeds[self._dequantized] = fake_quantize(value, candidate.qparams)
                 got = run_session(self._suffix, None, feeds, index)
-                for j, name in enumerate(self.cut.outputs):
-                    total[k, j] += sample_errors(got[j], want[name]).sum()
-            samples += [
-                max(1, want[name].shape[0] if want[name].ndim else 1) for name in self.cut.outputs
-            ]
-        return [float(v) for v in (total / samples).sum(axis=1)]
+                column[k] = sum(
+                    float(sample_errors(got[j], want[name]).mean())
+                    for j, name in enumerate(self.cut.outputs)
+                )
+            columns.append(column)
+        return np.stack(columns, axis=1) if columns else np.zeros((len(grid), 0))
 
     def _boundary(self, batch: Batch, index: int) -> dict[str, np.ndarray]:
         """The suffix's inputs on ``batch`` (the activation before quantization under its

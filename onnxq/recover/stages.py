@@ -216,7 +216,7 @@ def search_ranges(
     assert steps.data is not None
     chosen, tensors = output_range_search(
         model, annotations, qparams, result.stats, steps.profile, steps.weights,
-        steps.calibration, steps.data, steps.inputs,
+        steps.calibration, steps.data, steps.inputs, steps.options.range_search_batches,
     )  # fmt: skip
     steps.recovery.sections["range_search"] = {
         "factors": list(FACTORS),

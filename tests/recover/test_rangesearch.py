@@ -21,7 +21,13 @@ from onnxq.qparams import range_to_qparams
 from onnxq.recover.flags import add_recovery_flags, recovery_options
 from onnxq.recover.outputs import OutputError
 from onnxq.recover.rangegrid import Candidate
-from onnxq.recover.rangesearch import FloatOutputs, SuffixRunner, fake_quantize, sample_errors
+from onnxq.recover.rangesearch import (
+    FloatOutputs,
+    SuffixRunner,
+    fake_quantize,
+    sample_errors,
+    significantly_lower,
+)
 from tests.graphs import init, model, tensor
 from tests.recover.builders import conv_chain, image_batches
 
@@ -66,8 +72,9 @@ def test_the_current_range_scores_what_the_whole_quantized_model_scores():
         runner = SuffixRunner.at(quantized, tensor_name)
         assert runner is not None
         qp = _qparams_in(quantized, tensor_name)
-        [error] = runner.errors([Candidate("x1", 1.0, qp)], reference.batches(0))
-        assert error == pytest.approx(whole, rel=1e-5)
+        errors = runner.errors([Candidate("x1", 1.0, qp)], reference.batches(0))
+        assert errors.shape == (1, 3)
+        assert float(errors.mean()) == pytest.approx(whole, rel=1e-5)
 
 
 def test_sample_errors_weigh_each_sample_alone():
@@ -75,6 +82,14 @@ def test_sample_errors_weigh_each_sample_alone():
     got = np.array([[1.0, 1.0], [10.0, 1.0]])
     np.testing.assert_allclose(sample_errors(got, want), [1.0, 0.01])
     assert sample_errors(np.float64(3.0), np.float64(0.0)).tolist() == [9.0]
+
+
+def test_a_gain_within_the_batch_to_batch_noise_is_not_significant():
+    old = np.array([1.0, 1.0, 1.0, 1.0])
+    assert significantly_lower(old - 0.1, old)
+    assert not significantly_lower(old + np.array([-0.5, 0.4, -0.4, 0.3]), old)
+    assert not significantly_lower(old, old)
+    assert significantly_lower(np.array([0.5]), np.array([1.0]))
 
 
 def _calibration(cfg: QuantConfig):
