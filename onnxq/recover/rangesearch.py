@@ -34,6 +34,7 @@ import onnx
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.data import check_batch
+from onnxq.errors import InternalError, UnsupportedModelError
 from onnxq.inputs import Batch, InputSpec
 from onnxq.ir.split import cut_after
 from onnxq.observers import MethodOptions
@@ -93,18 +94,14 @@ def search_ranges(
     profile: BackendProfile,
     weights: WeightOptions,
     calibration: CalibrationOptions,
-    data: Iterable[Batch],
-    inputs: list[InputSpec],
-    max_batches: int | None = None,
+    reference: FloatOutputs,
 ) -> tuple[dict[str, QParams], list[RangeChoice]]:
     """The activation ranges of ``model`` (the float model, not edited) chosen one tensor at
-    a time in graph order by the model's output error (``qparams``: the observers' ranges,
-    where every search starts; returned with the kept changes), and one record per tensor
-    searched, in graph order; ``max_batches``: read at most that many batches (and at most
-    ``calibration.max_batches``)."""
+    a time in graph order by the model's output error against ``reference`` (``qparams``:
+    the observers' ranges, where every search starts; returned with the kept changes), and
+    one record per tensor searched, in graph order."""
     from onnxq.materialize import materialize
 
-    reference = FloatOutputs(model, data, inputs, calibration, max_batches)
     current = dict(qparams)
     done: list[RangeChoice] = []
     order = _in_graph_order(model, annotations, current)
@@ -195,8 +192,8 @@ def _in_graph_order(
 
 class FloatOutputs:
     """The calibration batches and the float model's outputs on them (by output name), as
-    many batches as fit ``memory_budget_mb`` (at least one of each parity), of the first
-    ``max_batches`` and ``calibration.max_batches``."""
+    many batches as fit ``memory_budget_mb`` (at least two), of the first ``max_batches``
+    and ``calibration.max_batches``."""
 
     def __init__(
         self,
@@ -222,6 +219,11 @@ class FloatOutputs:
                 break
             self._kept.append((index, batch, outputs))
 
+    @property
+    def judging(self) -> bool:
+        """Whether some batch judges (an odd one) and some batch chooses (an even one)."""
+        return {index % 2 for index, _, _ in self._kept} == {0, 1}
+
     def batches(self, parity: int) -> Iterator[tuple[int, Batch, dict[str, np.ndarray]]]:
         """(index, batch, float outputs) of the kept batches whose index has ``parity``."""
         return (kept for kept in self._kept if kept[0] % 2 == parity)
@@ -232,8 +234,6 @@ class SuffixRunner:
     batch; the part after once per candidate range, fed the activation quantized in numpy."""
 
     def __init__(self, quantized: onnx.ModelProto, tensor: str, dequantized: str) -> None:
-        from onnxq.calibration_session import make_session
-
         graph = ir.Graph(quantized)
         self.cut = cut_after(quantized, dequantized, graph.value_info)
         self._tensor, self._dequantized = tensor, dequantized
@@ -244,8 +244,8 @@ class SuffixRunner:
         if self._fetched:
             outs = [graph.value_info(b) for b in self._fetched]
             with ir.pruned(quantized, self._fetched), ir.with_outputs(quantized, outs) as view:
-                self._prefix = make_session(view, optimize=False)
-        self._suffix = make_session(self.cut.suffix, optimize=False)
+                self._prefix = _session(view, "the part before the tensor")
+        self._suffix = _session(self.cut.suffix, "the part after the tensor")
 
     @classmethod
     def at(cls, quantized: onnx.ModelProto, tensor: str) -> SuffixRunner | None:
@@ -292,13 +292,27 @@ class SuffixRunner:
         DequantizeLinear's name)."""
         fetched = {}
         if self._prefix is not None:
-            values = self._prefix.run(self._fetched, batch)
+            values = run_session(self._prefix, None, batch, index)
             fetched = dict(zip(self._fetched, values, strict=True))
         feeds = {}
         for name in self.cut.boundary:
             source = self._tensor if name == self._dequantized else name
             feeds[name] = fetched[source] if source in fetched else batch[source]
         return feeds
+
+
+def _session(model: onnx.ModelProto, what: str) -> Any:
+    """An unoptimized onnxruntime session of one part of a Q/DQ copy of the model."""
+    from onnxq.calibration_session import make_session
+
+    try:
+        return make_session(model, optimize=False)
+    except UnsupportedModelError as exc:  # the float model itself loaded for calibration
+        raise InternalError(
+            f"onnxruntime cannot load {what} of onnxq's Q/DQ copy of the model for the range "
+            f"search: {exc}",
+            onnxruntime_failed=True,
+        ) from None
 
 
 def sample_errors(got: np.ndarray, want: np.ndarray) -> np.ndarray:
@@ -321,4 +335,13 @@ def fake_quantize(value: np.ndarray, qp: QParams) -> np.ndarray:
     return ((q - zero) * scale).astype(np.float32)
 
 
-__all__ = ["FACTORS", "RangeChoice", "SuffixRunner", "fake_quantize", "search_ranges"]
+__all__ = [
+    "FACTORS",
+    "FloatOutputs",
+    "RangeChoice",
+    "SuffixRunner",
+    "fake_quantize",
+    "sample_errors",
+    "search_ranges",
+    "significantly_lower",
+]

@@ -34,7 +34,7 @@ from onnxq.recover.adaround import ChosenWeight, adaround
 from onnxq.recover.cle import equalize
 from onnxq.recover.dwequal import equalize_depthwise
 from onnxq.recover.prefix import PASSES, prefix_calibrate
-from onnxq.recover.rangesearch import FACTORS
+from onnxq.recover.rangesearch import FACTORS, FloatOutputs
 from onnxq.recover.rangesearch import search_ranges as output_range_search
 from onnxq.recover.seqround import sequential_adaround
 from onnxq.recover.sequential import sequential_correction
@@ -214,9 +214,18 @@ def search_ranges(
     if not _readable_again(steps.data, "range search", steps.recovery, model):
         return qparams
     assert steps.data is not None
+    reference = FloatOutputs(
+        model, steps.data, steps.inputs, steps.calibration, steps.options.range_search_batches
+    )
+    if not reference.judging:
+        steps.recovery.warnings.append(
+            "range search skipped: it needs at least two calibration batches (the even ones "
+            "choose the ranges, the odd ones judge them)"
+        )
+        return qparams
     chosen, tensors = output_range_search(
         model, annotations, qparams, result.stats, steps.profile, steps.weights,
-        steps.calibration, steps.data, steps.inputs, steps.options.range_search_batches,
+        steps.calibration, reference,
     )  # fmt: skip
     steps.recovery.sections["range_search"] = {
         "factors": list(FACTORS),

@@ -149,3 +149,23 @@ def test_the_cli_flag_sets_the_config_field():
     add_recovery_flags(parser)
     assert recovery_options(parser.parse_args(["--range-search"]))["range_search"] is True
     assert recovery_options(parser.parse_args([]))["range_search"] is None
+
+
+def test_one_calibration_batch_skips_it_with_a_warning():
+    m = conv_chain()
+    data = image_batches(ir.infer_shapes(m), n=1)
+    out = onnxq.quantize(m, data, backend="tensorrt", range_search=True, **SETTINGS)
+    assert "range_search" not in out.report.recovery
+    assert any("at least two calibration batches" in w for w in out.report.warnings)
+
+
+def test_range_search_batches_caps_what_it_reads():
+    m = conv_chain()
+    data = image_batches(ir.infer_shapes(m), n=8)
+    cfg = QuantConfig(range_search_batches=4)
+    inputs = model_inputs(ir.Graph(ir.infer_shapes(m)))
+    reference = FloatOutputs(ir.infer_shapes(m), data, inputs, _calibration(cfg), 4)
+    assert [i for i, _, _ in reference.batches(0)] == [0, 2]
+    assert [i for i, _, _ in reference.batches(1)] == [1, 3]
+    with pytest.raises(onnxq.errors.ConfigError):
+        QuantConfig(range_search_batches=1)
