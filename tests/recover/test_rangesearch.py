@@ -4,6 +4,7 @@ one tensor at a time, kept only when the error on the judging batches drops."""
 from __future__ import annotations
 
 import argparse
+import json
 
 import numpy as np
 import onnx
@@ -22,6 +23,7 @@ from onnxq.recover.flags import add_recovery_flags, recovery_options
 from onnxq.recover.outputs import OutputError
 from onnxq.recover.rangegrid import Candidate
 from onnxq.recover.rangesearch import (
+    FACTORS,
     FloatOutputs,
     SuffixRunner,
     fake_quantize,
@@ -169,3 +171,24 @@ def test_range_search_batches_caps_what_it_reads():
     assert [i for i, _, _ in reference.batches(1)] == [1, 3]
     with pytest.raises(onnxq.errors.ConfigError):
         QuantConfig(range_search_batches=1)
+
+
+def test_the_cli_runs_it_and_the_summary_and_report_say_what_it_changed(tmp_path, capsys):
+    from onnxq.cli import main
+
+    m = conv_chain()
+    model_path, calib = tmp_path / "model.onnx", tmp_path / "calib"
+    onnx.save(m, model_path)
+    calib.mkdir()
+    for i, batch in enumerate(image_batches(m, n=6)):
+        np.savez(calib / f"{i:04d}.npz", **batch)
+    report = tmp_path / "r.json"
+    args = ["quantize", str(model_path), "-o", str(tmp_path / "o.onnx"), "--calib", str(calib)]
+    args += ["--report", str(report), "--range-search", "--range-search-batches", "4"]
+    assert main(args) == 0
+    data = json.loads(report.read_text())
+    assert (data["config"]["range_search"], data["config"]["range_search_batches"]) == (True, 4)
+    section = data["recovery"]["range_search"]
+    assert section["factors"] == list(FACTORS)
+    changed = f"range search changed {section['changed']} of {len(section['tensors'])} ranges"
+    assert changed in capsys.readouterr().out
