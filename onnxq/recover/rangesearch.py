@@ -33,6 +33,7 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
+from onnxq.backends.runs import padding_masks
 from onnxq.data import check_batch
 from onnxq.errors import InternalError, UnsupportedModelError
 from onnxq.inputs import Batch, InputSpec
@@ -270,18 +271,19 @@ class SuffixRunner:
     ) -> np.ndarray:
         """The output error of each candidate on each of ``batches`` (candidates x batches):
         per output, the mean over the batch's samples (the leading axis) of the squared
-        difference from float over the float squared norm (:func:`sample_errors`), summed
-        over the outputs."""
+        difference from float over the float squared norm (:func:`sample_errors`; padded
+        positions left out), summed over the outputs."""
         columns = []
         for index, batch, want in batches:
             feeds = self._boundary(batch, index)
             value = feeds.pop(self._dequantized)
+            padding = padding_masks([batch])[0]
             column = np.zeros(len(grid))
             for k, candidate in enumerate(grid):
                 feeds[self._dequantized] = fake_quantize(value, candidate.qparams)
                 got = run_session(self._suffix, None, feeds, index)
                 column[k] = sum(
-                    float(sample_errors(got[j], want[name]).mean())
+                    float(sample_errors(got[j], want[name], padding).mean())
                     for j, name in enumerate(self.cut.outputs)
                 )
             columns.append(column)
@@ -315,11 +317,19 @@ def _session(model: onnx.ModelProto, what: str) -> Any:
         ) from None
 
 
-def sample_errors(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+def sample_errors(
+    got: np.ndarray, want: np.ndarray, padding: np.ndarray | None = None
+) -> np.ndarray:
     """Per sample (the leading axis; a scalar is one), the squared difference of ``got`` from
-    ``want`` over ``want``'s squared norm (the squared difference alone where that is 0)."""
+    ``want`` over ``want``'s squared norm (the squared difference alone where that is 0).
+    ``padding``: the batch's padding mask ([batch, sequence], False = padding,
+    :func:`onnxq.backends.runs.padding_masks`); an output whose two leading axes it matches
+    is compared on the unpadded positions only (what a padded position holds is noise)."""
     if want.ndim == 0:
         got, want = got.reshape(1), want.reshape(1)
+    if padding is not None and want.ndim >= 3 and want.shape[:2] == padding.shape:
+        keep = padding.reshape(padding.shape + (1,) * (want.ndim - 2))
+        got, want = np.where(keep, got, 0.0), np.where(keep, want, 0.0)
     diff = np.square(got - want).reshape(want.shape[0], -1).sum(axis=1)
     norm = np.square(want).reshape(want.shape[0], -1).sum(axis=1)
     return diff / np.where(norm > 0, norm, 1.0)

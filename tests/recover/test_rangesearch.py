@@ -192,3 +192,14 @@ def test_the_cli_runs_it_and_the_summary_and_report_say_what_it_changed(tmp_path
     assert section["factors"] == list(FACTORS)
     changed = f"range search changed {section['changed']} of {len(section['tensors'])} ranges"
     assert changed in capsys.readouterr().out
+
+
+def test_padded_positions_are_left_out_of_the_error():
+    want = np.ones((1, 3, 2))
+    got = want.copy()
+    got[0, 2] = 50.0  # a padded position
+    mask = np.array([[True, True, False]])
+    assert sample_errors(got, want, mask).tolist() == [0.0]
+    assert sample_errors(got, want)[0] > 100
+    # an output the mask does not fit (a pooled embedding) is compared whole
+    assert sample_errors(got[:, 0], want[:, 0], mask).tolist() == [0.0]
