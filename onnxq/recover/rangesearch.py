@@ -35,7 +35,7 @@ from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.backends.runs import padding_masks
 from onnxq.data import check_batch
-from onnxq.errors import InternalError, UnsupportedModelError
+from onnxq.errors import InternalError, UnsupportedModelError, one_line
 from onnxq.inputs import Batch, InputSpec
 from onnxq.ir.split import cut_after
 from onnxq.observers import MethodOptions
@@ -294,8 +294,7 @@ class SuffixRunner:
         DequantizeLinear's name)."""
         fetched = {}
         if self._prefix is not None:
-            values = run_session(self._prefix, None, batch, index)
-            fetched = dict(zip(self._fetched, values, strict=True))
+            fetched = dict(zip(self._fetched, _run_as_is(self._prefix, batch, index), strict=True))
         feeds = {}
         for name in self.cut.boundary:
             source = self._tensor if name == self._dequantized else name
@@ -313,6 +312,19 @@ def _session(model: onnx.ModelProto, what: str) -> Any:
         raise InternalError(
             f"onnxruntime cannot load {what} of onnxq's Q/DQ copy of the model for the range "
             f"search: {exc}",
+            onnxruntime_failed=True,
+        ) from None
+
+
+def _run_as_is(session: Any, batch: Batch, index: int) -> list[np.ndarray]:
+    """Every output of ``session`` on ``batch``, in the types the model gives them (they feed
+    the part after the cut)."""
+    try:
+        return [np.asarray(v) for v in session.run(None, batch)]
+    except Exception as exc:  # the float model ran on this batch during calibration
+        raise InternalError(
+            f"onnxruntime fails on onnxq's Q/DQ copy of the model for the range search on "
+            f"calibration batch {index}: {one_line(exc)}",
             onnxruntime_failed=True,
         ) from None
 

@@ -30,7 +30,7 @@ from onnxq.recover.rangesearch import (
     sample_errors,
     significantly_lower,
 )
-from tests.graphs import init, model, tensor
+from tests.graphs import init, model, residual_add, tensor
 from tests.recover.builders import conv_chain, image_batches
 
 SETTINGS = {"progress": False, "min_channels": 0, "fidelity_batches": 2}
@@ -58,21 +58,43 @@ def _quantized(m: onnx.ModelProto, data: list[dict[str, np.ndarray]]):
     return out.model
 
 
-def test_the_current_range_scores_what_the_whole_quantized_model_scores():
-    m = ir.infer_shapes(conv_chain())
+def two_conv_residual() -> onnx.ModelProto:
+    """``x -> conv1 -> relu (r) -> conv2 -> relu (t) -> conv3; y = conv3 + r``: the skip ``r``
+    crosses a cut after ``t``."""
+    r = np.random.default_rng(0)
+    ws = [init(f"w{i}", (r.standard_normal((8, 8, 1, 1)) * 0.3).astype(np.float32)) for i in "123"]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r"], name="relu1"),
+        helper.make_node("Conv", ["r", "w2"], ["c2"], name="conv2"),
+        helper.make_node("Relu", ["c2"], ["t"], name="relu2"),
+        helper.make_node("Conv", ["t", "w3"], ["c3"], name="conv3"),
+        helper.make_node("Add", ["c3", "r"], ["y"], name="add"),
+    ]
+    return model(nodes, [tensor("x", [2, 8, 6, 6])], [tensor("y", [2, 8, 6, 6])], ws)
+
+
+@pytest.mark.parametrize(
+    ("build", "tensors", "crossing"),
+    [(conv_chain, ("r1", "r2"), 1), (residual_add, ("skip",), 1), (two_conv_residual, ("t",), 2)],
+)
+def test_the_current_range_scores_what_the_whole_quantized_model_scores(build, tensors, crossing):
+    m = ir.infer_shapes(build())
     data = image_batches(m, n=6)
     quantized = _quantized(m, data)
     inputs = model_inputs(ir.Graph(m))
-    cfg = QuantConfig(max_batches=None)
-    reference = FloatOutputs(m, data, inputs, _calibration(cfg))
+    reference = FloatOutputs(m, data, inputs, _calibration(QuantConfig()))
     full, floating = make_session(quantized, optimize=False), make_session(m, optimize=False)
     per_sample = [
         sample_errors(full.run(None, batch)[0], floating.run(None, batch)[0]) for batch in data[::2]
     ]
     whole = float(np.concatenate(per_sample).mean())
-    for tensor_name in ("r1", "r2"):
+    for tensor_name in tensors:
         runner = SuffixRunner.at(quantized, tensor_name)
         assert runner is not None
+        # what else the rest reads from before the cut (a residual branch) comes from the
+        # part before it, as that part computes it
+        assert len(runner.cut.boundary) == crossing
         qp = _qparams_in(quantized, tensor_name)
         errors = runner.errors([Candidate("x1", 1.0, qp)], reference.batches(0))
         assert errors.shape == (1, 3)
