@@ -34,7 +34,8 @@ from onnxq.recover.adaround import ChosenWeight, adaround
 from onnxq.recover.cle import equalize
 from onnxq.recover.dwequal import equalize_depthwise
 from onnxq.recover.prefix import PASSES, prefix_calibrate
-from onnxq.recover.rangesearch import FACTORS, FloatOutputs
+from onnxq.recover.rangeerror import FloatOutputs
+from onnxq.recover.rangesearch import FACTORS
 from onnxq.recover.rangesearch import search_ranges as output_range_search
 from onnxq.recover.seqround import sequential_adaround
 from onnxq.recover.sequential import sequential_correction
