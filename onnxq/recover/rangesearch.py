@@ -8,18 +8,20 @@ value a finer step, and which way that goes depends on what the layers after it 
 Here, for each quantized activation in graph order, with every earlier range already chosen,
 the current range (``f = 1``) and a small grid of others (the current one times each of
 :data:`FACTORS`, and the ``mse`` observer's range of the same statistics) are tried, and the
-one with the least model output error (per output, the squared error over the float output's
-squared norm, summed over the outputs) on the even calibration batches is taken; it is kept
-only if it also lowers that error on the odd batches (the pattern of sequential AdaRound and
-sequential bias correction).  A range never passes the bounds its readers saturate at.
+one with the least model output error (per output, the mean over samples of the squared error
+over the float output's squared norm, padded positions left out, summed over the outputs) on
+the even calibration batches is taken; it is kept only if it lowers that error on the odd
+batches by more than :data:`MIN_SIGNIFICANCE` standard errors of the batch-to-batch
+differences (the even/odd pattern of sequential AdaRound and sequential bias correction).  A
+range never passes the bounds its readers saturate at.
 
 Cost, per tensor: the Q/DQ model up to the tensor runs once per calibration batch (its
 activations, and whatever else the rest of the model reads from before it, are the inputs of
-the rest: :func:`onnxq.ir.split.cut_after`, :mod:`onnxq.recover.rangeerror`), and the rest of the model once per candidate on
-each even batch and twice on each odd one when a candidate wins there, all streamed one batch
-at a time.  About ``(1 + candidates / 2)`` passes over the data per tensor (the part after a
-tensor is on average half the model); the float outputs of the calibration batches are kept
-under ``memory_budget_mb`` (later batches are not used).
+the rest: :func:`onnxq.ir.split.cut_after`, :mod:`onnxq.recover.rangeerror`), and the rest of
+the model once per candidate on each even batch and twice on each odd one when a candidate
+wins there, all streamed one batch at a time.  About ``(1 + candidates / 2)`` passes over the
+data per tensor (the part after a tensor is on average half the model); the float outputs of
+the calibration batches are kept under ``memory_budget_mb`` (later batches are not used).
 """
 
 from __future__ import annotations
