@@ -53,6 +53,7 @@ from onnxq.recover.stages import (
     correct_sequentially,
     recalibrate,
     rewrite_float,
+    search_ranges,
     search_statistics,
 )
 from onnxq.report import Report
@@ -285,6 +286,10 @@ def quantize(
         if again is not None:  # quantized-prefix ranges
             statistics = again
             ranges = activation_ranges(annotations, statistics.stats, profile, cfg.percentile)
+        searched_ranges = search_ranges(
+            steps, prepared.model, annotations, ranges.qparams, statistics
+        )
+        ranges = dataclasses.replace(ranges, qparams=searched_ranges)
         chosen = choose_weights(steps, prepared.model, annotations, ranges.qparams)
         bias = None
         if cfg.bias_correction and data is not None:

@@ -258,6 +258,11 @@ class QuantConfig:
             measured layer by layer with every earlier layer quantized and corrected, kept
             where the model's output error goes down (about two passes over the calibration
             data per layer; ``onnxq.recover.sequential``).
+        range_search: choose each activation's clip range, tensor by tensor in graph order,
+            by the model's output error among a small grid of ranges, kept where the error on
+            held-apart batches drops (``onnxq.recover.rangesearch``).
+        range_search_batches: the range search reads at most this many calibration batches
+            (half to choose, half to judge; ``None``: as many as ``max_batches``).
     """
 
     backend: str = option("tensorrt", one_of(lambda: BACKENDS, "backend"))
@@ -318,6 +323,8 @@ class QuantConfig:
     adaround_engine: str = option("numpy", check_engine)
     adaround_mode: str = option("float", one_of(lambda: ADAROUND_MODES, "mode"))
     sequential_correction: bool = option(False)
+    range_search: bool = option(False)
+    range_search_batches: int | None = option(None, must(lambda v: v >= 2, "be >= 2"))
 
     def __post_init__(self) -> None:
         # values from Python are checked like those from YAML: type first, then value

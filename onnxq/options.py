@@ -229,6 +229,8 @@ class RecoveryOptions:
     adaround_engine: str
     adaround_mode: str
     sequential_correction: bool
+    range_search: bool
+    range_search_batches: int | None
 
 
 View = TypeVar(

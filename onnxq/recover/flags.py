@@ -77,6 +77,19 @@ def add_recovery_flags(parser: argparse.ArgumentParser) -> None:
         "passes over the data per layer)",
     )
     r.add_argument(
+        "--range-search",
+        action=on_off,
+        help="choose each activation's clip range, one tensor at a time in graph order, by "
+        "the model's output error among the observer's range scaled by 1.2, 1, 0.9, ..., 0.5 "
+        "and the mse range (about 1 + candidates/2 passes over the data per tensor)",
+    )
+    r.add_argument(
+        "--range-search-batches",
+        type=int,
+        metavar="N",
+        help="the range search reads at most N calibration batches (default: all)",
+    )
+    r.add_argument(
         "--bias-correction",
         action=on_off,
         help="subtract each layer's mean output shift from weight rounding from its bias",
@@ -95,4 +108,6 @@ def recovery_options(args: argparse.Namespace) -> dict[str, Any]:
         "adaround_steps": args.adaround_steps,
         "bias_correction": args.bias_correction,
         "sequential_correction": args.sequential_correction,
+        "range_search": args.range_search,
+        "range_search_batches": args.range_search_batches,
     }

@@ -3,6 +3,7 @@
 * :func:`rewrite_float` before placement: cross-layer equalization, depthwise activation
   equalization and SmoothQuant, float rewrites of the model;
 * :func:`recalibrate` after the float calibration: quantized-prefix ranges;
+* :func:`search_ranges` after them: activation ranges chosen by the model's output error;
 * :func:`choose_weights` before materialize: AdaRound's integer weights;
 * :func:`correct_sequentially` just before materialize: biases corrected layer by layer on
   the quantized prefix.
@@ -33,6 +34,9 @@ from onnxq.recover.adaround import ChosenWeight, adaround
 from onnxq.recover.cle import equalize
 from onnxq.recover.dwequal import equalize_depthwise
 from onnxq.recover.prefix import PASSES, prefix_calibrate
+from onnxq.recover.rangeerror import FloatOutputs
+from onnxq.recover.rangesearch import FACTORS
+from onnxq.recover.rangesearch import search_ranges as output_range_search
 from onnxq.recover.seqround import sequential_adaround
 from onnxq.recover.sequential import sequential_correction
 from onnxq.recover.smoothquant import smooth
@@ -195,6 +199,43 @@ def search_statistics(
     return Overlaid(measure, again)
 
 
+def search_ranges(
+    steps: Steps,
+    model: onnx.ModelProto,
+    annotations: Annotations,
+    qparams: dict[str, QParams],
+    result: CalibrationResult,
+) -> dict[str, QParams]:
+    """``qparams`` with each activation range chosen by the model's output error
+    (``range_search: true``; else ``qparams``).  It runs after the (prefix) calibration, whose
+    ranges it starts from, and before AdaRound and the bias corrections, which then fit the
+    weights and biases to the ranges the model will have."""
+    if not steps.options.range_search:
+        return qparams
+    if not _readable_again(steps.data, "range search", steps.recovery, model):
+        return qparams
+    assert steps.data is not None
+    reference = FloatOutputs(
+        model, steps.data, steps.inputs, steps.calibration, steps.options.range_search_batches
+    )
+    if not reference.judging:
+        steps.recovery.warnings.append(
+            "range search skipped: it needs at least two calibration batches (the even ones "
+            "choose the ranges, the odd ones judge them)"
+        )
+        return qparams
+    chosen, tensors = output_range_search(
+        model, annotations, qparams, result.stats, steps.profile, steps.weights,
+        steps.calibration, reference,
+    )  # fmt: skip
+    steps.recovery.sections["range_search"] = {
+        "factors": list(FACTORS),
+        "changed": sum(t.kept for t in tensors),
+        "tensors": [t.to_dict() for t in tensors],
+    }
+    return chosen
+
+
 def choose_weights(
     steps: Steps, model: onnx.ModelProto, annotations: Annotations, qparams: dict[str, QParams]
 ) -> dict[str, ChosenWeight]:
@@ -307,6 +348,9 @@ def summary(sections: dict[str, Any]) -> str:
         )
     if "calibration" in sections:
         parts.append(f"prefix calibration ({sections['calibration']['passes']} passes)")
+    if "range_search" in sections:
+        rs = sections["range_search"]
+        parts.append(f"range search changed {rs['changed']} of {len(rs['tensors'])} ranges")
     if "adaround" in sections:
         layers = sections["adaround"]["layers"]
         mode = " (sequential)" if sections["adaround"].get("mode") == "sequential" else ""
