@@ -104,10 +104,14 @@ class BlockProgram:
                 if dx is not None:
                     _accumulate(grads, step.inputs[0], engine.crop(dx, step.geometry))
             elif step.kind in ("clip", "relu"):
-                _accumulate(grads, step.inputs[0], g * ((a >= step.bounds[0]) & (a <= step.bounds[1])))
+                _accumulate(
+                    grads, step.inputs[0], g * ((a >= step.bounds[0]) & (a <= step.bounds[1]))
+                )
             elif step.kind == "quant":
                 q = engine.xp.round(a / step.scale) + step.zero_point
-                _accumulate(grads, step.inputs[0], g * ((q >= step.bounds[0]) & (q <= step.bounds[1])))
+                _accumulate(
+                    grads, step.inputs[0], g * ((q >= step.bounds[0]) & (q <= step.bounds[1]))
+                )
             elif step.kind == "add":
                 _accumulate(grads, step.inputs[0], g)
                 _accumulate(grads, step.inputs[1], g)

@@ -237,7 +237,9 @@ def learn_block(
     count = sum(int(sw.nearest.size) for sw in soft.values())
     for step in range(steps):
         take = np.sort(rng.choice(len(sample.fit_x), min(BATCH_IMAGES, len(sample.fit_x)), False))
-        _adam_step(program, engine, soft, x[take.tolist()], y[take.tolist()], norm, count, step, steps)
+        _adam_step(
+            program, engine, soft, x[take.tolist()], y[take.tolist()], norm, count, step, steps
+        )
     hard = {w: sw.hard(engine) for w, sw in soft.items()}
     jx, jy = engine.array(sample.judge_x), engine.array(sample.judge_y)
     scaled = {w: engine.array(hard[w] * _np(engine, soft[w].scale)) for w in soft}
@@ -260,7 +262,9 @@ def _soft(graph: ir.Graph, target: RoundingTarget, engine: NumpyConv) -> SoftWei
     weight = graph.const_value(target.layer.weight)
     assert weight is not None
     shape = (-1,) + (1,) * (weight.ndim - 1)
-    scale = np.broadcast_to(np.asarray(target.qparams.scale, np.float32).reshape(-1), (weight.shape[0],))
+    scale = np.broadcast_to(
+        np.asarray(target.qparams.scale, np.float32).reshape(-1), (weight.shape[0],)
+    )
     scale = scale.reshape(shape).astype(np.float32)
     ratio = weight.astype(np.float32) / scale
     floor = np.floor(ratio)
@@ -306,14 +310,20 @@ def _adam_step(
         raw = sig * 1.2 - 0.1
         ints = sw.floor + xp.clip(raw, 0.0, 1.0)
         parts[w] = (sig, raw, ints)
-    weights = {w: xp.clip(p[2], -soft[w].qmax, soft[w].qmax) * soft[w].scale for w, p in parts.items()}
+    weights = {
+        w: xp.clip(p[2], -soft[w].qmax, soft[w].qmax) * soft[w].scale for w, p in parts.items()
+    }
     out, values = program.forward(engine, x, weights)
     size = 1
     for d in out.shape:
         size *= int(d)
     grads = program.backward(engine, (out - y) * (2.0 * norm / size), values, weights)
     start = int(WARMUP * steps)
-    beta = None if step < start else BETA[0] + (BETA[1] - BETA[0]) * (step - start) / max(steps - start, 1)
+    beta = (
+        None
+        if step < start
+        else BETA[0] + (BETA[1] - BETA[0]) * (step - start) / max(steps - start, 1)
+    )
     b1, b2, eps = 0.9, 0.999, 1e-8
     for w, sw in soft.items():
         sig, raw, ints = parts[w]
@@ -330,4 +340,11 @@ def _adam_step(
         sw.v = sw.v - LEARNING_RATE * m_hat / (xp.sqrt(s_hat) + eps)
 
 
-__all__ = ["BlockRounding", "BlockSample", "block_adaround", "block_mse", "capture_block", "learn_block"]
+__all__ = [
+    "BlockRounding",
+    "BlockSample",
+    "block_adaround",
+    "block_mse",
+    "capture_block",
+    "learn_block",
+]

@@ -121,9 +121,7 @@ class TorchConv(NumpyConv):
         return self.torch.nn.functional.pad(x, (left, right, top, bottom))
 
     def forward(self, xp: Any, weight: Any, g: ConvGeometry) -> Any:
-        return self.torch.nn.functional.conv2d(
-            xp, weight, None, g.strides, 0, g.dilations, g.group
-        )
+        return self.torch.nn.functional.conv2d(xp, weight, None, g.strides, 0, g.dilations, g.group)
 
     def backward(
         self, xp: Any, weight: Any, grad: Any, g: ConvGeometry, need_x: bool
