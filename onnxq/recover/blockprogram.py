@@ -61,7 +61,7 @@ class BlockProgram:
             a = values[step.inputs[0]]
             if step.kind == "conv":
                 assert step.geometry is not None
-                w = weights[step.weight] if step.weight else engine.array(step.const)
+                w = weights[step.weight] if step.weight else engine.array(_const(step))
                 padded = engine.pad(a, step.geometry)
                 y = engine.forward(padded, w, step.geometry)
                 if step.bias is not None:
@@ -69,9 +69,11 @@ class BlockProgram:
                 values[step.output + "#padded"] = padded
             elif step.kind in ("clip", "relu"):
                 y = xp.clip(a, step.bounds[0], step.bounds[1])
+                values[step.output + "#passed"] = (a >= step.bounds[0]) & (a <= step.bounds[1])
             elif step.kind == "quant":
                 q = xp.round(a / step.scale) + step.zero_point
                 y = (xp.clip(q, step.bounds[0], step.bounds[1]) - step.zero_point) * step.scale
+                values[step.output + "#passed"] = (q >= step.bounds[0]) & (q <= step.bounds[1])
             elif step.kind == "add":
                 y = a + values[step.inputs[1]]
             else:
@@ -91,10 +93,9 @@ class BlockProgram:
             g = grads.pop(step.output, None)
             if g is None:
                 continue
-            a = values[step.inputs[0]]
             if step.kind == "conv":
                 assert step.geometry is not None
-                w = weights[step.weight] if step.weight else engine.array(step.const)
+                w = weights[step.weight] if step.weight else engine.array(_const(step))
                 need_x = step.output != first and step.inputs[0] != self.input
                 dx, dw = engine.backward(
                     values[step.output + "#padded"], w, g, step.geometry, need_x
@@ -103,21 +104,19 @@ class BlockProgram:
                     out[step.weight] = dw
                 if dx is not None:
                     _accumulate(grads, step.inputs[0], engine.crop(dx, step.geometry))
-            elif step.kind in ("clip", "relu"):
-                _accumulate(
-                    grads, step.inputs[0], g * ((a >= step.bounds[0]) & (a <= step.bounds[1]))
-                )
-            elif step.kind == "quant":
-                q = engine.xp.round(a / step.scale) + step.zero_point
-                _accumulate(
-                    grads, step.inputs[0], g * ((q >= step.bounds[0]) & (q <= step.bounds[1]))
-                )
+            elif step.kind in ("clip", "relu", "quant"):  # where the input passes through
+                _accumulate(grads, step.inputs[0], g * values[step.output + "#passed"])
             elif step.kind == "add":
                 _accumulate(grads, step.inputs[0], g)
                 _accumulate(grads, step.inputs[1], g)
             else:
                 _accumulate(grads, step.inputs[0], g)
         return out
+
+
+def _const(step: Step) -> np.ndarray:
+    assert step.const is not None
+    return step.const
 
 
 def _accumulate(grads: dict[str, Any], name: str, value: Any) -> None:

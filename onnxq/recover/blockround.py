@@ -25,9 +25,8 @@ block keep round-to-nearest.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -122,21 +121,16 @@ def block_adaround(
         if sample is None:
             report.append(_skipped(block, learned, "skipped: no calibration image"))
             continue
-        found, entry = learn_block(program, graph, targets, sample, engine, options.adaround_steps)
-        entry = BlockRounding(block.input, block.output, list(learned), *entry)
-        if entry.kept != "learned":
-            report.append(entry)
-            continue
-        trial = quantized({**chosen, **found})
-        after = judge(trial)
-        keep = after < error
-        report.append(
-            BlockRounding(**{**entry.to_dict(), "model_error_nearest": error,
-                             "model_error_learned": after,
-                             "kept": "learned" if keep else "nearest"})  # type: ignore[arg-type]
-        )  # fmt: skip
-        if keep:
-            chosen, current, error = {**chosen, **found}, trial, after
+        found, fields = learn_block(program, graph, targets, sample, engine, options.adaround_steps)
+        entry = BlockRounding(block.input, block.output, list(learned), *fields)
+        if entry.kept == "learned":
+            trial = quantized({**chosen, **found})
+            after = judge(trial)
+            kept = "learned" if after < error else "nearest"
+            entry = replace(entry, model_error_nearest=error, model_error_learned=after, kept=kept)
+            if kept == "learned":
+                chosen, current, error = {**chosen, **found}, trial, after
+        report.append(entry)
     return chosen, report
 
 

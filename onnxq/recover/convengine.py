@@ -126,7 +126,7 @@ class TorchConv(NumpyConv):
     def backward(
         self, xp: Any, weight: Any, grad: Any, g: ConvGeometry, need_x: bool
     ) -> tuple[Any, Any]:
-        nn_grad = self.torch.nn.grad
+        nn_grad = self.torch.nn.grad  # type: ignore[attr-defined]
         dw = nn_grad.conv2d_weight(xp, weight.shape, grad, g.strides, 0, g.dilations, g.group)
         if not need_x:
             return None, dw

@@ -201,11 +201,15 @@ def inverted_residual(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
     inits = [init("clip.min", np.float32(0.0)), init("clip.max", np.float32(6.0))]
     nodes = [
         helper.make_node(
-            "Conv", ["x", "stem.w", "stem.b"], ["stem"], name="stem", pads=[1, 1, 1, 1],
+            "Conv",
+            ["x", "stem.w", "stem.b"],
+            ["stem"],
+            name="stem",
+            pads=[1, 1, 1, 1],
             strides=[2, 2],
         ),
         helper.make_node("Clip", ["stem", "clip.min", "clip.max"], ["s6"], name="stem_clip"),
-    ]  # fmt: skip
+    ]
     inits += [
         init("stem.w", weight(r, channels, 3, 3, 3, scale=0.4)),
         init("stem.b", weight(r, channels)),
@@ -223,14 +227,24 @@ def inverted_residual(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
         ]
         nodes += [
             helper.make_node("Conv", [tail, f"{b}.ew", f"{b}.eb"], [f"{b}.e"], name=f"{b}.expand"),
-            helper.make_node("Clip", [f"{b}.e", "clip.min", "clip.max"], [f"{b}.e6"], name=f"{b}.c1"),
             helper.make_node(
-                "Conv", [f"{b}.e6", f"{b}.dw", f"{b}.db"], [f"{b}.d"], name=f"{b}.depthwise",
-                pads=[1, 1, 1, 1], group=wide,
+                "Clip", [f"{b}.e", "clip.min", "clip.max"], [f"{b}.e6"], name=f"{b}.c1"
             ),
-            helper.make_node("Clip", [f"{b}.d", "clip.min", "clip.max"], [f"{b}.d6"], name=f"{b}.c2"),
-            helper.make_node("Conv", [f"{b}.d6", f"{b}.pw", f"{b}.pb"], [f"{b}.p"], name=f"{b}.project"),
-        ]  # fmt: skip
+            helper.make_node(
+                "Conv",
+                [f"{b}.e6", f"{b}.dw", f"{b}.db"],
+                [f"{b}.d"],
+                name=f"{b}.depthwise",
+                pads=[1, 1, 1, 1],
+                group=wide,
+            ),
+            helper.make_node(
+                "Clip", [f"{b}.d", "clip.min", "clip.max"], [f"{b}.d6"], name=f"{b}.c2"
+            ),
+            helper.make_node(
+                "Conv", [f"{b}.d6", f"{b}.pw", f"{b}.pb"], [f"{b}.p"], name=f"{b}.project"
+            ),
+        ]
         if b == "b2":
             nodes.append(helper.make_node("Add", [f"{b}.p", tail], ["b2.out"], name="b2.add"))
             tail = "b2.out"
@@ -242,3 +256,7 @@ def inverted_residual(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
         helper.make_node("Conv", ["sig", "head.w"], ["y"], name="head"),
     ]
     return model(nodes, [tensor("x", [1, 3, 16, 16])], [tensor("y", [1, channels, 8, 8])], inits)
+
+
+def _relu6(source: str, output: str, name: str) -> onnx.NodeProto:
+    return helper.make_node("Clip", [source, "clip.min", "clip.max"], [output], name=name)
