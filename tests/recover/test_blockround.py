@@ -110,3 +110,28 @@ def test_the_flag_turns_block_reconstruction_on(tmp_path):
     data = json.loads(report.read_text())
     assert (data["config"]["adaround"], data["config"]["adaround_mode"]) == (True, "block")
     assert len(data["recovery"]["adaround"]["blocks"]) == 3
+
+
+def test_the_summary_line_counts_the_blocks(runs):
+    from onnxq.recover.stages import summary
+
+    sections = runs[3].report.to_dict()["recovery"]
+    kept = sum(b["kept"] == "learned" for b in sections["adaround"]["blocks"])
+    assert f"block reconstruction learned {kept} of 3 blocks" in summary(sections)
+
+
+def test_a_block_the_program_cannot_hold_is_reported_as_skipped():
+    from onnxq.recover.blocks import BLOCK_OPS
+
+    m = inverted_residual()
+    # a constant operand of an Add inside a segment of block ops: the block is skipped
+    add = onnx.helper.make_node("Add", ["b2.out", "shift"], ["shifted"], name="shift_add")
+    m.graph.initializer.append(onnx.numpy_helper.from_array(np.float32(0.5), "shift"))
+    sig = next(n for n in m.graph.node if n.op_type == "Sigmoid")
+    sig.input[0] = "shifted"
+    index = list(m.graph.node).index(sig)
+    m.graph.node.insert(index, add)
+    assert "Add" in BLOCK_OPS
+    blocks = block_run(m, smooth_batches(m, n=4), 10).report.to_dict()["recovery"]["adaround"]
+    skipped = [b for b in blocks["blocks"] if b["kept"].startswith("skipped")]
+    assert skipped and "reads a constant" in skipped[0]["kept"]
