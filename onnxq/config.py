@@ -253,7 +253,10 @@ class QuantConfig:
         adaround_mode: ``float`` (every layer fitted on the float model's inputs, one pass)
             or ``sequential`` (layer by layer on its inputs in the quantized model, earlier
             layers already rounded, against the float output, kept where the model's output
-            error drops: about three passes per layer; ``onnxq.recover.seqround``).
+            error drops: about three passes per layer; ``onnxq.recover.seqround``) or
+            ``block`` (the layers of each block of Convs learned together against the
+            block's float output, its input from the quantized prefix, kept where the model's
+            output error drops; ``onnxq.recover.blockround``).
         sequential_correction: remove each quantized layer's mean output shift from its bias,
             measured layer by layer with every earlier layer quantized and corrected, kept
             where the model's output error goes down (about two passes over the calibration

@@ -49,6 +49,13 @@ SETTINGS: dict[str, list[str]] = {
     "prefix+sequential-adaround+sequential-correction": [
         "--calibration-mode", "prefix", "--adaround-mode", "sequential", "--sequential-correction",
     ],
+    "block-adaround": [
+        "--adaround-mode", "block", "--adaround-steps", "200", "--adaround-engine", "torch",
+    ],
+    "prefix+dw-equalization+block-adaround": [
+        "--calibration-mode", "prefix", "--dw-equalization", "--adaround-mode", "block",
+        "--adaround-steps", "200", "--adaround-engine", "torch",
+    ],
     "prefix-percentile": ["--calibration-mode", "prefix", "--method", "percentile"],
     "prefix-entropy": ["--calibration-mode", "prefix", "--method", "entropy"],
     "prefix-mse": ["--calibration-mode", "prefix", "--method", "mse"],

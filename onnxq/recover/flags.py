@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from onnxq.recover.dwequal import DEFAULT_MAX_SCALE
-from onnxq.recover.options import ADAROUND_MODES, CALIBRATION_MODES
+from onnxq.recover.options import ADAROUND_ENGINES, ADAROUND_MODES, CALIBRATION_MODES
 from onnxq.recover.smoothquant import DEFAULT_ALPHA
 
 
@@ -64,10 +64,21 @@ def add_recovery_flags(parser: argparse.ArgumentParser) -> None:
         help="float: fit each layer on the float model's inputs (one pass); sequential: "
         "layer by layer on its inputs with every earlier layer quantized and rounded, against "
         "the float output, kept where the model's output error drops (about three passes "
-        "per layer); implies --adaround",
+        "per layer); block: the layers of each block of Convs learned together against the "
+        "block's float output, on the quantized prefix, kept where the model's output error "
+        "drops; implies --adaround",
     )
     r.add_argument(
-        "--adaround-steps", type=int, metavar="N", help="AdaRound steps per layer (default 500)"
+        "--adaround-steps",
+        type=int,
+        metavar="N",
+        help="AdaRound steps per layer (per block in block mode; default 500)",
+    )
+    r.add_argument(
+        "--adaround-engine",
+        choices=ADAROUND_ENGINES,
+        help="what AdaRound's optimisation runs on: numpy (default) or torch (when installed; "
+        "the same steps, faster)",
     )
     r.add_argument(
         "--sequential-correction",
@@ -106,6 +117,7 @@ def recovery_options(args: argparse.Namespace) -> dict[str, Any]:
         "adaround": True if args.adaround is None and args.adaround_mode else args.adaround,
         "adaround_mode": args.adaround_mode,
         "adaround_steps": args.adaround_steps,
+        "adaround_engine": args.adaround_engine,
         "bias_correction": args.bias_correction,
         "sequential_correction": args.sequential_correction,
         "range_search": args.range_search,

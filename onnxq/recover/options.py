@@ -9,7 +9,7 @@ from onnxq.errors import ConfigError
 
 CALIBRATION_MODES = ("float", "prefix")
 ADAROUND_ENGINES = ("numpy", "torch")
-ADAROUND_MODES = ("float", "sequential")
+ADAROUND_MODES = ("float", "sequential", "block")
 
 
 def check_engine(name: str, value: Any) -> None:

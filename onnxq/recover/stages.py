@@ -31,6 +31,7 @@ from onnxq.place.engine import annotate
 from onnxq.place.facts import GraphFacts
 from onnxq.qparams import QParams
 from onnxq.recover.adaround import ChosenWeight, adaround
+from onnxq.recover.blockround import block_adaround
 from onnxq.recover.cle import equalize
 from onnxq.recover.dwequal import equalize_depthwise
 from onnxq.recover.prefix import PASSES, prefix_calibrate
@@ -246,6 +247,15 @@ def choose_weights(
         return {}
     assert data is not None
     common = (steps.profile, options, steps.calibration, steps.weights, data, steps.inputs)
+    if options.adaround_mode == "block":
+        chosen, blocks = block_adaround(model, annotations, qparams, *common)
+        steps.recovery.sections["adaround"] = {
+            "mode": "block",
+            "steps": options.adaround_steps,
+            "learned": sum(len(b.layers) for b in blocks if b.kept == "learned"),
+            "blocks": [b.to_dict() for b in blocks],
+        }
+        return chosen
     if options.adaround_mode == "sequential":
         chosen, layers = sequential_adaround(model, annotations, qparams, *common)
     else:
@@ -351,7 +361,11 @@ def summary(sections: dict[str, Any]) -> str:
     if "range_search" in sections:
         rs = sections["range_search"]
         parts.append(f"range search changed {rs['changed']} of {len(rs['tensors'])} ranges")
-    if "adaround" in sections:
+    if "adaround" in sections and "blocks" in sections["adaround"]:
+        blocks = sections["adaround"]["blocks"]
+        kept = sum(b["kept"] == "learned" for b in blocks)
+        parts.append(f"block reconstruction learned {kept} of {len(blocks)} blocks")
+    elif "adaround" in sections:
         layers = sections["adaround"]["layers"]
         mode = " (sequential)" if sections["adaround"].get("mode") == "sequential" else ""
         parts.append(

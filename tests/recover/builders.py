@@ -190,3 +190,73 @@ def ranges_of(cfg, annotations):
     return lambda result: (
         activation_ranges(annotations, result.stats, profile, cfg.percentile).qparams
     )
+
+
+def inverted_residual(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
+    """A stem conv (3x3, stride 2, ReLU6), then two MobileNetV2 blocks: expand 1x1 -> ReLU6 ->
+    depthwise 3x3 -> ReLU6 -> project 1x1, the second with its residual Add; then a Sigmoid
+    (an op no block holds) and one more 1x1 conv."""
+    r = rng(seed)
+    wide = 2 * channels
+    inits = [init("clip.min", np.float32(0.0)), init("clip.max", np.float32(6.0))]
+    nodes = [
+        helper.make_node(
+            "Conv",
+            ["x", "stem.w", "stem.b"],
+            ["stem"],
+            name="stem",
+            pads=[1, 1, 1, 1],
+            strides=[2, 2],
+        ),
+        helper.make_node("Clip", ["stem", "clip.min", "clip.max"], ["s6"], name="stem_clip"),
+    ]
+    inits += [
+        init("stem.w", weight(r, channels, 3, 3, 3, scale=0.4)),
+        init("stem.b", weight(r, channels)),
+    ]
+    tail = "s6"
+    for b in ("b1", "b2"):
+        spread = np.geomspace(0.3, 3.0, wide, dtype=np.float32)[:, None, None, None]
+        inits += [
+            init(f"{b}.ew", weight(r, wide, channels, 1, 1, scale=0.3) * spread),
+            init(f"{b}.eb", weight(r, wide)),
+            init(f"{b}.dw", weight(r, wide, 1, 3, 3, scale=0.4)),
+            init(f"{b}.db", weight(r, wide)),
+            init(f"{b}.pw", weight(r, channels, wide, 1, 1, scale=0.2)),
+            init(f"{b}.pb", weight(r, channels)),
+        ]
+        nodes += [
+            helper.make_node("Conv", [tail, f"{b}.ew", f"{b}.eb"], [f"{b}.e"], name=f"{b}.expand"),
+            helper.make_node(
+                "Clip", [f"{b}.e", "clip.min", "clip.max"], [f"{b}.e6"], name=f"{b}.c1"
+            ),
+            helper.make_node(
+                "Conv",
+                [f"{b}.e6", f"{b}.dw", f"{b}.db"],
+                [f"{b}.d"],
+                name=f"{b}.depthwise",
+                pads=[1, 1, 1, 1],
+                group=wide,
+            ),
+            helper.make_node(
+                "Clip", [f"{b}.d", "clip.min", "clip.max"], [f"{b}.d6"], name=f"{b}.c2"
+            ),
+            helper.make_node(
+                "Conv", [f"{b}.d6", f"{b}.pw", f"{b}.pb"], [f"{b}.p"], name=f"{b}.project"
+            ),
+        ]
+        if b == "b2":
+            nodes.append(helper.make_node("Add", [f"{b}.p", tail], ["b2.out"], name="b2.add"))
+            tail = "b2.out"
+        else:
+            tail = f"{b}.p"
+    inits.append(init("head.w", weight(r, channels, channels, 1, 1, scale=0.3)))
+    nodes += [
+        helper.make_node("Sigmoid", [tail], ["sig"], name="sigmoid"),
+        helper.make_node("Conv", ["sig", "head.w"], ["y"], name="head"),
+    ]
+    return model(nodes, [tensor("x", [1, 3, 16, 16])], [tensor("y", [1, channels, 8, 8])], inits)
+
+
+def _relu6(source: str, output: str, name: str) -> onnx.NodeProto:
+    return helper.make_node("Clip", [source, "clip.min", "clip.max"], [output], name=name)
