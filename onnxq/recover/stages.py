@@ -98,16 +98,20 @@ def rewrite_float(
             "equalized": sum(p.equalized for p in pairs),
             "pairs": [p.to_dict() for p in pairs],
         }
-    if options.dw_equalization and _readable_again(data, "depthwise equalization", recovery):
-        model = _equalize_depthwise(steps, model)
+    if options.dw_equalization:
+        readable = _readable_again(data, "depthwise equalization", recovery)
+        if readable is not None:
+            model = _equalize_depthwise(steps, model, readable)
     alpha = options.smoothquant
     tensors = _matmul_inputs(model, steps.profile, placement) if alpha > 0 else []
-    if tensors and _readable_again(data, "smoothquant", recovery, said=recovery.notes):
-        assert data is not None
+    readable = (
+        _readable_again(data, "smoothquant", recovery, said=recovery.notes) if tensors else None
+    )
+    if readable is not None:
         model, smoothed = smooth(
             model,
             tensors,
-            data,
+            readable,
             steps.inputs,
             alpha=float(alpha),
             max_batches=steps.calibration.max_batches,
@@ -123,12 +127,13 @@ def rewrite_float(
     return model
 
 
-def _equalize_depthwise(steps: Steps, model: onnx.ModelProto) -> onnx.ModelProto:
+def _equalize_depthwise(
+    steps: Steps, model: onnx.ModelProto, data: Iterable[Batch]
+) -> onnx.ModelProto:
     """Depthwise activation equalization (``dw_equalization`` > 0) on ``model``."""
-    assert steps.data is not None
     bound = steps.options.dw_equalization
     model, scaled = equalize_depthwise(
-        model, steps.data, steps.inputs, bound,
+        model, data, steps.inputs, bound,
         steps.calibration.max_batches, steps.calibration.progress,
     )  # fmt: skip
     steps.recovery.sections["dw_equalization"] = {
@@ -150,12 +155,12 @@ def recalibrate(
     (keep the float ones)."""
     if steps.options.calibration_mode != "prefix":
         return None
-    if not _readable_again(steps.data, "prefix calibration", steps.recovery, model):
+    data = _readable_again(steps.data, "prefix calibration", steps.recovery, model)
+    if data is None:
         return None
-    assert steps.data is not None
     again = prefix_calibrate(
         model, annotations, qparams, result, steps.profile, steps.calibration, steps.weights,
-        steps.data, steps.inputs, qparams_of,
+        data, steps.inputs, qparams_of,
     )  # fmt: skip
     steps.recovery.sections["calibration"] = {
         "mode": "prefix",
@@ -213,11 +218,11 @@ def search_ranges(
     weights and biases to the ranges the model will have."""
     if not steps.options.range_search:
         return qparams
-    if not _readable_again(steps.data, "range search", steps.recovery, model):
+    data = _readable_again(steps.data, "range search", steps.recovery, model)
+    if data is None:
         return qparams
-    assert steps.data is not None
     reference = FloatOutputs(
-        model, steps.data, steps.inputs, steps.calibration, steps.options.range_search_batches
+        model, data, steps.inputs, steps.calibration, steps.options.range_search_batches
     )
     if not reference.judging:
         steps.recovery.warnings.append(
@@ -242,10 +247,12 @@ def choose_weights(
 ) -> dict[str, ChosenWeight]:
     """AdaRound's integer weights (``adaround: true``), by weight tensor; ``qparams``: the
     activation ranges (what ``adaround_mode: sequential`` quantizes the prefix with)."""
-    options, data = steps.options, steps.data
-    if not options.adaround or not _readable_again(data, "adaround", steps.recovery, model):
+    options = steps.options
+    if not options.adaround:
         return {}
-    assert data is not None
+    data = _readable_again(steps.data, "adaround", steps.recovery, model)
+    if data is None:
+        return {}
     common = (steps.profile, options, steps.calibration, steps.weights, data, steps.inputs)
     if options.adaround_mode == "block":
         chosen, blocks = block_adaround(model, annotations, qparams, *common)
@@ -277,12 +284,12 @@ def correct_sequentially(
     chosen: dict[str, ChosenWeight],
 ) -> None:
     """Biases of ``model`` corrected layer by layer (``sequential_correction: true``)."""
-    data, calibration = steps.data, steps.calibration
+    calibration = steps.calibration
     if not steps.options.sequential_correction:
         return
-    if not _readable_again(data, "sequential correction", steps.recovery, model):
+    data = _readable_again(steps.data, "sequential correction", steps.recovery, model)
+    if data is None:
         return
-    assert data is not None
     layers = sequential_correction(
         model, annotations, qparams, steps.profile, steps.weights, data, steps.inputs,
         calibration.max_batches, chosen, calibration.progress,
@@ -319,25 +326,25 @@ def _readable_again(
     recovery: Recovery,
     copied: onnx.ModelProto | None = None,
     said: list[str] | None = None,
-) -> bool:
-    """Whether ``step`` can read the calibration data once more (and, when it needs a copy of
-    the model ``copied``, hold one next to it); if not, why goes to ``said`` (default: the
+) -> Iterable[Batch] | None:
+    """``data`` when ``step`` can read it once more (and, when it needs a copy of the model
+    ``copied``, hold one next to it); else None, and why goes to ``said`` (default: the
     warnings)."""
     said = recovery.warnings if said is None else said
     if data is None:
         said.append(f"{step} skipped: it needs calibration data (--calib)")
-        return False
+        return None
     if iter(data) is data:
         said.append(
             f"{step} skipped: the calibration source can be read only once; pass a folder or a list"
         )
-        return False
+        return None
     if copied is not None and ir.model_nbytes(copied) >= ir.PROTO_LIMIT:
         said.append(
             f"{step} skipped: the model is too large to hold a quantized copy next to the float one"
         )
-        return False
-    return True
+        return None
+    return data
 
 
 def summary(sections: dict[str, Any]) -> str:
