@@ -68,9 +68,14 @@ class OutputError:
         return sum(s / n if n > 0 else s for s, n in zip(squared, norms, strict=True))
 
 
-def pruned_session(model: onnx.ModelProto, tensor: str | None, what: str) -> Any:
+def pruned_session(
+    model: onnx.ModelProto,
+    tensor: str | None,
+    what: str,
+    step: str = "a layer-by-layer recovery step (sequential correction or AdaRound)",
+) -> Any:
     """An unoptimized onnxruntime session of ``model``, pruned to compute ``tensor`` alone
-    when given."""
+    when given; one onnxruntime cannot load is onnxq's failure (``what`` copy, for ``step``)."""
     from onnxq.calibration_session import make_session
 
     try:
@@ -81,8 +86,7 @@ def pruned_session(model: onnx.ModelProto, tensor: str | None, what: str) -> Any
             return make_session(view, optimize=False)
     except UnsupportedModelError as exc:  # the float model itself loaded for calibration
         raise InternalError(
-            f"onnxruntime cannot load onnxq's {what} copy of the model for a layer-by-layer "
-            f"recovery step (sequential correction or AdaRound): {exc}",
+            f"onnxruntime cannot load onnxq's {what} copy of the model for {step}: {exc}",
             onnxruntime_failed=True,
         ) from None
 

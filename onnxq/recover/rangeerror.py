@@ -14,7 +14,7 @@ import onnx
 from onnxq import ir
 from onnxq.backends.runs import padding_masks
 from onnxq.data import check_batch
-from onnxq.errors import InternalError, UnsupportedModelError, one_line
+from onnxq.errors import InternalError, one_line
 from onnxq.inputs import Batch, InputSpec
 from onnxq.ir.split import cut_after
 from onnxq.options import CalibrationOptions
@@ -136,16 +136,7 @@ class SuffixRunner:
 
 def _session(model: onnx.ModelProto, what: str) -> Any:
     """An unoptimized onnxruntime session of one part of a Q/DQ copy of the model."""
-    from onnxq.calibration_session import make_session
-
-    try:
-        return make_session(model, optimize=False)
-    except UnsupportedModelError as exc:  # the float model itself loaded for calibration
-        raise InternalError(
-            f"onnxruntime cannot load {what} of onnxq's Q/DQ copy of the model for the range "
-            f"search: {exc}",
-            onnxruntime_failed=True,
-        ) from None
+    return pruned_session(model, None, f"Q/DQ ({what})", step="the range search")
 
 
 def _run_as_is(session: Any, batch: Batch, index: int) -> list[np.ndarray]:
