@@ -45,7 +45,7 @@ from onnxq.recover.blocklearn import BlockSample, learn_block
 from onnxq.recover.blockprogram import block_program
 from onnxq.recover.blocks import Block, find_blocks
 from onnxq.recover.convengine import conv_engine
-from onnxq.recover.outputs import OutputError, pruned_session, run_session
+from onnxq.recover.outputs import OutputDrift, pruned_session, run_session
 
 BLOCK_IMAGES = 32  # images of the even batches a block is fitted on (as many judge it)
 
@@ -102,7 +102,7 @@ def block_adaround(
         return copy
 
     budget = calibration.memory_budget_mb * 2**20
-    judge = OutputError(model, data, inputs, calibration.max_batches, budget, every=(2, 1))
+    judge = OutputDrift(model, data, inputs, calibration.max_batches, budget, every=(2, 1))
     engine = conv_engine(options.adaround_engine)
     chosen: dict[str, ChosenWeight] = {}
     current = quantized(chosen)

@@ -11,17 +11,19 @@ import numpy as np
 import onnx
 
 from onnxq import ir
+from onnxq.backends.runs import padding_masks
 from onnxq.data import check_batch
 from onnxq.errors import InternalError, UnsupportedModelError, one_line
 from onnxq.inputs import Batch, InputSpec
 
 
-class OutputError:
-    """The error of a model's outputs against the float model's on the calibration batches:
+class OutputDrift:
+    """How far a model's outputs drift from the float model's on the calibration batches:
     per output, the sum of squared differences over the sum of squared float values, summed
-    over the outputs.  The float outputs are kept for the batches that fit ``memory_budget``
-    (at least one); only those batches are scored.  ``every=(n, r)``: only the batches whose
-    index is ``r`` modulo ``n``."""
+    over the outputs; padded positions (a batch's ``attention_mask``-like input, see
+    :func:`without_padding`) do not count.  The float outputs are kept for the batches that
+    fit ``memory_budget`` (at least one); only those batches are scored.  ``every=(n, r)``:
+    only the batches whose index is ``r`` modulo ``n``."""
 
     def __init__(
         self,
@@ -35,6 +37,7 @@ class OutputError:
         session = pruned_session(original, None, "float")
         self._batches: list[Batch] = []
         self._reference: list[list[np.ndarray]] = []
+        self._padding: list[np.ndarray | None] = []
         used = 0
         for index, raw in enumerate(data):
             if max_batches is not None and index >= max_batches:
@@ -48,24 +51,39 @@ class OutputError:
                 break
             self._batches.append(batch)
             self._reference.append(outputs)
+            self._padding.append(padding_masks([batch])[0])
 
     def __call__(self, model: onnx.ModelProto) -> float:
         """The error of ``model`` (its outputs in the float model's order)."""
         session = pruned_session(model, None, "Q/DQ")
         squared: list[float] = []
         norms: list[float] = []
-        for index, (batch, reference) in enumerate(
-            zip(self._batches, self._reference, strict=True)
+        for index, (batch, reference, padding) in enumerate(
+            zip(self._batches, self._reference, self._padding, strict=True)
         ):
-            for k, (got, want) in enumerate(
+            for k, (raw, full) in enumerate(
                 zip(run_session(session, None, batch, index), reference, strict=True)
             ):
+                got, want = without_padding(raw, full, padding)
                 if k == len(squared):
                     squared.append(0.0)
                     norms.append(0.0)
                 squared[k] += float(np.square(got - want).sum())
                 norms[k] += float(np.square(want).sum())
         return sum(s / n if n > 0 else s for s, n in zip(squared, norms, strict=True))
+
+
+def without_padding(
+    got: np.ndarray, want: np.ndarray, padding: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``got`` and ``want`` with their padded positions set to 0 in both, where ``padding``
+    (a batch's mask, [batch, sequence], False = padding,
+    :func:`onnxq.backends.runs.padding_masks`) matches their two leading axes: what a padded
+    position holds is noise, not error.  Unchanged otherwise."""
+    if padding is None or want.ndim < 3 or want.shape[:2] != padding.shape:
+        return got, want
+    keep = padding.reshape(padding.shape + (1,) * (want.ndim - 2))
+    return np.where(keep, got, 0.0), np.where(keep, want, 0.0)
 
 
 def pruned_session(

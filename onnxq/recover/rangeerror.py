@@ -19,7 +19,7 @@ from onnxq.inputs import Batch, InputSpec
 from onnxq.ir.split import cut_after
 from onnxq.options import CalibrationOptions
 from onnxq.qparams import QParams
-from onnxq.recover.outputs import pruned_session, run_session
+from onnxq.recover.outputs import pruned_session, run_session, without_padding
 from onnxq.recover.rangegrid import Candidate
 
 
@@ -162,9 +162,7 @@ def sample_errors(
     is compared on the unpadded positions only (what a padded position holds is noise)."""
     if want.ndim == 0:
         got, want = got.reshape(1), want.reshape(1)
-    if padding is not None and want.ndim >= 3 and want.shape[:2] == padding.shape:
-        keep = padding.reshape(padding.shape + (1,) * (want.ndim - 2))
-        got, want = np.where(keep, got, 0.0), np.where(keep, want, 0.0)
+    got, want = without_padding(got, want, padding)
     diff = np.square(got - want).reshape(want.shape[0], -1).sum(axis=1)
     norm = np.square(want).reshape(want.shape[0], -1).sum(axis=1)
     return diff / np.where(norm > 0, norm, 1.0)

@@ -20,7 +20,7 @@ Two checks keep a layer from fitting noise: the rows of the even calibration bat
 rounding and those of the odd ones judge it (round-to-nearest stays unless the learned rounding
 has the lower error there: a classifier's Gemm gets one row per image, fewer than its
 weights), and the learned rounding is kept only if the model's output error on the odd
-batches (:class:`onnxq.recover.outputs.OutputError`, as in sequential bias correction) drops.
+batches (:class:`onnxq.recover.outputs.OutputDrift`, as in sequential bias correction) drops.
 
 Cost: per layer, two pruned passes over the calibration data (the float and the Q/DQ model
 up to the layer's input; as many rows kept as in one-pass AdaRound), the layer's optimisation
@@ -53,7 +53,7 @@ from onnxq.recover.adaround import (
     rounding_targets,
 )
 from onnxq.recover.capture import DEFAULT_BATCHES, GramAccumulator, GramStats
-from onnxq.recover.outputs import OutputError, pruned_session, run_session
+from onnxq.recover.outputs import OutputDrift, pruned_session, run_session
 
 # the weights take up the whole input error, its mean included (False: only its fluctuation;
 # measured on mobilenet_v2 in docs/recovery.md)
@@ -91,7 +91,7 @@ def sequential_adaround(
         return copy
 
     budget = calibration.memory_budget_mb * 2**20
-    judge = OutputError(model, data, inputs, calibration.max_batches, budget, every=(2, 1))
+    judge = OutputDrift(model, data, inputs, calibration.max_batches, budget, every=(2, 1))
     current = quantized(chosen)
     error = judge(current)
     for target in layer_progress(targets, calibration.progress, "sequential adaround"):

@@ -10,7 +10,7 @@ the model (biases corrected so far) and the float model run on the calibration d
 layer (the rest pruned); per channel, the mean difference over the positions where the float
 value is in the range a following Relu/Clip passes is the shift.  Channels whose shift exceeds
 :data:`MIN_SIGNIFICANCE` standard errors of the per-batch means are corrected, then the whole
-model is scored (:class:`OutputError`) and the correction undone unless the error went down.
+model is scored (:class:`OutputDrift`) and the correction undone unless the error went down.
 The shifts are measured on the even calibration batches and judged on the odd ones: judged on
 the batches they were measured on, corrections that only fit those batches pass the check.
 
@@ -38,7 +38,7 @@ from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations
 from onnxq.progress import counted
 from onnxq.qparams import QParams
-from onnxq.recover.outputs import OutputError, pruned_session, run_session
+from onnxq.recover.outputs import OutputDrift, pruned_session, run_session
 
 Bounds = tuple[float | None, float | None]
 MIN_SIGNIFICANCE = 2.0  # a channel's shift must exceed this many standard errors
@@ -169,11 +169,11 @@ def correct_in_order(
 ) -> list[LayerShift]:
     """The loop of :func:`sequential_correction`; ``quantized`` makes the Q/DQ copy of the
     (partly corrected) float model.  A layer's correction is kept only when it lowers the
-    model's output error (:class:`OutputError`) on the calibration data."""
+    model's output error (:class:`OutputDrift`) on the calibration data."""
     original = onnx.ModelProto()  # the float outputs to match: before any correction
     original.CopyFrom(model)
     graph = ir.Graph(model)
-    judge = OutputError(original, data, inputs, max_batches, memory_budget, every=(2, JUDGED))
+    judge = OutputDrift(original, data, inputs, max_batches, memory_budget, every=(2, JUDGED))
     current = judge(quantized(model)) if targets else 0.0
     done = []
     for index in _progress(len(targets), progress):

@@ -15,7 +15,7 @@ from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
 from onnxq.inputs import model_inputs
 from onnxq.recover.flags import add_recovery_flags, recovery_options
-from onnxq.recover.outputs import OutputError
+from onnxq.recover.outputs import OutputDrift
 from onnxq.recover.rangesearch import FACTORS, significantly_lower
 from tests.recover.builders import conv_chain, image_batches
 
@@ -46,7 +46,7 @@ def test_quantize_with_range_search_reports_each_tensor_and_never_judges_worse()
             assert entry["candidate"] != "x1"
     assert check(searched.model, PROFILES["tensorrt"]) == []
     shaped = ir.infer_shapes(m)
-    judge = OutputError(shaped, data, model_inputs(ir.Graph(shaped)), None, 2**30, every=(2, 1))
+    judge = OutputDrift(shaped, data, model_inputs(ir.Graph(shaped)), None, 2**30, every=(2, 1))
     assert judge(searched.model) <= judge(plain.model) + 1e-12
     again = onnxq.quantize(m, data, backend="tensorrt", range_search=True, **SETTINGS)
     assert again.model.SerializeToString() == searched.model.SerializeToString()

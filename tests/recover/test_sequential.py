@@ -17,7 +17,7 @@ from onnxq.backends.profile import PROFILES
 from onnxq.config import QuantConfig
 from onnxq.inputs import model_inputs
 from onnxq.recover.flags import add_recovery_flags, recovery_options
-from onnxq.recover.outputs import OutputError
+from onnxq.recover.outputs import OutputDrift
 from onnxq.recover.sequential import (
     _passed,
     _significant_shift,
@@ -75,7 +75,7 @@ def test_a_shifted_copy_is_corrected_back_to_the_float_outputs():
     data = batches()
     inputs = model_inputs(ir.Graph(float_model))
     # judged on the odd batches (the even ones measure the shift)
-    judge = OutputError(float_model, data, inputs, None, 2**30, every=(2, 1))
+    judge = OutputDrift(float_model, data, inputs, None, 2**30, every=(2, 1))
     before = judge(shifted(float_model))
     target = [
         layer for layer in layers_of(float_model) if layer.node.name == "conv"
@@ -178,7 +178,7 @@ def test_quantize_with_sequential_correction_reports_every_layer_and_passes_chec
     assert check(fixed.model, PROFILES["tensorrt"]) == []
     # never worse than without it on the calibration data (what each kept layer was judged on)
     inputs = model_inputs(ir.Graph(ir.infer_shapes(m)))
-    judge = OutputError(ir.infer_shapes(m), data, inputs, None, 2**30)
+    judge = OutputDrift(ir.infer_shapes(m), data, inputs, None, 2**30)
     assert judge(fixed.model) <= judge(plain.model) + 1e-12
     again = onnxq.quantize(m, data, backend="tensorrt", sequential_correction=True, **cfgs)
     assert again.model.SerializeToString() == fixed.model.SerializeToString()
