@@ -49,13 +49,13 @@ from onnxq.recover.confirm import written_statistics
 from onnxq.recover.stages import (
     Recovery,
     Steps,
-    choose_weights,
     correct_sequentially,
     recalibrate,
     rewrite_float,
     search_ranges,
     search_statistics,
 )
+from onnxq.recover.trial_weights import trial_weights, written_weights
 from onnxq.report import Report
 from onnxq.scale.executor import Executor
 from onnxq.verify import float_reference, verify
@@ -248,7 +248,9 @@ def quantize(
         )
         placement = place(facts, profile, cfg.placement, measure)
         mixed = None
+        learned = None  # AdaRound's weights, learned before the search (trial_weights)
         if goal is not None:
+            learned = trial_weights(steps, prepared.model, placement.annotations)
             searched = search_statistics(
                 steps, prepared.model, measure, placement.annotations, placement.statistics,
                 lambda measured: activation_ranges(
@@ -263,7 +265,7 @@ def quantize(
             )  # fmt: skip
             mixed = search(
                 goal, kept_out, prepared.model, facts, profile, cfg, searched, placement,
-                executor, written,
+                executor, written, learned,
             )  # fmt: skip
             placement = mixed.placement
         annotations, statistics = placement.annotations, placement.statistics
@@ -290,7 +292,7 @@ def quantize(
             steps, prepared.model, annotations, ranges.qparams, statistics
         )
         ranges = dataclasses.replace(ranges, qparams=searched_ranges)
-        chosen = choose_weights(steps, prepared.model, annotations, ranges.qparams)
+        chosen = written_weights(steps, prepared.model, annotations, ranges.qparams, learned)
         bias = None
         if cfg.bias_correction and data is not None:
             bias = bias_correction_pass(

@@ -60,6 +60,7 @@ from onnxq.target_confirm import confirm
 from onnxq.trial_tasks import score_model
 
 if TYPE_CHECKING:
+    from onnxq.recover.adaround import ChosenWeight
     from onnxq.recover.confirm import Measure
 
 
@@ -154,16 +155,18 @@ def search(
     first: Placement[Any],
     executor: Executor | None = None,
     remeasure: Callable[[Placement[Any]], Measure] | None = None,
+    chosen: Mapping[str, ChosenWeight] | None = None,
 ) -> MixedPrecision:
     """The pipeline's entry: trials over ``model`` (the prepared float model, not edited)
     with the statistics ``measure`` has cached, scored against the float model's outputs on
     the held-out batches, then :func:`find_mixed_precision` (``remeasure``: see there); the
     trials run on ``executor`` (:mod:`onnxq.scale`; None: in this process), with the same
-    scores."""
+    scores; ``chosen``: integer weights every trial uses, by weight tensor
+    (:func:`onnxq.recover.trial_weights.trial_weights`; None: round-to-nearest)."""
     reference = run_outputs(model, heldout.batches, profile.fused_validation, "float")
     trials = Trials(
         model, facts, profile, config, measure, heldout.batches, reference, target,
-        executor=executor,
+        executor=executor, chosen=dict(chosen or {}),
     )  # fmt: skip
     found = find_mixed_precision(trials, first, heldout.source, config.progress, remeasure)
     return replace(found, rescore=functools.partial(score_model, trials.context()))

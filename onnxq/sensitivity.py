@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -74,6 +75,9 @@ class Trials:
     qparams: dict[tuple[object, ...], QParams | None] = field(default_factory=dict)
     # where the trials run (onnxq.scale: a Ray cluster); None: in this process
     executor: Executor | None = None
+    # integer weights chosen before the search, by weight tensor (AdaRound's in ``float``
+    # mode: onnxq.recover.trial_weights); empty: every trial rounds to nearest
+    chosen: Mapping[str, tuple[QParams, np.ndarray]] = field(default_factory=dict)
     _context: TrialContext | None = field(default=None, repr=False)
 
     def placement(self, kept: Mapping[str, str]) -> Placement[Any]:
@@ -130,6 +134,7 @@ class Trials:
                 self.target,
                 self.profile,
                 self.config.weights,
+                self.chosen,
             )
         return self._context
 

@@ -13,7 +13,8 @@ Ray worker, so a trial scores the same wherever it runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -32,7 +33,9 @@ from onnxq.qparams import QParams
 class TrialContext:
     """What every trial of one search needs (sent once per worker): the prepared float model
     (never edited), the held-out batches, the float model's outputs on them, the target, the
-    backend profile and the weight options."""
+    backend profile, the weight options and the integer weights chosen before the search
+    (weight tensor -> (qparams, integers): AdaRound's, :mod:`onnxq.recover.trial_weights`;
+    empty: round-to-nearest)."""
 
     model: onnx.ModelProto
     heldout: list[Batch]
@@ -40,6 +43,7 @@ class TrialContext:
     target: AccuracyTarget
     profile: BackendProfile
     weights: WeightOptions
+    chosen: Mapping[str, tuple[QParams, np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,9 @@ def score_trial(worker: TrialWorker, shard: TrialShard) -> float:
     context = worker.context
     trial = onnx.ModelProto()
     trial.CopyFrom(context.model)
-    materialize(trial, shard.annotations, shard.qparams, context.profile, context.weights)
+    materialize(
+        trial, shard.annotations, shard.qparams, context.profile, context.weights, context.chosen
+    )
     return _scored(context, trial, worker.masks, "trial")
 
 
