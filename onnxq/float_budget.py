@@ -8,9 +8,7 @@ only when that choice leaves more multiply-adds float than the ceiling does
 1. the lazy greedy of :mod:`onnxq.float_cost` by gain per multiply-add, where a layer that
    would take the settled placement's float multiply-adds over the ceiling is dropped without
    a trial (checking costs a placement, no onnxruntime run); the greedy starts as the
-   unconstrained one did, so its first trials are already scored; while none of the sets
-   scored meets the target, the greedy runs again from each group of candidates of one kind
-   (all depthwise convs, ...) that fits the ceiling (:mod:`onnxq.float_groups`);
+   unconstrained one did, so its first trials are already scored;
 2. of the models scored within the ceiling (the all-INT8 one, each layer alone float, the
    greedy's sets), those that meet the target: the one with the fewest float multiply-adds,
    pruned (a layer goes back to INT8 when the target holds without it);
@@ -29,7 +27,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from onnxq.float_cost import by_gain_per_mac, greedy, layer_neighbours, placement_cost, prune
-from onnxq.float_groups import kind_groups
 
 if TYPE_CHECKING:
     from onnxq.sensitivity import LayerSensitivity, Trials
@@ -55,8 +52,7 @@ def within_ceiling(
     if limit is None or placement_cost(trials)(chosen) <= limit:
         return chosen
     near = layer_neighbours(trials.facts.graph, (s.node for s in ranking))
-    groups = kind_groups(trials.facts.graph, ranking)
-    return choose_within(trials, base, ranking, limit, near, groups)
+    return choose_within(trials, base, ranking, limit, near)
 
 
 def choose_within(
@@ -65,12 +61,10 @@ def choose_within(
     ranking: Sequence[LayerSensitivity],
     limit: int,
     neighbours: dict[str, set[str]] | None = None,
-    groups: Sequence[Sequence[LayerSensitivity]] = (),
 ) -> list[LayerSensitivity]:
     """The layers to keep float that leave at most ``limit`` multiply-adds per sample out of
     INT8 (see the module); ``base``: the all-INT8 score; ``neighbours``:
-    :func:`onnxq.float_cost.layer_neighbours` of the candidates (None: none); ``groups``: the
-    sets the greedy also starts from (:func:`onnxq.float_groups.kind_groups`)."""
+    :func:`onnxq.float_cost.layer_neighbours` of the candidates (None: none)."""
     target = trials.target
     cost = placement_cost(trials)
     scored: dict[frozenset[str], tuple[float, list[LayerSensitivity]]] = {frozenset(): (base, [])}
@@ -88,11 +82,7 @@ def choose_within(
     for layer in ranking:  # alone: scored by the ranking already
         if fits([layer]):
             scored[frozenset([layer.node])] = (layer.alone, [layer])
-    order = by_gain_per_mac(ranking)
-    greedy(score, cost, target.met, base, order, neighbours or {}, fits)
-    for group in groups:
-        if not any(target.met(value) for value, _ in scored.values()) and fits(group):
-            greedy(score, cost, target.met, score(group), order, neighbours or {}, fits, group)
+    greedy(score, cost, target.met, base, by_gain_per_mac(ranking), neighbours or {}, fits)
     return _best(list(scored.values()), score, cost, target.met)
 
 

@@ -144,25 +144,19 @@ def greedy(
     order: list[LayerSensitivity],
     neighbours: Mapping[str, set[str]],
     fits: Callable[[Sequence[LayerSensitivity]], bool] | None = None,
-    start: Sequence[LayerSensitivity] = (),
 ) -> list[LayerSensitivity]:
     """Lazy greedy by gain per multiply-add until ``met``, or until nothing raises the score;
     a layer's fresh figure divides by what it adds to ``cost``; a layer taken has its
     ``neighbours`` scored next; with ``fits``, a layer that would make the set not fit is
-    dropped unscored; ``start``: the layers float from the outset (``base``: their score)."""
-    kept: list[LayerSensitivity] = list(start)
+    dropped unscored."""
+    kept: list[LayerSensitivity] = []
     current = base
     first = {s.node: -s.gain / _cost(s) for s in order}
     position = {s.node: i for i, s in enumerate(order)}
     by_node = {s.node: s for s in order}
     # (-gain per MAC, position, the len(kept) it was measured at, layer); `latest`: the one
     # entry of each layer that counts (a neighbour's refresh leaves an old one behind)
-    started = {s.node for s in start}
-    heap = [
-        (first[s.node], position[s.node], -1, s)
-        for s in order
-        if s.gain > 0 and s.node not in started
-    ]
+    heap = [(first[s.node], position[s.node], -1, s) for s in order if s.gain > 0]
     latest = {entry[3].node: entry for entry in heap}
     heapq.heapify(heap)
 
