@@ -16,6 +16,8 @@ from onnxq.data import check_batch
 from onnxq.errors import InternalError, UnsupportedModelError, one_line
 from onnxq.inputs import Batch, InputSpec
 
+LAYER_STEPS = "a layer-by-layer recovery step (sequential correction or AdaRound)"
+
 
 class OutputDrift:
     """How far a model's outputs drift from the float model's on the calibration batches:
@@ -90,7 +92,7 @@ def pruned_session(
     model: onnx.ModelProto,
     tensor: str | None,
     what: str,
-    step: str = "a layer-by-layer recovery step (sequential correction or AdaRound)",
+    step: str = LAYER_STEPS,
 ) -> Any:
     """An unoptimized onnxruntime session of ``model``, pruned to compute ``tensor`` alone
     when given; one onnxruntime cannot load is onnxq's failure (``what`` copy, for ``step``)."""
@@ -109,14 +111,24 @@ def pruned_session(
         ) from None
 
 
-def run_session(session: Any, tensor: str | None, batch: Batch, index: int) -> list[np.ndarray]:
-    """``tensor`` (None: every output) on one batch, as float64."""
+def run_session(
+    session: Any,
+    tensor: str | None,
+    batch: Batch,
+    index: int,
+    step: str = LAYER_STEPS,
+    as_float64: bool = True,
+) -> list[np.ndarray]:
+    """``tensor`` (None: every output) on one batch, as float64 (``as_float64=False``: in the
+    types the model gives them); a failure is onnxq's, for ``step``."""
     try:
         values = session.run([tensor] if tensor is not None else None, batch)
     except Exception as exc:  # the float model ran on this batch during calibration
         raise InternalError(
-            f"onnxruntime fails on onnxq's copy of the model for a layer-by-layer recovery step "
-            f"(sequential correction or AdaRound) on calibration batch {index}: {one_line(exc)}",
+            f"onnxruntime fails on onnxq's copy of the model for {step} on calibration batch "
+            f"{index}: {one_line(exc)}",
             onnxruntime_failed=True,
         ) from None
+    if not as_float64:
+        return [np.asarray(v) for v in values]
     return [np.asarray(v, dtype=np.float64) for v in values]

@@ -14,13 +14,14 @@ import onnx
 from onnxq import ir
 from onnxq.backends.runs import padding_masks
 from onnxq.data import check_batch
-from onnxq.errors import InternalError, one_line
 from onnxq.inputs import Batch, InputSpec
 from onnxq.ir.split import cut_after
 from onnxq.options import CalibrationOptions
 from onnxq.qparams import QParams
 from onnxq.recover.outputs import pruned_session, run_session, without_padding
 from onnxq.recover.rangegrid import Candidate
+
+STEP = "the range search"  # what a failure of its onnxruntime sessions names
 
 
 class FloatOutputs:
@@ -36,7 +37,7 @@ class FloatOutputs:
         calibration: CalibrationOptions,
         max_batches: int | None = None,
     ) -> None:
-        session = pruned_session(model, None, "float")
+        session = pruned_session(model, None, "float", step=STEP)
         limits = [n for n in (calibration.max_batches, max_batches) if n is not None]
         limit = min(limits) if limits else None
         names = [o.name for o in model.graph.output]
@@ -46,7 +47,7 @@ class FloatOutputs:
             if limit is not None and index >= limit:
                 break
             batch = check_batch(raw, inputs, index)
-            outputs = dict(zip(names, run_session(session, None, batch, index), strict=True))
+            outputs = dict(zip(names, run_session(session, None, batch, index, STEP), strict=True))
             used += sum(o.nbytes for o in outputs.values())
             if index >= 2 and used > budget:
                 break
@@ -113,7 +114,7 @@ class SuffixRunner:
             column = np.zeros(len(grid))
             for k, candidate in enumerate(grid):
                 feeds[self._dequantized] = fake_quantize(value, candidate.qparams)
-                got = run_session(self._suffix, None, feeds, index)
+                got = run_session(self._suffix, None, feeds, index, STEP)
                 column[k] = sum(
                     float(sample_errors(got[j], want[name], padding).mean())
                     for j, name in enumerate(self.cut.outputs)
@@ -126,7 +127,13 @@ class SuffixRunner:
         DequantizeLinear's name)."""
         fetched = {}
         if self._prefix is not None:
-            fetched = dict(zip(self._fetched, _run_as_is(self._prefix, batch, index), strict=True))
+            fetched = dict(
+                zip(
+                    self._fetched,
+                    run_session(self._prefix, None, batch, index, STEP, as_float64=False),
+                    strict=True,
+                )
+            )
         feeds = {}
         for name in self.cut.boundary:
             source = self._tensor if name == self._dequantized else name
@@ -136,20 +143,7 @@ class SuffixRunner:
 
 def _session(model: onnx.ModelProto, what: str) -> Any:
     """An unoptimized onnxruntime session of one part of a Q/DQ copy of the model."""
-    return pruned_session(model, None, f"Q/DQ ({what})", step="the range search")
-
-
-def _run_as_is(session: Any, batch: Batch, index: int) -> list[np.ndarray]:
-    """Every output of ``session`` on ``batch``, in the types the model gives them (they feed
-    the part after the cut)."""
-    try:
-        return [np.asarray(v) for v in session.run(None, batch)]
-    except Exception as exc:  # the float model ran on this batch during calibration
-        raise InternalError(
-            f"onnxruntime fails on onnxq's Q/DQ copy of the model for the range search on "
-            f"calibration batch {index}: {one_line(exc)}",
-            onnxruntime_failed=True,
-        ) from None
+    return pruned_session(model, None, f"Q/DQ ({what})", step=STEP)
 
 
 def sample_errors(
