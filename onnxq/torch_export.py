@@ -9,6 +9,7 @@ that is always removed.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
@@ -24,6 +25,7 @@ import onnx
 from onnxq.api import QuantizedModel, quantize
 from onnxq.errors import CalibrationDataError, ConfigError, UnsupportedModelError
 from onnxq.scopes import module_pattern, scope_name
+from onnxq.torch_compat import given_inputs_only, non_tensor_hint
 
 INSTALL_HINT = "pip install 'onnxq[torch]'"
 EXPORTERS = ("torchscript", "dynamo")
@@ -140,7 +142,7 @@ def export_module(
     module.eval()
     try:
         with torch.no_grad():
-            reference = _flatten(module(*args), "output")
+            reference = _flatten(_call(module, args), "output")
             ins = list(input_names) if input_names is not None else _forward_names(module, args)
             outs = list(output_names) if output_names is not None else [n for n, _ in reference]
             for kind, names, want in (("input", ins, len(args)), ("output", outs, len(reference))):
@@ -182,6 +184,19 @@ def export_module(
     return model, ins
 
 
+def _call(module: Any, args: tuple[Any, ...]) -> Any:
+    """The module's outputs on the example inputs; a failing call names forward's parameters."""
+    try:
+        return module(*args)
+    except Exception as exc:
+        params = ", ".join(_positional_params(module)[: len(args) + 2]) + ", ..."
+        raise ConfigError(
+            f"calling {type(module).__name__} on example_inputs failed: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200] if str(exc) else ''}; example_inputs are passed "
+            f"positionally to forward({params}), in that order"
+        ) from exc
+
+
 def _as_args(torch: Any, example_inputs: Any) -> tuple[Any, ...]:
     items = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     args = tuple(torch.from_numpy(t) if isinstance(t, np.ndarray) else t for t in items)
@@ -193,12 +208,16 @@ def _as_args(torch: Any, example_inputs: Any) -> tuple[Any, ...]:
     return args
 
 
-def _forward_names(module: Any, args: tuple[Any, ...]) -> list[str]:
+def _positional_params(module: Any) -> list[str]:
     try:
         params = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):
         params = []
-    named = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _forward_names(module: Any, args: tuple[Any, ...]) -> list[str]:
+    named = _positional_params(module)
     if len(named) >= len(args):
         return named[: len(args)]
     return ["input"] if len(args) == 1 else [f"input_{i}" for i in range(len(args))]
@@ -216,8 +235,8 @@ def _flatten(value: Any, name: str) -> list[tuple[str, Any]]:
         return [pair for i, v in enumerate(value) for pair in _flatten(v, f"{name}_{i}")]
     if value is None or not hasattr(value, "detach"):
         raise UnsupportedModelError(
-            f"module output {name!r} is a {type(value).__name__}, not a "
-            "tensor; return tensors, or tuples/lists/dicts of tensors"
+            f"module output {name!r} is a {type(value).__name__}, not a tensor; "
+            f"{non_tensor_hint(value)}"
         )
     return [(name, value)]
 
@@ -248,7 +267,10 @@ def _export(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the TorchScript deprecation notice, tracer hints
-            torch.onnx.export(module, args, str(path), **kwargs)
+            with contextlib.ExitStack() as stack:
+                if exporter == "torchscript":
+                    stack.enter_context(given_inputs_only(module))
+                torch.onnx.export(module, args, str(path), **kwargs)
     except ImportError as exc:
         raise ConfigError(
             f"exporter={exporter!r} needs a package that is missing ({exc}); "

@@ -306,3 +306,73 @@ def test_pytorch_example_script_runs(tmp_path):
     assert (tmp_path / "resnet_like.int8.onnx").is_file()
     assert (tmp_path / "resnet_like.int8.json").is_file()
     assert "int8 accuracy" in run.stdout
+
+
+# -- modules shaped like Hugging Face transformers ----------------------------------------------
+def _decorated_like_transformers(torch):
+    """forward wrapped as transformers 5 wraps it: the wrapper's signature is the original's
+    (functools.wraps), and it sets a keyword itself, so a default passed positionally clashes."""
+    import functools
+
+    def merge_defaults(func):
+        @functools.wraps(func)
+        def wrapper(self, *args, **kwargs):
+            if len(args) > 1:  # as transformers' use_cache handling, which then adds the keyword
+                raise TypeError(f"{func.__qualname__}() got multiple values for argument 'scale'")
+            return func(self, *args, scale=2.0, **kwargs)
+
+        return wrapper
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 16)
+
+        @merge_defaults
+        def forward(self, x, scale=None, output_attentions=None):
+            return {"last_hidden_state": self.proj(x) * scale}
+
+    return Encoder()
+
+
+@needs_torch
+def test_torchscript_export_passes_only_the_given_inputs_to_a_decorated_forward(torch_cpu):
+    """torch.onnx's TorchScript exporter fills every defaulted forward parameter in positionally,
+    which a transformers model's decorated forward refuses; onnxq passes the given ones only."""
+    torch = torch_cpu
+    module = _decorated_like_transformers(torch)
+    forward = module.forward
+    calib = [torch.randn(4, 16) for _ in range(4)]
+    result = onnxq.quantize_torch(module, torch.randn(2, 16), calib, progress=False)
+    assert [o.name for o in result.model.graph.output] == ["last_hidden_state"]
+    assert "/proj/Gemm" in {n.name for n in result.model.graph.node}  # scope names unchanged
+    assert module.forward == forward and "forward" not in vars(module)  # restored
+
+
+@needs_torch
+def test_a_key_value_cache_output_says_how_to_turn_it_off(torch_cpu):
+    torch = torch_cpu
+
+    class DynamicCache:  # what a transformers causal LM returns next to its logits by default
+        pass
+
+    class CausalLM(torch.nn.Module):
+        def forward(self, input_ids):
+            return {"logits": input_ids.float() * 2, "past_key_values": DynamicCache()}
+
+    ids = torch.ones(2, 4, dtype=torch.int64)
+    with pytest.raises(UnsupportedModelError, match=r"use_cache = False"):
+        onnxq.quantize_torch(CausalLM(), ids, [ids], progress=False)
+
+
+@needs_torch
+def test_a_module_that_fails_on_the_example_inputs_names_forwards_parameters(torch_cpu):
+    torch = torch_cpu
+
+    class GPT2Like(torch.nn.Module):  # attention_mask is not forward's second parameter
+        def forward(self, input_ids, past_key_values=None, attention_mask=None):
+            return input_ids.float() + past_key_values.get_seq_length()
+
+    ids = torch.ones(2, 4, dtype=torch.int64)
+    with pytest.raises(ConfigError, match=r"forward\(input_ids, past_key_values, attention_mask"):
+        onnxq.quantize_torch(GPT2Like(), (ids, ids), [(ids, ids)], progress=False)
