@@ -33,6 +33,7 @@ from onnxq.recover.capture import channel_peaks
 from onnxq.recover.layers import LinearLayer, linear_layer
 
 SCALE_LIMITS = (1e-5, 1e5)
+SHAPE_READERS = frozenset({"Shape", "Size"})
 DEFAULT_ALPHA = 0.8  # measured: see docs/accuracy.md (0.5 made all_minilm_l6_v2 worse)
 
 
@@ -165,7 +166,7 @@ def _fold(graph: ir.Graph, target: _Target, inverse: np.ndarray) -> str:
     """Make ``target.tensor`` come out multiplied by ``inverse`` per last-axis channel; says
     how."""
     readers = {layer.node for layer in target.layers}
-    sole = {n.name for n, _ in graph.consumers.get(target.tensor, [])} <= readers
+    sole = set(_value_readers(graph, target.tensor)) <= readers
     if sole and target.tensor not in graph.graph_outputs:
         how = _fold_into_producer(graph, target.tensor, inverse, depth=2)
         if how:
@@ -189,13 +190,17 @@ def _fold_into_producer(graph: ir.Graph, tensor: str, inverse: np.ndarray, depth
             return _fold_constant(graph, node, const[0], inverse)
         for i in (0, 1):  # a product of two activations: scale one factor
             factor = node.input[i]
-            if [n.name for n, _ in graph.consumers.get(factor, [])] == [node.name] and (
-                factor not in graph.graph_outputs
-            ):
+            if _value_readers(graph, factor) == [node.name] and factor not in graph.graph_outputs:
                 how = _fold_into_producer(graph, factor, inverse, depth - 1)
                 if how:
                     return f"{how} (a factor of {node.name})"
     return ""
+
+
+def _value_readers(graph: ir.Graph, tensor: str) -> list[str]:
+    """The nodes that read ``tensor``'s values; a ``Shape`` or ``Size`` reads only its shape,
+    which scaling leaves alone (Hugging Face attention reads ``hidden_states.shape``)."""
+    return [n.name for n, _ in graph.consumers.get(tensor, []) if n.op_type not in SHAPE_READERS]
 
 
 def _fold_constant(graph: ir.Graph, node: onnx.NodeProto, index: int, inverse: np.ndarray) -> str:

@@ -122,3 +122,18 @@ def test_inputs_without_outlier_channels_are_left_alone():
     section = some.report.to_dict()["recovery"]["smoothquant"]
     assert [t["tensor"] for t in section["tensors"]] == ["normed"]
     assert section["candidates"] == 2
+
+
+def test_a_reader_of_the_shape_only_does_not_stop_the_fold():
+    """Hugging Face attention reads ``hidden_states.shape`` from the normed tensor that q/k/v
+    read (a TorchScript export: ``Shape`` nodes next to the projections); the shape does not
+    change with the scale, so the LayerNorm still absorbs it instead of an inserted Mul."""
+    m = layernorm_block()
+    graph = m.graph
+    at = next(i for i, n in enumerate(graph.node) if n.name == "join")
+    graph.node[at].input[0] = "q_shaped"
+    graph.node.insert(at, helper.make_node("Reshape", ["q", "ln_shape"], ["q_shaped"]))
+    graph.node.insert(at, helper.make_node("Shape", ["ln"], ["ln_shape"], name="attn_shape"))
+    out, done = smoothed(m, ["ln"])
+    assert done["ln"].folded_into == "scale and bias of ln"
+    assert [n.op_type for n in out.graph.node].count("Mul") == 0
