@@ -38,3 +38,29 @@ def scope_name(atoms: Sequence[str]) -> str:
         if not _NUMERIC.fullmatch(atoms[i]):
             return ".".join(atoms[i:])
     return ".".join(atoms)
+
+
+def scope_modules(node_name: str) -> tuple[str, ...]:
+    """The qualified names of the modules enclosing a TorchScript-exported node, outermost
+    first, from its name's scopes: ``/model/layers.0/mlp/up_proj/MatMul`` gives ``model``,
+    ``model.layers.0``, ``model.layers.0.mlp``, ``model.layers.0.mlp.up_proj``.
+
+    A Sequential child's scope repeats its parent's (``/features/features.3``); a ModuleList
+    child's does not (``/layers.0``: the list is iterated, never called); both give
+    ``features.3`` / ``layers.0``.  A name without scopes (no leading ``/``) gives ``()``.
+    """
+    if not node_name.startswith("/"):
+        return ()
+    path: list[str] = []
+    out: list[str] = []
+    for scope in node_name.split("/")[1:-1]:
+        atoms = scope.split(".")
+        if not scope or any(not a for a in atoms):
+            return ()
+        for k in range(min(len(path), len(atoms) - 1), 0, -1):
+            if path[-k:] == atoms[:k] and all(_NUMERIC.fullmatch(a) for a in atoms[k:]):
+                path = path[:-k]  # a Sequential child: its scope starts with its parent's
+                break
+        path += atoms
+        out.append(".".join(path))
+    return tuple(out)

@@ -18,7 +18,7 @@ import onnx
 
 from onnxq.errors import ConfigError
 from onnxq.options import PlacementOptions
-from onnxq.scopes import module_pattern
+from onnxq.scopes import module_pattern, scope_modules
 
 # node metadata keys that carry the module path: torch.onnx's dynamo exporter writes a list of
 # qualified module names under the first and "name: class/name: class" under the second
@@ -108,6 +108,9 @@ def _in_module(node: onnx.NodeProto, pattern: str) -> str | None:
             return module
     if modules:
         return None
+    for module in scope_modules(node.name):  # a TorchScript export: the node-name scopes
+        if fnmatch.fnmatchcase(module, pattern):
+            return module
     try:
         glob = module_pattern(pattern)
     except ConfigError:

@@ -74,6 +74,31 @@ def test_torchscript_scopes_select_a_module_without_metadata():
     assert "/features/features.3/conv/Relu" in select(nodes, cfg.placement).nodes
 
 
+def test_torchscript_scopes_of_module_list_children_select_their_module():
+    """A ModuleList is iterated, never called, so it has no scope of its own: a transformer's
+    layer ``model.layers.0`` is the scope ``/model/layers.0`` (a Sequential child is
+    ``/features/features.3``)."""
+    names = [
+        "/model/layers.0/mlp/gate_proj/MatMul",
+        "/model/layers.1/mlp/gate_proj/MatMul",
+        "/model/layers.0/self_attn/q_proj/MatMul",
+        "/encoder/layer.10/attention/self/query/MatMul",
+        "/features/features.3/features.3.0/Conv",
+        "/Add",
+    ]
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name=name) for name in names]
+
+    def chosen(*patterns: str) -> list[str]:
+        return sorted(select(nodes, QuantConfig(exclude_modules=patterns).placement).nodes)
+
+    assert chosen("model.layers.0.mlp*") == ["/model/layers.0/mlp/gate_proj/MatMul"]
+    assert chosen("model.layers.*.mlp") == sorted(names[:2])
+    assert chosen("*.self_attn") == ["/model/layers.0/self_attn/q_proj/MatMul"]
+    assert chosen("encoder.layer.10.attention.self") == [names[3]]
+    assert chosen("features.3.0") == [names[4]]
+    assert chosen("layers.0") == []  # a module path starts at the exported module's children
+
+
 def test_selections_that_match_nothing_are_said():
     cfg = QuantConfig(exclude_op_types=("Sofmax",), exclude_modules=("nowhere",))
     notes = select(graphs.residual_add().graph.node, cfg.placement).notes
