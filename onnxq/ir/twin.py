@@ -174,12 +174,19 @@ def _read_float(
 def _renamed_infos(
     graph: onnx.GraphProto, produced: set[str], suffix: str
 ) -> list[onnx.ValueInfoProto]:
+    """The value infos of ``graph``'s produced tensors under their copy's names.  A graph
+    output's declared shape is the exporter's claim, which onnxruntime checks loosely for an
+    output but trusts for an inner tensor's buffer (a KV cache's ``present`` declared with the
+    past length): the copies keep only its element type."""
     out = []
+    outputs = {vi.name for vi in graph.output}
     for vi in list(graph.value_info) + list(graph.output):
         if vi.name in produced:
             copy = onnx.ValueInfoProto()
             copy.CopyFrom(vi)
             copy.name = vi.name + suffix
+            if vi.name in outputs and copy.type.HasField("tensor_type"):
+                copy.type.tensor_type.ClearField("shape")
             out.append(copy)
     return out
 

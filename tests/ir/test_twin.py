@@ -1,0 +1,59 @@
+"""analyze's comparison model (float + accumulated + local copies of the Q/DQ model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+import onnxq
+from onnxq import ir
+from tests import graphs
+
+
+def _kv_cache_step() -> onnx.ModelProto:
+    """A decoder step: ``present = Concat(past, x W)``, declared (as hand-written dynamic axes
+    of a KV-cache export often are) with the past input's length symbol although it is
+    longer; ``y = (x W) present^T``.  ``relu(past)`` dies before the Concat, so onnxruntime
+    has a free ``[b, p, 32]`` buffer to give a tensor it believes has that shape."""
+    r = graphs.rng(0)
+    nodes = [
+        helper.make_node("Relu", ["past"], ["past_relu"], name="past_relu"),
+        helper.make_node("ReduceMean", ["past_relu"], ["mean"], name="mean", axes=[1]),
+        helper.make_node("Add", ["x", "mean"], ["x_mean"], name="x_mean"),
+        helper.make_node("MatMul", ["x_mean", "w"], ["h"], name="k_proj"),
+        helper.make_node("Concat", ["past", "h"], ["present"], name="cache", axis=1),
+        helper.make_node("Transpose", ["present"], ["keys"], name="keys", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["h", "keys"], ["y"], name="scores"),
+    ]
+    return graphs.model(
+        nodes,
+        [graphs.tensor("x", ["b", "s", 32]), graphs.tensor("past", ["b", "p", 32])],
+        [graphs.tensor("present", ["b", "p", 32]), graphs.tensor("y", ["b", "s", "total"])],
+        [graphs.init("w", graphs.weight(r, 32, 32))],
+    )
+
+
+def test_a_graph_outputs_declared_shape_does_not_reach_the_copies():
+    """onnxruntime checks a graph output's declared shape loosely but plans buffers from a
+    tensor's value info: the quantized copies' ``present`` (an inner tensor of the comparison
+    model) must not carry the output's stale ``[b, p, 32]`` (a Hugging Face Phi-3 KV-cache
+    export made ``onnxq analyze`` fail: "Shape mismatch attempting to re-use buffer")."""
+    model = _kv_cache_step()
+    r = np.random.default_rng(1)
+    batch = {
+        "x": r.standard_normal((2, 3, 32)).astype(np.float32),
+        "past": r.standard_normal((2, 5, 32)).astype(np.float32),
+    }
+    quant = onnxq.quantize(model, [batch] * 3, progress=False).model
+    twin = ir.twin_model(model, quant).model
+    del twin.graph.output[:]  # one group of analyze's tensors: the copies' y only
+    wanted = [ir.Twin.accumulated("y"), ir.Twin.local("y")]
+    twin.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in wanted)
+    session = ort.InferenceSession(twin.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, batch)
+    want = ort.InferenceSession(model.SerializeToString()).run(["y"], batch)[0]
+    for value in got:
+        assert value.shape == (2, 3, 8)
+        assert np.abs(value - want).max() < 0.05 * np.abs(want).max()
