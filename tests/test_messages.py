@@ -98,6 +98,15 @@ def test_an_upgrade_to_opset_19_says_fp8_needs_it():
     ]
 
 
+def test_an_upgrade_to_opset_21_says_int4_or_16_bit_needs_it():
+    """--weights int4 (and --precision int16) convert to opset 21, not for FP8."""
+    record = ir.LoadRecord(opset_upgrade=ir.OpsetUpgrade(17, 21))
+    assert load_notes(prepared(load=record)) == [
+        "the model's opset 17 was converted to 21 (INT4 / 16-bit Q/DQ needs it): the output is "
+        "an opset-21 model"
+    ]
+
+
 def test_the_profile_notes_say_what_a_precision_means_for_the_output():
     assert profile_notes(TRT) == []
     fp8 = TRT.replace(validation_note="check it unfused")

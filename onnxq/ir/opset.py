@@ -58,8 +58,10 @@ def upgrade_opset(
 
 
 def opset_purpose(opset: int) -> str:
-    """What needs the opset onnxq converts a model to (FP8 Q/DQ from 19, per-channel Q/DQ
-    from 13)."""
+    """What needs the opset onnxq converts a model to (INT4 and 16-bit Q/DQ from 21, FP8 Q/DQ
+    from 19, per-channel Q/DQ from 13)."""
+    if opset >= 21:
+        return "INT4 / 16-bit Q/DQ"
     return "FP8 Q/DQ" if opset >= 19 else "per-channel Q/DQ"
 
 
