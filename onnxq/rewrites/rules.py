@@ -15,7 +15,12 @@ import onnx
 from onnx import TensorProto
 
 from onnxq.rewrites.cost import chain_decline, cost_decline, kernel_terms
-from onnxq.rewrites.kernel_limits import conv_kernel_decline, conv_reduction, long_reduction
+from onnxq.rewrites.kernel_limits import (
+    conv_kernel_decline,
+    conv_reduction,
+    long_reduction,
+    pool_overhang_decline,
+)
 from onnxq.rewrites.pattern import Claim, Context, Decline, Match, Spec, claim, rule
 
 CONV_LIKE = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -397,6 +402,10 @@ def unary(m: Match, ctx: Context) -> Claim | Decline:
     problem = activation_problem(m, ctx, m.input(0))
     if problem:
         return Decline(problem)
+    if m.node.op_type == "AveragePool":
+        overhang = pool_overhang_decline(m.attrs(), ctx.graph.shape(m.input(0)))
+        if overhang:
+            return overhang
     chain = chain_decline(m, ctx, [m.input(0)])
     if chain:
         return chain
