@@ -163,7 +163,7 @@ def test_an_stft_conv_quantized_for_tensorrt_stays_close_to_float_in_onnxruntime
 # ------------------------------------------- AveragePool with ceil_mode and count_include_pad
 def silu_pool_head(kernel: int, stride: int, spatial: int = 7, seed: int = 0):
     """x -> Conv 3x3 -> SiLU (x * Sigmoid) -> AveragePool(ceil_mode=1, count_include_pad=1)
-    -> Flatten -> Gemm -> y: the tail of HF EfficientNet, whose pooler is
+    -> Reshape -> Gemm -> y: the tail of HF EfficientNet, whose pooler is
     ``nn.AvgPool2d(hidden_dim, ceil_mode=True)``."""
     r = graphs.rng(seed)
     out = -(-(spatial - kernel) // stride) + 1 if spatial >= kernel else 1
@@ -181,18 +181,19 @@ def silu_pool_head(kernel: int, stride: int, spatial: int = 7, seed: int = 0):
             ceil_mode=1,
             count_include_pad=1,
         ),
-        helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
+        helper.make_node("Reshape", ["pooled", "flat_shape"], ["flat"], name="flatten"),
         helper.make_node("Gemm", ["flat", "fc", "fc_b"], ["y"], name="fc", transB=1),
     ]
     return graphs.model(
         nodes,
         [graphs.tensor("x", [1, 32, spatial, spatial])],
-        [graphs.tensor("y", [1, 16])],
+        [graphs.tensor("y", [1, 128])],
         [
             graphs.init("w", graphs.weight(r, 32, 32, 3, 3)),
             graphs.init("b", graphs.weight(r, 32)),
-            graphs.init("fc", graphs.weight(r, 16, 32 * out * out)),
-            graphs.init("fc_b", graphs.weight(r, 16)),
+            graphs.init("fc", graphs.weight(r, 128, 32 * out * out)),
+            graphs.init("fc_b", graphs.weight(r, 128)),
+            graphs.init("flat_shape", np.array([-1, 32 * out * out], dtype=np.int64)),
         ],
     )
 
