@@ -25,6 +25,7 @@ import onnx
 from onnxq.api import QuantizedModel, quantize
 from onnxq.errors import CalibrationDataError, ConfigError, UnsupportedModelError
 from onnxq.scopes import module_pattern, scope_name
+from onnxq.torch_batch_axis import batch_axis_refusal, doubled_batch
 from onnxq.torch_compat import given_inputs_only, non_tensor_hint
 
 INSTALL_HINT = "pip install 'onnxq[torch]'"
@@ -179,6 +180,7 @@ def export_module(
                     rtol,
                     atol,
                 )
+                _check_batch_axis(torch, module, model, path, ins, outs, args, rtol, atol)
     finally:
         module.train(was_training)
     return model, ins
@@ -195,6 +197,35 @@ def _call(module: Any, args: tuple[Any, ...]) -> Any:
             f"{str(exc).splitlines()[0][:200] if str(exc) else ''}; example_inputs are passed "
             f"positionally to forward({params}), in that order"
         ) from exc
+
+
+def _check_batch_axis(
+    torch: Any,
+    module: Any,
+    model: onnx.ModelProto,
+    path: Path,
+    ins: list[str],
+    outs: list[str],
+    args: tuple[Any, ...],
+    rtol: float,
+    atol: float,
+) -> None:
+    """Run the export check again at twice the example's batch size where the model declares
+    a dynamic batch axis (:mod:`onnxq.torch_batch_axis`)."""
+    doubled = doubled_batch(torch, model, ins, args)
+    if doubled is None:
+        return
+    try:
+        reference = _flatten(module(*doubled), "output")
+    except Exception:  # the module itself takes no other batch size: nothing to compare
+        return
+    feeds = {n: t.detach().cpu().numpy() for n, t in zip(ins, doubled, strict=True)}
+    try:
+        _check_export(
+            path, feeds, [(n, t) for n, (_, t) in zip(outs, reference, strict=True)], rtol, atol
+        )
+    except UnsupportedModelError as exc:
+        raise batch_axis_refusal(model, ins, doubled, exc) from exc
 
 
 def _as_args(torch: Any, example_inputs: Any) -> tuple[Any, ...]:
@@ -310,7 +341,9 @@ def _check_export(
     import onnxruntime as ort
 
     try:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        options.log_severity_level = 4  # a failing run is reported in the error, not logged
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         wanted = {i.name for i in session.get_inputs()}
         got = session.run(
             [n for n, _ in reference], {k: v for k, v in feeds.items() if k in wanted}

@@ -376,3 +376,29 @@ def test_a_module_that_fails_on_the_example_inputs_names_forwards_parameters(tor
     ids = torch.ones(2, 4, dtype=torch.int64)
     with pytest.raises(ConfigError, match=r"forward\(input_ids, past_key_values, attention_mask"):
         onnxq.quantize_torch(GPT2Like(), (ids, ids), [(ids, ids)], progress=False)
+
+
+@needs_torch
+def test_an_export_that_fixes_the_batch_size_inside_its_dynamic_batch_graph_is_refused(torch_cpu):
+    # the dynamo exporter does this silently to HF Swin and SegFormer: declared dynamic, it
+    # failed on the first calibration batch of 2 with an onnxruntime Reshape error
+    torch = torch_cpu
+
+    class BatchFixed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+            self.head = torch.nn.Linear(16, 8)
+
+        def forward(self, x):
+            f = self.conv(x)
+            pooled = f.reshape(int(f.shape[0]), 16, -1).mean(-1)  # traced as a constant
+            return self.head(pooled)
+
+    calib = [torch.randn(2, 16, 8, 8) for _ in range(3)]
+    with pytest.raises(UnsupportedModelError, match=r"batch axis of 'x' dynamic .* batch size 2"):
+        onnxq.quantize_torch(BatchFixed(), torch.randn(1, 16, 8, 8), calib, progress=False)
+    static = onnxq.quantize_torch(
+        BatchFixed(), torch.randn(2, 16, 8, 8), calib, dynamic_axes={}, progress=False
+    )
+    assert static.model.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 2

@@ -51,3 +51,38 @@ def long_reduction(profile: BackendProfile, shape: tuple[int, ...], group: int) 
         return None
     k = conv_reduction(shape)
     return k if k >= profile.long_conv_reduction else None
+
+
+def pool_overhang_decline(
+    attrs: dict[str, object], shape: tuple[int | str | None, ...] | None
+) -> Decline | None:
+    """Why an AveragePool stays float as an integer kernel, or None.
+
+    With ``ceil_mode=1`` and ``count_include_pad=1``, a window that runs past the padded input
+    (the extra output that ceil mode adds) averages over its in-bounds part in float
+    (PyTorch's and onnxruntime's AveragePool), but onnxruntime 1.32's QLinearAveragePool
+    divides it by the whole kernel: ``nn.AvgPool2d(k, ceil_mode=True)`` (HF EfficientNet's
+    pooler: a kernel larger than its input) came out near zero.  A window that stays inside
+    never differs, so the pool stays float only where the input's static shape shows an
+    overhang or cannot show there is none.
+    """
+    if not attrs.get("ceil_mode") or not attrs.get("count_include_pad"):
+        return None
+    kernel = [int(k) for k in attrs.get("kernel_shape", ())]  # type: ignore[attr-defined]
+    strides = [int(s) for s in attrs.get("strides", ())] or [1] * len(kernel)  # type: ignore[attr-defined]
+    pads = [int(p) for p in attrs.get("pads", ())] or [0] * (2 * len(kernel))  # type: ignore[attr-defined]
+    spatial = list(shape[2:]) if shape is not None else []
+    if len(spatial) == len(kernel) and all(isinstance(d, int) for d in spatial):
+        n = len(kernel)
+        overhang = any(
+            (int(d) + pads[i] + pads[i + n] - kernel[i]) % strides[i] != 0  # type: ignore[arg-type]
+            for i, d in enumerate(spatial)
+        )
+        if not overhang:
+            return None
+    return Decline(
+        "AveragePool with ceil_mode=1 and count_include_pad=1 on an input whose last window "
+        "overhangs it (or whose size is unknown): onnxruntime's QLinearAveragePool divides "
+        "such a window by the whole kernel where the float op averages its in-bounds part, "
+        "so it stays float"
+    )

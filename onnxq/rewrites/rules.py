@@ -14,8 +14,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from onnxq import ir
 from onnxq.rewrites.cost import chain_decline, cost_decline, kernel_terms
-from onnxq.rewrites.kernel_limits import conv_kernel_decline, conv_reduction, long_reduction
+from onnxq.rewrites.kernel_limits import (
+    conv_kernel_decline,
+    conv_reduction,
+    long_reduction,
+    pool_overhang_decline,
+)
 from onnxq.rewrites.pattern import Claim, Context, Decline, Match, Spec, claim, rule
 
 CONV_LIKE = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -100,8 +106,18 @@ def _quantized_readers(ctx: Context, output: str) -> tuple[tuple[str, int], ...]
     return tuple(
         (n.name, i)
         for n, i in ctx.graph.consumers.get(output, [])
-        if n.op_type not in ctx.profile.float_readers
+        if n.op_type not in ctx.profile.float_readers and not _unfaithful_kernel(ctx, n, output)
     )
+
+
+def _unfaithful_kernel(ctx: Context, node: onnx.NodeProto, tensor: str) -> bool:
+    """True for a reader whose integer kernel computes something else than the float op
+    (:func:`pool_overhang_decline`).  It must not read a DequantizeLinear at all: onnxruntime
+    moves the next QuantizeLinear back over pass-through ops (Reshape, ...) and then fuses
+    DQ -> op -> Q into that kernel although the op was left float."""
+    if node.op_type != "AveragePool" or node.op_type not in ctx.profile.unary_kernel_ops:
+        return False
+    return pool_overhang_decline(ir.node_attrs(node), ctx.graph.shape(tensor)) is not None
 
 
 def _dq_would_reach_subgraph(ctx: Context, tensor: str) -> bool:
@@ -397,6 +413,10 @@ def unary(m: Match, ctx: Context) -> Claim | Decline:
     problem = activation_problem(m, ctx, m.input(0))
     if problem:
         return Decline(problem)
+    if m.node.op_type == "AveragePool":
+        overhang = pool_overhang_decline(m.attrs(), ctx.graph.shape(m.input(0)))
+        if overhang:
+            return overhang
     chain = chain_decline(m, ctx, [m.input(0)])
     if chain:
         return chain

@@ -15,7 +15,12 @@ from onnxq.backends.target import profile_for
 from onnxq.config import QuantConfig
 from onnxq.place.engine import annotate
 from onnxq.place.facts import GraphFacts
-from onnxq.rewrites.kernel_limits import conv_kernel_decline, conv_reduction, long_reduction
+from onnxq.rewrites.kernel_limits import (
+    conv_kernel_decline,
+    conv_reduction,
+    long_reduction,
+    pool_overhang_decline,
+)
 from tests import graphs
 
 FP8 = profile_for(QuantConfig(precision="fp8").target)[0]
@@ -153,3 +158,98 @@ def test_an_stft_conv_quantized_for_tensorrt_stays_close_to_float_in_onnxruntime
     x = graphs.random_batches(model, 1, seed=7)[0]
     f, q = (s.run(None, x)[0].ravel().astype(np.float64) for s in sessions)
     assert np.dot(f, q) / (np.linalg.norm(f) * np.linalg.norm(q)) > 0.999
+
+
+# ------------------------------------------- AveragePool with ceil_mode and count_include_pad
+def silu_pool_head(kernel: int, stride: int, spatial: int = 7, seed: int = 0):
+    """x -> Conv 3x3 -> SiLU (x * Sigmoid) -> AveragePool(ceil_mode=1, count_include_pad=1)
+    -> Reshape -> Gemm -> y: the tail of HF EfficientNet, whose pooler is
+    ``nn.AvgPool2d(hidden_dim, ceil_mode=True)``."""
+    r = graphs.rng(seed)
+    out = -(-(spatial - kernel) // stride) + 1 if spatial >= kernel else 1
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["conv_out"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["conv_out"], ["gate"], name="sigmoid"),
+        helper.make_node("Mul", ["conv_out", "gate"], ["silu"], name="silu"),
+        helper.make_node(
+            "AveragePool",
+            ["silu"],
+            ["pooled"],
+            name="pool",
+            kernel_shape=[kernel, kernel],
+            strides=[stride, stride],
+            ceil_mode=1,
+            count_include_pad=1,
+        ),
+        helper.make_node("Reshape", ["pooled", "flat_shape"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "fc", "fc_b"], ["y"], name="fc", transB=1),
+    ]
+    return graphs.model(
+        nodes,
+        [graphs.tensor("x", [1, 32, spatial, spatial])],
+        [graphs.tensor("y", [1, 128])],
+        [
+            graphs.init("w", graphs.weight(r, 32, 32, 3, 3)),
+            graphs.init("b", graphs.weight(r, 32)),
+            graphs.init("fc", graphs.weight(r, 128, 32 * out * out)),
+            graphs.init("fc_b", graphs.weight(r, 128)),
+            graphs.init("flat_shape", np.array([-1, 32 * out * out], dtype=np.int64)),
+        ],
+    )
+
+
+@pytest.mark.parametrize(("kernel", "stride"), [(2, 2), (16, 16)])
+def test_an_average_pool_whose_ceil_window_overhangs_stays_float_for_onnxruntime(kernel, stride):
+    # onnxruntime's QLinearAveragePool divides the overhanging window by the whole kernel:
+    # quantized, HF EfficientNet's pooler gave cosine 0.11 against float
+    m = silu_pool_head(kernel, stride)
+    batches = graphs.random_batches(m, 8)
+    result = onnxq.quantize(m, batches, backend="onnxruntime")
+    session = ort.InferenceSession(
+        result.model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    reference = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for batch in batches:
+        got, want = session.run(None, batch)[0].ravel(), reference.run(None, batch)[0].ravel()
+        cosine = float(got @ want / np.linalg.norm(got) / np.linalg.norm(want))
+        assert cosine > 0.99
+    (pool,) = [d for d in result.report.float_ops if d.node == "pool"]
+    assert "ceil_mode=1 and count_include_pad=1" in pool.reason
+
+
+def test_an_average_pool_whose_windows_fit_is_quantized_for_onnxruntime():
+    # 8x8 input, 2x2 windows of stride 2: ceil mode adds nothing, the integer kernel is exact
+    m = silu_pool_head(2, 2, spatial=8)
+    result = onnxq.quantize(m, graphs.random_batches(m, 8), backend="onnxruntime")
+    assert "pool" in {d.node for d in result.report.quantized_ops}
+
+
+@pytest.mark.parametrize(
+    ("attrs", "shape", "declined"),
+    [
+        ({"ceil_mode": 1, "count_include_pad": 1, "kernel_shape": [2, 2]}, (1, 8, 7, 7), False),
+        (
+            {"ceil_mode": 1, "count_include_pad": 1, "kernel_shape": [2, 2], "strides": [2, 2]},
+            (1, 8, 7, 7),
+            True,
+        ),
+        (
+            {"ceil_mode": 1, "count_include_pad": 1, "kernel_shape": [2, 2], "strides": [2, 2]},
+            (1, 8, 8, 8),
+            False,
+        ),
+        (
+            {"ceil_mode": 1, "count_include_pad": 1, "kernel_shape": [3, 3], "strides": [2, 2]},
+            (1, 8, "h", "w"),
+            True,
+        ),
+        (
+            {"ceil_mode": 1, "count_include_pad": 0, "kernel_shape": [2, 2], "strides": [2, 2]},
+            (1, 8, 7, 7),
+            False,
+        ),
+        ({"count_include_pad": 1, "kernel_shape": [2, 2], "strides": [2, 2]}, (1, 8, 7, 7), False),
+    ],
+)
+def test_pool_overhang_decline(attrs, shape, declined):
+    assert (pool_overhang_decline(attrs, shape) is not None) == declined
