@@ -65,15 +65,16 @@ def analyze(
 def _compared(fg: ir.Graph, qg: ir.Graph) -> list[str]:
     """The float tensors of the float model that the quantized model computes too."""
     drawn = _random_draws(fg)
-    shared = [
-        n.output[0]
+    shared = [  # every output: an If's or an LSTM's later outputs are often graph outputs
+        out
         for n in fg.nodes
-        if n.output
-        and n.output[0] in qg.producer
-        and fg.elem_type(n.output[0]) in (None, onnx.TensorProto.FLOAT)
-        and n.op_type != "Constant"
-        and n.output[0] not in fg.subgraph_reads
-        and n.output[0] not in drawn
+        if n.op_type != "Constant"
+        for out in n.output
+        if out
+        and out in qg.producer
+        and fg.elem_type(out) in (None, onnx.TensorProto.FLOAT)
+        and out not in fg.subgraph_reads
+        and out not in drawn
     ]
     if not shared and any(
         fg.elem_type(n.output[0]) in (None, onnx.TensorProto.FLOAT)
