@@ -62,6 +62,23 @@ def analyze(
     return [_layer(name, fg, qg, twin, sums) for name in shared]
 
 
+def quantized_in_bodies(quant_model: onnx.ModelProto) -> dict[str, int]:
+    """Top-level node -> the QuantizeLinear nodes inside its If/Loop/Scan bodies: ops that
+    :func:`analyze` does not rank (it compares top-level tensors; their error shows in the
+    outputs of the node that holds them)."""
+    counts = {}
+    for node in quant_model.graph.node:
+        inner = sum(
+            n.op_type == "QuantizeLinear"
+            for attr in node.attribute
+            for body in ir.attr_graphs(attr)
+            for n in ir.every_node(body)
+        )
+        if inner:
+            counts[node.name or node.output[0]] = inner
+    return counts
+
+
 def _compared(fg: ir.Graph, qg: ir.Graph) -> list[str]:
     """The float tensors of the float model that the quantized model computes too."""
     drawn = _random_draws(fg)
@@ -245,4 +262,4 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-__all__ = ["LayerError", "analyze", "print_analysis", "write_analysis"]
+__all__ = ["LayerError", "analyze", "print_analysis", "quantized_in_bodies", "write_analysis"]

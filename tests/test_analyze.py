@@ -334,3 +334,23 @@ def test_every_output_of_a_multi_output_op_is_compared(op):
     layers = {x.tensor: x for x in analyze(model, quant, batches)}
     assert {"first", "second"} <= set(layers)  # not only the op's first output
     assert all(0.9 < layers[t].cosine < 1.0 for t in ("first", "second"))
+
+
+def test_cli_says_which_control_flow_bodies_hold_unranked_quantized_ops(
+    tmp_path, calib_dir, capsys
+):
+    from tests import control_flow_graphs as cf
+
+    model = cf.if_convs()
+    f, q = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(model, f)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i, batch in enumerate(cf.batches(model, 4, use_then=lambda k: k % 2 == 0)):
+        np.savez(calib / f"{i:04d}.npz", **batch)
+    assert main(["quantize", str(f), "-o", str(q), "--calib", str(calib), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["analyze", str(f), str(q), "--calib", str(calib)]) == 0
+    captured = capsys.readouterr()
+    assert "0 quantized ops" in captured.out  # the Convs sit inside the If's branches ...
+    assert "activation quantizers inside control-flow bodies (2 in 'if')" in captured.err
