@@ -424,3 +424,18 @@ def test_messages_come_in_the_reports_order():
         "unfused",  # the profile's, after placement's
         budget_note(outcome.statistics, cfg.calibration)[0],
     ]
+
+
+def test_a_score_map_model_that_lost_fidelity_under_auto_is_pointed_at_clipping_methods():
+    from onnxq.messages import score_map_hint
+
+    def fidelity(cosine: float) -> Verification:
+        return Verification("unfused", [OutputFidelity("prob", cosine, 1.0, 1.0)])
+
+    scores = Annotations({}, [], score_map_method="minmax")
+    (hint,) = score_map_hint("auto", scores, fidelity(0.870))  # PP-OCRv3 det's text map
+    assert hint.startswith("'auto' calibrated this model's activations with minmax")
+    assert "output 'prob'" in hint and "--method mse or --range-search" in hint
+    assert score_map_hint("auto", scores, fidelity(0.99)) == []  # it did not lose
+    assert score_map_hint("minmax", scores, fidelity(0.870)) == []  # the user chose it
+    assert score_map_hint("auto", Annotations({}, []), fidelity(0.870)) == []  # no score map
