@@ -109,6 +109,7 @@ def messages(outcome: Outcome) -> Messages:
         *weight_inputs(o.prepared.weight_inputs),
         *bias_correction_skipped(o.bias),
         *(o.recovery.warnings if o.recovery is not None else []),
+        *recovery_out_of_reach(o),
         *nothing_quantized(len(o.placed), o.profile),
         *fidelity_warnings,
         *score_map_hint(o.config.method, o.annotations, o.verification),
@@ -123,6 +124,38 @@ def messages(outcome: Outcome) -> Messages:
         *fidelity_notes,
     ]
     return Messages(warnings, notes)
+
+
+# recovery steps that work on top-level layers: report section -> (flag, its layer count)
+RECOVERY_LAYERS = {
+    "cle": ("--cle", lambda x: len(x["pairs"])),
+    "adaround": ("--adaround", lambda x: len(x.get("blocks", x.get("layers", [])))),
+    "sequential_correction": ("--sequential-correction", lambda x: len(x["layers"])),
+}
+
+
+def recovery_out_of_reach(o: Outcome) -> list[str]:
+    """Why a recovery step that was asked for found no layer: the model's quantized weighted
+    ops sit inside If/Loop/Scan bodies (silero VAD's LSTM and convs), which it does not reach."""
+    if o.recovery is None:
+        return []
+    top = {n.name for n in o.prepared.model.graph.node}
+    inner = sorted(
+        {c for w in o.annotations.of_kind("weight") for c, _ in w.consumers if c not in top}
+    )
+    sections = o.recovery.sections
+    empty = [
+        flag
+        for key, (flag, count) in RECOVERY_LAYERS.items()
+        if key in sections and count(sections[key]) == 0
+    ]
+    if not inner or not empty:
+        return []
+    return [
+        f"{', '.join(empty)} found no layer to work on: the {len(inner)} quantized weighted "
+        f"op(s) of this model (e.g. {inner[0]!r}) sit inside If/Loop/Scan bodies, which the "
+        "recovery steps do not reach"
+    ]
 
 
 def score_map_hint(method: str, annotations: Annotations, verification: Verification) -> list[str]:
