@@ -20,7 +20,7 @@ from onnxq.bias_correction import BiasCorrectionPass
 from onnxq.calibrate import CalibrationResult
 from onnxq.config import QuantConfig
 from onnxq.errors import InternalError, OnnxqError
-from onnxq.fidelity_messages import LOW_FIDELITY, verification_messages
+from onnxq.fidelity_messages import verification_messages
 from onnxq.inputs import InputSpec, input_kind
 from onnxq.materialize import Placed
 from onnxq.mixed_precision import MixedPrecision
@@ -29,6 +29,7 @@ from onnxq.place.annotations import Annotations
 from onnxq.prepare import Prepared
 from onnxq.ranges import RangeRemark
 from onnxq.recover.stages import Recovery
+from onnxq.run_hints import recovery_out_of_reach, score_map_hint
 from onnxq.verify import Verification
 
 MIN_SAMPLES = 32  # calibration samples below which the report warns that ranges may not cover
@@ -109,7 +110,7 @@ def messages(outcome: Outcome) -> Messages:
         *weight_inputs(o.prepared.weight_inputs),
         *bias_correction_skipped(o.bias),
         *(o.recovery.warnings if o.recovery is not None else []),
-        *recovery_out_of_reach(o),
+        *recovery_out_of_reach(o.recovery, o.annotations, o.prepared.model),
         *nothing_quantized(len(o.placed), o.profile),
         *fidelity_warnings,
         *score_map_hint(o.config.method, o.annotations, o.verification),
@@ -124,59 +125,6 @@ def messages(outcome: Outcome) -> Messages:
         *fidelity_notes,
     ]
     return Messages(warnings, notes)
-
-
-# recovery steps that work on top-level layers: report section -> (flag, its layer count)
-RECOVERY_LAYERS = {
-    "cle": ("--cle", lambda x: len(x["pairs"])),
-    "adaround": ("--adaround", lambda x: len(x.get("blocks", x.get("layers", [])))),
-    "sequential_correction": ("--sequential-correction", lambda x: len(x["layers"])),
-}
-
-
-def recovery_out_of_reach(o: Outcome) -> list[str]:
-    """Why a recovery step that was asked for found no layer: the model's quantized weighted
-    ops sit inside If/Loop/Scan bodies (silero VAD's LSTM and convs), which it does not reach."""
-    if o.recovery is None:
-        return []
-    top = {n.name for n in o.prepared.model.graph.node}
-    inner = sorted(
-        {c for w in o.annotations.of_kind("weight") for c, _ in w.consumers if c not in top}
-    )
-    sections = o.recovery.sections
-    empty = [
-        flag
-        for key, (flag, count) in RECOVERY_LAYERS.items()
-        if key in sections and count(sections[key]) == 0
-    ]
-    if not inner or not empty:
-        return []
-    return [
-        f"{', '.join(empty)} found no layer to work on: the {len(inner)} quantized weighted "
-        f"op(s) of this model (e.g. {inner[0]!r}) sit inside If/Loop/Scan bodies, which the "
-        "recovery steps do not reach"
-    ]
-
-
-def score_map_hint(method: str, annotations: Annotations, verification: Verification) -> list[str]:
-    """What to try when a score-map model, whose activations 'auto' calibrated with the
-    profile's head method, lost fidelity: that choice keeps the peaks of the zoo's detectors'
-    scores (PP-OCRv4 det, YOLOv8n), but on others (PP-OCRv3 det: map cosine 0.870 against
-    0.985 with ``mse``; a YOLOX: 0.986 against 0.997) it is the clipping methods that win."""
-    chosen = annotations.score_map_method
-    low = [
-        out.name
-        for out in verification.fidelity
-        if out.compared == "cosine" and out.cosine < LOW_FIDELITY
-    ]
-    if method != "auto" or chosen is None or not low:
-        return []
-    return [
-        f"'auto' calibrated this model's activations with {chosen} (its outputs are "
-        f"per-element sigmoid scores, whose peaks {chosen} keeps); where output {low[0]!r} "
-        "loses more than clipping would, --method mse or --range-search can recover it: "
-        "compare on your metric"
-    ]
 
 
 def opset_conversion_hint(upgrade: ir.OpsetUpgrade) -> str:
