@@ -110,7 +110,7 @@ def messages(outcome: Outcome) -> Messages:
         *weight_inputs(o.prepared.weight_inputs),
         *bias_correction_skipped(o.bias),
         *(o.recovery.warnings if o.recovery is not None else []),
-        *recovery_out_of_reach(o.recovery, o.annotations, o.prepared.model),
+        *recovery_out_of_reach(o.recovery, o.bias, o.annotations, o.prepared.model),
         *nothing_quantized(len(o.placed), o.profile),
         *fidelity_warnings,
         *score_map_hint(o.config.method, o.annotations, o.verification),

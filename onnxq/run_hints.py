@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import onnx
 
+from onnxq.bias_correction import BiasCorrectionPass
 from onnxq.fidelity_messages import LOW_FIDELITY
 from onnxq.place.annotations import Annotations
 from onnxq.recover.stages import Recovery
@@ -21,24 +22,26 @@ RECOVERY_LAYERS = {
 
 
 def recovery_out_of_reach(
-    recovery: Recovery | None, annotations: Annotations, model: onnx.ModelProto
+    recovery: Recovery | None,
+    bias: BiasCorrectionPass | None,
+    annotations: Annotations,
+    model: onnx.ModelProto,
 ) -> list[str]:
-    """Why a recovery step that was asked for found no layer: the quantized weighted ops of
-    ``model`` (as placed) sit inside If/Loop/Scan bodies (silero VAD's LSTM and convs), which
-    it does not reach."""
-    if recovery is None:
-        return []
+    """Why the recovery steps that were asked for found no layer: every quantized weighted op
+    of ``model`` (as placed) sits inside If/Loop/Scan bodies (silero VAD's LSTM and convs),
+    which they do not reach."""
     top = {n.name for n in model.graph.node}
-    inner = sorted(
-        {c for w in annotations.of_kind("weight") for c, _ in w.consumers if c not in top}
-    )
-    sections = recovery.sections
+    consumers = {c for w in annotations.of_kind("weight") for c, _ in w.consumers}
+    inner = sorted(consumers - top)
+    sections = recovery.sections if recovery is not None else {}
     empty = [
         flag
         for key, (flag, count) in RECOVERY_LAYERS.items()
         if key in sections and count(sections[key]) == 0
     ]
-    if not inner or not empty:
+    if bias is not None and bias.skipped is None and not bias.corrections:
+        empty.append("--bias-correction")
+    if not inner or consumers & top or not empty:
         return []
     return [
         f"{', '.join(empty)} found no layer to work on: the {len(inner)} quantized weighted "

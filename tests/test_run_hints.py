@@ -27,7 +27,8 @@ def test_a_score_map_model_that_lost_fidelity_under_auto_is_pointed_at_clipping_
 
 
 @pytest.mark.parametrize(
-    "flags", [{"adaround": True}, {"cle": True, "sequential_correction": True}]
+    "flags",
+    [{"adaround": True}, {"cle": True, "sequential_correction": True}, {"bias_correction": True}],
 )
 def test_a_recovery_step_that_cannot_reach_control_flow_bodies_says_so(flags):
     model = cf.if_convs()  # both branches' Convs are quantized, inside the If
@@ -38,6 +39,7 @@ def test_a_recovery_step_that_cannot_reach_control_flow_bodies_says_so(flags):
         "adaround": "--adaround",
         "cle": "--cle",
         "sequential_correction": "--sequential-correction",
+        "bias_correction": "--bias-correction",
     }
     assert warning.startswith(", ".join(asked[k] for k in asked if k in flags))
     assert "2 quantized weighted op(s)" in warning and "If/Loop/Scan bodies" in warning
