@@ -62,18 +62,36 @@ def analyze(
     return [_layer(name, fg, qg, twin, sums) for name in shared]
 
 
+def quantized_in_bodies(quant_model: onnx.ModelProto) -> dict[str, int]:
+    """Top-level node -> the QuantizeLinear nodes inside its If/Loop/Scan bodies: ops that
+    :func:`analyze` does not rank (it compares top-level tensors; their error shows in the
+    outputs of the node that holds them)."""
+    counts = {}
+    for node in quant_model.graph.node:
+        inner = sum(
+            n.op_type == "QuantizeLinear"
+            for attr in node.attribute
+            for body in ir.attr_graphs(attr)
+            for n in ir.every_node(body)
+        )
+        if inner:
+            counts[node.name or node.output[0]] = inner
+    return counts
+
+
 def _compared(fg: ir.Graph, qg: ir.Graph) -> list[str]:
     """The float tensors of the float model that the quantized model computes too."""
     drawn = _random_draws(fg)
-    shared = [
-        n.output[0]
+    shared = [  # every output: an If's or an LSTM's later outputs are often graph outputs
+        out
         for n in fg.nodes
-        if n.output
-        and n.output[0] in qg.producer
-        and fg.elem_type(n.output[0]) in (None, onnx.TensorProto.FLOAT)
-        and n.op_type != "Constant"
-        and n.output[0] not in fg.subgraph_reads
-        and n.output[0] not in drawn
+        if n.op_type != "Constant"
+        for out in n.output
+        if out
+        and out in qg.producer
+        and fg.elem_type(out) in (None, onnx.TensorProto.FLOAT)
+        and out not in fg.subgraph_reads
+        and out not in drawn
     ]
     if not shared and any(
         fg.elem_type(n.output[0]) in (None, onnx.TensorProto.FLOAT)
@@ -244,4 +262,4 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-__all__ = ["LayerError", "analyze", "print_analysis", "write_analysis"]
+__all__ = ["LayerError", "analyze", "print_analysis", "quantized_in_bodies", "write_analysis"]

@@ -116,7 +116,7 @@ def _shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
 
 def analyze_command(args: argparse.Namespace) -> int:
     from onnxq import ir
-    from onnxq.analyze import analyze, print_analysis, write_analysis
+    from onnxq.analyze import analyze, print_analysis, quantized_in_bodies, write_analysis
     from onnxq.api import check_paths
     from onnxq.calibrate import DEFAULT_MEMORY_BUDGET
     from onnxq.data import model_inputs, open_source
@@ -160,6 +160,15 @@ def analyze_command(args: argparse.Namespace) -> int:
         write_analysis(args.report, layers)
     outputs = [o.name for o in float_model.graph.output]
     print_analysis(layers, outputs, args.top)
+    inner = quantized_in_bodies(quant_model)
+    if inner:
+        where = ", ".join(f"{n} in {name!r}" for name, n in sorted(inner.items()))
+        print(
+            f"onnxq: note: activation quantizers inside control-flow bodies ({where}): the "
+            "ops there are not ranked; their error shows in the outputs of the node that "
+            "holds them",
+            file=sys.stderr,
+        )
     if args.sensitivity:
         _print_sensitivity(args)
     return 0

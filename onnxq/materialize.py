@@ -335,6 +335,10 @@ def _bias_qparams(
     scale = acts[x_name].scale.astype(np.float64) * w_scale
     scale = np.broadcast_to(scale, bias.shape).astype(np.float32)
     scale = np.where(scale > 0, scale, np.float32(1e-8)).astype(np.float32)
+    if np.any(np.abs(np.rint(bias.astype(np.float64) / scale)) > 2**31 - 1):
+        # 16-bit activations make the scale 256x finer: a large bias would saturate int32
+        # (PP-OCRv5 det at int16: 8 biases clipped, output cosine 0.946); it stays float
+        return None
     qp = QParams(scale, np.zeros(bias.shape, dtype=np.int32), 0, "derived")
     return qp, _int32_bias(bias, qp)
 

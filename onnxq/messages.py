@@ -29,6 +29,7 @@ from onnxq.place.annotations import Annotations
 from onnxq.prepare import Prepared
 from onnxq.ranges import RangeRemark
 from onnxq.recover.stages import Recovery
+from onnxq.run_hints import recovery_out_of_reach, score_map_hint
 from onnxq.verify import Verification
 
 MIN_SAMPLES = 32  # calibration samples below which the report warns that ranges may not cover
@@ -109,8 +110,10 @@ def messages(outcome: Outcome) -> Messages:
         *weight_inputs(o.prepared.weight_inputs),
         *bias_correction_skipped(o.bias),
         *(o.recovery.warnings if o.recovery is not None else []),
+        *recovery_out_of_reach(o.recovery, o.bias, o.annotations, o.prepared.model),
         *nothing_quantized(len(o.placed), o.profile),
         *fidelity_warnings,
+        *score_map_hint(o.config.method, o.annotations, o.verification),
         *(o.mixed_precision.warnings() if o.mixed_precision is not None else []),
     ]
     notes = [

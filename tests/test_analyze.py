@@ -285,3 +285,72 @@ def test_cli_ranks_by_where_the_error_jumps_and_names_the_worst_samples(
     assert "helps most:" in out
     saved = json.loads((tmp_path / "a.json").read_text())
     assert saved["jumps"][0] in {x["tensor"] for x in saved["layers"]}
+
+
+def _two_output_model(op: str) -> onnx.ModelProto:
+    """x -> Conv -> Relu -> t, then ``op`` with two outputs, both graph outputs: a Split of
+    t's channels, or an If whose branches return (t, -t) / (-t, t) (silero VAD's If returns
+    the speech probability and the LSTM state)."""
+    from onnx import TensorProto, helper
+
+    r = graphs.rng(0)
+    shape, half = [1, 16, 8, 8], [1, 8, 8, 8]
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1])
+    nodes = [conv, helper.make_node("Relu", ["c"], ["t"], name="relu")]
+    inputs = [graphs.tensor("x", shape)]
+    outputs = [graphs.tensor("first", half), graphs.tensor("second", half)]
+    if op == "Split":
+        nodes.append(helper.make_node("Split", ["t"], ["first", "second"], name="split", axis=1))
+    else:
+        outputs = [graphs.tensor("first", shape), graphs.tensor("second", shape)]
+
+        def branch(name: str, neg_first: bool) -> onnx.GraphProto:
+            ops = [
+                helper.make_node("Neg", ["t"], [f"{name}_neg"], name=f"{name}_neg"),
+                helper.make_node("Identity", ["t"], [f"{name}_id"], name=f"{name}_id"),
+            ]
+            order = [f"{name}_neg", f"{name}_id"] if neg_first else [f"{name}_id", f"{name}_neg"]
+            return helper.make_graph(ops, name, [], [graphs.tensor(o, shape) for o in order])
+
+        nodes.append(
+            helper.make_node(
+                "If", ["cond"], ["first", "second"], name="if",
+                then_branch=branch("then", False), else_branch=branch("else", True),
+            )
+        )  # fmt: skip
+        inputs.append(graphs.tensor("cond", [], TensorProto.BOOL))
+    inits = [
+        graphs.init("w", graphs.weight(r, 16, 16, 3, 3)),
+        graphs.init("b", graphs.weight(r, 16)),
+    ]
+    return graphs.model(nodes, inputs, outputs, inits, name=f"two_outputs_{op.lower()}")
+
+
+@pytest.mark.parametrize("op", ["Split", "If"])
+def test_every_output_of_a_multi_output_op_is_compared(op):
+    model = _two_output_model(op)
+    batches = graphs.random_batches(model, 3)
+    quant = onnxq.quantize(model, batches, progress=False).model
+    layers = {x.tensor: x for x in analyze(model, quant, batches)}
+    assert {"first", "second"} <= set(layers)  # not only the op's first output
+    assert all(0.9 < layers[t].cosine < 1.0 for t in ("first", "second"))
+
+
+def test_cli_says_which_control_flow_bodies_hold_unranked_quantized_ops(
+    tmp_path, calib_dir, capsys
+):
+    from tests import control_flow_graphs as cf
+
+    model = cf.if_convs()
+    f, q = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(model, f)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i, batch in enumerate(cf.batches(model, 4, use_then=lambda k: k % 2 == 0)):
+        np.savez(calib / f"{i:04d}.npz", **batch)
+    assert main(["quantize", str(f), "-o", str(q), "--calib", str(calib), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["analyze", str(f), str(q), "--calib", str(calib)]) == 0
+    captured = capsys.readouterr()
+    assert "0 quantized ops" in captured.out  # the Convs sit inside the If's branches ...
+    assert "activation quantizers inside control-flow bodies (2 in 'if')" in captured.err

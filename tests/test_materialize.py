@@ -233,3 +233,26 @@ def test_bits_wider_than_a_weight_are_refused_before_calibration():
         _sixteen_bit_run(
             graphs.residual_add(32), precision="int16", overrides=[{"node": "conv1", "bits": 12}]
         )
+
+
+def test_a_bias_that_would_saturate_int32_under_16_bit_activations_stays_float():
+    # PP-OCRv5 det at int16: input scale x weight scale ~1e-7, so a bias of a few hundred
+    # passes 2**31 steps; clipped, the channel's output moved by the whole excess
+    m = graphs.residual_add(32)
+    bias = next(i for i in m.graph.initializer if i.name == "conv1.bias")
+    value = onnx.numpy_helper.to_array(bias).copy()
+    value[0] = 5000.0
+    bias.CopyFrom(onnx.numpy_helper.from_array(value, "conv1.bias"))
+    result = _sixteen_bit_run(m, precision="int16")
+    ints = [
+        onnx.numpy_helper.to_array(i)
+        for i in result.model.graph.initializer
+        if i.data_type == onnx.TensorProto.INT32 and i.dims
+    ]
+    assert ints and all(np.abs(v.astype(np.int64)).max() < 2**31 - 1 for v in ints)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    batch = graphs.random_batches(m, 1, seed=5)[0]
+    got = ort.InferenceSession(result.model.SerializeToString(), so).run(["y"], batch)[0]
+    want = ort.InferenceSession(m.SerializeToString(), so).run(["y"], batch)[0]
+    assert np.abs(got - want)[:, 0].max() < 0.01 * 5000  # channel 0 keeps its bias

@@ -57,6 +57,9 @@ class Annotations:
     tensors: dict[str, TensorAnnotation]
     decisions: list[Decision]
     notes: list[str] = field(default_factory=list)  # model-wide choices, for the report
+    # the range method 'auto' meant for every activation because the model's outputs are
+    # per-element sigmoid scores (BackendProfile.head_method), or None
+    score_map_method: str | None = None
 
     def of_kind(self, kind: str) -> list[TensorAnnotation]:
         """The annotated tensors of one kind, in graph order."""

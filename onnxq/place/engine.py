@@ -83,7 +83,8 @@ def annotate(
         if ann.kind == "activation":
             ann.bounds = facts.saturation_bounds(ann.consumers)
     notes = _notes(facts, profile, state) + selected.notes
-    return Annotations(state.tensors, state.decisions, notes)
+    scores = profile.head_method if _score_map_ranges(facts, profile, state) else None
+    return Annotations(state.tensors, state.decisions, notes, scores)
 
 
 def _rules_by_op(rules: tuple[Rule, ...], profile: BackendProfile) -> dict[str, list[Rule]]:
@@ -253,11 +254,17 @@ def _merge(
     return entry
 
 
+def _score_map_ranges(facts: GraphFacts, profile: BackendProfile, state: _Placement) -> bool:
+    """Whether 'auto' means the profile's head method for this model's activations (its
+    outputs are per-element sigmoid scores, and some activation took that method)."""
+    return bool(facts.score_maps) and any(
+        t.method == profile.head_method for t in state.tensors.values() if t.kind == "activation"
+    )
+
+
 def _notes(facts: GraphFacts, profile: BackendProfile, state: _Placement) -> list[str]:
     """Model-wide choices worth a note in the report."""
-    if not facts.score_maps or not any(
-        t.method == profile.head_method for t in state.tensors.values() if t.kind == "activation"
-    ):
+    if not _score_map_ranges(facts, profile, state):
         return []
     return [
         f"output {', '.join(repr(o) for o in facts.score_maps)} holds per-element sigmoid scores "

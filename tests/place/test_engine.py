@@ -175,7 +175,10 @@ def test_auto_means_minmax_everywhere_for_per_element_sigmoid_scores():
     ann = annotated(model)
     assert {t.method for t in ann.of_kind("activation")} == {"minmax"}
     assert ann.notes and ann.notes[0].startswith("output 'y' holds per-element sigmoid scores")
+    assert ann.score_map_method == "minmax"  # the report's hint reads it
     assert {t.method for t in annotated(model, method="mse").of_kind("activation")} == {"mse"}
+    no_map = annotated(graphs.two_head_detector(squash="Softmax"))
+    assert no_map.score_map_method is None
 
 
 def test_a_score_map_upsampled_before_its_sigmoid_is_a_score_map():
