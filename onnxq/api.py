@@ -212,6 +212,75 @@ def quantize(
         )
         return QuantizedModel(run.model, run.report, run.source)
     _check_sources(model, calibration, save_calibration, load_calibration, cfg)
+    args = (model, calibration, batch_size, save_calibration, load_calibration, target, heldout)
+    compare = cfg.score_map_ranges == "compare" and _can_compare(
+        cfg, calibration, target, save_calibration, load_calibration
+    )
+    first, by_scores = _quantize_static(cfg, executor, *args)
+    if not (compare and by_scores):
+        return first
+    second, _ = _quantize_static(cfg.replace(score_map_ranges="auto"), executor, *args)
+    return _better_score_map_run(first, second)
+
+
+def _can_compare(
+    cfg: QuantConfig,
+    calibration: Any,
+    target: AccuracyTarget | str | None,
+    save_calibration: str | os.PathLike[str] | None,
+    load_calibration: str | os.PathLike[str] | None,
+) -> bool:
+    """Whether ``score_map_ranges: compare`` may quantize a score-map model twice: not with
+    an accuracy target (its search would run twice) nor a calibration cache (one run's
+    statistics) nor ``dynamic`` (no ranges), and only from data that can be read twice (a
+    path, or an iterable that is not its own iterator)."""
+    goal = accuracy_target(cfg.accuracy.target_accuracy, target)
+    rereadable = isinstance(calibration, (str, os.PathLike)) or (
+        calibration is not None and iter(calibration) is not calibration
+    )
+    cached = save_calibration is not None or load_calibration is not None
+    return goal is None and not cached and not cfg.dynamic and rereadable
+
+
+def _worst_cosine(run: QuantizedModel) -> float | None:
+    """The lowest cosine of a run's outputs against float on the fidelity batches."""
+    cosines = [f.cosine for f in run.report.fidelity if f.compared == "cosine"]
+    return min(cosines) if cosines else None
+
+
+def _better_score_map_run(minmax: QuantizedModel, per_tensor: QuantizedModel) -> QuantizedModel:
+    """Of a score-map model quantized with ``minmax`` for every activation and with the
+    per-tensor choice, the one whose worst output agrees better with float (``minmax`` on a
+    tie or where neither was measured), its report saying so."""
+    a, b = _worst_cosine(minmax), _worst_cosine(per_tensor)
+    keep = per_tensor if a is not None and b is not None and b > a else minmax
+    shown = {"minmax": a, "auto": b}
+    said = ", ".join(
+        f"{k} {v:.4f}" if v is not None else f"{k} unmeasured" for k, v in shown.items()
+    )
+    keep.report.notes.append(
+        "score_map_ranges: compare quantized this score-map model twice, every activation "
+        f"with minmax and with auto's per-tensor choice (worst output cosine: {said}); it "
+        f"kept {'the per-tensor choice' if keep is per_tensor else 'minmax'}. "
+        "score_map_ranges: minmax or auto in a config file skips the second run"
+    )
+    keep.report.config["score_map_ranges"] = "compare"  # the run's setting, not the trial's
+    return keep
+
+
+def _quantize_static(
+    cfg: QuantConfig,
+    executor: Executor | None,
+    model: ModelLike,
+    calibration: Any,
+    batch_size: int,
+    save_calibration: str | os.PathLike[str] | None,
+    load_calibration: str | os.PathLike[str] | None,
+    target: AccuracyTarget | str | None,
+    heldout: Any,
+) -> tuple[QuantizedModel, bool]:
+    """One static (or dynamic) run of :func:`quantize`; also whether ``auto`` calibrated the
+    activations with the head method because the outputs are score maps."""
     profile, profile_note = profile_for(cfg.target)  # or a refusal: nothing loaded yet
     check_device(cfg.device)
     prepared = prepare(model, profile, cfg.simplify)
@@ -335,7 +404,8 @@ def quantize(
     report.weight_bytes = (float_weight_bytes, ir.weight_nbytes(prepared.model))
     if save_calibration is not None and cache is not None:
         ir.atomic_write_bytes(save_calibration, cache)
-    return QuantizedModel(prepared.model, report, prepared.source)
+    quantized = QuantizedModel(prepared.model, report, prepared.source)
+    return quantized, annotations.score_map_method is not None
 
 
 def _config(

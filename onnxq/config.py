@@ -31,6 +31,7 @@ from onnxq.device import is_device
 from onnxq.errors import ConfigError
 from onnxq.options import (
     DYNAMIC_WEIGHT_SCALES,
+    SCORE_MAP_RANGES,
     TARGET_COSTS,
     AccuracyOptions,
     CalibrationOptions,
@@ -178,6 +179,12 @@ class QuantConfig:
             one-token generation step), ``channel`` (one per column: the most accurate) or
             ``tensor`` (one per weight: the fastest).  An override's ``per_channel: false``
             gives the matched weights one scale.
+        score_map_ranges: what ``method: auto`` means for the activations of a model whose
+            outputs are per-element sigmoid scores (a detector, a segmentation map):
+            ``minmax`` for every activation, ``auto`` the per-tensor choice of any other model,
+            or ``compare`` (default): quantize both ways and keep the one whose worst output
+            agrees best with float on the fidelity batches (about twice the time; without an
+            accuracy target or a calibration cache, else ``minmax``).
         reduce_range: 7-bit int8 weights for the onnxruntime backend (its u8s8 CPU kernels
             saturate int16 sums on x86 CPUs without VNNI), or full-range int8 (False);
             ``None`` decides from ``target_cpu`` (uint8-stored 8-bit weights on ``x86-avx2``).
@@ -289,6 +296,9 @@ class QuantConfig:
     dynamic: bool = option(False)
     dynamic_weight_scales: str = option(
         "auto", one_of(lambda: DYNAMIC_WEIGHT_SCALES, "weight scales")
+    )
+    score_map_ranges: str = option(
+        "compare", one_of(lambda: SCORE_MAP_RANGES, "score-map range choice")
     )
     reduce_range: bool | None = option(None)
     target_cpu: str | None = option(None, lambda name, value: _check_cpu_class(value, name))

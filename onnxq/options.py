@@ -61,6 +61,7 @@ class PlacementOptions:
     weak_channel_fraction: float
     weak_position_fraction: float
     dynamic_weight_scales: str
+    score_map_ranges: str
 
     def node_excluded(self, node_name: str, op_type: str) -> str | None:
         """The pattern that keeps this node float, or ``None``."""
@@ -162,6 +163,12 @@ DYNAMIC_WEIGHT_SCALES = ("auto", "channel", "tensor")
 """``dynamic_weight_scales``: a dynamic kernel's weight scales: one per output column
 (``channel``), one for the whole weight (``tensor``), or per weight by
 :data:`onnxq.rewrites.dynamic.ONE_SCALE_SQNR_DB` (``auto``)."""
+
+SCORE_MAP_RANGES = ("compare", "minmax", "auto")
+"""``score_map_ranges``: what ``method: auto`` means for the activations of a model whose
+outputs are per-element sigmoid scores: ``minmax`` for every one (scores and boxes live in the
+extremes that clipping cuts), the per-tensor choice of any other model (``auto``), or both
+tried and the one with the better fidelity kept (``compare``)."""
 
 TARGET_COSTS = ("layers", "macs")
 

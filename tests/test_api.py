@@ -459,11 +459,58 @@ def test_a_label_map_output_is_compared_by_its_probabilities():
 
 
 def test_a_model_with_per_element_sigmoid_scores_is_calibrated_with_minmax_and_noted():
-    result = quantize(graphs.with_tail(graphs.conv_relu(), "Sigmoid"))
+    result = quantize(graphs.with_tail(graphs.conv_relu(), "Sigmoid"), score_map_ranges="minmax")
     assert {p.qparams.method for p in result.report.placed if p.kind == "activation"} == {"minmax"}
     (note,) = result.report.notes
     assert "per-element sigmoid scores" in note and f"note: {note}" in result.report.summary()
     assert json.loads(result.report.to_json())["notes"] == [note]
+
+
+def _worst_cosine(result: onnxq.QuantizedModel) -> float:
+    return min(f.cosine for f in result.report.fidelity if f.compared == "cosine")
+
+
+def _heavy_tailed_batches(model: onnx.ModelProto, count: int) -> list[dict[str, np.ndarray]]:
+    batches = graphs.random_batches(model, count)
+    for i, batch in enumerate(batches):
+        batch["x"] = graphs.rng(100 + i).standard_t(2, batch["x"].shape).astype(np.float32)
+    return batches
+
+
+@pytest.mark.parametrize("case", ["clipping wins", "tie"])
+def test_a_score_map_model_is_quantized_both_ways_and_keeps_the_better(case):
+    # minmax everywhere keeps a detector's peaks (PP-OCRv4 det); where rare large values set
+    # every range (PP-OCRv3 det: map cosine 0.870 against 0.985) the per-tensor choice wins
+    if case == "clipping wins":
+        model = graphs.two_head_detector()
+        data = _heavy_tailed_batches(model, 8)
+    else:  # every activation takes minmax either way: the same model twice
+        model = graphs.with_tail(graphs.conv_relu(), "Sigmoid")
+        data = graphs.random_batches(model, 8)
+    result = onnxq.quantize(model, data, progress=False)
+    runs = {
+        way: onnxq.quantize(model, data, score_map_ranges=way, progress=False)
+        for way in ("minmax", "auto")
+    }
+    worst = {way: _worst_cosine(run) for way, run in runs.items()}
+    kept = {"clipping wins": "auto", "tie": "minmax"}[case]
+    assert (worst["auto"] > worst["minmax"]) == (kept == "auto")
+    assert ir.serialize(result.model) == ir.serialize(runs[kept].model)
+    (note,) = [n for n in result.report.notes if n.startswith("score_map_ranges: compare")]
+    assert f"minmax {worst['minmax']:.4f}, auto {worst['auto']:.4f}" in note
+    assert ("kept the per-tensor choice" in note) == (kept == "auto")
+    assert result.report.config["score_map_ranges"] == "compare"
+
+
+def test_a_score_map_model_is_quantized_once_where_the_data_cannot_be_read_twice():
+    model = graphs.with_tail(graphs.conv_relu(), "Sigmoid")
+    data = graphs.random_batches(model, 8)
+    once = onnxq.quantize(model, iter(data), progress=False)  # a one-shot iterator
+    minmax = onnxq.quantize(model, data, score_map_ranges="minmax", progress=False)
+    assert ir.serialize(once.model) == ir.serialize(minmax.model)
+    assert not any(n.startswith("score_map_ranges: compare") for n in once.report.notes)
+    other = quantize(graphs.conv_relu())  # no score map: one run, no note
+    assert not any(n.startswith("score_map_ranges") for n in other.report.notes)
 
 
 def test_a_calibration_of_few_samples_gets_a_warning():

@@ -82,8 +82,9 @@ def annotate(
     for ann in state.tensors.values():
         if ann.kind == "activation":
             ann.bounds = facts.saturation_bounds(ann.consumers)
-    notes = _notes(facts, profile, state) + selected.notes
-    scores = profile.head_method if _score_map_ranges(facts, profile, state) else None
+    by_scores = _score_map_ranges(facts, profile, options, state)
+    notes = _notes(facts, profile, by_scores) + selected.notes
+    scores = profile.head_method if by_scores else None
     return Annotations(state.tensors, state.decisions, notes, scores)
 
 
@@ -204,14 +205,15 @@ def _apply(node: onnx.NodeProto, r: Rule, taken: Claim, ctx: Context, state: _Pl
 
 def _reads_at_extremes(entry: TensorAnnotation, ctx: Context) -> bool:
     """Whether ``auto`` means the profile's head method for this activation: a head's input,
-    or any activation of a model whose outputs are score maps."""
+    or any activation of a model whose outputs are score maps (unless ``score_map_ranges``
+    says ``auto``)."""
     facts = ctx.facts
     return (
         ctx.profile.head_method is not None
         and entry.kind == "activation"
         and entry.settings.method == "auto"
         and bool(
-            facts.score_maps
+            (facts.score_maps and ctx.options.score_map_ranges != "auto")
             or (not entry.output and any(n in facts.heads for n, _ in entry.consumers))
         )
     )
@@ -254,17 +256,26 @@ def _merge(
     return entry
 
 
-def _score_map_ranges(facts: GraphFacts, profile: BackendProfile, state: _Placement) -> bool:
+def _score_map_ranges(
+    facts: GraphFacts, profile: BackendProfile, options: PlacementOptions, state: _Placement
+) -> bool:
     """Whether 'auto' means the profile's head method for this model's activations (its
-    outputs are per-element sigmoid scores, and some activation took that method)."""
-    return bool(facts.score_maps) and any(
-        t.method == profile.head_method for t in state.tensors.values() if t.kind == "activation"
+    outputs are per-element sigmoid scores, ``score_map_ranges`` is not ``auto``, and some
+    activation took that method)."""
+    return (
+        bool(facts.score_maps)
+        and options.score_map_ranges != "auto"
+        and any(
+            t.method == profile.head_method
+            for t in state.tensors.values()
+            if t.kind == "activation"
+        )
     )
 
 
-def _notes(facts: GraphFacts, profile: BackendProfile, state: _Placement) -> list[str]:
+def _notes(facts: GraphFacts, profile: BackendProfile, by_scores: bool) -> list[str]:
     """Model-wide choices worth a note in the report."""
-    if not _score_map_ranges(facts, profile, state):
+    if not by_scores:
         return []
     return [
         f"output {', '.join(repr(o) for o in facts.score_maps)} holds per-element sigmoid scores "

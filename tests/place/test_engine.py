@@ -179,6 +179,9 @@ def test_auto_means_minmax_everywhere_for_per_element_sigmoid_scores():
     assert {t.method for t in annotated(model, method="mse").of_kind("activation")} == {"mse"}
     no_map = annotated(graphs.two_head_detector(squash="Softmax"))
     assert no_map.score_map_method is None
+    per_tensor = annotated(model, score_map_ranges="auto")  # as for any other model
+    assert per_tensor.score_map_method is None and not per_tensor.notes
+    assert {t.method for t in per_tensor.of_kind("activation")} != {"minmax"}
 
 
 def test_a_score_map_upsampled_before_its_sigmoid_is_a_score_map():
