@@ -200,14 +200,15 @@ def precision_paths(graph: ir.Graph) -> dict[str, str]:
         if sink.op_type == "Log" and sink.domain in ir.DEFAULT_DOMAINS:
             why = (
                 f"its output reaches the logarithm {sink.name!r} through linear, power and "
-                "data-movement ops only: int8's uniform steps would erase the small values "
-                "the logarithm spreads out, so it stays float"
+                "data-movement ops only: quantization steps sized for its largest values "
+                "would erase the small values the logarithm spreads out, so it stays float"
             )
         elif sink.op_type in TREE_OPS and sink.domain == "ai.onnx.ml":
             why = (
                 f"its output reaches the split thresholds of the tree ensemble {sink.name!r} "
-                "through linear and data-movement ops only: a feature moved by one int8 "
-                "step crosses thresholds and changes the trees' decisions, so it stays float"
+                "through linear and data-movement ops only: a feature moved by one "
+                "quantization step crosses thresholds and changes the trees' decisions, so it "
+                "stays float"
             )
         else:
             continue
