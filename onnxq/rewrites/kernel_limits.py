@@ -13,6 +13,8 @@ channel counts (:func:`conv_reduction`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from onnxq.backends.profile import BackendProfile
 from onnxq.rewrites.pattern import Decline
@@ -54,7 +56,7 @@ def long_reduction(profile: BackendProfile, shape: tuple[int, ...], group: int) 
 
 
 def pool_overhang_decline(
-    attrs: dict[str, object], shape: tuple[int | str | None, ...] | None
+    attrs: Mapping[str, Any], shape: tuple[int | str | None, ...] | None
 ) -> Decline | None:
     """Why an AveragePool stays float as an integer kernel, or None.
 
@@ -68,18 +70,16 @@ def pool_overhang_decline(
     """
     if not attrs.get("ceil_mode") or not attrs.get("count_include_pad"):
         return None
-    kernel = [int(k) for k in attrs.get("kernel_shape", ())]  # type: ignore[attr-defined]
-    strides = [int(s) for s in attrs.get("strides", ())] or [1] * len(kernel)  # type: ignore[attr-defined]
-    pads = [int(p) for p in attrs.get("pads", ())] or [0] * (2 * len(kernel))  # type: ignore[attr-defined]
+    kernel = [int(k) for k in attrs.get("kernel_shape", ())]
+    strides = [int(s) for s in attrs.get("strides", ())] or [1] * len(kernel)
+    pads = [int(p) for p in attrs.get("pads", ())] or [0] * (2 * len(kernel))
     spatial = list(shape[2:]) if shape is not None else []
-    if len(spatial) == len(kernel) and all(isinstance(d, int) for d in spatial):
-        n = len(kernel)
-        overhang = any(
-            (int(d) + pads[i] + pads[i + n] - kernel[i]) % strides[i] != 0  # type: ignore[arg-type]
-            for i, d in enumerate(spatial)
-        )
-        if not overhang:
-            return None
+    sizes = [d for d in spatial if isinstance(d, int)]
+    n = len(kernel)
+    if len(sizes) == len(spatial) == n and all(
+        (d + pads[i] + pads[i + n] - kernel[i]) % strides[i] == 0 for i, d in enumerate(sizes)
+    ):
+        return None
     return Decline(
         "AveragePool with ceil_mode=1 and count_include_pad=1 on an input whose last window "
         "overhangs it (or whose size is unknown): onnxruntime's QLinearAveragePool divides "
