@@ -473,6 +473,12 @@ def _check_sources(
             "bias_correction corrects the rounding of static quantization; --dynamic "
             "quantizes activations at run time: drop one of them"
         )
+    if cfg.shift_activations and cfg.adaround and cfg.adaround_mode != "float":
+        raise ConfigError(
+            f"shift_activations with adaround_mode {cfg.adaround_mode}: that mode learns each "
+            "weight on its layer's quantized input, and a shifted input is not the layer's "
+            "input; use adaround_mode float (--adaround) with --shift-activations, or drop one"
+        )
     if cfg.dynamic:
         return
     if calibration is None and load_calibration is None:

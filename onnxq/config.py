@@ -244,6 +244,11 @@ class QuantConfig:
             depthwise Conv, scale the channels between them up to one range, each by at most
             this factor (weights quantized per channel do not change;
             ``onnxq.recover.dwequal``); ``0``: off.
+        shift_activations: with symmetric integer activations (``tensorrt``), quantize each
+            non-negative activation that only Conv/Gemm layers read as ``x - R/2`` on the
+            whole grid, ``R`` its range, and add ``R/2`` back through the readers' biases
+            (and a Pad of ``-R/2`` where the reader pads): twice the steps over the same
+            range, exact in float (``onnxq.place.shift``).
         smoothquant: SmoothQuant's migration strength ``alpha`` in (0, 1] for the inputs of
             quantized MatMul/Gemm layers (an exact float rewrite from per-channel maxima on the
             calibration data; ``onnxq.recover.smoothquant``); ``0``: off.
@@ -327,6 +332,7 @@ class QuantConfig:
     weight_accuracy_level: int | None = option(None, must(lambda v: 0 <= v <= 4, "be 0..4"))
     cle: bool = option(False)
     dw_equalization: float = option(0.0, must(lambda v: v == 0 or v >= 1, "be 0 (off) or >= 1"))
+    shift_activations: bool = option(False)
     smoothquant: float = option(0.8, must(lambda v: 0.0 <= v <= 1.0, "be in [0, 1]"))
     smoothquant_min_spread: float = option(8.0, must(lambda v: v >= 1, "be >= 1"))
     calibration_mode: str = option("float", one_of(lambda: CALIBRATION_MODES, "mode"))

@@ -22,6 +22,7 @@ import onnx
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.errors import InternalError
+from onnxq.materialize_shift import fold_shift, shift_input, shift_qparams
 from onnxq.metadata import METADATA_KEY, Placed, read_metadata, read_target_cpu, write_metadata
 from onnxq.options import WeightOptions
 from onnxq.place.annotations import Annotations, TensorAnnotation
@@ -82,14 +83,20 @@ def materialize(
             else weight_qp
         )
     resolved = dict(activation_qparams)
+    shifts = _fold_shifts(annotations, resolved, where, weights, limits, chosen)
     for ann in annotations.tensors.values():
         qp = _qparams(ann, resolved, weights, _reader_scope(ann, where, graph))
         if qp is None:
             continue  # no statistics (the report says so), or a bias that stays float
         qtype = qtype_of_array(np.asarray(qp.zero_point))
         for scope, readers in _readers_by_scope(ann, where):
-            values = chosen[ann.tensor][1] if ann.tensor in chosen else None
-            out = _insert(scope, ann, qp, limits.get(ann.tensor, 0), weights_options, opset, values)
+            if ann.tensor in shifts:
+                qp, shift = shifts[ann.tensor]
+                out = _qdq(scope, shift_input(scope, ann.tensor, shift, readers), qp, opset)
+            else:
+                values = chosen[ann.tensor][1] if ann.tensor in chosen else None
+                limit = limits.get(ann.tensor, 0)
+                out = _insert(scope, ann, qp, limit, weights_options, opset, values)
             for node, index in readers:
                 scope.set_input(node, index, out)
         bits = _bits(ann, qtype, limits.get(ann.tensor, 0))
@@ -102,6 +109,42 @@ def materialize(
         scope.commit()
     write_metadata(model, placed, profile.target_cpu)
     return placed
+
+
+def _fold_shifts(
+    annotations: Annotations,
+    resolved: dict[str, QParams],
+    where: dict[str, tuple[ir.Graph, onnx.NodeProto]],
+    weights: dict[str, QParams],
+    limits: dict[str, int],
+    chosen: Mapping[str, tuple[QParams, np.ndarray]],
+) -> dict[str, tuple[QParams, float]]:
+    """For each activation placement marked ``shift`` that has symmetric integer qparams:
+    its shifted qparams and shift, added back through its readers' biases here, before any
+    reader reads a DequantizeLinear (:mod:`onnxq.materialize_shift`)."""
+
+    def weight_of(node: onnx.NodeProto) -> np.ndarray:
+        scope, name = where[node.name][0], node.input[1]
+        value = scope.const_value(name)
+        if value is None:
+            raise InternalError(f"weight {name!r} of {node.name!r} lost its constant value")
+        if name not in weights:
+            return value  # a float weight
+        qp = _signed(weights[name])
+        values = chosen[name][1] if name in chosen else quantize_weight(value, qp, limits[name])
+        return dequantize_weight(values, qp)
+
+    shifts: dict[str, tuple[QParams, float]] = {}
+    for ann in annotations.of_kind("activation"):
+        qp = resolved.get(ann.tensor)
+        if not ann.shift or qp is None or qp.zero_point.dtype.kind != "i":
+            continue
+        if np.any(np.asarray(qp.zero_point) != 0):
+            continue
+        shifts[ann.tensor] = shift_qparams(qp, _bits(ann, qtype_of_array(qp.zero_point), 0))
+        readers = [where[name][1] for name, _ in ann.consumers]
+        fold_shift(where[readers[0].name][0], readers, shifts[ann.tensor][1], weight_of)
+    return shifts
 
 
 def weight_qparams_of(

@@ -46,8 +46,9 @@ class TargetOptions:
 class PlacementOptions:
     """What placement reads: which nodes and tensors stay float, the per-tensor settings (the
     run's precision among them), the small-op threshold, the thresholds of the data-driven
-    exclusions (:data:`onnxq.place.exclusions.EXCLUSIONS` names each by its field) and how a
-    dynamic kernel's weight is scaled."""
+    exclusions (:data:`onnxq.place.exclusions.EXCLUSIONS` names each by its field), how a
+    dynamic kernel's weight is scaled and whether non-negative activations are shifted onto
+    the whole symmetric grid (:mod:`onnxq.place.shift`)."""
 
     method: str
     precision: str
@@ -62,6 +63,7 @@ class PlacementOptions:
     weak_position_fraction: float
     dynamic_weight_scales: str
     score_map_ranges: str
+    shift_activations: bool
 
     def node_excluded(self, node_name: str, op_type: str) -> str | None:
         """The pattern that keeps this node float, or ``None``."""

@@ -56,6 +56,11 @@ SETTINGS: dict[str, list[str]] = {
         "--calibration-mode", "prefix", "--dw-equalization", "--adaround-mode", "block",
         "--adaround-steps", "200", "--adaround-engine", "torch",
     ],
+    "shift-activations": ["--shift-activations"],
+    "adaround+shift-activations": ["--adaround", "--shift-activations"],
+    "prefix+dw-equalization+adaround+shift-activations": [
+        "--calibration-mode", "prefix", "--dw-equalization", "--adaround", "--shift-activations",
+    ],
     "prefix-percentile": ["--calibration-mode", "prefix", "--method", "percentile"],
     "prefix-entropy": ["--calibration-mode", "prefix", "--method", "entropy"],
     "prefix-mse": ["--calibration-mode", "prefix", "--method", "mse"],

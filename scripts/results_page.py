@@ -240,15 +240,29 @@ def extra_section(title: str, path: Path | None) -> list[str]:
     lines += [
         f"Read from `{path.name}`.",
         "",
-        "| model | float | score | unfused |",
-        "|---|---|---|---|",
+        "| model | float | score | unfused | fidelity to float (unfused) |",
+        "|---|---|---|---|---|",
     ]
     for model, entry in run.items():
         lines.append(
             f"| {model} | {_score(entry, 'ref_score')} | {_score(entry, 'score')} | "
-            f"{_score(entry, 'score_unfused')} |"
+            f"{_score(entry, 'score_unfused')} | {_fidelity(entry)} |"
         )
     return [*lines, ""]
+
+
+def _fidelity(entry: dict[str, Any]) -> str:
+    """An evaluation's ``fidelity_unfused`` in short: each output's cosine and agreement
+    (``logits cos 0.9968, logits top-1 0.9464``), or ``-``."""
+    parts = []
+    for key, value in (entry.get("fidelity_unfused") or {}).items():
+        if key.endswith("_top1_agreement"):
+            parts.append(f"{key.removesuffix('_top1_agreement')} top-1 {value:.4f}")
+        elif key.endswith("_agreement"):
+            parts.append(f"{key.removesuffix('_agreement')} agreement {value:.4f}")
+        elif key.endswith("_cos"):
+            parts.append(f"{key.removesuffix('_cos')} cos {value:.4f}")
+    return ", ".join(parts) or "-"
 
 
 def _pairs(values: list[str], what: str) -> dict[str, Path]:

@@ -42,7 +42,15 @@ def test_results_page_reads_evals_and_peers_and_says_what_was_not_measured(tmp_p
     peers = tmp_path / "PEERS.md"
     peers.write_text(PEERS)
     int4 = tmp_path / "eval_int4.json"
-    int4.write_text(json.dumps({"lm": {"score": 0.5, "score_unfused": 0.5, "ref_score": 0.6}}))
+    fidelity = {"logits_cos": 0.99681, "logits_top1_agreement": 0.9464, "logits_max_abs_diff": 2.0}
+    int4.write_text(
+        json.dumps(
+            {
+                "lm": {"score": 0.5, "score_unfused": 0.5, "ref_score": 0.6},
+                "cnn": {"score": 0.7, "score_unfused": 0.7, "fidelity_unfused": fidelity},
+            }
+        )
+    )
     out = tmp_path / "results.md"
     argv = ["-o", str(out), "--no-example", "--zoo", f"tensorrt={trt}", "--peers", str(peers)]
     assert page.main([*argv, "--section", f"INT4 weight-only={int4}"]) == 0
@@ -53,7 +61,8 @@ def test_results_page_reads_evals_and_peers_and_says_what_was_not_measured(tmp_p
     assert "> Measured on a test machine." in text
     assert "| net | 0.900 | 0.875 | 0.850 | OOM |" in text  # side by side, unfused
     assert "## INT4 weight-only\n\nRead from `eval_int4.json`." in text
-    assert "| lm | 0.600 | 0.500 | 0.500 |" in text
+    assert "| lm | 0.600 | 0.500 | 0.500 | - |" in text
+    assert "| cnn | - | 0.700 | 0.700 | logits cos 0.9968, logits top-1 0.9464 |" in text
     assert "## Mixed precision\n\nNot measured in this run." in text
     assert "## The bundled example" not in text
 

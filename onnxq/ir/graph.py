@@ -388,8 +388,12 @@ class Graph:
         return node
 
     def set_input(self, node: onnx.NodeProto, index: int, name: str) -> None:
-        """Point input ``index`` of ``node`` at tensor ``name``."""
-        node.input[index] = name
+        """Point input ``index`` of ``node`` at tensor ``name`` (the next index after its
+        last input adds it: an optional input it did not have)."""
+        if index == len(node.input):
+            node.input.append(name)
+        else:
+            node.input[index] = name
 
     def set_attr(self, node: onnx.NodeProto, name: str, value: Any) -> None:
         """Set (or replace) attribute ``name`` of ``node``."""

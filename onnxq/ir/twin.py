@@ -70,6 +70,7 @@ def twin_model(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> Tw
             g.initializer.append(t)
             g.initializer[-1].name = init_names[t.name]
     produced = {o for n in qgraph.node for o in n.output if o}
+    shifts = _shift_subs(qgraph)
     rewired: dict[str, str] = {}  # a local QuantizeLinear's output -> the float tensor it reads
     for suffix in (ACCUMULATED, LOCAL):
         names = {**init_names, **{o: o + suffix for o in produced}}
@@ -80,6 +81,8 @@ def twin_model(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> Tw
             _rename(copy, names)
             if suffix == LOCAL:
                 rewired.update(_read_float(copy, node, float_names, float_inits, suffix))
+                if node.name in shifts and node.input[0] in float_names - float_inits:
+                    copy.input[0] = node.input[0]  # a shifted activation's Sub (see below)
         g.value_info.extend(_renamed_infos(qgraph, produced, suffix))
     fake = {
         n.output[0]: rewired[n.input[0]]
@@ -152,6 +155,27 @@ def _rename_reads(body: onnx.GraphProto, names: dict[str, str]) -> None:
         for a in n.attribute:
             for sub in attr_graphs(a):
                 _rename_reads(sub, inner)
+
+
+def _shift_subs(graph: onnx.GraphProto) -> set[str]:
+    """The Sub nodes that shift an activation ahead of its QuantizeLinear (``shift_activations``:
+    ``Sub(x, c) [-> Pad] -> QuantizeLinear``): the local copy's Sub reads the float tensor, as a
+    QuantizeLinear there does.  The DequantizeLinear after it holds ``x - c``, so it is not an
+    input the ops' input error can be measured on."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+
+    def quantized(tensor: str, through_pad: bool) -> bool:
+        nodes = readers.get(tensor, [])
+        return bool(nodes) and all(
+            n.op_type == "QuantizeLinear"
+            or (through_pad and n.op_type == "Pad" and quantized(n.output[0], False))
+            for n in nodes
+        )
+
+    return {n.name for n in graph.node if n.op_type == "Sub" and quantized(n.output[0], True)}
 
 
 def _read_float(

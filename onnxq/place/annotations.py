@@ -28,6 +28,9 @@ class TensorAnnotation:
     # (low, high) beyond which every quantized reader's output stays the same (a HardSwish
     # below -3): the range never needs to pass them (GraphFacts.saturation_bounds)
     bounds: tuple[float, float] | None = None
+    # quantized as x - R/2 on the whole symmetric grid, R/2 added back through the readers'
+    # biases (onnxq.place.shift; materialize writes it)
+    shift: bool = False
 
     @property
     def method(self) -> str:

@@ -23,6 +23,7 @@ from onnxq.options import PlacementOptions
 from onnxq.place.annotations import Annotations, Decision, Excluded, TensorAnnotation
 from onnxq.place.facts import GraphFacts
 from onnxq.place.selection import select
+from onnxq.place.shift import mark_shifts
 from onnxq.precisions import check_bits, tensor_qtype
 from onnxq.rewrites.pattern import Claim, Context, Decline, Match, Rule, Spec
 from onnxq.rewrites.rule_sets import RULE_SETS
@@ -84,6 +85,8 @@ def annotate(
             ann.bounds = facts.saturation_bounds(ann.consumers)
     by_scores = _score_map_ranges(facts, profile, options, state)
     notes = _notes(facts, profile, by_scores) + selected.notes
+    if options.shift_activations:
+        notes += mark_shifts(facts.graph, profile, state.tensors)
     scores = profile.head_method if by_scores else None
     return Annotations(state.tensors, state.decisions, notes, scores)
 

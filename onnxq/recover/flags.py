@@ -31,6 +31,14 @@ def add_recovery_flags(parser: argparse.ArgumentParser) -> None:
         f"scaled up by at most MAX_SCALE (default {DEFAULT_MAX_SCALE:g})",
     )
     r.add_argument(
+        "--shift-activations",
+        action=on_off,
+        help="tensorrt: quantize each non-negative activation that only Conv/Gemm layers read "
+        "(a Relu/ReLU6 output) shifted down by half its range, on the whole int8 grid (twice "
+        "the steps), and add the shift back through the readers' biases (exact in float; a "
+        "padded reader gets a Pad before the QuantizeLinear)",
+    )
+    r.add_argument(
         "--smoothquant",
         type=float,
         nargs="?",
@@ -112,6 +120,7 @@ def recovery_options(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "cle": args.cle,
         "dw_equalization": args.dw_equalization,
+        "shift_activations": args.shift_activations,
         "smoothquant": args.smoothquant,
         "calibration_mode": args.calibration_mode,
         "adaround": True if args.adaround is None and args.adaround_mode else args.adaround,

@@ -105,7 +105,7 @@ def search_ranges(
         grid = candidates(
             current[ann.tensor], FACTORS, spec, ann.bounds, _mse_range(ann, spec, stats)
         )
-        if len(grid) < 2:
+        if len(grid) < 2 or ann.shift:  # a shifted tensor's pair reads x - c, not x
             continue
         quantized = onnx.ModelProto()
         quantized.CopyFrom(model)

@@ -57,3 +57,34 @@ def test_a_graph_outputs_declared_shape_does_not_reach_the_copies():
     for value in got:
         assert value.shape == (2, 3, 8)
         assert np.abs(value - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_a_shifted_activation_is_quantized_from_the_float_tensor_in_the_local_copy():
+    """``shift_activations`` puts ``Sub(x, c)`` (and a Pad) ahead of the QuantizeLinear: the
+    local copy's Sub must read the float ``x``, as its QuantizeLinear would, or the reader's
+    local error would carry the ops before it."""
+    from tests.recover.builders import conv_chain, image_batches
+
+    model = conv_chain()
+    batches = image_batches(model)
+    quant = onnxq.quantize(
+        model,
+        batches,
+        backend="tensorrt",
+        shift_activations=True,
+        min_channels=0,
+        weak_channel_fraction=1.0,
+        progress=False,
+    ).model
+    twin = ir.twin_model(model, quant)
+    subs = [n for n in twin.model.graph.node if n.op_type == "Sub"]
+    reads = sorted(n.input[0] for n in subs)
+    assert reads == sorted(["r1", "r2", ir.Twin.accumulated("r1"), ir.Twin.accumulated("r2")])
+    assert not set(twin.fake_quantized.values()) & {"r1", "r2"}  # x - c is not r1 or r2
+    local = ir.Twin.local("y")
+    twin.model.graph.output.append(helper.make_empty_tensor_value_info(local))
+    session = ort.InferenceSession(
+        twin.model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    got, want = session.run([local, "y"], batches[0])
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
