@@ -3,7 +3,8 @@ the op's local error dominates (its weights, its activation inputs, a per-channe
 which accuracy-recovery pass or exclusion should help.  :data:`ADVICE` is the decision table:
 the first entry that applies to an op gives its suggestion.  The suggestions name the quantize
 flags of the recovery passes (``--bias-correction``, ``--cle``, ``--adaround``,
-``--smoothquant``) and of the selection (``--method-for``, ``--exclude``)."""
+``--smoothquant``, ``--shift-activations``) and of the selection (``--method-for``,
+``--exclude``)."""
 
 from __future__ import annotations
 
@@ -100,6 +101,16 @@ ADVICE: tuple[Advice, ...] = (
         ),
     ),
     Advice(
+        "half grid",
+        lambda m: (
+            _inputs_dominate(m) and m.layer.input_half_grid and m.layer.op_type in ("Conv", "Gemm")
+        ),
+        lambda m: (
+            f"its input loses most ({_sources(m)}) and is never negative, on a symmetric int8 "
+            "grid whose negative half it never uses: try --shift-activations (with --adaround)"
+        ),
+    ),
+    Advice(
         "input range",
         _inputs_dominate,
         lambda m: (
@@ -127,6 +138,21 @@ def quantized_op(graph: ir.Graph, node: onnx.NodeProto) -> bool:
         for i in node.input
         if i
     )
+
+
+def half_grid_input(graph: ir.Graph, node: onnx.NodeProto) -> bool:
+    """Whether ``node`` reads an activation through QuantizeLinear -> DequantizeLinear with a
+    signed zero point of 0 (a symmetric grid) whose input is never negative."""
+    dq = graph.producer.get(node.input[0]) if node.input else None
+    if dq is None or dq.op_type != "DequantizeLinear":
+        return False
+    q = graph.producer.get(dq.input[0])
+    if q is None or q.op_type != "QuantizeLinear" or len(q.input) < 3:
+        return False
+    zero = graph.const_value(q.input[2])
+    if zero is None or zero.dtype.kind != "i" or np.any(zero != 0):
+        return False
+    return graph.nonnegative(q.input[0])
 
 
 def weight_sqnr_db(graph: ir.Graph, node: onnx.NodeProto) -> float | None:

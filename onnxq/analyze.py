@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from onnxq import ir
-from onnxq.advice import advise, quantized_op, weight_sqnr_db
+from onnxq.advice import advise, half_grid_input, quantized_op, weight_sqnr_db
 from onnxq.analysis_view import print_analysis, write_analysis
 from onnxq.calibration_plan import DEFAULT_MEMORY_BUDGET
 from onnxq.calibration_session import augmented_session, run_batch
@@ -218,7 +218,10 @@ def _layer(
         round(min(acc.samples), 6) if acc.samples else None,
         worst if acc.samples else (),
     )
-    return replace(layer, advice=advise(layer, local, inputs)) if quantized else layer
+    if not quantized:
+        return layer
+    layer = replace(layer, input_half_grid=half_grid_input(qg, qnode))
+    return replace(layer, advice=advise(layer, local, inputs))
 
 
 def _round(value: float | None) -> float | None:

@@ -39,3 +39,6 @@ class LayerError:
     worst_sample_cosine: float | None = None
     worst_samples: tuple[int, ...] = ()
     advice: str | None = None
+    # a quantized op that reads a never-negative activation on a symmetric int8 grid, unshifted:
+    # half of the grid's steps are spent below 0 (``shift_activations`` gives them back)
+    input_half_grid: bool = False

@@ -59,3 +59,36 @@ def test_weight_sqnr_is_the_rounding_noise_of_the_scale():
     assert weight_sqnr_db(graph, conv) == pytest.approx(expected)
     relu = next(n for n in graph.nodes if n.op_type == "Relu")
     assert weight_sqnr_db(graph, relu) is None
+
+
+def test_a_relu_input_on_the_symmetric_grid_suggests_the_shift():
+    layer = _layer("Conv", 40.0, 20.0)
+    half = LayerError(**{**layer.__dict__, "input_half_grid": True})
+    assert "try --shift-activations" in advise(half, ErrorSums(), [_input(2.0, 1.0)])
+    assert "try --shift-activations" not in advise(layer, ErrorSums(), [_input(2.0, 1.0)])
+
+
+@pytest.mark.parametrize(
+    ("backend", "shift", "expected"),
+    [("tensorrt", False, True), ("tensorrt", True, False), ("onnxruntime", False, False)],
+)
+def test_half_grid_input_is_an_unshifted_relu_output_with_zero_point_0(backend, shift, expected):
+    import onnxq
+    from onnxq import ir
+    from onnxq.advice import half_grid_input
+    from tests.recover.builders import conv_chain, image_batches
+
+    model = conv_chain()
+    quant = onnxq.quantize(
+        model,
+        image_batches(model),
+        backend=backend,
+        shift_activations=shift,
+        min_channels=0,
+        weak_channel_fraction=1.0,
+        progress=False,
+    ).model
+    graph = ir.Graph(quant)
+    nodes = {n.name: n for n in graph.nodes}
+    assert half_grid_input(graph, nodes["conv2"]) is expected  # reads relu1's output
+    assert half_grid_input(graph, nodes["conv1"]) is False  # reads the graph input
