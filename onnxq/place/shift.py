@@ -28,7 +28,11 @@ def mark_shifts(
     """Set ``shift`` on every activation of ``graph`` (its top level) that qualifies;
     returns the report's note (none when the profile's activations are not symmetric
     integers: the option does nothing there, which the note says)."""
-    if profile.dynamic or not profile.activation_symmetric:
+    if profile.dynamic:
+        return [
+            "shift_activations does nothing here: dynamic kernels quantize activations at run time"
+        ]
+    if not profile.activation_symmetric:
         return [
             f"shift_activations does nothing for backend {profile.name}: its activations "
             "have a zero point that already puts a non-negative range on the whole grid"
