@@ -70,7 +70,7 @@ def twin_model(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> Tw
             g.initializer.append(t)
             g.initializer[-1].name = init_names[t.name]
     produced = {o for n in qgraph.node for o in n.output if o}
-    shifts = _shift_subs(qgraph)
+    shifts = _shift_subs(qgraph, float_names)
     rewired: dict[str, str] = {}  # a local QuantizeLinear's output -> the float tensor it reads
     for suffix in (ACCUMULATED, LOCAL):
         names = {**init_names, **{o: o + suffix for o in produced}}
@@ -157,11 +157,12 @@ def _rename_reads(body: onnx.GraphProto, names: dict[str, str]) -> None:
                 _rename_reads(sub, inner)
 
 
-def _shift_subs(graph: onnx.GraphProto) -> set[str]:
+def _shift_subs(graph: onnx.GraphProto, float_names: set[str]) -> set[str]:
     """The Sub nodes that shift an activation ahead of its QuantizeLinear (``shift_activations``:
-    ``Sub(x, c) [-> Pad] -> QuantizeLinear``): the local copy's Sub reads the float tensor, as a
-    QuantizeLinear there does.  The DequantizeLinear after it holds ``x - c``, so it is not an
-    input the ops' input error can be measured on."""
+    ``Sub(x, c) [-> Pad] -> QuantizeLinear``, the Sub's output not a tensor of the float model):
+    the local copy's Sub reads the float tensor, as a QuantizeLinear there does.  The
+    DequantizeLinear after it holds ``x - c``, so it is not an input the ops' input error can
+    be measured on."""
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
@@ -175,7 +176,11 @@ def _shift_subs(graph: onnx.GraphProto) -> set[str]:
             for n in nodes
         )
 
-    return {n.name for n in graph.node if n.op_type == "Sub" and quantized(n.output[0], True)}
+    return {
+        n.name
+        for n in graph.node
+        if n.op_type == "Sub" and n.output[0] not in float_names and quantized(n.output[0], True)
+    }
 
 
 def _read_float(

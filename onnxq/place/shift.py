@@ -26,8 +26,8 @@ def mark_shifts(
     graph: ir.Graph, profile: BackendProfile, tensors: dict[str, TensorAnnotation]
 ) -> list[str]:
     """Set ``shift`` on every activation of ``graph`` (its top level) that qualifies;
-    returns the report's note (none when the profile's activations are not symmetric
-    integers: the option does nothing there, which the note says)."""
+    returns the report's note: how many did, or why the option does nothing for ``profile``
+    (dynamic kernels, or activations with a zero point)."""
     if profile.dynamic:
         return [
             "shift_activations does nothing here: dynamic kernels quantize activations at run time"

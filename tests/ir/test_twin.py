@@ -88,3 +88,23 @@ def test_a_shifted_activation_is_quantized_from_the_float_tensor_in_the_local_co
     )
     got, want = session.run([local, "y"], batches[0])
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_a_models_own_sub_before_a_quantized_conv_keeps_its_local_input():
+    r = graphs.rng(0)
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("Sub", ["r", "c"], ["s"], name="sub"),
+        helper.make_node("Conv", ["s", "w"], ["y"], name="conv"),
+    ]
+    inits = [graphs.init("c", np.float32(0.5)), graphs.init("w", graphs.weight(r, 16, 16, 1, 1))]
+    model = graphs.model(
+        nodes, [graphs.tensor("x", [1, 16, 4, 4])], [graphs.tensor("y", [1, 16, 4, 4])], inits
+    )
+    quant = onnxq.quantize(
+        model, graphs.random_batches(model), backend="tensorrt", shift_activations=True,
+        min_channels=0, progress=False,
+    ).model  # fmt: skip
+    twin = ir.twin_model(model, quant).model
+    (local_sub,) = [n for n in twin.graph.node if n.name == "sub" + ir.LOCAL]
+    assert local_sub.input[0] == ir.Twin.local("r")
