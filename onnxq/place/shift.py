@@ -13,6 +13,8 @@ qualifies. ``materialize`` writes the Sub, the Pad and the biases
 
 from __future__ import annotations
 
+from collections import Counter
+
 import onnx
 from onnx import TensorProto
 
@@ -39,70 +41,90 @@ def mark_shifts(
         ]
     shared = {a.inputs[0] for a in tensors.values() if a.kind == "shared" and a.inputs}
     shifted = 0
+    declined: Counter[str] = Counter()
     for ann in tensors.values():
-        if ann.kind != "activation" or ann.tensor in shared:
+        if ann.kind != "activation" or ann.tensor in shared or not _candidate(graph, profile, ann):
             continue
-        if _qualifies(graph, profile, ann, tensors):
+        why = _declined(graph, ann, tensors)
+        if why is None:
             ann.shift = True
             shifted += 1
-    return [
+        else:
+            declined[why] += 1
+    note = (
         f"shift_activations: {shifted} non-negative activations read only by Conv/Gemm are "
         "quantized shifted down by half their range, on the whole grid"
-    ]
+    )
+    if declined:
+        others = "; ".join(f"{n} {why}" for why, n in sorted(declined.items()))
+        note += f"; not shifted: {others}"
+    return [note]
 
 
-def _qualifies(
-    graph: ir.Graph,
-    profile: BackendProfile,
-    ann: TensorAnnotation,
-    tensors: dict[str, TensorAnnotation],
-) -> bool:
+def _candidate(graph: ir.Graph, profile: BackendProfile, ann: TensorAnnotation) -> bool:
+    """A never-negative float activation on a symmetric integer grid: the shift's subject."""
     qtype = tensor_qtype("activation", ann.settings.precision, profile.activation_dtype)
     if qtype.is_float or not qtype.signed or ann.settings.symmetric is False:
         return False
     if not ann.consumers or graph.elem_type(ann.tensor) != TensorProto.FLOAT:
         return False
-    if not graph.nonnegative(ann.tensor):
-        return False
+    return graph.nonnegative(ann.tensor)
+
+
+def _declined(
+    graph: ir.Graph, ann: TensorAnnotation, tensors: dict[str, TensorAnnotation]
+) -> str | None:
+    """Why a candidate's readers cannot take it shifted (None: they can)."""
     readers = []
     for name, index in ann.consumers:
         node = graph.node_by_name(name)
-        if node is None or index != 0 or not _absorbs(graph, node, tensors):
-            return False  # a reader in a control-flow body, or one that cannot add it back
+        if node is None:
+            return "read inside a control-flow body"
+        if index != 0:
+            return f"read as input {index} of a {node.op_type}, not as its data input"
+        why = _cannot_absorb(graph, node, tensors)
+        if why is not None:
+            return why
         readers.append(node)
-    return len(readers) == 1 or not any(pads_of(node) for node in readers)
+    if len(readers) > 1 and any(pads_of(node) for node in readers):
+        return "read by several quantized layers, one of them padding (a Pad serves one reader)"
+    return None
 
 
-def _absorbs(graph: ir.Graph, node: onnx.NodeProto, tensors: dict[str, TensorAnnotation]) -> bool:
-    """Whether ``node`` can add a constant shift of its first input back through its bias:
-    a Conv with explicit pads, or a Gemm with alpha = beta = 1 that does not transpose it,
-    with a constant weight and a float constant bias (or none)."""
+def _cannot_absorb(
+    graph: ir.Graph, node: onnx.NodeProto, tensors: dict[str, TensorAnnotation]
+) -> str | None:
+    """Why ``node`` cannot add a constant shift of its first input back through its bias
+    (None: it can: a Conv with explicit pads, or a Gemm with alpha = beta = 1 that does not
+    transpose it, with a constant weight and a float constant bias or none)."""
     attrs = ir.node_attrs(node)
     if node.op_type == "Conv":
         if attrs.get("auto_pad", b"NOTSET") != b"NOTSET":
-            return False
+            return "read by a Conv with auto_pad"
     elif node.op_type == "Gemm":
-        if int(attrs.get("transA", 0)) or float(attrs.get("alpha", 1.0)) != 1.0:
-            return False
-        if float(attrs.get("beta", 1.0)) != 1.0:
-            return False
+        if int(attrs.get("transA", 0)):
+            return "read by a Gemm that transposes it"
+        if float(attrs.get("alpha", 1.0)) != 1.0 or float(attrs.get("beta", 1.0)) != 1.0:
+            return "read by a Gemm with alpha or beta other than 1"
     else:
-        return False
+        return f"read by a quantized {node.op_type} (only Conv and Gemm add the shift back)"
     weight = graph.const_value(node.input[1]) if len(node.input) > 1 else None
     if weight is None or weight.ndim < 2:
-        return False
+        return f"read by a {node.op_type} whose weight is not a constant"
     bias = node.input[2] if len(node.input) > 2 else ""
     if not bias:
-        return True
+        return None
     value = graph.const_value(bias)
     transposed = node.op_type == "Conv" or int(attrs.get("transB", 0))
     outputs = weight.shape[0] if transposed else weight.shape[1]
-    return (
-        value is not None
-        and value.shape == (outputs,)
-        and graph.elem_type(bias) == TensorProto.FLOAT
-        and (bias not in tensors or tensors[bias].kind != "bias")
-    )
+    if (
+        value is None
+        or value.shape != (outputs,)
+        or graph.elem_type(bias) != TensorProto.FLOAT
+        or (bias in tensors and tensors[bias].kind == "bias")
+    ):
+        return f"read by a {node.op_type} whose bias is not one float constant per output"
+    return None
 
 
 def pads_of(node: onnx.NodeProto) -> list[int]:

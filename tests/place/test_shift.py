@@ -105,3 +105,18 @@ def test_adaround_modes_that_learn_on_the_quantized_input_are_refused(mode):
             adaround_mode=mode,
             **COMMON,
         )
+
+
+@pytest.mark.parametrize(
+    ("readers", "why"),
+    [
+        ([("Conv", {"kernel": 3, "pads": [1, 1, 1, 1]})] * 2, "read by several quantized layers"),
+        ([("Conv", {"kernel": 3, "auto_pad": "SAME_UPPER"})], "read by a Conv with auto_pad"),
+    ],
+)
+def test_the_note_says_why_a_relu_output_was_not_shifted(readers, why):
+    m = relu_into([(op, dict(a)) for op, a in readers])
+    out = onnxq.quantize(m, image_batches(m), backend="tensorrt", shift_activations=True, **COMMON)
+    (note,) = [n for n in out.report.to_dict()["notes"] if n.startswith("shift_activations")]
+    assert note.startswith("shift_activations: 0 non-negative activations")
+    assert f"on the whole grid; not shifted: 1 {why}" in note
