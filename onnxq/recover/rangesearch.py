@@ -105,7 +105,7 @@ def search_ranges(
         grid = candidates(
             current[ann.tensor], FACTORS, spec, ann.bounds, _mse_range(ann, spec, stats)
         )
-        if len(grid) < 2 or ann.shift:  # a shifted tensor's pair reads x - c, not x
+        if len(grid) < 2:
             continue
         quantized = onnx.ModelProto()
         quantized.CopyFrom(model)
@@ -174,13 +174,15 @@ def _mse_range(ann: TensorAnnotation, grid: Grid, stats: dict[str, TensorStats])
 def _in_graph_order(
     model: onnx.ModelProto, annotations: Annotations, qparams: dict[str, QParams]
 ) -> list[TensorAnnotation]:
-    """The annotated activations that have integer qparams, by their producer's place in
-    ``model`` (graph inputs first)."""
+    """The annotated activations that have integer qparams and are not shifted, by their
+    producer's place in ``model`` (graph inputs first)."""
     place = {o: i for i, n in enumerate(model.graph.node) for o in n.output}
     anns = [
         a
         for a in annotations.of_kind("activation")
-        if a.tensor in qparams and qparams[a.tensor].zero_point.dtype.kind in "iu"
+        if a.tensor in qparams
+        and qparams[a.tensor].zero_point.dtype.kind in "iu"
+        and not a.shift  # a shifted tensor's pair reads x - c, not x: no candidate fits it
     ]
     return sorted(anns, key=lambda a: place.get(a.tensor, -1))
 
