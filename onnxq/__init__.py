@@ -7,6 +7,7 @@
 
 from onnxq.api import QuantizedModel, quantize
 from onnxq.config import Override, QuantConfig
+from onnxq.config.scopes import module_pattern
 from onnxq.errors import (
     AccuracyError,
     BackendConstraintError,
@@ -20,8 +21,7 @@ from onnxq.errors import (
     UnsupportedModelError,
     Violation,
 )
-from onnxq.scopes import module_pattern
-from onnxq.torch_export import quantize_torch  # imports torch only when called
+from onnxq.pytorch.export import quantize_torch  # imports torch only when called
 from onnxq.version import __version__
 
 __all__ = [

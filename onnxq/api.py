@@ -2,13 +2,13 @@
 correct, materialize, verify, report.
 
 Each stage is a function of its own module and returns data; :func:`quantize` wires them and
-:func:`onnxq.messages.messages` turns their results into the report's warnings and notes.
+:func:`onnxq.report.messages.messages` turns their results into the report's warnings and notes.
 
 Where things plug in: a float rewrite of the model (cross-layer equalization, SmoothQuant)
 goes after ``prepare`` and before ``GraphFacts.of``; a weight-only pass that decides integer
 weights (RTN, GPTQ, AWQ, AdaRound) after ``place`` and before ``materialize``; a
 post-calibration correction next to ``bias_correction_pass``.  A pass returns its result as
-data, which goes into :class:`onnxq.messages.Outcome` and the report.
+data, which goes into :class:`onnxq.report.messages.Outcome` and the report.
 
 A weight-only run (``weight_only``: int4/int8 MatMul weights, float activations) has no
 activations to place or calibrate: :func:`onnxq.weightonly.pipeline.quantize_weight_only`
@@ -28,23 +28,21 @@ from typing import Any
 import onnx
 
 from onnxq import ir
-from onnxq.accuracy_target import AccuracyTarget
 from onnxq.backends.target import profile_for, target_record
-from onnxq.bias_correction import bias_correction_pass
-from onnxq.calibration_cache import calibration_cache
+from onnxq.calibrate.cache import calibration_cache
+from onnxq.calibrate.measure import statistics_source
+from onnxq.calibrate.ranges import activation_ranges
 from onnxq.config import QuantConfig
-from onnxq.data import model_inputs, open_source
-from onnxq.device import SessionSettings, check_device, using
+from onnxq.data.sources import model_inputs, open_source
 from onnxq.errors import CalibrationDataError, ConfigError, OutputError
-from onnxq.heldout import hold_out
-from onnxq.materialize import materialize
-from onnxq.measure import statistics_source
-from onnxq.messages import GraphView, Outcome, blame_conversion, messages
-from onnxq.mixed_precision import accuracy_target, search
+from onnxq.materialize.qdq import materialize
+from onnxq.mixed.heldout import hold_out
+from onnxq.mixed.search import accuracy_target, search
+from onnxq.numerics.accuracy_target import AccuracyTarget
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
-from onnxq.prepare import ModelLike, prepare
-from onnxq.ranges import activation_ranges
+from onnxq.prepare.stage import ModelLike, prepare
+from onnxq.recover.bias_correction import bias_correction_pass
 from onnxq.recover.confirm import written_statistics
 from onnxq.recover.stages import (
     Recovery,
@@ -56,9 +54,11 @@ from onnxq.recover.stages import (
     search_statistics,
 )
 from onnxq.recover.trial_weights import trial_weights, written_weights
-from onnxq.report import Report
+from onnxq.report.compose import Report
+from onnxq.report.messages import GraphView, Outcome, blame_conversion, messages
+from onnxq.runtime.device import SessionSettings, check_device, using
 from onnxq.scale.executor import Executor
-from onnxq.verify import float_reference, verify
+from onnxq.validate.verify import float_reference, verify
 
 
 @dataclass
@@ -177,7 +177,7 @@ def quantize(
             axis, or any iterable of ``{input_name: np.ndarray}`` (optional with ``dynamic``:
             then it only feeds the fidelity check).
         backend: ``tensorrt`` (default) or ``onnxruntime``.
-        method: activation range method (``onnxq.observers.METHODS``).
+        method: activation range method (``onnxq.numerics.observers.METHODS``).
         exclude: glob patterns over node names that stay float.
         config: a :class:`QuantConfig`, a dict of its fields, or a YAML file; the keyword
             arguments above (and ``options``, any QuantConfig field) override it.
@@ -187,9 +187,9 @@ def quantize(
         load_calibration: quantize from statistics saved earlier instead of data;
             ``calibration`` is then optional and, if given, used only to measure fidelity.
         target: an accuracy target to meet by keeping the fewest, most harmful layers float
-            (``onnxq.mixed_precision``): ``"cosine=0.999"`` (the config's
-            ``target_accuracy``), or an :class:`~onnxq.accuracy_target.AccuracyTarget` whose
-            metric may be a callable ``metric(reference, quantized) -> float`` over the float
+            (``onnxq.mixed.search``): ``"cosine=0.999"`` (the config's
+            ``target_accuracy``), or an :class:`~onnxq.numerics.accuracy_target.AccuracyTarget`
+            whose metric may be a callable ``metric(reference, quantized) -> float`` over the float
             and quantized outputs of the held-out batches (higher is better).  The report's
             ``mixed_precision`` says what was kept and whether the target was met; a missed
             target is a warning, and the best model found is returned.

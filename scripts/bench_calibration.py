@@ -8,8 +8,9 @@ another, timed with ``time.perf_counter`` and measured with ``os.wait4`` (``ru_m
 * ``onnxq total``: ``python -m onnxq.cli quantize MODEL -o OUT --calib DIR --method M -q``
   (loading, simplify, calibration, materialize and the fidelity validation);
 * ``onnxq calib``: a small driver that prepares the model exactly as ``onnxq.api.quantize`` does
-  (load, simplify, annotate, the observed tensors) and times only ``onnxq.calibrate.calibrate``
-  (onnxruntime is imported before the clock starts, as in the floor);
+  (load, simplify, annotate, the observed tensors) and times only
+  ``onnxq.calibrate.engine.calibrate`` (onnxruntime is imported before the clock starts, as in the
+  floor);
 * ``ort``: ``onnxruntime.quantization.quantize_static`` with the same method where it has one
   (MinMax, Percentile, Entropy; QDQ, per-channel, int8 symmetric activations and weights), fed
   by a CalibrationDataReader that loads the same npz files one at a time;
@@ -294,11 +295,11 @@ def _prepare(model: str, calib: str, method: str) -> tuple[Any, ...]:
     from onnxq import ir
     from onnxq.api import resolve_config
     from onnxq.backends.target import profile_for
-    from onnxq.data import model_inputs, open_source
+    from onnxq.data.sources import model_inputs, open_source
     from onnxq.place.engine import annotate
     from onnxq.place.facts import GraphFacts
-    from onnxq.prepare import load
-    from onnxq.rewrites.simplify import simplify
+    from onnxq.prepare.simplify import simplify
+    from onnxq.prepare.stage import load
 
     cfg = resolve_config(None, method=method, progress=False)
     profile, _ = profile_for(cfg.target)
@@ -315,10 +316,10 @@ def _prepare(model: str, calib: str, method: str) -> tuple[Any, ...]:
 
 
 def child_calib(model: str, calib: str, method: str, profile_out: str | None = None) -> None:
-    """Time only onnxq.calibrate.calibrate(), after the same preparation as the API."""
+    """Time only onnxq.calibrate.engine.calibrate(), after the same preparation as the API."""
     import onnxruntime  # noqa: F401  # imported before the clock, as child_floor does
 
-    from onnxq.calibrate import calibrate
+    from onnxq.calibrate.engine import calibrate
 
     t0 = time.perf_counter()
     cfg, loaded, data, inputs, wanted, _reference = _prepare(model, calib, method)
@@ -410,8 +411,8 @@ def machine_facts() -> dict[str, Any]:
         where = Path(str(__import__("onnxq").__file__)).parent
         facts["onnxq_path"] = str(where)
         # the same counts either way, but not the same time (docs/calibration.md)
-        native = __import__("onnxq.observers", fromlist=["_native"])._native
-        facts["histogram_counting"] = "compiled (onnxq._histogram)" if native else "numpy"
+        native = __import__("onnxq.numerics.observers", fromlist=["_native"])._native
+        facts["histogram_counting"] = "compiled (onnxq.numerics._histogram)" if native else "numpy"
         facts["onnxq_commit"] = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
             capture_output=True,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """onnxruntime's float Conv against its int8 QLinearConv on this CPU: the measurements behind
 the onnxruntime profile's cost thresholds (``min_macs_per_output``,
-``min_macs_per_output_unaligned``; ``onnxq/rewrites/cost.py``).
+``min_macs_per_output_unaligned``; ``onnxq/place/rules/cost.py``).
 
     python scripts/bench_conv_kernels.py --kernel 1,3 --cin 3,8,10,12,16 --cout 16,32 --hw 56
 

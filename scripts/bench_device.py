@@ -50,8 +50,8 @@ def main() -> None:
     import onnxruntime as ort
 
     import onnxq
-    from onnxq.device import check_device
     from onnxq.errors import ResourceError
+    from onnxq.runtime.device import check_device
 
     print(f"model {Path(args.model).name}; calibration {args.calib}")
     print(

@@ -32,12 +32,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxq import ir
 from onnxq.backends.profile import PROFILES
-from onnxq.calibrate import CalibrationResult
+from onnxq.calibrate.engine import CalibrationResult
 from onnxq.config import QuantConfig
+from onnxq.numerics.tensor_stats import TensorStats
 from onnxq.place.engine import annotate
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
-from onnxq.tensor_stats import TensorStats
 
 TARGET_S = 2.0
 

@@ -37,11 +37,11 @@ RECORDED = Recording()
 def _child(args: argparse.Namespace) -> None:
     """One run; prints a JSON line."""
     import onnxq
-    import onnxq.sensitivity
+    import onnxq.mixed.sensitivity
 
     executor, startup = start_ray(args.workers) if args.child == "ray" else (None, 0.0)
     if executor is None:
-        onnxq.sensitivity.InProcess = lambda: RECORDED  # type: ignore[attr-defined,assignment]
+        onnxq.mixed.sensitivity.InProcess = lambda: RECORDED  # type: ignore[attr-defined,assignment]
     began = time.perf_counter()
     result = onnxq.quantize(
         args.model,

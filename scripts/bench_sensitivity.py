@@ -1,7 +1,7 @@
 """How the sensitivity ranking's time grows with the number of layers.
 
 Builds chains of L Conv 3x3 -> Relu layers (16 channels, 16x16 maps), calibrates each once and
-ranks its layers (``onnxq.sensitivity.rank_layers``: L + 1 trials, each one placement, one
+ranks its layers (``onnxq.mixed.sensitivity.rank_layers``: L + 1 trials, each one placement, one
 materialize, one onnxruntime session and the held-out batches through the whole model).
 Prints, per L: the calibration time (once), the ranking time, the time per trial, and the
 ranking time over the calibration time.  For a fixed model the number of trials grows
@@ -25,16 +25,16 @@ from onnx import helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from onnxq import ir
-from onnxq.accuracy_target import parse_target
 from onnxq.backends.runs import run_outputs
 from onnxq.backends.target import profile_for
+from onnxq.calibrate.measure import Calibration
 from onnxq.config import QuantConfig
-from onnxq.inputs import model_inputs
-from onnxq.measure import Calibration
+from onnxq.data.inputs import model_inputs
+from onnxq.mixed.sensitivity import Trials, candidates, rank_layers
+from onnxq.numerics.accuracy_target import parse_target
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
-from onnxq.prepare import prepare
-from onnxq.sensitivity import Trials, candidates, rank_layers
+from onnxq.prepare.stage import prepare
 
 CHANNELS, SIZE = 16, 16
 

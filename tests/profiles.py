@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from onnxq.backends.cost_tables import SHIPPED
 from onnxq.backends.profile import PROFILES
 
-# The onnxruntime profile without its cost rules (onnxq.rewrites.cost: depthwise convs, small
+# The onnxruntime profile without its cost rules (onnxq.place.rules.cost: depthwise convs, small
 # ops and chain ops stay float outside chains of integer kernels), which would keep most tiny
-# test graphs float; tests/rewrites/test_cost.py covers the rules with the real profile.
+# test graphs float; tests/place/rules/test_cost.py covers the rules with the real profile.
 ONNXRUNTIME_NO_COST = PROFILES["onnxruntime"].replace(
     float_grouped_convs=False,
     min_macs_per_output=0,

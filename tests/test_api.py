@@ -20,7 +20,7 @@ from onnxq.errors import (
     OutputError,
     UnsupportedModelError,
 )
-from onnxq.observers import METHODS
+from onnxq.numerics.observers import METHODS
 from onnxq.place.facts import GraphFacts
 from tests import graphs
 
@@ -546,8 +546,8 @@ def test_batches_without_samples_are_refused():
 
 
 def test_an_error_larger_than_the_float_range_is_warned_about_despite_a_high_cosine(monkeypatch):
-    from onnxq import verify
     from onnxq.backends.validate import OutputFidelity
+    from onnxq.validate import verify
 
     model = graphs.conv_relu()
     monkeypatch.setattr(verify, "fidelity", lambda *_a: [OutputFidelity("y", 0.993, 149.6, 90.5)])
@@ -595,8 +595,8 @@ def test_convs_before_a_layer_norm_stay_float_when_many_frames_are_quiet(
 
 
 def test_an_output_of_another_size_is_warned_about(monkeypatch):
-    from onnxq import verify
     from onnxq.backends.validate import OutputFidelity
+    from onnxq.validate import verify
 
     model = graphs.conv_relu()
     changed = "not compared: the quantized model gives 243 values, the float model 231"
@@ -709,7 +709,7 @@ def test_an_output_lost_on_most_samples_gets_a_warning_though_the_whole_agrees(m
             )
         ]
 
-    monkeypatch.setattr("onnxq.verify.fidelity", dominated)
+    monkeypatch.setattr("onnxq.validate.verify.fidelity", dominated)
     report = quantize(graphs.conv_relu()).report
     (warning,) = [w for w in report.warnings if w.startswith("output 'y'")]
     assert "cosine 0.962 over all held samples together, but at 0.476 per sample" in warning

@@ -61,7 +61,7 @@ from tests.fuzzgraphs import FuzzCase, fuzz_cases
 from tests.profiles import no_cost_rules
 
 BACKENDS = ("tensorrt", "onnxruntime")
-# the onnxruntime profile without its cost rules (onnxq.rewrites.cost): with them, most small
+# the onnxruntime profile without its cost rules (onnxq.place.rules.cost): with them, most small
 # generated graphs stay float on that backend, and its Q/DQ placement would go unfuzzed
 NO_COST = "onnxruntime-nocost"
 FUZZ_BACKENDS = (*BACKENDS, NO_COST)

@@ -19,7 +19,7 @@ from onnxq.backends.check_blocked import check_blocked_dq, check_weight_only_op,
 from onnxq.backends.check_precision import DYNAMIC_KERNELS, check_dynamic, check_qtype
 from onnxq.backends.profile import BackendProfile
 from onnxq.errors import Violation
-from onnxq.precisions import CONTRIB_DOMAIN
+from onnxq.numerics.precisions import CONTRIB_DOMAIN
 
 
 def check(model: onnx.ModelProto, profile: BackendProfile) -> list[Violation]:

@@ -1,6 +1,7 @@
 """The checker's rules for element types and dynamic kernels, read from the precision table.
 
-* Every Q/DQ pair: its element type (``onnxq.precisions.QTYPES``) must be one the opset (or the
+* Every Q/DQ pair: its element type (``onnxq.numerics.precisions.QTYPES``) must be one the opset (or
+the
   node's domain) takes: FP8 from opset 19, 16-bit integers from opset 21 or in onnxruntime's
   ``com.microsoft`` domain.
 * FP8 (TensorRT's recipe, docs/precisions.md): zero point 0; a weight stored in FP8 holds no
@@ -20,7 +21,7 @@ import onnx
 
 from onnxq import ir
 from onnxq.errors import Violation
-from onnxq.precisions import CONTRIB_DOMAIN, QType, qtype_of
+from onnxq.numerics.precisions import CONTRIB_DOMAIN, QType, qtype_of
 
 
 class GraphScope(Protocol):

@@ -1,6 +1,6 @@
 """When onnxruntime's int8 kernels beat float, per CPU class: the cost rules' thresholds as data.
 
-The cost rules (``onnxq.rewrites.cost``) read five profile fields.  Their values depend on the
+The cost rules (``onnxq.place.rules.cost``) read five profile fields.  Their values depend on the
 CPU: an int8 dot product (VNNI, Arm's SDOT) makes an int8 conv pay sooner than AVX2's
 multiply-add pairs do.  A :class:`CostTable` holds them with where they were measured.  onnxq
 ships one per CPU class (:data:`SHIPPED`); ``onnxq tune-cpu`` measures one on the machine it

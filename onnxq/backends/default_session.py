@@ -7,8 +7,8 @@ products those kernels add pairs of products in saturating int16 sums, and signe
 activations fill them (they run shifted by +128 as uint8), so the outputs can differ far beyond
 quantization noise; and where no QuantizeLinear follows an op, onnxruntime runs it in float
 behind a DequantizeLinear, so the model can run slower than the float one.  This module
-measures both on this machine and returns the figures as data (``onnxq.verify`` runs it;
-``onnxq.fidelity_messages`` says what they call for).
+measures both on this machine and returns the figures as data (``onnxq.validate.verify`` runs it;
+``onnxq.report.fidelity`` says what they call for).
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxq import device, ir
+from onnxq import ir
 from onnxq.backends.cpu import this_machine
 from onnxq.backends.runs import padding_masks, run_outputs
 from onnxq.backends.validate import OutputFidelity, class_axes, fidelity
 from onnxq.errors import UnsupportedModelError
+from onnxq.runtime import device
 
 # the fused error counts as beyond noise above NOISE_FACTOR x the unfused error plus this
 NOISE_FACTOR = 1.5

@@ -119,7 +119,7 @@ class BackendProfile:
             class whose u8 x u8 kernels are exact where its u8 x s8 ones saturate:
             ``onnxq.backends.cpu``).
         weight_axes: per-op weight channel axis.
-        rule_set: name of the ordered rule set in ``onnxq.rewrites.rules`` to place Q/DQ.
+        rule_set: name of the ordered rule set in ``onnxq.place.rules.sets`` to place Q/DQ.
         quantize_outputs: whether quantized ops also get Q/DQ on their outputs (onnxruntime
             needs DQ -> op -> Q groups to fuse an integer kernel; TensorRT does not want it).
         bias: ``float`` (TensorRT fuses float bias) or ``int32`` (scale = input x weight scale).
@@ -189,7 +189,7 @@ class BackendProfile:
             kernels: onnxruntime's x86 int8 depthwise kernel runs 1.4-10x slower than float.
         min_macs_per_output: a Conv/Gemm/MatMul summing fewer products per output element
             (input channels per group x kernel area; K) gets int8 only inside a chain of integer
-            kernels (``onnxq.rewrites.cost``): onnxruntime's x86 depthwise and few-channel int8
+            kernels (``onnxq.place.rules.cost``): onnxruntime's x86 depthwise and few-channel int8
             convs run slower than float.  0: off.
         channel_alignment: the input channels per group the integer conv kernel takes in one
             step; a conv over a count that is not a multiple of it is "unaligned".  0: none.
@@ -215,7 +215,7 @@ class BackendProfile:
         cost_table: where the cost thresholds come from (the table's measurement).
         depthwise_weight_qmax: the weight limit of a depthwise conv where it differs from
             ``weight_qmax`` (set with the reduced range and ``int32_depthwise``).
-        precisions: the precisions (``onnxq.precisions``) the backend runs, each with the
+        precisions: the precisions (``onnxq.numerics.precisions``) the backend runs, each with the
             profile fields a run of that precision changes (FP8: opset 19, the convs
             TensorRT's FP8 kernels take); :func:`onnxq.backends.target.profile_for`.
         precision_refusals: why the backend cannot run the other precisions (the error text).
@@ -237,7 +237,7 @@ class BackendProfile:
             (:class:`WeightOnlyFormat`).
         residual_sums: an Add of two activations that only a LayerNormalization reads is
             written as Sum, which onnxruntime does not fuse into its SkipLayerNormalization
-            (a scalar CPU kernel, 4-5x the time of the two ops: ``onnxq.rewrites.residual_sum``).
+            (a scalar CPU kernel, 4-5x the time of the two ops: ``onnxq.place.rules.residual_sum``).
     """
 
     name: str

@@ -9,10 +9,11 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxq import device, ir
+from onnxq import ir
+from onnxq.data.inputs import Batch
 from onnxq.errors import InternalError, UnsupportedModelError, one_line
-from onnxq.heap import release_free_memory
-from onnxq.inputs import Batch
+from onnxq.runtime import device
+from onnxq.runtime.heap import release_free_memory
 
 
 def padding_masks(batches: list[dict[str, Any]]) -> list[np.ndarray | None]:
@@ -59,7 +60,7 @@ def validation_session(
     model: onnx.ModelProto, fused: bool, what: str = "quantized", ours: bool = False
 ) -> Any:
     """An onnxruntime session for ``model``, with Q/DQ fusion (all optimizations) or none, on
-    the device of :mod:`onnxq.device` (by default the CPU).
+    the device of :mod:`onnxq.runtime.device` (by default the CPU).
 
     Nodes run in the model's priority order, not onnxruntime's default order: the default
     runs every weight's DequantizeLinear first, so an unfused model would hold all its weights

@@ -9,16 +9,34 @@ same on every machine.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from onnxq.backends.cost_tables import SHIPPED, CostTable
 from onnxq.backends.cpu import CPU_CLASSES, TargetCpu, resolve_target
 from onnxq.backends.profile import PROFILES, BackendProfile
 from onnxq.errors import ConfigError
-from onnxq.precisions import PRECISIONS
+from onnxq.numerics.precisions import PRECISIONS
 
-if TYPE_CHECKING:
-    from onnxq.options import TargetOptions
+
+class TargetOptions(Protocol):
+    """What choosing a run's profile reads (:class:`onnxq.config.options.TargetOptions` is the
+    config's view that provides it): the backend, the CPU class and cost table it is tuned for,
+    the weight range, the run's precision and the precisions its overrides name, and whether
+    activations are quantized at run time."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def reduce_range(self) -> bool | None: ...
+    @property
+    def target_cpu(self) -> str | None: ...
+    @property
+    def cost_table(self) -> str | None: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def dynamic(self) -> bool: ...
+    def precisions(self) -> list[str]: ...
 
 
 def profile_for(options: TargetOptions) -> tuple[BackendProfile, str]:
@@ -194,7 +212,7 @@ def describe_target(record: dict[str, Any]) -> str:
 
 def target_mismatch(tuned: str | None, here: str) -> str | None:
     """What it means that a model tuned for the CPU class ``tuned`` (its metadata's record,
-    ``onnxq.materialize.read_target_cpu``) runs on a machine of the class ``here``
+    ``onnxq.materialize.qdq.read_target_cpu``) runs on a machine of the class ``here``
     (:func:`onnxq.backends.cpu.this_machine`); None when they match or none was recorded."""
     if tuned is None or tuned == here or tuned not in CPU_CLASSES:
         return None

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from onnxq.overrides import TensorSettings
+from onnxq.config.overrides import TensorSettings
 
 
 @dataclass

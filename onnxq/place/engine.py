@@ -3,7 +3,7 @@ bodies included, and collect what the rules claim into
 :class:`~onnxq.place.annotations.Annotations`.
 
 The engine only matches and collects.  For each node in graph order it asks the rules that
-anchor on the node's op type, in priority order, for a :class:`~onnxq.rewrites.pattern.Claim`;
+anchor on the node's op type, in priority order, for a :class:`~onnxq.place.rules.pattern.Claim`;
 the first claim that does not clash with an earlier one is applied (its specs merged, its
 node and folded nodes marked claimed), and a decline or a clash leaves nothing behind.  A node
 nobody claims gets the reason of the closest rule.  Nothing here edits the graph.
@@ -18,16 +18,16 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
+from onnxq.config.options import PlacementOptions
 from onnxq.errors import ConfigError
-from onnxq.options import PlacementOptions
+from onnxq.numerics.precisions import check_bits, tensor_qtype
 from onnxq.place.annotations import Annotations, Decision, Excluded, TensorAnnotation
 from onnxq.place.facts import GraphFacts
+from onnxq.place.rules.pattern import Claim, Context, Decline, Match, Rule, Spec
+from onnxq.place.rules.sets import RULE_SETS
+from onnxq.place.rules.static import SHAPE_ONLY_DATA
 from onnxq.place.selection import select
 from onnxq.place.shift import mark_shifts
-from onnxq.precisions import check_bits, tensor_qtype
-from onnxq.rewrites.pattern import Claim, Context, Decline, Match, Rule, Spec
-from onnxq.rewrites.rule_sets import RULE_SETS
-from onnxq.rewrites.rules import SHAPE_ONLY_DATA
 
 FLOAT_TYPES = frozenset(
     {

@@ -1,7 +1,7 @@
 """The data-driven exclusions: decisions that need the calibration data, as an ordered tuple of
 values like the rules.
 
-Each exclusion has a name, the :class:`~onnxq.options.PlacementOptions` field that holds its
+Each exclusion has a name, the :class:`~onnxq.config.options.PlacementOptions` field that holds its
 threshold, and a check that returns the reason a tensor or a quantized node stays float, or
 None.  :func:`find_exclusions` runs them in order over one placement and its statistics (a
 later exclusion's reason wins for a node two of them name).  To add one: write its check, add
@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from onnxq.options import PlacementOptions
+from onnxq.config.options import PlacementOptions
+from onnxq.numerics.tensor_stats import TensorStats
 from onnxq.place.annotations import Annotations, Decision, Excluded, TensorAnnotation
 from onnxq.place.facts import GraphFacts
-from onnxq.rewrites.rules import WEAK_SHARE
-from onnxq.tensor_stats import TensorStats
+from onnxq.place.rules.static import WEAK_SHARE
 
 
 @dataclass(frozen=True)

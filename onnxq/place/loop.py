@@ -4,7 +4,7 @@ Data-driven exclusions only remove Q/DQ, but a removal can make another rule cho
 different tensor (a residual Add whose conv stayed float), which then needs statistics too.
 So :func:`place` alternates the rule engine with a ``measure`` callable until the exclusions
 add nothing.  ``measure`` is the only thing that differs between calibrating from data and
-loading a calibration cache (``onnxq.measure``); a test drives the loop with a fake one.
+loading a calibration cache (``onnxq.calibrate.measure``); a test drives the loop with a fake one.
 
 ``measure(wanted)`` takes the activation tensors the placement quantizes (name -> whether its
 method needs a histogram) and returns statistics for each of them, or, in ``unobservable``, the
@@ -24,14 +24,14 @@ from typing import Generic, Protocol, TypeVar
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
+from onnxq.config.options import PlacementOptions
 from onnxq.errors import InternalError
-from onnxq.observers import HISTOGRAM_METHODS
-from onnxq.options import PlacementOptions
+from onnxq.numerics.observers import HISTOGRAM_METHODS
+from onnxq.numerics.tensor_stats import TensorStats
 from onnxq.place.annotations import Annotations, Excluded
 from onnxq.place.engine import annotate
 from onnxq.place.exclusions import Evidence, find_exclusions
 from onnxq.place.facts import GraphFacts
-from onnxq.tensor_stats import TensorStats
 
 # each round keeps at least one more tensor or node float; the zoo models settle in 1 or 2
 MAX_ROUNDS = 8
@@ -85,7 +85,7 @@ def place(
     """Place Q/DQ over ``facts.graph`` with the statistics ``measure`` gives, until the
     data-driven exclusions keep nothing more float.  ``kept``: nodes and tensors kept float
     from the start, with their reasons (the accuracy target's choice,
-    ``onnxq.mixed_precision``)."""
+    ``onnxq.mixed.search``)."""
     excluded = kept or Excluded()
     added = Excluded()
     for rounds in range(1, max_rounds + 1):

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from onnxq.config.options import PlacementOptions
+from onnxq.config.scopes import module_pattern, scope_modules
 from onnxq.errors import ConfigError
-from onnxq.options import PlacementOptions
-from onnxq.scopes import module_pattern, scope_modules
 
 # node metadata keys that carry the module path: torch.onnx's dynamo exporter writes a list of
 # qualified module names under the first and "name: class/name: class" under the second

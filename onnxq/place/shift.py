@@ -8,7 +8,7 @@ when each reader can add ``R/2`` back exactly: a Conv or Gemm whose bias absorbs
 weights' rounding error stays what it was). A reader that pads must pad with ``-R/2``: it
 gets a Pad before the QuantizeLinear, so only a tensor with that one quantized reader
 qualifies. ``materialize`` writes the Sub, the Pad and the biases
-(:mod:`onnxq.materialize_shift`).
+(:mod:`onnxq.materialize.shift`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from onnx import TensorProto
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
+from onnxq.numerics.precisions import tensor_qtype
 from onnxq.place.annotations import TensorAnnotation
-from onnxq.precisions import tensor_qtype
 
 
 def mark_shifts(

@@ -6,7 +6,7 @@ float model's inputs to it, which one streaming pass collects (:func:`onnxq.reco
 capture_grams`, a fixed sample of rows per layer).  The scales stay those of round-to-nearest;
 only the rounding of each weight changes, by at most one step.  A layer whose learned rounding
 is not better than round-to-nearest on the captured rows keeps round-to-nearest, so no layer's
-output error grows.  :func:`onnxq.materialize.materialize` writes the chosen integers.
+output error grows.  :func:`onnxq.materialize.qdq.materialize` writes the chosen integers.
 
 The inputs are the float model's, not the quantized model's ("asymmetric" reconstruction):
 captured in one pass, each layer would fit its rounding to the error that round-to-nearest
@@ -30,14 +30,14 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.inputs import Batch, InputSpec
-from onnxq.options import CalibrationOptions, RecoveryOptions, WeightOptions
+from onnxq.config.options import CalibrationOptions, RecoveryOptions, WeightOptions
+from onnxq.data.inputs import Batch, InputSpec
+from onnxq.numerics.qparams import QParams, weight_qparams
 from onnxq.place.annotations import Annotations
-from onnxq.progress import counted
-from onnxq.qparams import QParams, weight_qparams
 from onnxq.recover.capture import GramStats, capture_grams
 from onnxq.recover.layers import LAYER_OPS, LinearLayer, linear_layer
 from onnxq.recover.rounding import learn_rounding, problem
+from onnxq.runtime.progress import counted
 
 MAX_MACS = 2**38  # multiply-adds one layer may spend over all its steps (~30 s on a core)
 MIN_STEPS = 100
@@ -45,7 +45,7 @@ MIN_STEPS = 100
 
 class ChosenWeight(NamedTuple):
     """The integer weight a layer will be stored with, and its qparams (the form
-    :func:`onnxq.materialize.materialize` takes)."""
+    :func:`onnxq.materialize.qdq.materialize` takes)."""
 
     qparams: QParams
     values: np.ndarray  # int8, the weight's own shape
@@ -157,7 +157,7 @@ def rounding_targets(
     graph: ir.Graph, annotations: Annotations, profile: BackendProfile, weights: WeightOptions
 ) -> list[RoundingTarget]:
     """Quantized Conv/Gemm/MatMul weights read by exactly one layer, in graph order."""
-    from onnxq.materialize import weight_limits
+    from onnxq.materialize.qdq import weight_limits
 
     limits = weight_limits(graph, annotations, profile)
     by_node = {n.name: n for n in graph.nodes}

@@ -34,18 +34,18 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.data import check_batch
-from onnxq.inputs import Batch, InputSpec
-from onnxq.options import CalibrationOptions, RecoveryOptions, WeightOptions
+from onnxq.config.options import CalibrationOptions, RecoveryOptions, WeightOptions
+from onnxq.data.inputs import Batch, InputSpec
+from onnxq.data.sources import check_batch
+from onnxq.numerics.qparams import QParams
 from onnxq.place.annotations import Annotations
-from onnxq.progress import counted
-from onnxq.qparams import QParams
 from onnxq.recover.adaround import ChosenWeight, rounding_targets
 from onnxq.recover.blocklearn import BlockSample, learn_block
 from onnxq.recover.blockprogram import block_program
 from onnxq.recover.blocks import Block, find_blocks
 from onnxq.recover.convengine import conv_engine
 from onnxq.recover.outputs import OutputDrift, pruned_session, run_session
+from onnxq.runtime.progress import counted
 
 BLOCK_IMAGES = 32  # images of the even batches a block is fitted on (as many judge it)
 
@@ -86,7 +86,7 @@ def block_adaround(
     """Learn the rounding of the quantized Conv weights of ``model`` (not edited) block by
     block on the quantized prefix (``qparams``: the activation ranges); returns the chosen
     weights (by weight tensor; others round to nearest) and one entry per block."""
-    from onnxq.materialize import materialize
+    from onnxq.materialize.qdq import materialize
 
     graph = ir.Graph(model)
     targets = {t.layer.weight: t for t in rounding_targets(graph, annotations, profile, weights)}

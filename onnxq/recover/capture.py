@@ -24,11 +24,11 @@ import numpy as np
 import onnx
 
 from onnxq import ir
-from onnxq.data import batches_total, check_batch
+from onnxq.data.inputs import Batch, InputSpec
+from onnxq.data.sources import batches_total, check_batch
 from onnxq.errors import CalibrationDataError
-from onnxq.inputs import Batch, InputSpec
-from onnxq.progress import counted
 from onnxq.recover.layers import LinearLayer
+from onnxq.runtime.progress import counted
 
 DEFAULT_BATCHES = 64  # assumed when the source does not say how many batches it holds
 
@@ -199,7 +199,7 @@ def paired_batches(
     """Per batch: its index, ``float_names`` from the float model and ``quant_names`` from
     ``quant_model`` (Q/DQ arithmetic as written: onnxruntime's fusion off), on the same batch.
     One batch of values is alive at a time."""
-    from onnxq.calibration_session import augmented_session, run_batch
+    from onnxq.calibrate.session import augmented_session, run_batch
 
     f_session = augmented_session(float_model, ir.Graph(float_model), float_names)
     q_session = None

@@ -1,5 +1,5 @@
 """The statistics a placement is written with, for the ``--target`` search to confirm its
-choice (:mod:`onnxq.target_confirm`).
+choice (:mod:`onnxq.mixed.confirm`).
 
 With ``calibration_mode: prefix`` the search's trials share one set of quantized-prefix
 ranges, measured with the all-INT8 placement quantized (:func:`onnxq.recover.stages.
@@ -16,10 +16,10 @@ from typing import Any
 
 import onnx
 
-from onnxq.calibrate import CalibrationResult
+from onnxq.calibrate.engine import CalibrationResult
+from onnxq.numerics.qparams import QParams
 from onnxq.place.annotations import Annotations
 from onnxq.place.loop import Placement
-from onnxq.qparams import QParams
 from onnxq.recover.prefix import prefix_calibrate
 from onnxq.recover.stages import Overlaid, Steps
 

@@ -12,9 +12,9 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.runs import padding_masks
-from onnxq.data import check_batch
+from onnxq.data.inputs import Batch, InputSpec
+from onnxq.data.sources import check_batch
 from onnxq.errors import InternalError, UnsupportedModelError, one_line
-from onnxq.inputs import Batch, InputSpec
 
 LAYER_STEPS = "a layer-by-layer recovery step (sequential correction or AdaRound)"
 
@@ -96,7 +96,7 @@ def pruned_session(
 ) -> Any:
     """An unoptimized onnxruntime session of ``model``, pruned to compute ``tensor`` alone
     when given; one onnxruntime cannot load is onnxq's failure (``what`` copy, for ``step``)."""
-    from onnxq.calibration_session import make_session
+    from onnxq.calibrate.session import make_session
 
     try:
         if tensor is None:

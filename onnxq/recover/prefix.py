@@ -6,7 +6,7 @@ feeds every layer the output of quantized layers, whose rounding and clipping mo
 (most at the outputs of narrow layers and after the first clipped ranges).  This stage
 places Q/DQ on a copy of the model with the float-calibrated ranges and round-to-nearest
 weights, and calibrates every activation again on that copy, streaming as the float
-calibration does (:func:`onnxq.calibrate.calibrate`, the same memory budget): each tensor's
+calibration does (:func:`onnxq.calibrate.engine.calibrate`, the same memory budget): each tensor's
 range then comes from values that all the quantizers before it have shaped.  A second pass
 does the same with those ranges, so that the earlier layers are quantized with their own
 prefix ranges too (on mobilenet_v2 the logits' cosine goes 0.984 float, 0.989 after one pass,
@@ -23,13 +23,13 @@ from dataclasses import replace
 import onnx
 
 from onnxq.backends.profile import BackendProfile
-from onnxq.calibrate import CalibrationResult, calibrate
-from onnxq.inputs import Batch, InputSpec
-from onnxq.observers import HISTOGRAM_METHODS
-from onnxq.options import CalibrationOptions, WeightOptions
+from onnxq.calibrate.engine import CalibrationResult, calibrate
+from onnxq.config.options import CalibrationOptions, WeightOptions
+from onnxq.data.inputs import Batch, InputSpec
+from onnxq.numerics.observers import HISTOGRAM_METHODS
+from onnxq.numerics.qparams import QParams
+from onnxq.numerics.tensor_stats import TensorStats
 from onnxq.place.annotations import Annotations
-from onnxq.qparams import QParams
-from onnxq.tensor_stats import TensorStats
 
 PASSES = 2  # the second pass sees earlier layers quantized with their own prefix ranges
 
@@ -77,7 +77,7 @@ def _measure(
     inputs: list[InputSpec],
 ) -> dict[str, TensorStats]:
     """The statistics of ``wanted`` in a copy of ``model`` quantized with ``qparams``."""
-    from onnxq.materialize import materialize
+    from onnxq.materialize.qdq import materialize
 
     quantized = onnx.ModelProto()
     quantized.CopyFrom(model)

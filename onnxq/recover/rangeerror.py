@@ -13,11 +13,11 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.runs import padding_masks
-from onnxq.data import check_batch
-from onnxq.inputs import Batch, InputSpec
+from onnxq.config.options import CalibrationOptions
+from onnxq.data.inputs import Batch, InputSpec
+from onnxq.data.sources import check_batch
 from onnxq.ir.split import cut_after
-from onnxq.options import CalibrationOptions
-from onnxq.qparams import QParams
+from onnxq.numerics.qparams import QParams
 from onnxq.recover.outputs import pruned_session, run_session, without_padding
 from onnxq.recover.rangegrid import Candidate
 

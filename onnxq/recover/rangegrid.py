@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnxq.qparams import QParams, range_to_qparams
+from onnxq.numerics.qparams import QParams, range_to_qparams
 
 
 @dataclass(frozen=True)

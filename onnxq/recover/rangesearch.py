@@ -32,15 +32,15 @@ import numpy as np
 import onnx
 
 from onnxq.backends.profile import BackendProfile
-from onnxq.observers import MethodOptions
-from onnxq.options import CalibrationOptions, WeightOptions
+from onnxq.config.options import CalibrationOptions, WeightOptions
+from onnxq.numerics.observers import MethodOptions
+from onnxq.numerics.precisions import tensor_qtype
+from onnxq.numerics.qparams import QParams, activation_qparams
+from onnxq.numerics.tensor_stats import TensorStats
 from onnxq.place.annotations import Annotations, TensorAnnotation
-from onnxq.precisions import tensor_qtype
-from onnxq.progress import counted
-from onnxq.qparams import QParams, activation_qparams
 from onnxq.recover.rangeerror import FloatOutputs, SuffixRunner
 from onnxq.recover.rangegrid import Candidate, Grid, candidates
-from onnxq.tensor_stats import TensorStats
+from onnxq.runtime.progress import counted
 
 FACTORS = (1.2, 0.9, 0.8, 0.7, 0.6, 0.5)  # the current range times each, besides 1 and mse
 # a range is kept when its gain on the judging batches exceeds this many standard errors
@@ -95,7 +95,7 @@ def search_ranges(
     a time in graph order by the model's output error against ``reference`` (``qparams``:
     the observers' ranges, where every search starts; returned with the kept changes), and
     one record per tensor searched, in graph order."""
-    from onnxq.materialize import materialize
+    from onnxq.materialize.qdq import materialize
 
     current = dict(qparams)
     done: list[RangeChoice] = []
@@ -154,7 +154,7 @@ def significantly_lower(new: np.ndarray, old: np.ndarray) -> bool:
 
 
 def _grid_of(ann: TensorAnnotation, profile: BackendProfile) -> Grid:
-    """``ann``'s element type, symmetry and bits, as :mod:`onnxq.ranges` gives them."""
+    """``ann``'s element type, symmetry and bits, as :mod:`onnxq.calibrate.ranges` gives them."""
     qtype = tensor_qtype("activation", ann.settings.precision, profile.activation_dtype)
     symmetric = ann.settings.symmetric
     symmetric = profile.activation_symmetric if symmetric is None else symmetric

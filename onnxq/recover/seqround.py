@@ -39,11 +39,11 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.data import batches_total, check_batch
-from onnxq.inputs import Batch, InputSpec
-from onnxq.options import CalibrationOptions, RecoveryOptions, WeightOptions
+from onnxq.config.options import CalibrationOptions, RecoveryOptions, WeightOptions
+from onnxq.data.inputs import Batch, InputSpec
+from onnxq.data.sources import batches_total, check_batch
+from onnxq.numerics.qparams import QParams
 from onnxq.place.annotations import Annotations
-from onnxq.qparams import QParams
 from onnxq.recover.adaround import (
     ChosenWeight,
     LayerRounding,
@@ -75,7 +75,7 @@ def sequential_adaround(
     edited) layer by layer on the quantized prefix (``qparams``: the activation ranges);
     returns the chosen weights (by weight tensor; a layer left out rounds to nearest) and one
     entry per layer, in graph order."""
-    from onnxq.materialize import materialize
+    from onnxq.materialize.qdq import materialize
 
     graph = ir.Graph(model)
     targets = _in_graph_order(graph, rounding_targets(graph, annotations, profile, weights))

@@ -4,9 +4,9 @@ only where it lowers the model's output error on the calibration data.
 
 The deployed model's error is not zero-mean: a ReLU6 output rounded to a symmetric per-tensor
 grid, a clipped range, an upstream shift all move the mean of the next layer's output
-(``onnxq.bias_correction`` sees only the weights' part, on float inputs).  For each quantized
-Conv/ConvTranspose/Gemm/MatMul with a float bias of its own, in graph order, a Q/DQ copy of
-the model (biases corrected so far) and the float model run on the calibration data up to the
+(``onnxq.recover.bias_correction`` sees only the weights' part, on float inputs).  For each
+quantized Conv/ConvTranspose/Gemm/MatMul with a float bias of its own, in graph order, a Q/DQ copy
+of the model (biases corrected so far) and the float model run on the calibration data up to the
 layer (the rest pruned); per channel, the mean difference over the positions where the float
 value is in the range a following Relu/Clip passes is the shift.  Channels whose shift exceeds
 :data:`MIN_SIGNIFICANCE` standard errors of the per-batch means are corrected, then the whole
@@ -31,14 +31,14 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.bias_correction import CORRECTED_OPS, MIN_BATCHES, _bias_of
-from onnxq.data import check_batch
-from onnxq.inputs import Batch, InputSpec
-from onnxq.options import WeightOptions
+from onnxq.config.options import WeightOptions
+from onnxq.data.inputs import Batch, InputSpec
+from onnxq.data.sources import check_batch
+from onnxq.numerics.qparams import QParams
 from onnxq.place.annotations import Annotations
-from onnxq.progress import counted
-from onnxq.qparams import QParams
+from onnxq.recover.bias_correction import CORRECTED_OPS, MIN_BATCHES, _bias_of
 from onnxq.recover.outputs import OutputDrift, pruned_session, run_session
+from onnxq.runtime.progress import counted
 
 Bounds = tuple[float | None, float | None]
 MIN_SIGNIFICANCE = 2.0  # a channel's shift must exceed this many standard errors
@@ -110,7 +110,7 @@ def sequential_correction(
     quantized layer's per-channel output mean, with everything before it quantized as
     ``annotations``/``qparams``/``chosen_weights`` place it, matches the float model's on
     ``data``.  Returns one record per layer looked at, in topological order."""
-    from onnxq.materialize import materialize
+    from onnxq.materialize.qdq import materialize
 
     chosen = dict(chosen_weights or {})
 

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 
 from onnxq import ir
-from onnxq.inputs import Batch, InputSpec
+from onnxq.data.inputs import Batch, InputSpec
 from onnxq.recover.capture import channel_peaks
 from onnxq.recover.layers import LinearLayer, linear_layer
 

@@ -23,13 +23,18 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.calibrate import CalibrationResult
-from onnxq.inputs import Batch, InputSpec
-from onnxq.options import CalibrationOptions, PlacementOptions, RecoveryOptions, WeightOptions
+from onnxq.calibrate.engine import CalibrationResult
+from onnxq.config.options import (
+    CalibrationOptions,
+    PlacementOptions,
+    RecoveryOptions,
+    WeightOptions,
+)
+from onnxq.data.inputs import Batch, InputSpec
+from onnxq.numerics.qparams import QParams
 from onnxq.place.annotations import Annotations
 from onnxq.place.engine import annotate
 from onnxq.place.facts import GraphFacts
-from onnxq.qparams import QParams
 from onnxq.recover.adaround import ChosenWeight, adaround
 from onnxq.recover.blockround import block_adaround
 from onnxq.recover.cle import equalize

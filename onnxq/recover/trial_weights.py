@@ -1,6 +1,6 @@
 """AdaRound's weights in the ``--target`` search's trials, learned once.
 
-The search (:mod:`onnxq.mixed_precision`) scores placements with round-to-nearest weights
+The search (:mod:`onnxq.mixed.search`) scores placements with round-to-nearest weights
 unless it is given weights chosen before; the run then writes the chosen placement with
 AdaRound's.  A set of float layers that meets the target only with AdaRound's weights, or
 one whose layers were float only to avoid a weight error that AdaRound removes, is then
@@ -22,8 +22,8 @@ from typing import Any
 
 import onnx
 
+from onnxq.numerics.qparams import QParams
 from onnxq.place.annotations import Annotations
-from onnxq.qparams import QParams
 from onnxq.recover.adaround import ChosenWeight
 from onnxq.recover.stages import Steps, choose_weights
 

@@ -27,8 +27,8 @@ import math
 from collections.abc import Generator, Iterable
 from typing import Any
 
-from onnxq import device
 from onnxq.errors import InternalError, OnnxqError, ResourceError, one_line
+from onnxq.runtime import device
 from onnxq.scale.executor import C, R, S, Setup, Task, W
 
 _INSTALL = "pip install 'onnxq[ray]'"

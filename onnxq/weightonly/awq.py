@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from onnxq.weightonly.blocks import BlockFormat, BlockQuantized, quantize_rtn
+from onnxq.numerics.blocks import BlockFormat, BlockQuantized, quantize_rtn
 
 ALPHAS = tuple(float(a) for a in np.linspace(0.0, 1.0, 11))
 SEARCH_RATIOS = (1.0, 0.9, 0.8, 0.7)  # the clip grid while alpha is searched (coarser)

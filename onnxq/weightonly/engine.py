@@ -16,10 +16,10 @@ import numpy as np
 import onnx
 
 from onnxq import ir
-from onnxq.blas import blas_threads
-from onnxq.inputs import Batch
+from onnxq.data.inputs import Batch
+from onnxq.numerics.blocks import BlockFormat, BlockQuantized, output_error, quantize_rtn
+from onnxq.runtime.blas import blas_threads
 from onnxq.weightonly.awq import search_scales
-from onnxq.weightonly.blocks import BlockFormat, BlockQuantized, output_error, quantize_rtn
 from onnxq.weightonly.gptq import Factor, gptq
 from onnxq.weightonly.layerwise import LayerwiseRunner
 from onnxq.weightonly.stats import InputStats
@@ -54,7 +54,7 @@ def quantize_layers(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Quantized]:
     """Codes for every layer (by node name); numpy's BLAS runs one thread meanwhile
-    (:mod:`onnxq.blas`: the same results for far less CPU)."""
+    (:mod:`onnxq.runtime.blas`: the same results for far less CPU)."""
     with blas_threads():
         return _quantize_layers(model, layers, batches, progress)
 

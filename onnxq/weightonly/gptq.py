@@ -6,7 +6,7 @@ With ``H = X^T X`` of the layer's input ``X``, rounding row ``i`` of ``W[K, N]``
 ``|X W - X Q|`` smaller than rounding every row alone.  The inverse comes as the upper Cholesky
 factor of ``H^-1``; updates are applied lazily per batch of rows (one matrix product per batch).
 Block scales are chosen when their first row comes up, from the already-updated rows, with the
-clip search of :mod:`onnxq.weightonly.blocks`; with ``act_order`` the rows go in order of
+clip search of :mod:`onnxq.numerics.blocks`; with ``act_order`` the rows go in order of
 decreasing ``H[i, i]`` and the scales are fixed beforehand from the original weight.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxq.weightonly.blocks import (
+from onnxq.numerics.blocks import (
     BlockFormat,
     BlockQuantized,
     block_params,

@@ -18,11 +18,11 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from onnxq.data.inputs import Batch
 from onnxq.errors import CalibrationDataError
-from onnxq.heap import release_free_memory
-from onnxq.inputs import Batch
 from onnxq.ir.scratch import scratch_dir
 from onnxq.ir.stages import Stage, last_reader, plan_stages, stage_model
+from onnxq.runtime.heap import release_free_memory
 
 
 class LayerwiseRunner:
@@ -84,7 +84,7 @@ class LayerwiseRunner:
             del self._weights[x]
 
     def _run_session(self, k: int, stage: Stage) -> Iterator[dict[str, np.ndarray]]:
-        from onnxq.calibration_session import make_session
+        from onnxq.calibrate.session import make_session
 
         types = {
             x: int(helper.np_dtype_to_tensor_dtype(self._store[x][0].dtype)) for x in stage.inputs

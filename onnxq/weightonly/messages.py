@@ -1,12 +1,12 @@
 """The warnings and notes of a weight-only run, built from its stage results by one pure
-function (the weight-only counterpart of :func:`onnxq.messages.messages`, whose sentences about
-loading, patterns and fidelity it reuses).
+function (the weight-only counterpart of :func:`onnxq.report.messages.messages`, whose sentences
+about loading, patterns and fidelity it reuses).
 """
 
 from __future__ import annotations
 
-from onnxq.fidelity_messages import verification_messages
-from onnxq.messages import Messages, load_notes, unmatched_patterns, weight_inputs
+from onnxq.report.fidelity import verification_messages
+from onnxq.report.messages import Messages, load_notes, unmatched_patterns, weight_inputs
 from onnxq.weightonly.outcome import SharedWeight, WeightOnlyOutcome
 from onnxq.weightonly.targets import Layer
 

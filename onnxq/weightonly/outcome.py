@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from onnxq.backends.profile import BackendProfile
 from onnxq.config import QuantConfig
-from onnxq.messages import GraphView
-from onnxq.prepare import Prepared
-from onnxq.verify import Verification
-from onnxq.weightonly.blocks import BlockFormat
+from onnxq.numerics.blocks import BlockFormat
+from onnxq.prepare.stage import Prepared
+from onnxq.report.messages import GraphView
+from onnxq.validate.verify import Verification
 from onnxq.weightonly.targets import Layer, Skipped
 
 

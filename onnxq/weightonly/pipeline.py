@@ -1,14 +1,14 @@
 """Weight-only quantization as one readable function: prepare, find the layers, choose their
 integer weights (RTN, GPTQ, AWQ), materialize them, verify, report.
 
-It shares the INT8 pipeline's first and last stages: :func:`onnxq.prepare.prepare` (load,
-refusals, simplify, the float reference), :func:`onnxq.verify.float_reference` and
-:func:`onnxq.verify.verify` (the backend's constraints, onnxruntime must run the output, its
-fidelity against the float model).  Its middle is its own: activations stay float, so there is
+It shares the INT8 pipeline's first and last stages: :func:`onnxq.prepare.stage.prepare` (load,
+refusals, simplify, the float reference), :func:`onnxq.validate.verify.float_reference` and
+:func:`onnxq.validate.verify.verify` (the backend's constraints, onnxruntime must run the output,
+its fidelity against the float model).  Its middle is its own: activations stay float, so there is
 nothing for the placement loop to place or calibrate; the layers are found by
 :func:`onnxq.weightonly.targets.find_layers` and their weights measured layer group by layer
 group on the inputs the already-quantized model computes (:mod:`onnxq.weightonly.engine`),
-and written by :mod:`onnxq.materialize_blocked`.  Calibration data is optional: without it
+and written by :mod:`onnxq.materialize.blocked`.  Calibration data is optional: without it
 every layer is rounded to nearest.
 """
 
@@ -26,14 +26,14 @@ import onnx
 from onnxq import ir
 from onnxq.backends.profile import PROFILES, BackendProfile
 from onnxq.config import QuantConfig
-from onnxq.data import check_batch, open_source
+from onnxq.config.options import WeightOnlyOptions
+from onnxq.data.inputs import Batch, model_inputs
+from onnxq.data.sources import check_batch, open_source
 from onnxq.errors import CalibrationDataError, ConfigError, UnsupportedModelError
-from onnxq.inputs import Batch, model_inputs
-from onnxq.materialize_blocked import WeightOnlyLayer, materialize_weight_only
-from onnxq.messages import GraphView, blame_conversion
-from onnxq.options import WeightOnlyOptions
-from onnxq.prepare import ModelLike, prepare
-from onnxq.verify import float_reference, verify
+from onnxq.materialize.blocked import WeightOnlyLayer, materialize_weight_only
+from onnxq.prepare.stage import ModelLike, prepare
+from onnxq.report.messages import GraphView, blame_conversion
+from onnxq.validate.verify import float_reference, verify
 from onnxq.weightonly.engine import quantize_layers
 from onnxq.weightonly.layers import record, resolve_algorithm, share_weights
 from onnxq.weightonly.outcome import SharedWeight, WeightOnlyOutcome

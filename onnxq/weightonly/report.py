@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from onnxq.report import Report, _finite
+from onnxq.report.compose import Report, _finite
 from onnxq.weightonly.messages import weight_only_messages
 from onnxq.weightonly.outcome import LayerRecord, WeightOnlyOutcome
 
@@ -37,7 +37,7 @@ def weight_only_report(outcome: WeightOnlyOutcome) -> WeightOnlyReport:
 
 @dataclass
 class WeightOnlyReport(Report):
-    """A :class:`~onnxq.report.Report` whose quantized part is a list of layers."""
+    """A :class:`~onnxq.report.compose.Report` whose quantized part is a list of layers."""
 
     layers: list[LayerRecord] = field(default_factory=list)
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # node, op type, reason

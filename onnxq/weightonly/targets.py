@@ -21,10 +21,10 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
+from onnxq.config.options import WeightOnlyOptions
 from onnxq.errors import ConfigError
-from onnxq.options import WeightOnlyOptions
+from onnxq.numerics.blocks import BlockFormat
 from onnxq.place.heads import head_nodes
-from onnxq.weightonly.blocks import BlockFormat
 
 DEFAULT_BLOCK = 128
 # measured defaults (docs/weight-only.md): a model's head (an LM's lm_head, read by the

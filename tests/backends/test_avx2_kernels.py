@@ -29,9 +29,9 @@ from onnxq import ir
 from onnxq.backends import default_session
 from onnxq.backends.runs import run_outputs
 from onnxq.backends.validate import fidelity
-from onnxq.fidelity_messages import default_session_warnings
+from onnxq.report.fidelity import default_session_warnings
 from tests import graphs
-from tests.rewrites.test_cost import SEPARABLE, net
+from tests.place.rules.test_cost import SEPARABLE, net
 
 QEMU = shutil.which("qemu-x86_64")
 X86 = platform.machine().lower() in ("x86_64", "amd64")

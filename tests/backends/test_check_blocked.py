@@ -9,8 +9,8 @@ from onnx import helper
 
 from onnxq.backends.check import check
 from onnxq.backends.profile import ONNXRUNTIME, TENSORRT
-from onnxq.materialize_blocked import WeightOnlyLayer, materialize_weight_only, packed_4bit
-from onnxq.weightonly.blocks import BlockFormat, quantize_rtn
+from onnxq.materialize.blocked import WeightOnlyLayer, materialize_weight_only, packed_4bit
+from onnxq.numerics.blocks import BlockFormat, quantize_rtn
 from tests import graphs
 from tests.weightonly import models
 

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxq.backends.check import check
 from onnxq.backends.profile import ONNXRUNTIME, TENSORRT
-from onnxq.precisions import CONTRIB_DOMAIN, QTYPES
+from onnxq.numerics.precisions import CONTRIB_DOMAIN, QTYPES
 
 
 def qdq_conv(

@@ -153,7 +153,7 @@ def test_an_unfused_group_that_shares_a_bias_dequantize_says_so(monkeypatch):
             graphs.init("b", np.zeros(16, np.float32)),
         ],
     )
-    monkeypatch.setattr("onnxq.rewrites.simplify.ir.unshare_biases", lambda graph: 0)
+    monkeypatch.setattr("onnxq.prepare.simplify.ir.unshare_biases", lambda graph: 0)
     out = onnxq.quantize(
         model, graphs.random_batches(model, 3), backend="onnxruntime", progress=False
     ).model

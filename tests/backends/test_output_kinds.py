@@ -15,8 +15,8 @@ from onnxq.backends.output_kinds import (
     threshold_agreement,
 )
 from onnxq.backends.validate import OutputFidelity, fidelity
-from onnxq.fidelity_messages import verification_messages
-from onnxq.verify import Verification
+from onnxq.report.fidelity import verification_messages
+from onnxq.validate.verify import Verification
 from tests import graphs
 
 

@@ -17,12 +17,12 @@ from onnxq.backends.cpu import ENV_VAR
 from onnxq.backends.profile import PROFILES, BackendProfile
 from onnxq.backends.target import profile_for, target_mismatch, tune_profile
 from onnxq.cli import main
+from onnxq.config.options import TargetOptions
 from onnxq.errors import ConfigError
-from onnxq.materialize import read_metadata, read_target_cpu
-from onnxq.options import TargetOptions
+from onnxq.materialize.qdq import read_metadata, read_target_cpu
 from tests import graphs
 from tests.cpus import skip_unless_fused_numerics_here
-from tests.rewrites.test_cost import SEPARABLE, net
+from tests.place.rules.test_cost import SEPARABLE, net
 
 
 def tuned(

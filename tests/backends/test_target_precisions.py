@@ -14,7 +14,7 @@ from onnxq.cli import main
 from onnxq.config import Override, QuantConfig
 from onnxq.errors import ConfigError
 from tests import graphs
-from tests.test_precisions import FP8_MISSING
+from tests.numerics.test_precisions import FP8_MISSING
 
 
 def run_profile(config: QuantConfig) -> BackendProfile:

@@ -10,7 +10,7 @@ from onnxq import ir
 from onnxq.backends.output_metrics import slice_axis_of
 from onnxq.backends.runs import padding_masks, run_outputs, validation_session
 from onnxq.backends.validate import OutputFidelity, class_axes, fidelity
-from onnxq.calibration_session import make_session
+from onnxq.calibrate.session import make_session
 from onnxq.errors import InternalError, UnsupportedModelError
 from tests import graphs
 

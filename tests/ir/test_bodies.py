@@ -9,7 +9,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxq import ir
-from onnxq.rewrites.simplify import simplify
+from onnxq.prepare.simplify import simplify
 from tests import control_flow_graphs as cf
 from tests import graphs
 

@@ -8,7 +8,7 @@ import onnx
 from onnx import helper
 
 from onnxq import ir
-from onnxq.calibration_session import make_session
+from onnxq.calibrate.session import make_session
 from onnxq.ir.split import cut_after
 from tests.graphs import init, model, random_inputs, residual_add, rng, tensor, weight
 

@@ -278,8 +278,8 @@ def _sigmoid_conv_relu() -> onnx.ModelProto:
 
 
 def test_a_claim_that_clashes_leaves_nothing_behind_and_the_next_rule_is_asked(monkeypatch):
-    from onnxq.rewrites.pattern import Claim, Spec, rule
-    from onnxq.rewrites.rule_sets import RULE_SETS
+    from onnxq.place.rules.pattern import Claim, Spec, rule
+    from onnxq.place.rules.sets import RULE_SETS
 
     @rule("odd_sigmoid", "Sigmoid")
     def odd_sigmoid(m, ctx):
@@ -308,8 +308,8 @@ def test_a_claim_that_clashes_leaves_nothing_behind_and_the_next_rule_is_asked(m
 
 
 def test_a_successful_claim_takes_its_folded_nodes(monkeypatch):
-    from onnxq.rewrites.pattern import Claim, Spec, rule
-    from onnxq.rewrites.rule_sets import RULE_SETS
+    from onnxq.place.rules.pattern import Claim, Spec, rule
+    from onnxq.place.rules.sets import RULE_SETS
 
     @rule("folding_conv", "Conv")
     def folding_conv(m, ctx):

@@ -11,7 +11,8 @@ import pytest
 from onnxq import ir
 from onnxq.backends.profile import PROFILES
 from onnxq.config import QuantConfig
-from onnxq.options import PlacementOptions
+from onnxq.config.options import PlacementOptions
+from onnxq.numerics.tensor_stats import TensorStats
 from onnxq.place.annotations import Annotations, Decision, Excluded, TensorAnnotation
 from onnxq.place.exclusions import (
     EXCLUSIONS,
@@ -21,8 +22,7 @@ from onnxq.place.exclusions import (
     find_exclusions,
 )
 from onnxq.place.facts import GraphFacts
-from onnxq.rewrites.rule_sets import RULE_SETS
-from onnxq.tensor_stats import TensorStats
+from onnxq.place.rules.sets import RULE_SETS
 from tests import graphs
 
 

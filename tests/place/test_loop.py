@@ -15,9 +15,9 @@ from onnxq import ir
 from onnxq.backends.profile import PROFILES
 from onnxq.config import QuantConfig
 from onnxq.errors import InternalError
+from onnxq.numerics.tensor_stats import TensorStats
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import place
-from onnxq.tensor_stats import TensorStats
 from tests import graphs
 
 

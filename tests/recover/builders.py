@@ -171,7 +171,7 @@ def placed(m, profile, cfg, batches, inputs):
     """The pipeline's placement and calibration of ``m`` (shapes inferred): (annotations,
     statistics)."""
     from onnxq import ir
-    from onnxq.measure import Calibration
+    from onnxq.calibrate.measure import Calibration
     from onnxq.place.facts import GraphFacts
     from onnxq.place.loop import place
 
@@ -184,7 +184,7 @@ def placed(m, profile, cfg, batches, inputs):
 def ranges_of(cfg, annotations):
     """Statistics -> ranges, as the pipeline turns them."""
     from onnxq.backends.profile import PROFILES
-    from onnxq.ranges import activation_ranges
+    from onnxq.calibrate.ranges import activation_ranges
 
     profile = PROFILES[cfg.backend]
     return lambda result: (

@@ -9,8 +9,8 @@ import onnxruntime as ort
 import pytest
 
 from onnxq import ir
+from onnxq.data.inputs import model_inputs
 from onnxq.errors import CalibrationDataError
-from onnxq.inputs import model_inputs
 from onnxq.recover.capture import capture_grams, row_sample
 from onnxq.recover.layers import linear_layer
 from tests.recover.builders import conv_chain, image_batches

@@ -12,10 +12,10 @@ import onnxq
 from onnxq import ir
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
-from onnxq.bias_correction import correct_biases
 from onnxq.config import QuantConfig
-from onnxq.inputs import model_inputs
-from onnxq.qparams import weight_qparams
+from onnxq.data.inputs import model_inputs
+from onnxq.numerics.qparams import weight_qparams
+from onnxq.recover.bias_correction import correct_biases
 from tests.graphs import init, model, rng, tensor, weight
 from tests.recover.builders import placed
 

@@ -17,8 +17,8 @@ from onnxq import ir
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
 from onnxq.cli import main
+from onnxq.data.inputs import model_inputs
 from onnxq.errors import ConfigError
-from onnxq.inputs import model_inputs
 from onnxq.recover.dwequal import channel_scales, equalize_depthwise
 from tests.recover.builders import conv_act_conv, conv_chain, image_batches
 

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 
 from onnxq import ir
-from onnxq.inputs import model_inputs
+from onnxq.data.inputs import model_inputs
 from onnxq.recover.outputs import OutputDrift, pruned_session, run_session, without_padding
 from tests.recover.builders import conv_chain, image_batches
 

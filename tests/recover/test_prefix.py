@@ -10,10 +10,10 @@ import onnxq
 from onnxq import ir
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
-from onnxq.calibrate import calibrate
+from onnxq.calibrate.engine import calibrate
 from onnxq.config import QuantConfig
-from onnxq.inputs import model_inputs
-from onnxq.materialize import materialize
+from onnxq.data.inputs import model_inputs
+from onnxq.materialize.qdq import materialize
 from onnxq.recover.prefix import prefix_calibrate
 from tests.recover.builders import conv_chain, image_batches, placed, ranges_of
 

@@ -10,10 +10,10 @@ from onnx import helper
 
 import onnxq
 from onnxq import ir
-from onnxq.calibration_session import make_session
+from onnxq.calibrate.session import make_session
 from onnxq.config import QuantConfig
-from onnxq.inputs import model_inputs
-from onnxq.qparams import range_to_qparams
+from onnxq.data.inputs import model_inputs
+from onnxq.numerics.qparams import range_to_qparams
 from onnxq.recover.rangeerror import FloatOutputs, SuffixRunner, fake_quantize, sample_errors
 from onnxq.recover.rangegrid import Candidate
 from tests.graphs import init, model, residual_add, tensor
@@ -95,7 +95,7 @@ def test_sample_errors_weigh_each_sample_alone():
 
 
 def _calibration(cfg: QuantConfig):
-    from onnxq.options import CalibrationOptions, view
+    from onnxq.config.options import CalibrationOptions, view
 
     return view(CalibrationOptions, cfg)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from onnxq.qparams import range_to_qparams
+from onnxq.numerics.qparams import range_to_qparams
 from onnxq.recover.rangegrid import Grid, candidates
 
 

@@ -13,8 +13,8 @@ import onnxq
 from onnxq import ir
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
-from onnxq.inputs import model_inputs
-from onnxq.recover.flags import add_recovery_flags, recovery_options
+from onnxq.cli.recovery import add_recovery_flags, recovery_options
+from onnxq.data.inputs import model_inputs
 from onnxq.recover.outputs import OutputDrift
 from onnxq.recover.rangesearch import FACTORS, significantly_lower
 from tests.recover.builders import conv_chain, image_batches

@@ -14,9 +14,9 @@ import onnxq
 from onnxq import ir
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
+from onnxq.cli.recovery import add_recovery_flags, recovery_options
 from onnxq.config import QuantConfig
-from onnxq.inputs import model_inputs
-from onnxq.recover.flags import add_recovery_flags, recovery_options
+from onnxq.data.inputs import model_inputs
 from onnxq.recover.outputs import OutputDrift
 from onnxq.recover.sequential import (
     _passed,

@@ -13,7 +13,7 @@ import onnxq
 from onnxq import ir
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
-from onnxq.inputs import model_inputs
+from onnxq.data.inputs import model_inputs
 from onnxq.recover.smoothquant import smooth
 from tests.graphs import init, model, rng, tensor, weight
 from tests.recover.builders import layernorm_block, outlier_batches, rmsnorm_swiglu

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 import onnxq
-from onnxq.calibrate import CalibrationResult
+from onnxq.calibrate.engine import CalibrationResult
+from onnxq.numerics.tensor_stats import TensorStats
 from onnxq.recover.stages import Overlaid
-from onnxq.tensor_stats import TensorStats
 from tests import graphs
-from tests.test_mixed_precision import conv_chain
+from tests.mixed.test_search import conv_chain
 
 
 def stats(peak: float) -> TensorStats:

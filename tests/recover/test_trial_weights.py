@@ -6,11 +6,11 @@ import pytest
 
 import onnxq
 import onnxq.recover.stages as stages
-from onnxq.accuracy_target import AccuracyTarget
 from onnxq.backends.runs import run_outputs
+from onnxq.numerics.accuracy_target import AccuracyTarget
 from onnxq.recover.trial_weights import trial_weights
 from tests import graphs
-from tests.test_mixed_precision import conv_chain, dequantized_inputs
+from tests.mixed.test_search import conv_chain, dequantized_inputs
 
 
 def run(model, target, **options):

@@ -19,20 +19,20 @@ import onnx
 import pytest
 
 import onnxq
-import onnxq.sensitivity
+import onnxq.mixed.sensitivity
 from onnxq import ir
-from onnxq.accuracy_target import AccuracyTarget, cosine
 from onnxq.backends.target import profile_for
 from onnxq.cli import main
 from onnxq.config import QuantConfig
 from onnxq.errors import ConfigError, ModelLoadError, ResourceError
 from onnxq.ir import external
+from onnxq.mixed.trials import TrialContext, TrialShard, score_trial, trial_worker
+from onnxq.numerics.accuracy_target import AccuracyTarget, cosine
 from onnxq.place.annotations import Annotations
 from onnxq.scale import InProcess, RayExecutor
-from onnxq.trial_tasks import TrialContext, TrialShard, score_trial, trial_worker
 from tests import graphs
+from tests.mixed.test_search import conv_chain
 from tests.scale.ray_cluster import local_cluster
-from tests.test_mixed_precision import conv_chain
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +180,7 @@ def _setup(context: object) -> object:
 
 def test_ctrl_c_during_the_trials_cancels_the_running_ones(cluster, monkeypatch):
     placed = []
-    real = onnxq.sensitivity.Trials.placement
+    real = onnxq.mixed.sensitivity.Trials.placement
 
     def placement(self: Any, kept: Any) -> Any:
         placed.append(kept)
@@ -188,7 +188,7 @@ def test_ctrl_c_during_the_trials_cancels_the_running_ones(cluster, monkeypatch)
             raise KeyboardInterrupt
         return real(self, kept)
 
-    monkeypatch.setattr(onnxq.sensitivity.Trials, "placement", placement)
+    monkeypatch.setattr(onnxq.mixed.sensitivity.Trials, "placement", placement)
     target = AccuracyTarget(_sleeping_metric, 0.5, name="slow")
     with pytest.raises(KeyboardInterrupt):
         searched(conv_chain(), target, executor=RayExecutor())

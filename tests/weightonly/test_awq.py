@@ -6,8 +6,8 @@ import numpy as np
 import onnxruntime as ort
 
 import onnxq
+from onnxq.numerics.blocks import BlockFormat, output_error, quantize_rtn
 from onnxq.weightonly.awq import channel_scales, search_scales
-from onnxq.weightonly.blocks import BlockFormat, output_error, quantize_rtn
 from tests.weightonly import models
 
 

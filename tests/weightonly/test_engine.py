@@ -6,8 +6,8 @@ from threadpoolctl import threadpool_info
 
 from onnxq import ir
 from onnxq.backends.profile import PROFILES
-from onnxq.blas import BLAS_THREADS
 from onnxq.config import QuantConfig
+from onnxq.runtime.blas import BLAS_THREADS
 from onnxq.weightonly import engine
 from onnxq.weightonly.layers import resolve_algorithm
 from onnxq.weightonly.targets import find_layers

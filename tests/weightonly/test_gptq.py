@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 
 import onnxq
-from onnxq.weightonly.blocks import BlockFormat, output_error, quantize_rtn
+from onnxq.numerics.blocks import BlockFormat, output_error, quantize_rtn
 from onnxq.weightonly.gptq import gptq, inverse_factor
 from tests.weightonly import models
 

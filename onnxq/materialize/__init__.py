@@ -1,0 +1,2 @@
+"""Stage 6, materialize: the only writers of Q/DQ nodes and of the backends' quantized weight
+ops."""

@@ -1,0 +1,2 @@
+"""The PyTorch front door: export an ``nn.Module`` to ONNX, check the export, quantize it (an
+edge)."""

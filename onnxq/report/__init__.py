@@ -1,0 +1,1 @@
+"""Stage 8, report: what was quantized, what was not and why, as JSON, text and one web page."""

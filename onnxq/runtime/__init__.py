@@ -1,0 +1,1 @@
+"""Where onnxq's work runs: devices, threads, freed memory, the progress bar."""

@@ -1,0 +1,3 @@
+"""Stage 7, validate: the written model checked against its backend and measured against the float
+model.
+"""
