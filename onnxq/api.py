@@ -1,16 +1,20 @@
-"""The pipeline as one readable function: prepare, place (with calibration), compute ranges,
-correct, materialize, verify, report.
+"""The pipeline as one readable function: the first half (profile, prepare, float rewrites,
+facts), place (with calibration), the ``--target`` search, recovery after calibration,
+materialize, verify, report.
 
 Each stage is a function of its own module and returns data; :func:`quantize` wires them and
 :func:`onnxq.report.messages.messages` turns their results into the report's warnings and notes.
 
-Where things plug in: a float rewrite of the model (cross-layer equalization, SmoothQuant)
-goes after ``prepare`` and before ``GraphFacts.of``; a weight-only pass that decides integer
-weights (RTN, GPTQ, AWQ, AdaRound) after ``place`` and before ``materialize``; a
-post-calibration correction next to ``bias_correction_pass``.  A pass returns its result as
-data, which goes into :class:`onnxq.report.messages.Outcome` and the report.
+Where things plug in: a float rewrite of the model (cross-layer equalization, SmoothQuant) in
+:func:`onnxq.recover.stages.rewrite_float`, which the first half
+(:func:`onnxq.mixed.front.float_graph`, shared with ``explain`` and ``analyze
+--sensitivity``) runs before ``GraphFacts.of``; a step that needs the statistics (ranges,
+integer weights, bias corrections) in :func:`onnxq.recover.pipeline.after_calibration`, before
+``materialize``.  A pass returns its result as data, which goes into
+:class:`onnxq.report.messages.Outcome` and the report.
 
-A weight-only run (``weight_only``: int4/int8 MatMul weights, float activations) has no
+An option that the run's kind does not read is refused first (:mod:`onnxq.config.modes`).  A
+weight-only run (``weight_only``: int4/int8 MatMul weights, float activations) has no
 activations to place or calibrate: :func:`onnxq.weightonly.pipeline.quantize_weight_only`
 runs it, with the same ``prepare``, ``float_reference`` and ``verify`` stages around its own
 layer search, layer-by-layer weight pass and writer.
@@ -28,37 +32,29 @@ from typing import Any
 import onnx
 
 from onnxq import ir
-from onnxq.backends.target import profile_for, target_record
+from onnxq.backends.target import target_record
 from onnxq.calibrate.cache import calibration_cache
+from onnxq.calibrate.engine import CalibrationResult
 from onnxq.calibrate.measure import statistics_source
-from onnxq.calibrate.ranges import activation_ranges
 from onnxq.config import QuantConfig
-from onnxq.data.sources import model_inputs, open_source
+from onnxq.config.modes import refuse_unused
 from onnxq.errors import CalibrationDataError, ConfigError, OutputError
+from onnxq.materialize.metadata import Placed
 from onnxq.materialize.qdq import materialize
-from onnxq.mixed.heldout import hold_out
-from onnxq.mixed.search import accuracy_target, search
+from onnxq.mixed.front import FloatGraph, float_graph
+from onnxq.mixed.record import MixedPrecision, SearchRecord
+from onnxq.mixed.search import accuracy_target, target_search
 from onnxq.numerics.accuracy_target import AccuracyTarget
-from onnxq.place.facts import GraphFacts
+from onnxq.place.annotations import Annotations
 from onnxq.place.loop import place
-from onnxq.prepare.stage import ModelLike, prepare
-from onnxq.recover.bias_correction import bias_correction_pass
-from onnxq.recover.confirm import written_statistics
-from onnxq.recover.stages import (
-    Recovery,
-    Steps,
-    correct_sequentially,
-    recalibrate,
-    rewrite_float,
-    search_ranges,
-    search_statistics,
-)
-from onnxq.recover.trial_weights import trial_weights, written_weights
+from onnxq.prepare.stage import ModelLike
+from onnxq.recover.pipeline import Recovered, after_calibration
+from onnxq.recover.record import BiasCorrectionRecord, RecoveryRecord
 from onnxq.report.compose import Report
 from onnxq.report.messages import GraphView, Outcome, blame_conversion, messages
-from onnxq.runtime.device import SessionSettings, check_device, using
+from onnxq.runtime.device import SessionSettings, using
 from onnxq.scale.executor import Executor
-from onnxq.validate.verify import float_reference, verify
+from onnxq.validate.verify import Verification, float_reference, verify
 
 
 @dataclass
@@ -204,6 +200,7 @@ def quantize(
         A :class:`QuantizedModel` with ``.model``, ``.report`` and ``.save(path)``.
     """
     cfg = _config(config, backend, method, exclude, options)
+    refuse_unused(cfg, target=target, heldout=heldout, executor=executor)  # none is dropped
     if cfg.weight_only is not None:  # activations stay float: no placement loop to run
         from onnxq.weightonly.pipeline import quantize_weight_only
 
@@ -281,131 +278,83 @@ def _quantize_static(
 ) -> tuple[QuantizedModel, bool]:
     """One static (or dynamic) run of :func:`quantize`; also whether ``auto`` calibrated the
     activations with the head method because the outputs are score maps."""
-    profile, profile_note = profile_for(cfg.target)  # or a refusal: nothing loaded yet
-    check_device(cfg.device)
-    prepared = prepare(model, profile, cfg.simplify)
+    goal = accuracy_target(cfg.accuracy.target_accuracy, target)
+    cached = save_calibration is not None or load_calibration is not None
+    front = float_graph(
+        model, cfg, calibration, batch_size, hold=goal is not None, heldout=heldout,
+        cached=cached, guard=blame_conversion,
+    )  # fmt: skip
+    prepared, profile, steps = front.prepared, front.profile, front.steps
     with blame_conversion(prepared.load.opset_upgrade), using(SessionSettings(cfg.device)):
-        graph = ir.Graph(prepared.model)
-        inputs = model_inputs(graph)
-        data = None
-        if calibration is not None:
-            data = open_source(calibration, inputs, batch_size, cfg.preprocess)
-        goal = accuracy_target(cfg.accuracy.target_accuracy, target)
-        if goal is not None:
-            kept_out, data = hold_out(
-                data, heldout, inputs, cfg.accuracy.heldout_batches, batch_size, cfg.preprocess
-            )
-        recovery = Recovery()  # accuracy recovery (onnxq.recover): exact float rewrites first
-        steps = Steps(profile, cfg.recovery, cfg.calibration, cfg.weights, data, inputs, recovery)
-        prepared.model = rewrite_float(
-            steps, prepared.model, cfg.placement,
-            cached=save_calibration is not None or load_calibration is not None,
-        )  # fmt: skip
-        graph = ir.Graph(prepared.model)
-        facts, view = GraphFacts.of(graph, profile), GraphView.of(graph, profile)
-        saving = save_calibration is not None
         measure = statistics_source(
-            prepared.model,
-            facts,
-            profile,
-            data,
-            inputs,
-            cfg.calibration,
-            saving,
-            load_calibration,
-            executor,
-        )
-        placement = place(facts, profile, cfg.placement, measure)
-        mixed = None
-        learned = None  # AdaRound's weights, learned before the search (trial_weights)
+            prepared.model, front.facts, profile, front.data, front.inputs, cfg.calibration,
+            save_calibration is not None, load_calibration, executor,
+        )  # fmt: skip
+        placement = place(front.facts, profile, cfg.placement, measure)
+        mixed, learned = None, None  # learned: AdaRound's weights, learned for the trials
         if goal is not None:
-            learned = trial_weights(steps, prepared.model, placement.annotations)
-            searched = search_statistics(
-                steps, prepared.model, measure, placement.annotations, placement.statistics,
-                lambda measured: activation_ranges(
-                    placement.annotations, measured.stats, profile, cfg.percentile
-                ).qparams,
-            )  # fmt: skip
-            written = written_statistics(
-                steps, prepared.model, searched,
-                lambda placed, measured: activation_ranges(
-                    placed, measured.stats, profile, cfg.percentile
-                ).qparams,
-            )  # fmt: skip
-            mixed = search(
-                goal, kept_out, prepared.model, facts, profile, cfg, searched, placement,
-                executor, written, learned,
-            )  # fmt: skip
+            mixed, learned = target_search(goal, front, cfg, measure, placement, executor)
             placement = mixed.placement
-        annotations, statistics = placement.annotations, placement.statistics
+        annotations = placement.annotations
         cache = None  # written last: a run that fails or is interrupted leaves no file
         if save_calibration is not None and load_calibration is None:
-            cache = calibration_cache(
-                statistics.stats,
-                graph,
-                profile.name,
-                statistics.body_runs,
-                statistics.unobservable,
-            )
-        ranges = activation_ranges(annotations, statistics.stats, profile, cfg.percentile)
-        again = recalibrate(
-            steps, prepared.model, annotations, ranges.qparams, statistics,
-            lambda measured: activation_ranges(
-                annotations, measured.stats, profile, cfg.percentile
-            ).qparams,
-        )  # fmt: skip
-        if again is not None:  # quantized-prefix ranges
-            statistics = again
-            ranges = activation_ranges(annotations, statistics.stats, profile, cfg.percentile)
-        searched_ranges = search_ranges(
-            steps, prepared.model, annotations, ranges.qparams, statistics
+            cache = _cache(placement.statistics, front.graph, profile.name)
+        recovered = after_calibration(
+            steps, prepared.model, annotations, placement.statistics, learned
         )
-        ranges = dataclasses.replace(ranges, qparams=searched_ranges)
-        chosen = written_weights(steps, prepared.model, annotations, ranges.qparams, learned)
-        bias = None
-        if cfg.bias_correction and data is not None:
-            bias = bias_correction_pass(
-                prepared.model, annotations, profile, cfg.weights, data, inputs,
-                cfg.max_batches, chosen,
-            )  # fmt: skip
-        correct_sequentially(steps, prepared.model, annotations, ranges.qparams, chosen)
+        qparams, held = recovered.ranges.qparams, recovered.statistics.held
         # the float outputs first: their session is gone before the quantized model is built
-        reference = float_reference(
-            prepared.take_reference(), prepared.model, statistics.held, profile
-        )
+        reference = float_reference(prepared.take_reference(), prepared.model, held, profile)
         float_weight_bytes = ir.weight_nbytes(prepared.model)
         placed = materialize(
-            prepared.model, annotations, ranges.qparams, profile, cfg.weights, chosen
+            prepared.model, annotations, qparams, profile, cfg.weights, recovered.chosen
         )
         if mixed is not None:  # the target's verdict on the model written, recovery included
             mixed = mixed.as_written(prepared.model)
         if ir.external.lazy_nbytes(prepared.model) < ir.external.LAZY_BYTES:
             ir.external.load_all(prepared.model)  # float weights that stayed float (biases)
-        verification = verify(
-            prepared.model, reference, statistics.held, profile, cfg.agreement_threshold
-        )
-    outcome = Outcome(
-        config=cfg,
-        profile=profile,
-        profile_note=profile_note,
-        prepared=prepared,
-        graph=view,
-        inputs=inputs,
-        annotations=annotations,
-        statistics=statistics,
-        remarks=ranges.remarks,
-        bias=bias,
-        placed=placed,
-        verification=verification,
-        mixed_precision=mixed,
-        recovery=recovery,
-    )
-    report = _report(outcome)
+        verification = verify(prepared.model, reference, held, profile, cfg.agreement_threshold)
+    report = _report(_outcome(cfg, front, annotations, recovered, placed, verification, mixed))
     report.weight_bytes = (float_weight_bytes, ir.weight_nbytes(prepared.model))
     if save_calibration is not None and cache is not None:
         ir.atomic_write_bytes(save_calibration, cache)
     quantized = QuantizedModel(prepared.model, report, prepared.source)
     return quantized, annotations.score_map_method is not None
+
+
+def _outcome(
+    cfg: QuantConfig,
+    front: FloatGraph,
+    annotations: Annotations,
+    recovered: Recovered,
+    placed: list[Placed],
+    verification: Verification,
+    mixed: MixedPrecision | None,
+) -> Outcome:
+    """What the stages of a static or dynamic run returned, for its report."""
+    return Outcome(
+        config=cfg,
+        profile=front.profile,
+        profile_note=front.profile_note,
+        prepared=front.prepared,
+        graph=GraphView.of(front.graph, front.profile),
+        inputs=front.inputs,
+        annotations=annotations,
+        statistics=recovered.statistics,
+        remarks=recovered.ranges.remarks,
+        bias=recovered.bias,
+        placed=placed,
+        verification=verification,
+        mixed_precision=mixed,
+        recovery=front.steps.recovery,
+    )
+
+
+def _cache(statistics: CalibrationResult, graph: ir.Graph, backend: str) -> bytes:
+    """The calibration cache of ``statistics`` (``save_calibration``), as bytes to write."""
+    return calibration_cache(
+        statistics.stats, graph, backend, statistics.body_runs, statistics.unobservable
+    )
 
 
 def _config(
@@ -439,10 +388,12 @@ def _report(outcome: Outcome) -> Report:
         fidelity_mode=o.verification.mode,
         warnings=said.warnings,
         notes=said.notes,
-        bias_corrections=o.bias.corrections if o.bias is not None else [],
-        recovery=o.recovery.to_dict() if o.recovery is not None else {},
+        sections=[
+            BiasCorrectionRecord.of(o.bias),
+            *([SearchRecord.of(o.mixed_precision)] if o.mixed_precision is not None else []),
+            RecoveryRecord.of(o.recovery),
+        ],
         default_session=o.verification.default_session,
-        mixed_precision=o.mixed_precision.to_dict() if o.mixed_precision is not None else None,
     )
 
 

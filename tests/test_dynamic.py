@@ -53,3 +53,39 @@ def test_the_cli_quantizes_inspects_checks_and_explains(tmp_path, model_file, ca
     assert main(["explain", str(src), "--backend", "onnxruntime", "--dynamic"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("rnn ") and "quantized by dynamic_lstm" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--adaround"], "adaround"),
+        (["--calibration-mode", "prefix"], "calibration_mode"),
+        (["--range-search"], "range_search"),
+        (["--sequential-correction"], "sequential_correction"),
+        (["--shift-activations"], "shift_activations"),
+        (["--method", "minmax"], "method"),
+    ],
+)
+def test_a_static_option_with_dynamic_is_refused_in_one_line(
+    tmp_path, model_file, capsys, flags, named
+):
+    src = model_file(graphs.matmul_stack())
+    out = tmp_path / "dyn.onnx"
+    args = ["quantize", str(src), "-o", str(out), "--backend", "onnxruntime", "--dynamic"]
+    assert main([*args, *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and not out.exists()
+    assert f"{named} applies to static quantization" in err and "drop --dynamic" in err
+
+
+def test_the_api_refuses_what_a_dynamic_run_would_ignore():
+    with pytest.raises(ConfigError, match=r"^adaround applies to static quantization"):
+        onnxq.quantize(graphs.matmul_stack(), backend="onnxruntime", dynamic=True, adaround=True)
+
+
+def test_a_weight_only_field_without_weights_is_refused(tmp_path, model_file, capsys):
+    src = model_file(graphs.matmul_stack())
+    args = ["quantize", str(src), "-o", str(tmp_path / "o.onnx"), "--block-size", "32"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "block_size applies to weight-only quantization" in err

@@ -385,50 +385,6 @@ def test_drop_initializer_inputs_keeps_a_recent_ir_version():
     assert ir.drop_initializer_inputs(model) == [] and model.ir_version == 10
 
 
-def _chain(*ops: tuple[str, dict]) -> ir.Graph:
-    """x[1, 4, 6, 6] -> op -> op ... (each op reads the previous output; Clip bounds and
-    Concat's second input come from the op's dict)."""
-    nodes, inits, prev = [], [], "x"
-    for i, (op, kw) in enumerate(ops):
-        inputs, attrs = [prev], dict(kw)
-        if op == "Clip":
-            for k in ("lo", "hi"):
-                inits.append(graphs.init(f"{k}{i}", np.array(attrs.pop(k), np.float32)))
-                inputs.append(f"{k}{i}")
-        if op == "Concat":
-            inputs.append(attrs.pop("other"))
-        nodes.append(helper.make_node(op, inputs, [f"t{i}"], name=f"n{i}", **attrs))
-        prev = f"t{i}"
-    graph = helper.make_graph(
-        nodes,
-        "chain",
-        [graphs.tensor("x", [1, 4, 6, 6])],
-        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", graphs.OPSET)])
-    return ir.Graph(model)
-
-
-@pytest.mark.parametrize(
-    "ops, expected",
-    [
-        ([("Relu", {})], True),
-        ([("Sigmoid", {}), ("MaxPool", {"kernel_shape": [2, 2]}), ("Flatten", {})], True),
-        ([("Clip", {"lo": 0.0, "hi": 6.0}), ("GlobalAveragePool", {})], True),
-        ([("Clip", {"lo": -1.0, "hi": 1.0})], False),
-        ([("Tanh", {})], False),
-        ([("Relu", {}), ("Neg", {})], False),
-        ([("Relu", {}), ("Concat", {"axis": 1, "other": "t0"})], True),
-        ([("Relu", {}), ("Concat", {"axis": 1, "other": "x"})], False),  # a graph input: unknown
-    ],
-)
-def test_nonnegative_follows_producers_that_bound_a_tensor_below_by_zero(ops, expected):
-    graph = _chain(*ops)
-    assert graph.nonnegative(f"t{len(ops) - 1}") is expected
-    assert graph.nonnegative("x") is False
-
-
 def test_channel_peaks_are_one_output_for_the_block_and_the_model_stays_as_it_was():
     model = ir.infer_shapes(graphs.conv_relu())
     before = model.SerializeToString(deterministic=True)

@@ -1,6 +1,7 @@
 """Checks of weight-only layers: blocked DequantizeLinear (opset 21 ``block_size``) and
 onnxruntime's MatMulNBits / GatherBlockQuantized, against the profile's
-:class:`~onnxq.backends.profile.WeightOnlyFormat`.  Called by :func:`onnxq.backends.check.check`.
+:class:`~onnxq.backends.weight_only_format.WeightOnlyFormat`.  Called by
+:func:`onnxq.backends.check.check`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import onnx
 from onnx import TensorProto
 
 from onnxq import ir
-from onnxq.backends.profile import BackendProfile, WeightOnlyFormat
+from onnxq.backends.profile import BackendProfile
+from onnxq.backends.weight_only_format import WeightOnlyFormat
 from onnxq.errors import Violation
 
 _BITS: dict[int, tuple[int, bool]] = {

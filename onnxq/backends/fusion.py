@@ -15,8 +15,8 @@ from pathlib import Path
 import onnx
 
 from onnxq import ir
-from onnxq.backends.profile import WEIGHT_AXES
 from onnxq.errors import UnsupportedModelError
+from onnxq.ir.ops import WEIGHTED_OPS
 
 # onnxruntime's integer kernels besides the QLinear* family
 INTEGER_KERNELS = frozenset(
@@ -68,8 +68,6 @@ def fusion_report(
     ``folded_activations``: Relu, Clip) that feeds a Q counts as quantized at its output:
     onnxruntime folds the activation into the Q's range.
     """
-    import onnxruntime as ort
-
     candidates: list[onnx.NodeProto] = []
     mixed: list[tuple[str, str]] = []
     float_between: list[tuple[str, str]] = []
@@ -80,19 +78,7 @@ def fusion_report(
         mixed += found[1]
         float_between += found[2]
         where.update((n.name, scope) for n in found[0])
-    with ir.scratch_dir("onnxq-fusion-") as tmp:
-        out = Path(tmp) / "optimized.onnx"
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 4  # failures reach the user as onnxq errors
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        opts.optimized_model_filepath = str(out)
-        try:
-            ort.InferenceSession(
-                ir.session_bytes_or_path(model, Path(tmp)), opts, providers=["CPUExecutionProvider"]
-            )
-        except Exception as exc:
-            raise UnsupportedModelError(f"onnxruntime cannot load the model: {exc}") from None
-        optimized = onnx.load(str(out))
+    optimized = _optimized(model)
     # a candidate is unfused when, after optimization, a node of its name still reads a
     # DequantizeLinear output, whatever its op type became (Conv + Relu -> FusedConv is still
     # float); ops onnxruntime runs on int8 directly, like MaxPool, keep their name but lose the DQ
@@ -119,6 +105,25 @@ def fusion_report(
     )
 
 
+def _optimized(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` as onnxruntime's extended-level optimizer leaves it (for the CPU)."""
+    import onnxruntime as ort
+
+    with ir.scratch_dir("onnxq-fusion-") as tmp:
+        out = Path(tmp) / "optimized.onnx"
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 4  # failures reach the user as onnxq errors
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        opts.optimized_model_filepath = str(out)
+        try:
+            ort.InferenceSession(
+                ir.session_bytes_or_path(model, Path(tmp)), opts, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:
+            raise UnsupportedModelError(f"onnxruntime cannot load the model: {exc}") from None
+        return onnx.load(str(out))
+
+
 def _groups(
     graph: ir.Graph, kernel_ops: frozenset[str], folded: frozenset[str]
 ) -> tuple[list[onnx.NodeProto], list[tuple[str, str]], list[tuple[str, str]]]:
@@ -142,7 +147,7 @@ def _groups(
         # (onnxruntime has float-output integer kernels for those: QGemm, MatMulIntegerToFloat)
         fed = any(i in dq_outputs for i in n.input)
         weighted = (
-            n.op_type in WEIGHT_AXES
+            n.op_type in WEIGHTED_OPS
             and len(n.input) > 1
             and n.input[1] in dq_outputs
             and n.input[0] in dq_outputs

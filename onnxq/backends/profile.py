@@ -19,89 +19,9 @@ from onnxq.backends.precision_facts import (  # FP8, INT16, dynamic, recurrent c
     TENSORRT_INT16_REFUSAL,
     TENSORRT_RECURRENT_REASON,
 )
+from onnxq.backends.weight_only_format import WeightOnlyFormat
 from onnxq.ir.constants import INTEGER_OPS, WEIGHT_ONLY_OPS
-
-
-@dataclass(frozen=True)
-class WeightAxis:
-    """Which axis of an op's weight holds the output channels.
-
-    ``axis`` is used unless ``attribute`` is set and present on the node, in which case
-    ``by_attribute[value]`` is used (Gemm: transB=1 -> axis 0, transB=0 -> axis 1).
-    A negative axis counts from the end (MatMul's right-hand side ``[K, N]``: -1).
-    """
-
-    axis: int
-    attribute: str | None = None
-    by_attribute: tuple[tuple[int, int], ...] = ()
-    input_index: int = 1
-
-    def resolve(self, attrs: dict[str, int], rank: int) -> int:
-        """The non-negative axis for a node with these attributes and a weight of ``rank``."""
-        axis = self.axis
-        if self.attribute is not None:
-            value = attrs.get(self.attribute, 0)
-            axis = dict(self.by_attribute).get(value, axis)
-        return axis % rank if rank else 0
-
-
-WEIGHT_AXES: dict[str, WeightAxis] = {
-    "Conv": WeightAxis(0),
-    "ConvTranspose": WeightAxis(1),
-    "Gemm": WeightAxis(1, attribute="transB", by_attribute=((1, 0), (0, 1))),
-    "MatMul": WeightAxis(-1),
-}
-
-# Ops that only move, select or reorder values: their output can share the input's qparams.
-PASSTHROUGH_OPS: frozenset[str] = frozenset(
-    {
-        "MaxPool",
-        "Reshape",
-        "Transpose",
-        "Flatten",
-        "Squeeze",
-        "Unsqueeze",
-        "Slice",
-        "Relu",
-        "Pad",
-        "Gather",
-        "Split",
-        "DepthToSpace",
-        "SpaceToDepth",
-        "Resize",
-        "Identity",
-    }
-)
-
-# Ops that build shapes and indices: everything downstream of them is never quantized.
-SHAPE_OPS: frozenset[str] = frozenset({"Shape", "Size", "NonZero", "Range", "ConstantOfShape"})
-
-
-@dataclass(frozen=True)
-class WeightOnlyFormat:
-    """How a backend runs layers whose weights alone are quantized (``--weights int4|int8``).
-
-    Attributes:
-        writer: ``matmul_nbits`` (onnxruntime's ``com.microsoft`` MatMulNBits, and
-            GatherBlockQuantized for embeddings) or ``dequantize_linear`` (an integer
-            initializer behind a DequantizeLinear; opset 21 ``block_size`` for blocks).
-        bits: the weight widths it runs.
-        blocked_bits: the widths it runs block-wise (others only per output channel).
-        symmetric_only: zero points must be 0.
-        block_sizes: the block sizes it runs; empty: any power of two from ``min_block_size``.
-        min_block_size: the smallest block (with ``block_sizes`` empty).
-        embedding_ops: ops whose constant table (an embedding) it runs quantized.
-        blocked_opset: the default-domain opset a blocked DequantizeLinear needs.
-    """
-
-    writer: str
-    bits: frozenset[int]
-    blocked_bits: frozenset[int]
-    symmetric_only: bool
-    block_sizes: frozenset[int] = frozenset()
-    min_block_size: int = 16
-    embedding_ops: frozenset[str] = frozenset()
-    blocked_opset: int = 21
+from onnxq.ir.ops import PASSTHROUGH_OPS, SHAPE_OPS, WEIGHT_AXES, WeightAxis
 
 
 @dataclass(frozen=True)

@@ -187,103 +187,115 @@ def fidelity(
     in ``axes`` (name -> class axis, :func:`class_axes`) also the top-1 agreement along it.
     ``masks`` (:func:`padding_masks`, one per batch): an output of rank >= 3 whose leading
     axes are the mask's is compared on its unpadded rows only."""
-    out = []
-    for name in reference[0] if reference else []:
-        ref = [metrics.as_array(r[name]) for r in reference]
-        got = [metrics.as_array(q[name]) for q in quantized]
-        if any(v is None for v in ref + got):
-            kind = type(reference[0][name]).__name__
-            out.append(
-                OutputFidelity(
-                    name, 0.0, 0.0, 0.0, f"{NOT_COMPARED}a {kind} output, not a numeric tensor"
-                )
-            )
-            continue
-        ref_arrays, got_arrays = cast(list[np.ndarray], ref), cast(list[np.ndarray], got)
-        if not all(np.issubdtype(r.dtype, np.floating) for r in ref_arrays):
-            out.append(
-                OutputFidelity(
-                    name, metrics.agreement(ref_arrays, got_arrays), 0.0, 0.0, "agreement"
-                )
-            )
-            continue
-        class_axis = (axes or {}).get(name)
-        if class_axis is None and kinds is not None:
-            class_axis = score_axis(ref_arrays, name in kinds.logits)
-        ref_arrays, padded = unpadded(ref_arrays, masks)
-        if padded:  # [batch, sequence, ...] became [rows, ...]
-            got_arrays, _ = unpadded(got_arrays, masks)
-            if class_axis is not None and class_axis >= 0:
-                class_axis = class_axis - 1 if class_axis >= 2 else None
-        top1 = metrics.top1(ref_arrays, got_arrays, class_axis)
-        a, b = metrics.flat64(ref_arrays), metrics.flat64(got_arrays)
-        nonfinite = mismatch = 0
-        if a.shape != b.shape:
-            out.append(
-                OutputFidelity(
-                    name,
-                    0.0,
-                    0.0,
-                    0.0,
-                    f"{SHAPE_CHANGED} gives {b.size} values, the float model {a.size}",
-                )
-            )
-            continue
-        finite = np.isfinite(a) & np.isfinite(b)
-        if not finite.all():
-            same = ~finite & ((np.isnan(a) & np.isnan(b)) | (a == b))
-            nonfinite = int((~np.isfinite(a)).sum())
-            mismatch = int((~finite & ~same).sum())
-            a, b = a[finite], b[finite]
-        del finite
-        err, peak = metrics.abs_max(a, b), metrics.abs_max(a)
-        cos = metrics.cosine(a, b, overwrite=True)
-        del a, b  # an LM's logits: float64 copies of hundreds of MB
-        result = OutputFidelity(
-            name,
-            round(cos, 6),
-            err,
-            peak,
-            nonfinite=nonfinite,
-            nonfinite_mismatch=mismatch,
-            top1_agreement=top1,
-            padding_left_out=padded,
+    return [
+        _output_fidelity(name, reference, quantized, axes, masks, kinds)
+        for name in (reference[0] if reference else [])
+    ]
+
+
+def _output_fidelity(
+    name: str,
+    reference: list[dict[str, np.ndarray]],
+    quantized: list[dict[str, np.ndarray]],
+    axes: dict[str, int] | None,
+    masks: list[np.ndarray | None] | None,
+    kinds: OutputKinds | None,
+) -> OutputFidelity:
+    """The fidelity of output ``name`` over all batches (see :func:`fidelity`)."""
+    ref = [metrics.as_array(r[name]) for r in reference]
+    got = [metrics.as_array(q[name]) for q in quantized]
+    if any(v is None for v in ref + got):
+        kind = type(reference[0][name]).__name__
+        return OutputFidelity(
+            name, 0.0, 0.0, 0.0, f"{NOT_COMPARED}a {kind} output, not a numeric tensor"
         )
-        per_sample = (
-            None
-            if nonfinite or mismatch or padded
-            else metrics.sample_cosines(ref_arrays, got_arrays)
+    ref_arrays, got_arrays = cast(list[np.ndarray], ref), cast(list[np.ndarray], got)
+    if not all(np.issubdtype(r.dtype, np.floating) for r in ref_arrays):
+        return OutputFidelity(
+            name, metrics.agreement(ref_arrays, got_arrays), 0.0, 0.0, "agreement"
         )
-        if per_sample is not None:
-            result = replace(
-                result,
-                sample_cosine_mean=round(float(per_sample.mean()), 6),
-                worst_sample_cosine=round(float(per_sample.min()), 6),
-                worst_samples=tuple(int(i) for i in np.argsort(per_sample, kind="stable")[:3]),
-            )
-        if kinds is not None and name in kinds.sigmoids:
-            result = replace(
-                result,
-                threshold=kinds.threshold,
-                threshold_agreement=threshold_agreement(ref_arrays, got_arrays, kinds.threshold),
-            )
-        sliced = (
-            None
-            if nonfinite or mismatch or top1 is not None
-            else metrics.slice_cosines(ref_arrays, got_arrays)
+    class_axis = (axes or {}).get(name)
+    if class_axis is None and kinds is not None:
+        class_axis = score_axis(ref_arrays, name in kinds.logits)
+    ref_arrays, padded = unpadded(ref_arrays, masks)
+    if padded:  # [batch, sequence, ...] became [rows, ...]
+        got_arrays, _ = unpadded(got_arrays, masks)
+        if class_axis is not None and class_axis >= 0:
+            class_axis = class_axis - 1 if class_axis >= 2 else None
+    top1 = metrics.top1(ref_arrays, got_arrays, class_axis)
+    result, compared = _value_fidelity(name, ref_arrays, got_arrays, top1, padded)
+    if not compared:
+        return result
+    clean = not (result.nonfinite or result.nonfinite_mismatch)
+    per_sample = metrics.sample_cosines(ref_arrays, got_arrays) if clean and not padded else None
+    if per_sample is not None:
+        result = replace(
+            result,
+            sample_cosine_mean=round(float(per_sample.mean()), 6),
+            worst_sample_cosine=round(float(per_sample.min()), 6),
+            worst_samples=tuple(int(i) for i in np.argsort(per_sample, kind="stable")[:3]),
         )
-        if sliced is not None:
-            axis, cosines, peaks = sliced
-            k = int(np.argmin(cosines))
-            nonzero = peaks[peaks > 0]
-            ratio = float(nonzero.max() / nonzero.min()) if nonzero.size else 1.0
-            result = replace(
-                result,
-                slice_axis=axis,
-                slices=len(cosines),
-                worst_slice=k,
-                worst_slice_cosine=round(float(cosines[k]), 6),
-                slice_peak_ratio=round(ratio, 3),
-            )
-        out.append(result)
-    return out
+    if kinds is not None and name in kinds.sigmoids:
+        result = replace(
+            result,
+            threshold=kinds.threshold,
+            threshold_agreement=threshold_agreement(ref_arrays, got_arrays, kinds.threshold),
+        )
+    sliced = metrics.slice_cosines(ref_arrays, got_arrays) if clean and top1 is None else None
+    return result if sliced is None else _with_slices(result, sliced)
+
+
+def _value_fidelity(
+    name: str,
+    ref_arrays: list[np.ndarray],
+    got_arrays: list[np.ndarray],
+    top1: float | None,
+    padded: int,
+) -> tuple[OutputFidelity, bool]:
+    """Cosine, max error and peak of one float output over its finite values (the non-finite
+    ones counted, and those where the two models differ), and whether the values could be
+    compared at all (False: the quantized model gives another number of values)."""
+    a, b = metrics.flat64(ref_arrays), metrics.flat64(got_arrays)
+    nonfinite = mismatch = 0
+    if a.shape != b.shape:
+        changed = f"{SHAPE_CHANGED} gives {b.size} values, the float model {a.size}"
+        return OutputFidelity(name, 0.0, 0.0, 0.0, changed), False
+    finite = np.isfinite(a) & np.isfinite(b)
+    if not finite.all():
+        same = ~finite & ((np.isnan(a) & np.isnan(b)) | (a == b))
+        nonfinite = int((~np.isfinite(a)).sum())
+        mismatch = int((~finite & ~same).sum())
+        a, b = a[finite], b[finite]
+    del finite
+    err, peak = metrics.abs_max(a, b), metrics.abs_max(a)
+    cos = metrics.cosine(a, b, overwrite=True)
+    del a, b  # an LM's logits: float64 copies of hundreds of MB
+    result = OutputFidelity(
+        name,
+        round(cos, 6),
+        err,
+        peak,
+        nonfinite=nonfinite,
+        nonfinite_mismatch=mismatch,
+        top1_agreement=top1,
+        padding_left_out=padded,
+    )
+    return result, True
+
+
+def _with_slices(
+    result: OutputFidelity, sliced: tuple[int, np.ndarray, np.ndarray]
+) -> OutputFidelity:
+    """``result`` with its worst slice along the axis :func:`metrics.slice_cosines` chose."""
+    axis, cosines, peaks = sliced
+    k = int(np.argmin(cosines))
+    nonzero = peaks[peaks > 0]
+    ratio = float(nonzero.max() / nonzero.min()) if nonzero.size else 1.0
+    return replace(
+        result,
+        slice_axis=axis,
+        slices=len(cosines),
+        worst_slice=k,
+        worst_slice_cosine=round(float(cosines[k]), 6),
+        slice_peak_ratio=round(ratio, 3),
+    )

@@ -97,11 +97,10 @@ def calibrate(
     depends on the number of samples, not on how they are batched.
     Tensors in ``channels`` also get each channel's peak magnitude (axis 1); rank-3 tensors
     in ``positions`` get their positions (sample, t) counted by peak magnitude over axis 1
-    (:meth:`TensorStats.weak_positions`).  A tensor the
-    graph keeps >= 0 (:meth:`ir.Graph.nonnegative`) is read for its maxima only and its
-    minimum is recorded as 0: every range includes 0, so no scale changes.  When such a tensor
-    needs no histogram and has a static (N, C, H, W) shape, its maxima are taken inside the
-    graph (a GlobalMaxPool) instead of exposing it whole.
+    (:meth:`TensorStats.weak_positions`).  A tensor the graph keeps >= 0
+    (:meth:`ir.Graph.nonnegative`) is read for its maxima only and its minimum is recorded as
+    0: every range includes 0, so no scale changes.  When such a tensor needs no histogram and
+    has a static (N, C, H, W) shape, its maxima are taken inside the graph (a GlobalMaxPool).
 
     ``executor`` (:mod:`onnxq.scale`): observe shards of the batches there (on a Ray
     cluster, say) and merge them; the result is the same as without it.
@@ -123,6 +122,21 @@ def calibrate(
         positions=positions,
         graph=graph,
     )
+    return _observe_planned(model, graph, plan, source, inputs, hold, progress, executor, optimize)
+
+
+def _observe_planned(
+    model: onnx.ModelProto,
+    graph: ir.Graph,
+    plan: CalibrationPlan,
+    source: Iterable[Batch],
+    inputs: list[InputSpec],
+    hold: int,
+    progress: bool,
+    executor: Executor | None,
+    optimize: bool,
+) -> CalibrationResult:
+    """Observe ``source`` under ``plan``: in shards on ``executor``, or in this process."""
     if executor is not None and optimize:
         from onnxq.calibrate.shards import observe_sharded
 
@@ -133,7 +147,7 @@ def calibrate(
     observed = observe(
         model,
         plan,
-        lambda: _limit(source, max_batches),
+        lambda: _limit(source, plan.max_batches),
         inputs,
         hold=hold,
         progress=progress,

@@ -78,14 +78,7 @@ def plan_calibration(
     first = first_batch(source, inputs)
     concrete = _concrete_shapes(model, graph, names, first)
     shapes = {name: concrete.get(name) or scope[name].shape(name) for name in names}
-    peaks = {
-        name: plan
-        for name in names
-        if not tensors[name]
-        and name not in positions
-        and scope[name] is graph
-        and (plan := peaks_plan(graph, name, concrete.get(name)))
-    }
+    peaks = _peaks_plans(graph, tensors, names, positions, scope, concrete)
     sizes = {
         name: 4 * peaks[name].channels if name in peaks else 4 * _numel(shapes[name])
         for name in names
@@ -99,21 +92,9 @@ def plan_calibration(
         for name in names
         if tensors[name]
     }
-    budget_sampled = (
-        sum(
-            stride != _tensor_stride(shapes[name], histogram_sample, axes.get(name, 0))
-            for name, stride in strides.items()
-        )
-        if share != histogram_sample
-        else 0
-    )
+    budget_sampled = _budget_sampled(strides, shapes, axes, share, histogram_sample)
     groups = _groups(names, sizes, memory_budget)
-    if len(groups) > 1 and iter(source) is source:  # type: ignore[comparison-overlap]
-        raise CalibrationDataError(
-            f"observing {len(names)} tensors needs {len(groups)} passes over the data (memory "
-            "budget), but the calibration source can be read only once; pass a folder, a list, "
-            "or raise the memory budget"
-        )
+    _check_passes(groups, names, source)
     return CalibrationPlan(
         tensors=dict(tensors),
         channels=frozenset(channels) & set(names),
@@ -129,6 +110,53 @@ def plan_calibration(
         max_batches=max_batches,
         total=total,
     )
+
+
+def _peaks_plans(
+    graph: ir.Graph,
+    tensors: dict[str, bool],
+    names: list[str],
+    positions: frozenset[str],
+    scope: dict[str, ir.Graph],
+    concrete: dict[str, tuple[int | str | None, ...]],
+) -> dict[str, PeaksPlan]:
+    """The tensors observed through in-graph per-channel maxima: top-level tensors that need
+    no histogram and no position counts, where :func:`peaks_plan` finds a plan."""
+    return {
+        name: plan
+        for name in names
+        if not tensors[name]
+        and name not in positions
+        and scope[name] is graph
+        and (plan := peaks_plan(graph, name, concrete.get(name)))
+    }
+
+
+def _budget_sampled(
+    strides: dict[str, int],
+    shapes: dict[str, tuple[int | str | None, ...] | None],
+    axes: dict[str, int],
+    share: int,
+    histogram_sample: int,
+) -> int:
+    """The histogram tensors whose stride the whole calibration's budget raised above the
+    per-sample one (0 when the budget leaves every sample its ``histogram_sample`` values)."""
+    if share == histogram_sample:
+        return 0
+    return sum(
+        stride != _tensor_stride(shapes[name], histogram_sample, axes.get(name, 0))
+        for name, stride in strides.items()
+    )
+
+
+def _check_passes(groups: list[list[str]], names: list[str], source: Iterable[Batch]) -> None:
+    """Refuse several passes over a source that can be read only once."""
+    if len(groups) > 1 and iter(source) is source:  # type: ignore[comparison-overlap]
+        raise CalibrationDataError(
+            f"observing {len(names)} tensors needs {len(groups)} passes over the data (memory "
+            "budget), but the calibration source can be read only once; pass a folder, a list, "
+            "or raise the memory budget"
+        )
 
 
 def batch_symbols(graph: ir.Graph) -> frozenset[str]:

@@ -28,6 +28,95 @@ error (bad input, options or data), 3 internal error (a bug in onnxq: please rep
 """
 
 
+# the options ``onnxq quantize --help`` shows: the ones a user needs in the first hour; the
+# others are grouped by config section under ``--help-all`` (tests/cli/test_parser.py)
+FIRST_LEVEL = frozenset(
+    {
+        "help",
+        "help_all",
+        "model",
+        "output",
+        "calib",
+        "backend",
+        "method",
+        "precision",
+        "dynamic",
+        "weights",
+        "config",
+        "set",
+        "exclude",
+        "report",
+        "preprocess",
+        "max_batches",
+        "batch_size",
+        "save_calibration",
+        "load_calibration",
+        "target",
+        "ray",
+        "device",
+        "external_data",
+        "quiet",
+    }
+)
+
+
+class _FirstLevel(argparse.RawDescriptionHelpFormatter):
+    """``--help``: only the first-level options, in the usage line too."""
+
+    def add_usage(self, usage: Any, actions: Any, groups: Any, prefix: Any = None) -> None:
+        shown = [a for a in actions if a.dest in FIRST_LEVEL or not a.option_strings]
+        super().add_usage(usage, shown, groups, prefix)
+
+    def add_argument(self, action: argparse.Action) -> None:
+        if action.dest in FIRST_LEVEL or not action.option_strings:
+            super().add_argument(action)
+
+
+class _HelpAll(argparse.Action):
+    """``--help-all``: every option, grouped by config section, then the fields that only
+    ``--set`` reaches."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        parser.epilog = set_fields_text(parser) + "\n" + (parser.epilog or "")
+        parser.print_help()
+        parser.exit()
+
+
+def set_fields_text(parser: argparse.ArgumentParser) -> str:
+    """The config fields by section, as ``--set SECTION.FIELD=VALUE`` takes them (a field a flag
+    also sets names the flag)."""
+    from onnxq.config import QuantConfig
+    from onnxq.config.sections import SECTIONS
+
+    defaults = QuantConfig().to_dict()
+    flag_of = {a.dest: a.option_strings[-1] for a in parser._actions if a.option_strings}
+    lines = ["config fields (--set SECTION.FIELD=VALUE; a YAML file may nest them the same way):"]
+    for section, (what, names) in SECTIONS.items():
+        lines.append(f"  {section}: {what}")
+        for name in names:
+            flag = _FLAG_OF_FIELD.get(name) or flag_of.get(name)
+            also = f"  ({flag})" if flag else ""
+            lines.append(f"    {section}.{name}={defaults[name]!r}{also}")
+    return "\n".join(lines) + "\n"
+
+
+# config fields whose flag has another name
+_FLAG_OF_FIELD = {
+    "target_accuracy": "--target",
+    "weight_only": "--weights",
+    "weight_algorithm": "--algorithm",
+    "memory_budget_mb": "--memory-budget",
+    "simplify": "--no-simplify",
+    "progress": "--quiet",
+    "exclude_op_types": "--exclude-op-type",
+    "exclude_modules": "--exclude-module",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from onnxq.numerics.observers import METHODS
     from onnxq.place.exclusions import EXCLUSIONS
@@ -47,10 +136,19 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser(
         "quantize",
         help="quantize a float ONNX model",
-        description="Quantize a float ONNX model to INT8 Q/DQ.",
+        description="Quantize a float ONNX model to INT8 Q/DQ.\n\n--help shows the options of "
+        "the first hour; --help-all shows every option, grouped by\nconfig section, and every "
+        "config field, which --set SECTION.FIELD=VALUE reaches.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_FirstLevel,
     )
+    q.add_argument(
+        "--help-all", action=_HelpAll, help="every option, grouped by config section, and exit"
+    )
+    from onnxq.config.sections import SECTIONS
+
+    # the second-level options, one group per config section (shown by --help-all)
+    sec = {name: q.add_argument_group(f"{name}: {what}") for name, (what, _) in SECTIONS.items()}
     q.add_argument("model", help="float ONNX model (never modified)")
     q.add_argument("-o", "--output", required=True, help="output .onnx path (written atomically)")
     q.add_argument("--calib", metavar="DATA", help="calibration data (see below)")
@@ -65,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="activation range method (default: the config's, else auto: per tensor the "
         "method with the least expected quantization error)",
     )
-    q.add_argument(
+    sec["placement"].add_argument(
         "--method-for",
         action="append",
         default=[],
@@ -73,11 +171,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="per-tensor method: tensors whose name, or whose reading node's name, "
         "matches GLOB use METHOD (repeatable; later wins)",
     )
-    q.add_argument(
+    sec["calibration"].add_argument(
         "--percentile", type=float, help="percentile kept by --method percentile (default 99.99)"
     )
-    _precision_flags(q)
+    _precision_flags(q, sec["placement"])
     q.add_argument("--config", metavar="FILE.yaml", help="QuantConfig YAML (see docs/config.md)")
+    q.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="set any config field, e.g. recovery.adaround=true or calibration.percentile=99.9 "
+        "(repeatable; over --config; --help-all lists the sections and fields)",
+    )
     q.add_argument(
         "--exclude",
         action="append",
@@ -86,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="node-name glob that stays float (repeatable); a name that matches no node "
         "but a tensor (as `onnxq analyze` lists them) keeps the tensor's producer float",
     )
-    _selection_flags(q)
+    _selection_flags(sec["placement"])
     q.add_argument("--report", metavar="FILE", help="write the report as .json or .html")
     q.add_argument(
         "--preprocess",
@@ -113,21 +219,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="quantize from saved statistics instead of data (--calib then only "
         "feeds the fidelity check and may be omitted)",
     )
-    q.add_argument(
+    sec["calibration"].add_argument(
         "--memory-budget",
         type=int,
         metavar="MB",
         help="activation memory per batch during calibration (default 4096); "
         "above it tensors are observed in several passes",
     )
-    q.add_argument(
+    sec["calibration"].add_argument(
         "--histogram-sample",
         type=int,
         metavar="N",
         help="values per sample that enter a histogram (default 65536; larger "
         "samples contribute every s-th value; 0 = every value, slower)",
     )
-    q.add_argument(
+    sec["calibration"].add_argument(
         "--histogram-budget",
         type=int,
         metavar="N",
@@ -142,24 +248,24 @@ def build_parser() -> argparse.ArgumentParser:
         "sample_cosine, sqnr, top1): keep the fewest, most harmful layers float until it "
         "holds; exit 1 (the best model is still written) when it cannot",
     )
-    q.add_argument(
+    sec["accuracy"].add_argument(
         "--heldout",
         metavar="DATA",
         help="data to measure --target on (default: the first --heldout-batches calibration "
         "batches, which calibration then skips)",
     )
-    q.add_argument(
+    sec["accuracy"].add_argument(
         "--heldout-batches",
         type=_positive,
         help="batches held out for --target (default 16)",
     )
-    q.add_argument(
+    sec["accuracy"].add_argument(
         "--target-cost",
         choices=TARGET_COSTS,
         help="what --target's search keeps small: layers (the fewest float layers, default) or "
         "macs (the fewest multiply-adds left out of INT8, by gain per multiply-add)",
     )
-    q.add_argument(
+    sec["accuracy"].add_argument(
         "--target-max-float-macs",
         metavar="SHARE",
         help="the most of the model's multiply-adds --target's search may leave out of INT8, "
@@ -180,12 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="where calibration and validation run: cpu (default), cuda or cuda:N "
         "(needs onnxruntime-gpu)",
     )
-    _target_flags(q)
-    _weight_only_flags(q)
+    _target_flags(sec["profile"])
+    _weight_only_flags(q, sec["weightonly"])
     from onnxq.cli.recovery import add_recovery_flags
 
-    add_recovery_flags(q)
-    q.add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
+    add_recovery_flags(sec["recovery"])
+    sec["run"].add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
     q.add_argument(
         "--external-data",
         action="store_true",
@@ -301,7 +407,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _selection_flags(parser: argparse.ArgumentParser) -> None:
+Flags = argparse._ActionsContainer  # a parser or one of its argument groups
+
+
+def _selection_flags(parser: Flags) -> None:
     """--exclude-op-type and --exclude-module (placement selections beside --exclude)."""
     parser.add_argument(
         "--exclude-op-type",
@@ -321,7 +430,7 @@ def _selection_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _target_flags(parser: argparse.ArgumentParser) -> None:
+def _target_flags(parser: Flags) -> None:
     """--target-cpu and --cost-table (the onnxruntime backend's CPU tuning)."""
     from onnxq.backends.cpu import CPU_CLASSES
 
@@ -339,8 +448,9 @@ def _target_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _precision_flags(parser: argparse.ArgumentParser) -> None:
-    """--precision, --dynamic and --dynamic-weight-scales (docs/precisions.md)."""
+def _precision_flags(parser: Flags, placement: Flags | None = None) -> None:
+    """--precision, --dynamic and (in ``placement``, else ``parser``) --dynamic-weight-scales
+    (docs/precisions.md)."""
     from onnxq.config.options import DYNAMIC_WEIGHT_SCALES
     from onnxq.numerics.precisions import PRECISIONS
 
@@ -357,7 +467,7 @@ def _precision_flags(parser: argparse.ArgumentParser) -> None:
         help="dynamic quantization (--backend onnxruntime): int8 weights, activations "
         "quantized at run time; no --calib needed (given, it feeds the fidelity check)",
     )
-    parser.add_argument(
+    (placement or parser).add_argument(
         "--dynamic-weight-scales",
         choices=list(DYNAMIC_WEIGHT_SCALES),
         help="with --dynamic: one scale per weight where that keeps its SQNR >= 30 dB, else "
@@ -367,8 +477,9 @@ def _precision_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _weight_only_flags(q: argparse.ArgumentParser) -> None:
-    """--weights, --block-size, --algorithm: weight-only quantization (docs/weight-only.md)."""
+def _weight_only_flags(q: Flags, weightonly: Flags) -> None:
+    """--weights, and (in ``weightonly``) --block-size, --algorithm: weight-only quantization
+    (docs/weight-only.md)."""
     from onnxq.config.choices import WEIGHT_ALGORITHMS, WEIGHT_ONLY
 
     q.add_argument(
@@ -378,14 +489,14 @@ def _weight_only_flags(q: argparse.ArgumentParser) -> None:
         "backend runs them) to int4 blocks or int8, activations stay float; --calib optional "
         "(docs/weight-only.md)",
     )
-    q.add_argument(
+    weightonly.add_argument(
         "--block-size",
         type=int,
         metavar="N",
         help="with --weights: input rows sharing a scale (default 128 for int4, per channel "
         "for int8; 0: per channel; onnxruntime: a power of two >= 16, tensorrt: 64 or 128)",
     )
-    q.add_argument(
+    weightonly.add_argument(
         "--algorithm",
         choices=WEIGHT_ALGORITHMS,
         help="with --weights: rtn (round to nearest, clip search; no data needed), gptq, awq, "

@@ -16,7 +16,6 @@ from onnxq.errors import (
 
 def quantize_command(args: argparse.Namespace) -> int:
     from onnxq.api import check_paths, quantize
-    from onnxq.cli.recovery import recovery_options
     from onnxq.errors import OutputError
     from onnxq.report.fidelity import latency_warning
 
@@ -41,38 +40,13 @@ def quantize_command(args: argparse.Namespace) -> int:
     result = quantize(
         args.model,
         args.calib,
-        backend=args.backend,
-        method=args.method,
-        exclude=args.exclude,
         config=_with_method_overrides(args.config, args.method_for),
         batch_size=args.batch_size,
-        percentile=args.percentile,
-        max_batches=args.max_batches,
-        simplify=False if args.no_simplify else None,
-        progress=False if args.quiet else None,
-        memory_budget_mb=args.memory_budget,
-        histogram_sample=args.histogram_sample,
-        histogram_budget=args.histogram_budget,
-        target_cpu=args.target_cpu,
-        cost_table=args.cost_table,
-        preprocess=args.preprocess,
-        precision=args.precision,
-        dynamic=True if args.dynamic else None,
-        dynamic_weight_scales=args.dynamic_weight_scales,
-        weight_only=args.weights,
-        block_size=args.block_size,
-        weight_algorithm=args.algorithm,
         save_calibration=args.save_calibration,
         load_calibration=args.load_calibration,
-        target_accuracy=args.target,
-        heldout_batches=args.heldout_batches,
-        target_cost=args.target_cost,
-        target_max_float_macs=args.target_max_float_macs,
         heldout=args.heldout,
-        device=args.device,
         executor=_ray_executor(args.ray, args.device),
-        **selections(args),
-        **recovery_options(args),
+        **with_settings(_flag_fields(args), args.set),
     )
     try:
         written = result.save(
@@ -94,6 +68,60 @@ def quantize_command(args: argparse.Namespace) -> int:
             print(f"onnxq: warning: {warning}", file=sys.stderr)
     _target_missed(result.report.mixed_precision, out)
     return 0
+
+
+def _flag_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The QuantConfig fields the flags set (None: not given, the config decides)."""
+    from onnxq.cli.recovery import recovery_options
+
+    return {
+        "backend": args.backend,
+        "method": args.method,
+        "exclude": args.exclude,
+        "percentile": args.percentile,
+        "max_batches": args.max_batches,
+        "simplify": False if args.no_simplify else None,
+        "progress": False if args.quiet else None,
+        "memory_budget_mb": args.memory_budget,
+        "histogram_sample": args.histogram_sample,
+        "histogram_budget": args.histogram_budget,
+        "target_cpu": args.target_cpu,
+        "cost_table": args.cost_table,
+        "preprocess": args.preprocess,
+        "precision": args.precision,
+        "dynamic": True if args.dynamic else None,
+        "dynamic_weight_scales": args.dynamic_weight_scales,
+        "weight_only": args.weights,
+        "block_size": args.block_size,
+        "weight_algorithm": args.algorithm,
+        "target_accuracy": args.target,
+        "heldout_batches": args.heldout_batches,
+        "target_cost": args.target_cost,
+        "target_max_float_macs": args.target_max_float_macs,
+        "device": args.device,
+        **selections(args),
+        **recovery_options(args),
+    }
+
+
+def with_settings(fields: dict[str, Any], settings: list[str]) -> dict[str, Any]:
+    """``fields`` (from the flags) with each ``--set SECTION.FIELD=VALUE`` applied; a field
+    that a flag and ``--set`` give different values is a :class:`ConfigError`."""
+    from onnxq.config.sections import parse_setting
+    from onnxq.errors import ConfigError
+
+    out = dict(fields)
+    given: dict[str, str] = {}
+    for text in settings:
+        name, value = parse_setting(text)
+        if name in given:
+            raise ConfigError(f"--set {text!r}: {name} is already set by --set {given[name]!r}")
+        if out.get(name) is not None and out[name] != value:
+            raise ConfigError(
+                f"--set {text!r}: a flag already sets {name} to {out[name]!r}; give it once"
+            )
+        out[name], given[name] = value, text
+    return out
 
 
 def _target_missed(record: dict[str, Any] | None, out: Path) -> None:

@@ -10,9 +10,9 @@ from onnxq.recover.dwequal import DEFAULT_MAX_SCALE
 from onnxq.recover.smoothquant import DEFAULT_ALPHA
 
 
-def add_recovery_flags(parser: argparse.ArgumentParser) -> None:
-    """Add the accuracy-recovery options to ``parser`` (``quantize``; docs/accuracy.md)."""
-    r = parser.add_argument_group("accuracy recovery (docs/accuracy.md)")
+def add_recovery_flags(r: argparse._ActionsContainer) -> None:
+    """Add the accuracy-recovery options to ``r`` (``quantize``'s recovery section;
+    docs/accuracy.md)."""
     on_off = argparse.BooleanOptionalAction
     r.add_argument(
         "--cle",

@@ -6,9 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnxq.cli.parser import selections
+
+if TYPE_CHECKING:
+    from onnxq.backends.profile import BackendProfile
+    from onnxq.config import QuantConfig
+    from onnxq.place.facts import GraphFacts
 
 
 def check_command(args: argparse.Namespace) -> int:
@@ -227,14 +232,8 @@ def inspect_command(args: argparse.Namespace) -> int:
 
 
 def explain_command(args: argparse.Namespace) -> int:
-    from onnxq import ir
     from onnxq.api import resolve_config
-    from onnxq.backends.target import profile_for
-    from onnxq.errors import UnsupportedModelError
     from onnxq.place.engine import annotate
-    from onnxq.place.facts import GraphFacts
-    from onnxq.prepare.simplify import simplify
-    from onnxq.prepare.stage import refuse_quantized
 
     cfg = resolve_config(
         args.config,
@@ -244,16 +243,11 @@ def explain_command(args: argparse.Namespace) -> int:
         cost_table=args.cost_table,
         precision=args.precision,
         dynamic=True if args.dynamic else None,
+        progress=False,
         **selections(args),
     )
-    profile, _ = profile_for(cfg.target)
-    loaded = ir.load_model(args.model, profile.min_opset)
-    try:
-        refuse_quantized(loaded, Path(args.model), profile)
-    except UnsupportedModelError as exc:  # explain what is there, but say quantize refuses
-        print(f"onnxq: warning: `onnxq quantize` refuses this model: {exc}", file=sys.stderr)
-    model, _ = simplify(loaded)
-    ann = annotate(GraphFacts.of(ir.Graph(model), profile), profile, cfg.placement)
+    facts, profile = _explained_graph(args.model, cfg)
+    ann = annotate(facts, profile, cfg.placement)
     width = max((len(d.node) for d in ann.decisions), default=10)
     for d in ann.decisions:
         if d.quantized:
@@ -272,6 +266,35 @@ def explain_command(args: argparse.Namespace) -> int:
     for note in ann.notes:
         print(f"note: {note}")
     return 0
+
+
+def _explained_graph(model: str, cfg: QuantConfig) -> tuple[GraphFacts, BackendProfile]:
+    """The graph facts and profile that ``onnxq quantize`` places ``model`` with
+    (:func:`onnxq.mixed.front.float_graph`: prepared, the float rewrites that need no data
+    applied); for a model that quantize refuses as already quantized, a warning that says so,
+    and the facts of the model as it is."""
+    from onnxq import ir
+    from onnxq.backends.target import profile_for
+    from onnxq.errors import UnsupportedModelError
+    from onnxq.mixed.front import float_graph
+    from onnxq.place.facts import GraphFacts
+    from onnxq.prepare.simplify import simplify
+    from onnxq.prepare.stage import refuse_quantized
+
+    try:
+        front = float_graph(model, cfg)
+    except UnsupportedModelError as refused:
+        profile, _ = profile_for(cfg.target)
+        loaded = ir.load_model(model, profile.min_opset)
+        try:
+            refuse_quantized(loaded, Path(model), profile)
+        except UnsupportedModelError as exc:  # explain what is there, but say quantize refuses
+            print(f"onnxq: warning: `onnxq quantize` refuses this model: {exc}", file=sys.stderr)
+            return GraphFacts.of(ir.Graph(simplify(loaded)[0]), profile), profile
+        raise refused from None
+    for warning in front.steps.recovery.warnings:
+        print(f"onnxq: warning: {warning}", file=sys.stderr)
+    return front.facts, front.profile
 
 
 def tune_cpu_command(args: argparse.Namespace) -> int:

@@ -432,12 +432,16 @@ class QuantConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "config") -> QuantConfig:
-        """Build from a dict, naming unknown keys and wrong types."""
+        """Build from a dict, naming unknown keys and wrong types. Fields may be given flat
+        (``adaround: true``) or under their section (``recovery: {adaround: true}``;
+        :mod:`onnxq.config.sections`)."""
+        from onnxq.config.sections import flatten
+
         if not isinstance(data, dict):
             raise ConfigError(f"{where}: expected a mapping of options, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
-        for key, value in data.items():
+        for key, value in flatten(data, where).items():
             if key not in known:
                 raise ConfigError(
                     f"{where}: unknown key {key!r}; valid keys: {', '.join(sorted(known))}"

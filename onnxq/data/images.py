@@ -226,17 +226,37 @@ class ImageFolder:
                 "calibrating from images needs Pillow: pip install pillow"
             ) from None
         self._image, self.spec, self.preprocess = Image, input_spec, preprocess
-        self.folder, self.batch_size, name = Path(folder), batch_size, input_spec.name
+        self.folder, self.batch_size = Path(folder), batch_size
+        self.files = self._images()
+        b = self._read_shape()
+        self._len = self._batch_count(b)
+        p = preprocess
+        if self.h and self.w and p.center_crop is None and isinstance(p.resize, int):
+            raise CalibrationDataError(
+                f"input {input_spec.name!r} wants {self.h}x{self.w} but resize={p.resize} keeps "
+                f"each image's aspect ratio; add crop={self.h}:{self.w} to the preprocess spec"
+            )
+        planned = p.center_crop or (p.resize if isinstance(p.resize, tuple) else None)
+        if planned:
+            self._check_hw(planned, "the preprocess spec")
+
+    def _images(self) -> list[Path]:
+        """The folder's image files, by name (not searched recursively)."""
         if not self.folder.is_dir():
             raise CalibrationDataError(f"image folder not found: {self.folder}")
-        self.files = sorted(self.folder.iterdir(), key=lambda p: p.name)
-        self.files = [p for p in self.files if _is_image(p)]
-        if not self.files:
+        files = sorted(self.folder.iterdir(), key=lambda p: p.name)
+        files = [p for p in files if _is_image(p)]
+        if not files:
             raise CalibrationDataError(
                 f"{self.folder}: no images ({', '.join(IMAGE_EXTENSIONS)}, "
                 "not searched recursively); add images or fix the path"
             )
-        shape = input_spec.shape
+        return files
+
+    def _read_shape(self) -> int | None:
+        """Check the input takes 3-channel images of this dtype and set the static H and W
+        (None: dynamic); returns the static batch dimension, if any."""
+        shape, name, preprocess = self.spec.shape, self.spec.name, self.preprocess
         if shape is not None and len(shape) != 4:
             raise CalibrationDataError(
                 f"input {name!r} has shape {list(shape)}; an image folder "
@@ -252,31 +272,28 @@ class ImageFolder:
                 f"input {name!r} has shape {self._want()}, i.e. {c} "
                 f"channels in {preprocess.layout}; images give 3; {hint}"
             )
-        if np.dtype(input_spec.dtype).kind != "f" and preprocess.dtype != "uint8":
+        if np.dtype(self.spec.dtype).kind != "f" and preprocess.dtype != "uint8":
             raise CalibrationDataError(
-                f"input {name!r} is {input_spec.dtype}; set dtype=uint8,"
+                f"input {name!r} is {self.spec.dtype}; set dtype=uint8,"
                 "scale=1,mean=0,std=1 in the preprocess spec"
             )
+        return b
+
+    def _batch_count(self, b: int | None) -> int:
+        """The number of batches (a static batch dimension ``b`` skips the leftover images)."""
+        batch_size = self.batch_size
         if batch_size < 1 or (b is not None and batch_size != b):
             raise ConfigError(
-                f"batch size {batch_size} is not valid for input {name!r} of shape "
+                f"batch size {batch_size} is not valid for input {self.spec.name!r} of shape "
                 f"{self._want()}; set the batch size to {b or 'a positive int'}"
             )
-        self._len = len(self.files) // b if b else -(-len(self.files) // batch_size)
-        if not self._len:
+        count = len(self.files) // b if b else -(-len(self.files) // batch_size)
+        if not count:
             raise CalibrationDataError(
                 f"{self.folder}: {len(self.files)} images, fewer than the "
                 f"model's fixed batch size {b}; add images"
             )
-        p = preprocess
-        if self.h and self.w and p.center_crop is None and isinstance(p.resize, int):
-            raise CalibrationDataError(
-                f"input {name!r} wants {self.h}x{self.w} but resize={p.resize} keeps each image's "
-                f"aspect ratio; add crop={self.h}:{self.w} to the preprocess spec"
-            )
-        planned = p.center_crop or (p.resize if isinstance(p.resize, tuple) else None)
-        if planned:
-            self._check_hw(planned, "the preprocess spec")
+        return count
 
     def __len__(self) -> int:
         """The number of batches."""

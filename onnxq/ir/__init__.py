@@ -14,7 +14,6 @@ from onnxq.ir.bodies import CONTROL_FLOW_OPS, Body, all_bodies, every_node
 from onnxq.ir.bodies import opens as opens_body
 from onnxq.ir.body_graph import BodyGraph, child_graphs, scope_index, scopes
 from onnxq.ir.constants import (
-    BIAS_READERS,
     DEFAULT_DOMAINS,
     INTEGER_OPS,
     PROTO_LIMIT,
@@ -22,17 +21,10 @@ from onnxq.ir.constants import (
     WEIGHT_ONLY_OPS,
     is_integer_op,
 )
-from onnxq.ir.graph import (
-    ConstInfo,
-    Graph,
-    constant_node_value,
-    has_subgraph,
-    inner_op_types,
-    node_attrs,
-    set_domain_opset,
-    set_opset,
-)
+from onnxq.ir.graph import ConstInfo, Graph
 from onnxq.ir.load import check_model, load_model, name_nodes, sort_nodes, unshare_biases
+from onnxq.ir.node_values import constant_node_value, has_subgraph, inner_op_types, node_attrs
+from onnxq.ir.ops import BIAS_READERS, WEIGHTED_OP_TYPES, WEIGHTED_OPS
 from onnxq.ir.opset import (
     LoadRecord,
     OpsetUpgrade,
@@ -40,6 +32,8 @@ from onnxq.ir.opset import (
     lower_ir_version,
     opset_purpose,
     opset_version,
+    set_domain_opset,
+    set_opset,
     upgrade_opset,
 )
 from onnxq.ir.order import attr_graphs, node_reads
@@ -70,6 +64,8 @@ __all__ = [
     "PEAKS_OUTPUT",
     "PROTO_LIMIT",
     "QDQ_OPS",
+    "WEIGHTED_OPS",
+    "WEIGHTED_OP_TYPES",
     "WEIGHT_ONLY_OPS",
     "Body",
     "BodyGraph",

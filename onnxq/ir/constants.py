@@ -7,10 +7,6 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
-# ops whose input 2 is a bias added per output channel (int32 at the layer's scale once
-# quantized)
-BIAS_READERS = frozenset({"Conv", "ConvTranspose", "Gemm"})
-
 # onnxruntime's operator-format (and dynamic) quantization: integer ops instead of Q/DQ pairs.
 # TensorRT reads only Q/DQ; onnxq neither re-quantizes these nor checks them as Q/DQ groups.
 INTEGER_OPS = frozenset(

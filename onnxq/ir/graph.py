@@ -15,38 +15,13 @@ from onnxq.errors import InternalError
 from onnxq.ir import external
 from onnxq.ir.bodies import all_names
 from onnxq.ir.constants import DEFAULT_DOMAINS
+from onnxq.ir.node_values import constant_node_value
 from onnxq.ir.order import attr_graphs, node_reads, outer_reads, topological_order
-from onnxq.ir.shapes import shapes_for_inputs
+from onnxq.ir.shape_probes import probe_shapes
+from onnxq.ir.sign import clip_bounds, nonnegative
 
 # ------------------------------------------------------------------------------- the index
 _CACHE_LIMIT = 16 * 2**20
-# ops whose output is >= 0 whatever their input (NaN aside)
-_NONNEGATIVE_OPS = frozenset(
-    {"Relu", "Sigmoid", "HardSigmoid", "Softmax", "Softplus", "Abs", "Exp"}
-)
-# ops whose output is >= 0 when their first input is (they move or pick values, or take
-# maxima or means of them)
-_SIGN_KEEPING_OPS = frozenset(
-    {
-        "Identity",
-        "Reshape",
-        "Flatten",
-        "Transpose",
-        "Squeeze",
-        "Unsqueeze",
-        "Slice",
-        "Split",
-        "Gather",
-        "MaxPool",
-        "AveragePool",
-        "GlobalMaxPool",
-        "GlobalAveragePool",
-        "DepthToSpace",
-        "SpaceToDepth",
-        "Tile",
-        "Expand",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -223,37 +198,10 @@ class Graph:
         return None
 
     def _shape_probes(self) -> list[dict[str, tuple[int | str, ...]]]:
-        """Every tensor's inferred shape with the dynamic input dimensions set to two different
-        sizes (multiples of 32; one size per symbol, so dimensions that share a name stay
-        equal); [] when the inputs' ranks are unknown or no dimension is dynamic."""
-        if self._probes is not None:
-            return self._probes
-        symbols: dict[str, int] = {}
-        shapes: dict[str, list[int | str | None]] = {}
-        for name in self.graph_inputs:
-            shape = self.shape(name)
-            if shape is None:
-                self._probes = []
-                return self._probes
-            dims: list[int | str | None] = []
-            for k, d in enumerate(shape):
-                key = d if isinstance(d, str) else f"{name}:{k}"
-                if not isinstance(d, int):
-                    symbols.setdefault(key, len(symbols))
-                dims.append(d if isinstance(d, int) else key)
-            shapes[name] = dims
-        if not symbols:
-            self._probes = []
-            return self._probes
-        self._probes = []
-        for base, spread in ((256, 32), (384, 64)):
-            concrete = {
-                name: tuple(
-                    d if isinstance(d, int) else base + spread * symbols[str(d)] for d in dims
-                )
-                for name, dims in shapes.items()
-            }
-            self._probes.append(shapes_for_inputs(self.model, concrete))
+        """Every tensor's shape under two probe sizes of the dynamic input dimensions, computed
+        once (:func:`onnxq.ir.shape_probes.probe_shapes`)."""
+        if self._probes is None:
+            self._probes = probe_shapes(self)
         return self._probes
 
     def walk_up(
@@ -270,51 +218,13 @@ class Graph:
                 todo.extend(step(tensor, self.producer.get(tensor)))
 
     def nonnegative(self, name: str) -> bool:
-        """True when the ops that produce ``name`` guarantee it is never below 0 (Relu,
-        Sigmoid, Clip with a constant min >= 0, ... and shape ops and max/average pools over
-        such a tensor).  False whenever that is not certain."""
-        unsure: list[str] = []
-
-        def step(tensor: str, node: onnx.NodeProto | None) -> list[str]:
-            if node is None or node.domain not in DEFAULT_DOMAINS:
-                unsure.append(tensor)
-            elif node.op_type in _NONNEGATIVE_OPS:
-                pass
-            elif node.op_type == "Clip":
-                if not self._clip_floor_nonnegative(node):
-                    unsure.append(tensor)
-            elif node.op_type in _SIGN_KEEPING_OPS or node.op_type == "Concat":
-                data = list(node.input if node.op_type == "Concat" else node.input[:1])
-                if data and all(data):
-                    return data
-                unsure.append(tensor)
-            else:
-                unsure.append(tensor)
-            return []
-
-        self.walk_up([name], step)
-        return not unsure
-
-    def _clip_floor_nonnegative(self, node: onnx.NodeProto) -> bool:
-        low, _ = self.clip_bounds(node)
-        return low is not None and low >= 0.0
+        """True when the ops that produce ``name`` guarantee it is never below 0
+        (:func:`onnxq.ir.sign.nonnegative`)."""
+        return nonnegative(self, name)
 
     def clip_bounds(self, node: onnx.NodeProto) -> tuple[float | None, float | None]:
         """A Clip's constant (min, max); None where it has none (or it is not constant)."""
-        attrs = node_attrs(node)
-        if "min" in attrs or "max" in attrs:  # opset < 11: attributes
-            return (
-                float(attrs["min"]) if "min" in attrs else None,
-                float(attrs["max"]) if "max" in attrs else None,
-            )
-        bounds: list[float | None] = []
-        for i in (1, 2):  # opset >= 11: optional inputs
-            name = node.input[i] if len(node.input) > i else ""
-            value = self.const_value(name) if name else None
-            bounds.append(
-                float(value.reshape(())) if value is not None and value.size == 1 else None
-            )
-        return bounds[0], bounds[1]
+        return clip_bounds(self, node)
 
     def value_info(self, name: str) -> onnx.ValueInfoProto:
         """A ValueInfo for ``name`` (type from inference; float when unknown)."""
@@ -462,63 +372,3 @@ class Graph:
         if len(inputs) != len(self.proto.input):
             del self.proto.input[:]
             self.proto.input.extend(inputs)
-
-
-def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
-    """The value of a ``Constant`` node, or ``None`` for a sparse one."""
-    for attr in node.attribute:
-        if attr.name == "value":
-            return numpy_helper.to_array(attr.t)
-        if attr.name == "value_float":
-            return np.array(attr.f, dtype=np.float32)
-        if attr.name == "value_floats":
-            return np.array(list(attr.floats), dtype=np.float32)
-        if attr.name == "value_int":
-            return np.array(attr.i, dtype=np.int64)
-        if attr.name == "value_ints":
-            return np.array(list(attr.ints), dtype=np.int64)
-    return None
-
-
-def node_attrs(node: onnx.NodeProto) -> dict[str, Any]:
-    """A node's attributes as plain Python values (subgraphs left out)."""
-    out: dict[str, Any] = {}
-    for attr in node.attribute:
-        if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-            continue
-        out[attr.name] = helper.get_attribute_value(attr)
-    return out
-
-
-def has_subgraph(node: onnx.NodeProto) -> bool:
-    """True for If/Loop/Scan and any node with a graph attribute."""
-    return any(attr_graphs(a) for a in node.attribute)
-
-
-def inner_op_types(node: onnx.NodeProto) -> set[str]:
-    """The op types inside ``node``'s subgraphs, at any depth (empty for a plain op)."""
-    found: set[str] = set()
-    for attr in node.attribute:
-        for sub in attr_graphs(attr):
-            for inner in sub.node:
-                found.add(inner.op_type)
-                found |= inner_op_types(inner)
-    return found
-
-
-def set_opset(model: onnx.ModelProto, version: int) -> None:
-    """Raise the default-domain opset import to ``version`` (never lowers)."""
-    for imp in model.opset_import:
-        if imp.domain in DEFAULT_DOMAINS:
-            imp.version = max(int(imp.version), version)
-            return
-    model.opset_import.add(domain="", version=version)
-
-
-def set_domain_opset(model: onnx.ModelProto, domain: str, version: int) -> None:
-    """Import ``domain`` (e.g. onnxruntime's ``com.microsoft``) at ``version`` or later."""
-    for imp in model.opset_import:
-        if imp.domain == domain:
-            imp.version = max(int(imp.version), version)
-            return
-    model.opset_import.add(domain=domain, version=version)

@@ -15,7 +15,8 @@ from onnx import TensorProto, external_data_helper
 from onnxq.errors import ModelLoadError, UnsupportedModelError, first_line
 from onnxq.ir import external, inline
 from onnxq.ir.bodies import all_bodies, all_names, unique_node_names, unique_value_names
-from onnxq.ir.constants import BIAS_READERS, DEFAULT_DOMAINS
+from onnxq.ir.constants import DEFAULT_DOMAINS
+from onnxq.ir.ops import BIAS_READERS
 from onnxq.ir.opset import LoadRecord, opset_version, upgrade_opset
 from onnxq.ir.order import attr_graphs, topological_order
 from onnxq.ir.shapes import infer_shapes

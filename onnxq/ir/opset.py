@@ -195,3 +195,21 @@ def opset_version(model: onnx.ModelProto) -> int:
         if imp.domain in DEFAULT_DOMAINS:
             return int(imp.version)
     return 1
+
+
+def set_opset(model: onnx.ModelProto, version: int) -> None:
+    """Raise the default-domain opset import to ``version`` (never lowers)."""
+    for imp in model.opset_import:
+        if imp.domain in DEFAULT_DOMAINS:
+            imp.version = max(int(imp.version), version)
+            return
+    model.opset_import.add(domain="", version=version)
+
+
+def set_domain_opset(model: onnx.ModelProto, domain: str, version: int) -> None:
+    """Import ``domain`` (e.g. onnxruntime's ``com.microsoft``) at ``version`` or later."""
+    for imp in model.opset_import:
+        if imp.domain == domain:
+            imp.version = max(int(imp.version), version)
+            return
+    model.opset_import.add(domain=domain, version=version)

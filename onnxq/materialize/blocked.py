@@ -4,7 +4,7 @@ DequantizeLinear nodes (the weight-only half of :mod:`onnxq.materialize.qdq`).
 Input: per layer its node, its constant weight and the integer codes the weight-only algorithms
 chose (``onnxq.weightonly``), in the ``[K, N]`` orientation of :mod:`onnxq.numerics.blocks`
 (K: the axis the layer sums over; for an embedding table ``[V, H]``, K is H).  What is written
-comes from the backend profile's :class:`~onnxq.backends.profile.WeightOnlyFormat`:
+comes from the backend profile's :class:`~onnxq.backends.weight_only_format.WeightOnlyFormat`:
 
 * ``matmul_nbits`` (onnxruntime): MatMul and Gemm with block-wise weights become
   ``com.microsoft.MatMulNBits`` (codes packed along K in blocks of a power of two), Gather
@@ -111,24 +111,44 @@ def _write_ms(
     accuracy_level: int,
 ) -> None:
     """Replace ``node`` by MatMulNBits / GatherBlockQuantized (the caller removes it)."""
-    codes = layer.codes
     if node.op_type == "Gather":
-        stored = written.get(layer.weight) or _store_gather(graph, layer)
-        written[layer.weight] = stored
-        data, scales, zero = stored
-        rows = codes.fmt.rows(codes.q.shape[0])
-        graph.add_node(
-            "GatherBlockQuantized",
-            [data, node.input[1], scales, *([zero] if zero else [])],
-            list(node.output),
-            graph.unique_name(f"{node.name}_GatherBlockQuantized"),
-            domain=MS_DOMAIN,
-            bits=codes.fmt.bits,
-            block_size=rows,
-            gather_axis=0,
-            quantize_axis=1,
-        )
-        return
+        _write_gather(graph, node, layer, written)
+    else:
+        _write_matmul_nbits(graph, node, layer, written, accuracy_level)
+
+
+def _write_gather(
+    graph: ir.Graph, node: onnx.NodeProto, layer: WeightOnlyLayer, written: dict[str, Any]
+) -> None:
+    """An embedding's Gather as GatherBlockQuantized (its table stored once)."""
+    codes = layer.codes
+    stored = written.get(layer.weight) or _store_gather(graph, layer)
+    written[layer.weight] = stored
+    data, scales, zero = stored
+    rows = codes.fmt.rows(codes.q.shape[0])
+    graph.add_node(
+        "GatherBlockQuantized",
+        [data, node.input[1], scales, *([zero] if zero else [])],
+        list(node.output),
+        graph.unique_name(f"{node.name}_GatherBlockQuantized"),
+        domain=MS_DOMAIN,
+        bits=codes.fmt.bits,
+        block_size=rows,
+        gather_axis=0,
+        quantize_axis=1,
+    )
+
+
+def _write_matmul_nbits(
+    graph: ir.Graph,
+    node: onnx.NodeProto,
+    layer: WeightOnlyLayer,
+    written: dict[str, Any],
+    accuracy_level: int,
+) -> None:
+    """A MatMul or Gemm as MatMulNBits (its weight stored once per Gemm alpha), a Gemm's C
+    that is no constant vector added after it."""
+    codes = layer.codes
     attrs = ir.node_attrs(node)
     alpha = float(attrs.get("alpha", 1.0)) if node.op_type == "Gemm" else 1.0
     key = f"{layer.weight}@{alpha}@{codes.fmt}"
@@ -157,19 +177,21 @@ def _write_ms(
         block_size=int(block),
         accuracy_level=accuracy_level,
     )
-    if extra:  # Gemm's C that is no constant vector: an Add after, as Gemm would
-        beta = float(attrs.get("beta", 1.0))
-        c = node.input[2]
-        if beta != 1.0:
-            factor = graph.add_initializer(
-                graph.unique_name(f"{node.name}_beta"), np.asarray(beta, np.float32)
-            )
-            scaled_c = graph.unique_name(f"{c}_beta")
-            graph.add_node(
-                "Mul", [c, factor], [scaled_c], graph.unique_name(f"{node.name}_beta_mul")
-            )
-            c = scaled_c
-        graph.add_node("Add", [target, c], [out], graph.unique_name(f"{node.name}_bias_add"))
+    if extra:
+        _add_gemm_c(graph, node, float(attrs.get("beta", 1.0)), target, out)
+
+
+def _add_gemm_c(graph: ir.Graph, node: onnx.NodeProto, beta: float, product: str, out: str) -> None:
+    """Gemm's C that is no constant vector: ``out = product + beta * C``, as Gemm would."""
+    c = node.input[2]
+    if beta != 1.0:
+        factor = graph.add_initializer(
+            graph.unique_name(f"{node.name}_beta"), np.asarray(beta, np.float32)
+        )
+        scaled_c = graph.unique_name(f"{c}_beta")
+        graph.add_node("Mul", [c, factor], [scaled_c], graph.unique_name(f"{node.name}_beta_mul"))
+        c = scaled_c
+    graph.add_node("Add", [product, c], [out], graph.unique_name(f"{node.name}_bias_add"))
 
 
 def _store_nbits(

@@ -34,14 +34,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from onnxq.config.options import TARGET_COSTS
+from onnxq.ir.ops import WEIGHTED_OPS  # the ops whose multiply-adds count
 
 if TYPE_CHECKING:  # onnxq.config reads COSTS; onnxq.mixed.sensitivity reads onnxq.config
     from onnxq import ir
     from onnxq.mixed.sensitivity import LayerSensitivity, Trials
-
-# the ops whose multiply-adds count (onnxq.mixed.sensitivity.WEIGHTED_OPS): a path between two
-# layers that crosses one of them does not make the two neighbours
-_LAYER_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 COSTS = TARGET_COSTS  # the values of ``target_cost``
 
@@ -81,7 +78,7 @@ def layer_neighbours(graph: ir.Graph, layers: Iterable[str]) -> dict[str, set[st
                 if consumer.name in names and consumer.name != name:
                     found[name].add(consumer.name)
                     found[consumer.name].add(name)
-                elif consumer.op_type not in _LAYER_OPS:
+                elif consumer.op_type not in WEIGHTED_OPS:  # a path crossing a layer: no neighbours
                     todo.extend(t for t in consumer.output if t)
     return found
 

@@ -1,12 +1,14 @@
 """What the ``--target`` search chose, as the pipeline returns it and the report shows it: the
-:class:`MixedPrecision` record (:mod:`onnxq.mixed.search` makes it) and the report summary's
-lines of its JSON form (:func:`summary_lines`)."""
+:class:`MixedPrecision` result (:mod:`onnxq.mixed.search` makes it), the report summary's lines
+of its JSON form (:func:`summary_lines`), and :class:`SearchRecord`, its part of the report
+(an :class:`onnxq.report.section.Section`)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 import onnx
@@ -117,6 +119,27 @@ class MixedPrecision:
         ]
 
 
+@dataclass(frozen=True)
+class SearchRecord:
+    """The search's part of the report: its JSON form (:meth:`MixedPrecision.to_dict`, taken
+    once the written model was scored)."""
+
+    record: MappingProxyType[str, Any]
+
+    @classmethod
+    def of(cls, result: MixedPrecision) -> SearchRecord:
+        """The record of the search ``result``."""
+        return cls(MappingProxyType(result.to_dict()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"mixed_precision": the search's record}``."""
+        return {"mixed_precision": dict(self.record)}
+
+    def summary_lines(self) -> list[str]:
+        """The target, whether it was met, and the layers kept float (:func:`summary_lines`)."""
+        return summary_lines(dict(self.record))
+
+
 def _with_share(layer: LayerSensitivity, model_macs: int | None) -> dict[str, Any]:
     """The layer's record with its share of the model's multiply-adds (None: unknown)."""
     share = layer.macs / model_macs if layer.macs is not None and model_macs else None
@@ -165,4 +188,4 @@ def _num(value: float) -> float | None:
     return round(value, 6) if math.isfinite(value) else None
 
 
-__all__ = ["MixedPrecision", "summary_lines"]
+__all__ = ["MixedPrecision", "SearchRecord", "summary_lines"]

@@ -23,6 +23,11 @@ a reason (their sensitivity) passed to :func:`onnxq.place.loop.place`, and only
 ``materialize`` writes Q/DQ.  The held-out batches are the first ``heldout_batches`` batches
 of the calibration data, which calibration then skips (at most a quarter of a source whose
 length is known), or an explicit source (:func:`hold_out`).
+
+The run calls :func:`target_search`, which brings the recovery steps its trials need (AdaRound's
+weights learned once, quantized-prefix statistics); ``onnxq analyze --sensitivity`` calls
+:func:`sensitivity_ranking`.  Both start from the run's first half
+(:func:`onnxq.mixed.front.float_graph`), so they rank the graph that quantize writes.
 """
 
 from __future__ import annotations
@@ -30,19 +35,20 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.backends.runs import run_outputs
+from onnxq.calibrate.measure import statistics_source
 from onnxq.config import QuantConfig
-from onnxq.data.sources import open_source
 from onnxq.mixed.confirm import confirm
 from onnxq.mixed.float_budget import ceiling, ceiling_warning, within_ceiling
 from onnxq.mixed.float_cost import choose_by_macs, layer_neighbours, macs_known, placement_cost
-from onnxq.mixed.heldout import HeldOut, hold_out
+from onnxq.mixed.front import FloatGraph, float_graph
+from onnxq.mixed.heldout import HeldOut
 from onnxq.mixed.record import MixedPrecision, summary_lines
 from onnxq.mixed.sensitivity import (
     WEIGHTED_OPS,
@@ -56,12 +62,12 @@ from onnxq.mixed.trials import score_model
 from onnxq.numerics.accuracy_target import AccuracyTarget, parse_target
 from onnxq.place.annotations import Annotations
 from onnxq.place.facts import GraphFacts
-from onnxq.place.loop import Placement, Statistics
+from onnxq.place.loop import Placement, Statistics, place
+from onnxq.recover.adaround import ChosenWeight
+from onnxq.recover.confirm import Measure, written_statistics
+from onnxq.recover.stages import measured_qparams, search_statistics
+from onnxq.recover.trial_weights import trial_weights
 from onnxq.scale.executor import Executor
-
-if TYPE_CHECKING:
-    from onnxq.recover.adaround import ChosenWeight
-    from onnxq.recover.confirm import Measure
 
 
 def accuracy_target(text: str | None, given: AccuracyTarget | str | None) -> AccuracyTarget | None:
@@ -209,32 +215,50 @@ def choose(
     return kept
 
 
+def target_search(
+    target: AccuracyTarget,
+    front: FloatGraph,
+    config: QuantConfig,
+    measure: Measure,
+    first: Placement[Any],
+    executor: Executor | None = None,
+) -> tuple[MixedPrecision, dict[str, ChosenWeight] | None]:
+    """The run's ``--target`` search over the graph of ``front`` from the all-INT8 placement
+    ``first`` (calibrated by ``measure``), with the recovery steps its trials need: AdaRound's
+    weights learned once for every trial (also returned, for the run to write; None: none
+    learned before), the trials' quantized-prefix statistics, and the statistics the run
+    writes a placement with (:mod:`onnxq.recover.trial_weights`, :mod:`onnxq.recover.confirm`)."""
+    steps, model = front.steps, front.prepared.model
+    assert front.heldout is not None  # float_graph(..., hold=True)
+    learned = trial_weights(steps, model, first.annotations)
+    searched = search_statistics(steps, model, measure, first.annotations, first.statistics)
+    written = written_statistics(steps, model, searched, functools.partial(measured_qparams, steps))
+    found = search(
+        target, front.heldout, model, front.facts, front.profile, config, searched, first,
+        executor, written, learned,
+    )  # fmt: skip
+    return found, learned
+
+
 def sensitivity_ranking(
     model: Any, calibration: Any, config: QuantConfig, batch_size: int = 1
 ) -> tuple[HeldOut, float, list[LayerSensitivity]]:
-    """Calibrate ``model`` once as :func:`onnxq.quantize` would with ``config`` and rank its
-    quantized layers by sensitivity (``onnxq analyze --sensitivity``): the held-out batches,
-    the all-INT8 score of the config's target (cosine when it has none), and the ranking."""
-    from onnxq.backends.target import profile_for
-    from onnxq.calibrate.measure import Calibration
-    from onnxq.data.inputs import model_inputs
-    from onnxq.place.loop import place
-    from onnxq.prepare.stage import prepare
-
+    """Calibrate ``model`` once as :func:`onnxq.quantize` would with ``config`` (the same
+    first half, :func:`onnxq.mixed.front.float_graph`: the float rewrites included) and rank
+    its quantized layers by sensitivity (``onnxq analyze --sensitivity``): the held-out
+    batches, the all-INT8 score of the config's target (cosine when it has none), and the
+    ranking."""
     target = accuracy_target(config.target_accuracy, None) or AccuracyTarget("cosine", 1.0)
-    profile, _ = profile_for(config.target)
-    prepared = prepare(model, profile, config.simplify)
-    graph = ir.Graph(prepared.model)
-    inputs = model_inputs(graph)
-    data = open_source(calibration, inputs, batch_size, config.preprocess)
-    held, rest = hold_out(data, None, inputs, config.heldout_batches)
-    assert rest is not None
-    facts = GraphFacts.of(graph, profile)
-    measure = Calibration(prepared.model, rest, inputs, config.calibration, facts)
-    first = place(facts, profile, config.placement, measure)
-    reference = run_outputs(prepared.model, held.batches, profile.fused_validation, "float")
+    front = float_graph(model, config, calibration, batch_size, hold=True)
+    held, graph_model, profile = front.heldout, front.prepared.model, front.profile
+    assert held is not None
+    measure = statistics_source(
+        graph_model, front.facts, profile, front.data, front.inputs, config.calibration, False, None
+    )
+    first = place(front.facts, profile, config.placement, measure)
+    reference = run_outputs(graph_model, held.batches, profile.fused_validation, "float")
     trials = Trials(
-        prepared.model, facts, profile, config, measure, held.batches, reference, target
+        graph_model, front.facts, profile, config, measure, held.batches, reference, target
     )
     base, ranking = rank_layers(trials, candidates(first.annotations), config.progress)
     return held, base, ranking
@@ -249,4 +273,5 @@ __all__ = [
     "search",
     "sensitivity_ranking",
     "summary_lines",
+    "target_search",
 ]

@@ -35,6 +35,7 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.calibrate.ranges import activation_ranges
 from onnxq.config import QuantConfig
 from onnxq.data.inputs import Batch
+from onnxq.ir.ops import WEIGHTED_OPS  # the layers the search may keep float (most MACs)
 from onnxq.mixed.trials import TrialContext, TrialShard, score_trial, trial_worker
 from onnxq.numerics.accuracy_target import AccuracyTarget, Outputs
 from onnxq.numerics.qparams import QParams
@@ -43,9 +44,6 @@ from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import Placement, Statistics, place
 from onnxq.runtime.progress import counted
 from onnxq.scale.executor import Executor, InProcess
-
-# ops whose multiply-adds dominate a model: the layers the search may keep float
-WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 TRIAL_REASON = "kept float for the sensitivity trial"
 

@@ -11,8 +11,6 @@ and merging two shards' statistics equals observing all the data (``merge``).
 from __future__ import annotations
 
 import math
-import os
-import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,40 +18,11 @@ import numpy as np
 
 from onnxq.errors import CalibrationDataError
 from onnxq.numerics.exact import exact, exact_sum, rounded
+from onnxq.numerics.histogram_bins import BINS, count_values, load_native, range_above, widened
+from onnxq.numerics.position_peaks import POSITION_BINS, count_positions, weak_share
 
-BINS = 4096  # signed bins over [-R, R]; 2048 per side, as TensorRT's entropy calibrator uses
-_MIN_RANGE = 2.0**-24
-POSITION_STEPS = 8  # position-peak bins per octave
-POSITION_BINS = 2048  # 2^-128 .. 2^128; an all-zero position lands in bin 0
-
-
-_local = threading.local()
-
-
-def _load_native() -> Any:
-    """The compiled histogram update (``onnxq/numerics/_histogram.c``), or None: not built (no C
-    compiler at install time) or switched off with ``ONNXQ_NO_NATIVE=1``.  Both paths give
-    identical counts."""
-    if os.environ.get("ONNXQ_NO_NATIVE", "") not in ("", "0"):
-        return None
-    try:
-        from onnxq.numerics import _histogram  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _histogram
-
-
-_native: Any = _load_native()
-
-
-def _scratch(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-thread float32 and intp work buffers of at least ``n`` elements."""
-    have = getattr(_local, "size", 0)
-    if have < n:
-        _local.size = n
-        _local.flat = np.empty(n, dtype=np.float32)
-        _local.idx = np.empty(n, dtype=np.intp)  # bincount's own index type: no conversion
-    return _local.flat[:n], _local.idx[:n]
+# the histogram's binning: onnxq.numerics.histogram_bins; the positions': position_peaks
+_native: Any = load_native()  # the compiled histogram update, or None
 
 
 @dataclass
@@ -204,11 +173,7 @@ class TensorStats:
         if x.ndim != 3:  # not an [N, C, T] tensor after all: no per-position view
             self.positions, self.position_counts = False, None
             return
-        peak = x.max(axis=1) if self.nonnegative else np.maximum(x.max(axis=1), -x.min(axis=1))
-        with np.errstate(divide="ignore"):  # a silent position: log2(0) = -inf, bin 0
-            scaled = np.floor(np.log2(peak.astype(np.float64)) * POSITION_STEPS)
-        index = np.clip(scaled + POSITION_BINS // 2, 0, POSITION_BINS - 1).astype(np.intp)
-        counts = np.bincount(index.reshape(-1), minlength=POSITION_BINS)
+        counts = count_positions(x, self.nonnegative)
         self.position_counts = (
             counts if self.position_counts is None else self.position_counts + counts
         )
@@ -220,12 +185,7 @@ class TensorStats:
         counts as not weak (the bins are 1/8 octave wide)."""
         if self.position_counts is None:
             return None
-        total = int(self.position_counts.sum())
-        top = max(abs(self.min), abs(self.max))
-        if total == 0 or not top > 0:
-            return None
-        bound = math.floor(math.log2(top * below) * POSITION_STEPS) + POSITION_BINS // 2
-        return int(self.position_counts[1 : max(1, min(bound, POSITION_BINS))].sum()), total
+        return weak_share(self.position_counts, max(abs(self.min), abs(self.max)), below)
 
     def weak_channels(self, below: float = 1 / 16) -> tuple[int, int] | None:
         """(channels whose peak |x| is under ``below`` x the tensor's peak, channels), if the
@@ -238,53 +198,16 @@ class TensorStats:
         return int((self.channel_amax < below * top).sum()), int(self.channel_amax.size)
 
     def _add_values(self, values: np.ndarray, nonnegative: bool = False) -> None:
-        """Count values (an array, possibly a strided view) into the histogram; they must
-        lie within the current range (and be >= 0 when ``nonnegative``).  The numpy path:
-        :meth:`update` uses the compiled ``onnxq.numerics._histogram.count`` instead where it is
-        built, which gives the same counts."""
-        # floor(x * 2^k) is exact while the product cannot underflow, so a value's bin at
-        # range 2R is exactly its bin at range R halved: re-binning and batching never move it.
-        scale = BINS / (2.0 * self.range)
-        flat, idx = _scratch(values.size)  # reused buffers: fresh allocations page-fault
-        idx = idx.reshape(values.shape)
-        half = BINS // 2
-        if nonnegative:
-            # x * 2^k >= 0 is exact in float32 (an underflow lands below 1, in bin 0 either
-            # way), and for values >= 0 the int conversion's truncation is the floor: one pass
-            np.multiply(values, np.float32(scale), out=idx, casting="unsafe")
-            self.counts[half:] += np.bincount(idx.reshape(-1), minlength=half)
-            return
-        # 2^k = BINS / 2R is >= 1 up to R = 2048: float32 is exact there.  Above, a tiny
-        # negative x could underflow to -0 and land in the bin above zero: float64 is exact for
-        # every float32 x and power of two.  R is strictly above every |x|, so no index needs
-        # clipping; adding BINS/2 to an integer-valued float below 2^24 is exact too.
-        if scale < 1.0:
-            flat = np.empty(values.size, dtype=np.float64)
-        flat = flat.reshape(values.shape)
-        np.multiply(values, flat.dtype.type(scale), out=flat)
-        np.floor(flat, out=flat)
-        np.add(flat, flat.dtype.type(half), out=flat)
-        np.copyto(idx, flat, casting="unsafe")
-        self.counts += np.bincount(idx.reshape(-1), minlength=BINS)
+        """Count values into the histogram, the numpy path
+        (:func:`onnxq.numerics.histogram_bins.count_values`)."""
+        count_values(self.counts, self.range, values, nonnegative)
 
     def _grow(self, amax: float) -> None:
-        # the smallest power of two strictly above amax: no value ever sits on the top edge,
-        # so no value is clipped into a bin it would not have at a larger range
-        target = (
-            max(_MIN_RANGE, 2.0 ** (math.floor(math.log2(amax)) + 1)) if amax > 0 else _MIN_RANGE
-        )
-        self._widen(target)
+        self._widen(range_above(amax))
 
     def _widen(self, target: float) -> None:
         """Double the range (merging bin pairs, exactly) until it reaches ``target``."""
-        if self.range == 0.0:
-            self.range = target
-            return
-        while self.range < target:
-            merged = self.counts.reshape(-1, 2).sum(axis=1)
-            self.counts = np.zeros(BINS, dtype=np.int64)
-            self.counts[BINS // 4 : BINS // 4 + BINS // 2] = merged
-            self.range *= 2.0
+        self.counts, self.range = widened(self.counts, self.range, target)
 
     def merge(self, other: TensorStats) -> TensorStats:
         """Combine the statistics of two shards of data in place; returns ``self``."""

@@ -4,7 +4,7 @@
   paths, precision paths, heads, score maps, grouped and position-normalised convs, where
   readers saturate), computed once per run.
 * :mod:`~onnxq.place.engine`: :func:`annotate`, one pass of the profile's rule set
-  (``onnxq.place.rules.static``): rules claim, the engine collects.
+  (``onnxq.place.rules.weighted``, ``static``): rules claim, the engine collects.
 * :mod:`~onnxq.place.exclusions`: :data:`EXCLUSIONS`, the decisions that need the calibration
   data, as values.
 * :mod:`~onnxq.place.loop`: :func:`place`, the one loop of placement and measurement.

@@ -25,7 +25,7 @@ from onnxq.place.annotations import Annotations, Decision, Excluded, TensorAnnot
 from onnxq.place.facts import GraphFacts
 from onnxq.place.rules.pattern import Claim, Context, Decline, Match, Rule, Spec
 from onnxq.place.rules.sets import RULE_SETS
-from onnxq.place.rules.static import SHAPE_ONLY_DATA
+from onnxq.place.rules.specs import SHAPE_ONLY_DATA
 from onnxq.place.selection import select
 from onnxq.place.shift import mark_shifts
 

@@ -18,7 +18,7 @@ from onnxq.config.options import PlacementOptions
 from onnxq.numerics.tensor_stats import TensorStats
 from onnxq.place.annotations import Annotations, Decision, Excluded, TensorAnnotation
 from onnxq.place.facts import GraphFacts
-from onnxq.place.rules.static import WEAK_SHARE
+from onnxq.place.rules.weighted import WEAK_SHARE
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import onnx
 
 from onnxq import ir
-from onnxq.backends.profile import WEIGHT_AXES
+from onnxq.ir.ops import WEIGHTED_OPS
 
 # ops a model's output is read through after its last weighted layer: they move, select or
 # squash values without mixing them (a binary op counts when its other input is a constant);
@@ -46,7 +46,7 @@ DATA_FIRST_OPS = frozenset(
 
 
 def _weighted(node: onnx.NodeProto) -> bool:
-    return node.domain in ir.DEFAULT_DOMAINS and node.op_type in WEIGHT_AXES
+    return node.domain in ir.DEFAULT_DOMAINS and node.op_type in WEIGHTED_OPS
 
 
 def _head_path_step(graph: ir.Graph, node: onnx.NodeProto | None) -> list[str]:

@@ -152,7 +152,7 @@ def fold_batchnorm(graph: ir.Graph) -> bool:
         if bn.op_type != "BatchNormalization" or len([o for o in bn.output if o]) != 1:
             continue
         producer = graph.producer.get(bn.input[0])
-        if producer is None or producer.op_type not in ("Conv", "ConvTranspose", "Gemm"):
+        if producer is None or producer.op_type not in ir.BIAS_READERS:
             continue
         if (
             len(graph.consumers.get(bn.input[0], [])) != 1

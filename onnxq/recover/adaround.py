@@ -35,6 +35,7 @@ from onnxq.data.inputs import Batch, InputSpec
 from onnxq.numerics.qparams import QParams, weight_qparams
 from onnxq.place.annotations import Annotations
 from onnxq.recover.capture import GramStats, capture_grams
+from onnxq.recover.engines import get_engine
 from onnxq.recover.layers import LAYER_OPS, LinearLayer, linear_layer
 from onnxq.recover.rounding import learn_rounding, problem
 from onnxq.runtime.progress import counted
@@ -134,7 +135,7 @@ def round_layer(
     p = problem(layer.matrix(weight), scales, stats, target.qmax, fix_input_mean)
     nearest = p.nearest()
     steps = _steps(layer, options.adaround_steps)
-    learned = learn_rounding(p, steps, options.adaround_engine == "torch")
+    learned = learn_rounding(p, steps, get_engine(options.adaround_engine).layer_in_torch)
     if judge is not None:
         p = problem(layer.matrix(weight), scales, judge, target.qmax, fix_input_mean)
     mse_nearest, mse_learned = p.error(nearest), p.error(learned)
@@ -157,7 +158,7 @@ def rounding_targets(
     graph: ir.Graph, annotations: Annotations, profile: BackendProfile, weights: WeightOptions
 ) -> list[RoundingTarget]:
     """Quantized Conv/Gemm/MatMul weights read by exactly one layer, in graph order."""
-    from onnxq.materialize.qdq import weight_limits
+    from onnxq.materialize.weight_qparams import weight_limits
 
     limits = weight_limits(graph, annotations, profile)
     by_node = {n.name: n for n in graph.nodes}

@@ -38,10 +38,10 @@ from onnxq.config.options import WeightOptions
 from onnxq.data.inputs import Batch, InputSpec
 from onnxq.data.sources import check_batch
 from onnxq.errors import InternalError, UnsupportedModelError
+from onnxq.ir.ops import WEIGHTED_OPS
 from onnxq.numerics.qparams import QParams, dequantize_weight, quantize_weight
 from onnxq.place.annotations import Annotations
 
-CORRECTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 MIN_SIGNIFICANCE = 2.0  # a channel's shift must exceed this many standard errors
 MIN_BATCHES = 2  # the noise estimate needs at least two batches
 
@@ -157,7 +157,7 @@ def _targets(
     chosen: Mapping[str, tuple[QParams, np.ndarray]],
 ) -> list[_Target]:
     """Quantized weighted layers whose bias is a float initializer of their own."""
-    from onnxq.materialize.qdq import weight_limits, weight_qparams_of
+    from onnxq.materialize.weight_qparams import weight_limits, weight_qparams_of
 
     weights = {
         node_name: ann
@@ -168,7 +168,7 @@ def _targets(
     limits = weight_limits(graph, annotations, profile)
     out = []
     for node in graph.nodes:
-        if node.op_type not in CORRECTED_OPS or node.name not in weights:
+        if node.op_type not in WEIGHTED_OPS or node.name not in weights:
             continue
         ann = weights[node.name]
         where = _bias_of(graph, node)

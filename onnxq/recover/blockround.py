@@ -43,7 +43,7 @@ from onnxq.recover.adaround import ChosenWeight, rounding_targets
 from onnxq.recover.blocklearn import BlockSample, learn_block
 from onnxq.recover.blockprogram import block_program
 from onnxq.recover.blocks import Block, find_blocks
-from onnxq.recover.convengine import conv_engine
+from onnxq.recover.engines import get_engine
 from onnxq.recover.outputs import OutputDrift, pruned_session, run_session
 from onnxq.runtime.progress import counted
 
@@ -103,7 +103,7 @@ def block_adaround(
 
     budget = calibration.memory_budget_mb * 2**20
     judge = OutputDrift(model, data, inputs, calibration.max_batches, budget, every=(2, 1))
-    engine = conv_engine(options.adaround_engine)
+    engine = get_engine(options.adaround_engine).conv()
     chosen: dict[str, ChosenWeight] = {}
     current = quantized(chosen)
     error = judge(current)

@@ -118,9 +118,7 @@ def capture_grams(
     only ``qq`` is filled, from the float model.  ``rows_per_layer``: rows kept per layer over
     the whole calibration (a share of them from every batch).
     """
-    total = batches_total(data)
-    total = min(total, max_batches) if total and max_batches else (total or max_batches)
-    per_batch = max(1, math.ceil(rows_per_layer / (total or DEFAULT_BATCHES)))
+    per_batch = _rows_per_batch(data, rows_per_layer, max_batches)
     out: dict[str, GramStats] = {}
     groups = _groups(layers, per_batch, memory_budget)
     if len(groups) > 1 and iter(data) is data:  # type: ignore[comparison-overlap]
@@ -159,6 +157,14 @@ def capture_grams(
             if acc.stats is not None:
                 out[acc.layer.node] = acc.stats
     return out
+
+
+def _rows_per_batch(data: Iterable[Batch], rows_per_layer: int, max_batches: int | None) -> int:
+    """The rows each batch gives each layer: ``rows_per_layer`` spread over the batches the
+    calibration holds (:data:`DEFAULT_BATCHES` when the source does not say)."""
+    total = batches_total(data)
+    total = min(total, max_batches) if total and max_batches else (total or max_batches)
+    return max(1, math.ceil(rows_per_layer / (total or DEFAULT_BATCHES)))
 
 
 def channel_peaks(

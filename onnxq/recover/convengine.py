@@ -134,9 +134,4 @@ class TorchConv(NumpyConv):
         return dx, dw
 
 
-def conv_engine(name: str) -> NumpyConv:
-    """The engine called ``name`` (``numpy`` or ``torch``; the config checks torch exists)."""
-    return TorchConv() if name == "torch" else NumpyConv()
-
-
-__all__ = ["ConvGeometry", "NumpyConv", "TorchConv", "conv_engine"]
+__all__ = ["ConvGeometry", "NumpyConv", "TorchConv"]

@@ -19,8 +19,11 @@ import numpy as np
 import onnx
 
 from onnxq import ir
+from onnxq.ir.ops import WEIGHTED_OPS
 
-LAYER_OPS = frozenset({"Conv", "Gemm", "MatMul"})
+# the weighted ops but ConvTranspose: its weight is [inputs, outputs / group, ...] and each output
+# gathers a scattered set of inputs, not one patch, so it is no row-times-matrix layer here
+LAYER_OPS = WEIGHTED_OPS - {"ConvTranspose"}
 
 
 @dataclass(frozen=True)

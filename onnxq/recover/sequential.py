@@ -34,9 +34,10 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.config.options import WeightOptions
 from onnxq.data.inputs import Batch, InputSpec
 from onnxq.data.sources import check_batch
+from onnxq.ir.ops import WEIGHTED_OPS
 from onnxq.numerics.qparams import QParams
 from onnxq.place.annotations import Annotations
-from onnxq.recover.bias_correction import CORRECTED_OPS, MIN_BATCHES, _bias_of
+from onnxq.recover.bias_correction import MIN_BATCHES, _bias_of
 from onnxq.recover.outputs import OutputDrift, pruned_session, run_session
 from onnxq.runtime.progress import counted
 
@@ -134,7 +135,7 @@ def layers(model: onnx.ModelProto, annotations: Annotations) -> list[Layer]:
     }
     out = []
     for node in graph.nodes:
-        if node.op_type not in CORRECTED_OPS or node.name not in weighted:
+        if node.op_type not in WEIGHTED_OPS or node.name not in weighted:
             continue
         where = _bias_of(graph, node)
         if where is not None:

@@ -1,4 +1,5 @@
-"""The accuracy-recovery steps as the pipeline calls them, one function per place in it.
+"""The accuracy-recovery steps, one function per place in the pipeline
+(:mod:`onnxq.recover.pipeline` calls them: once before calibration, once after).
 
 * :func:`rewrite_float` before placement: cross-layer equalization, depthwise activation
   equalization and SmoothQuant, float rewrites of the model;
@@ -15,6 +16,7 @@ read again, a model too large to copy) adds a warning instead.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,6 +26,7 @@ import onnx
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.calibrate.engine import CalibrationResult
+from onnxq.calibrate.ranges import ActivationRanges, activation_ranges
 from onnxq.config.options import (
     CalibrationOptions,
     PlacementOptions,
@@ -35,15 +38,14 @@ from onnxq.numerics.qparams import QParams
 from onnxq.place.annotations import Annotations
 from onnxq.place.engine import annotate
 from onnxq.place.facts import GraphFacts
-from onnxq.recover.adaround import ChosenWeight, adaround
-from onnxq.recover.blockround import block_adaround
+from onnxq.recover.adaround import ChosenWeight
 from onnxq.recover.cle import equalize
 from onnxq.recover.dwequal import equalize_depthwise
 from onnxq.recover.prefix import PASSES, prefix_calibrate
 from onnxq.recover.rangeerror import FloatOutputs
 from onnxq.recover.rangesearch import FACTORS
 from onnxq.recover.rangesearch import search_ranges as output_range_search
-from onnxq.recover.seqround import sequential_adaround
+from onnxq.recover.rounders import get_rounder
 from onnxq.recover.sequential import sequential_correction
 from onnxq.recover.smoothquant import smooth
 
@@ -73,6 +75,23 @@ class Steps:
     data: Iterable[Batch] | None
     inputs: list[InputSpec]
     recovery: Recovery
+    bias_correction: bool = False
+
+
+def measured_ranges(
+    steps: Steps, annotations: Annotations, measured: CalibrationResult
+) -> ActivationRanges:
+    """The activation ranges of ``annotations`` from the statistics ``measured``, as the run
+    computes them (the backend's observers, the config's percentile)."""
+    percentile = steps.calibration.percentile
+    return activation_ranges(annotations, measured.stats, steps.profile, percentile)
+
+
+def measured_qparams(
+    steps: Steps, annotations: Annotations, measured: CalibrationResult
+) -> dict[str, QParams]:
+    """:func:`measured_ranges`' qparams."""
+    return measured_ranges(steps, annotations, measured).qparams
 
 
 def rewrite_float(
@@ -154,10 +173,9 @@ def recalibrate(
     annotations: Annotations,
     qparams: dict[str, QParams],
     result: CalibrationResult,
-    qparams_of: Callable[[CalibrationResult], dict[str, QParams]],
 ) -> CalibrationResult | None:
     """Statistics measured again with the prefix quantized (``calibration_mode: prefix``), or None
-    (keep the float ones)."""
+    (keep the float ones); ``qparams``: the ranges of ``result``, the prefix's first ones."""
     if steps.options.calibration_mode != "prefix":
         return None
     data = _readable_again(steps.data, "prefix calibration", steps.recovery, model)
@@ -165,7 +183,7 @@ def recalibrate(
         return None
     again = prefix_calibrate(
         model, annotations, qparams, result, steps.profile, steps.calibration, steps.weights,
-        data, steps.inputs, qparams_of,
+        data, steps.inputs, functools.partial(measured_qparams, steps, annotations),
     )  # fmt: skip
     steps.recovery.sections["calibration"] = {
         "mode": "prefix",
@@ -195,7 +213,6 @@ def search_statistics(
     measure: Callable[[Mapping[str, bool]], CalibrationResult],
     annotations: Annotations,
     first: CalibrationResult,
-    qparams_of: Callable[[CalibrationResult], dict[str, QParams]],
 ) -> Callable[[Mapping[str, bool]], CalibrationResult]:
     """The ``measure`` the ``--target`` search scores its trials with: with
     ``calibration_mode: prefix``, the all-INT8 placement's quantized-prefix statistics over
@@ -203,7 +220,9 @@ def search_statistics(
     search then starts from the ranges the run will write), else ``measure``."""
     if steps.options.calibration_mode != "prefix":
         return measure
-    again = recalibrate(steps, model, annotations, qparams_of(first), first, qparams_of)
+    again = recalibrate(
+        steps, model, annotations, measured_qparams(steps, annotations, first), first
+    )
     if again is None:
         return measure
     steps.recovery.sections["search_on_prefix_ranges"] = True
@@ -259,25 +278,8 @@ def choose_weights(
     if data is None:
         return {}
     common = (steps.profile, options, steps.calibration, steps.weights, data, steps.inputs)
-    if options.adaround_mode == "block":
-        chosen, blocks = block_adaround(model, annotations, qparams, *common)
-        steps.recovery.sections["adaround"] = {
-            "mode": "block",
-            "steps": options.adaround_steps,
-            "learned": sum(len(b.layers) for b in blocks if b.kept == "learned"),
-            "blocks": [b.to_dict() for b in blocks],
-        }
-        return chosen
-    if options.adaround_mode == "sequential":
-        chosen, layers = sequential_adaround(model, annotations, qparams, *common)
-    else:
-        chosen, layers = adaround(model, annotations, *common)
-    steps.recovery.sections["adaround"] = {
-        "mode": options.adaround_mode,
-        "steps": options.adaround_steps,
-        "learned": sum(layer.kept == "learned" for layer in layers),
-        "layers": [layer.to_dict() for layer in layers],
-    }
+    chosen, section = get_rounder(options.adaround_mode)(model, annotations, qparams, *common)
+    steps.recovery.sections["adaround"] = section
     return chosen
 
 

@@ -1,6 +1,9 @@
 """The report: what was quantized (with qparams and observer), what was not and why, fidelity.
 
-The same inputs give the same bytes: no timestamps, no absolute paths, lists in graph order.
+The features that add to it (bias correction, the accuracy target's search, recovery; a
+weight-only run's layers as its body) hand it typed records (:mod:`onnxq.report.section`),
+which it writes in the order given: it never imports a feature to format it.  The same inputs
+give the same bytes: no timestamps, no absolute paths, lists in graph order.
 """
 
 from __future__ import annotations
@@ -8,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,13 @@ from onnxq.backends.validate import OutputFidelity
 from onnxq.errors import Violation
 from onnxq.materialize.qdq import Placed
 from onnxq.place.annotations import Decision
-from onnxq.recover.bias_correction import BiasCorrection
-from onnxq.report.fidelity import latency_warning
+from onnxq.report.lines import (
+    brief_fidelity_lines,
+    default_session_lines,
+    fidelity_lines,
+    reason_lines,
+)
+from onnxq.report.section import Body, Section
 
 
 @dataclass
@@ -43,14 +50,17 @@ class Report:
     violations: list[Violation] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # model-wide choices worth knowing
-    bias_corrections: list[BiasCorrection] = field(default_factory=list)
-    recovery: dict[str, Any] = field(default_factory=dict)  # onnxq.recover's steps, JSON-ready
+    # the features' records (bias correction, the accuracy target's search, recovery), in the
+    # order the JSON report and the summary show them (onnxq.report.section)
+    sections: list[Section] = field(default_factory=list)
     # a model validated unfused, run in onnxruntime's default (fused) session on this machine
     default_session: DefaultSessionView | None = None
-    # the accuracy target's search (onnxq.mixed.search.MixedPrecision.to_dict); None: none
-    mixed_precision: dict[str, Any] | None = None
-    # initializer bytes of the float model (after simplify) and of the quantized one
+    # initializer bytes of the float model (after simplify) and of the quantized one; in a
+    # weight-only run, the quantized weights' float bytes and their stored bytes
     weight_bytes: tuple[int, int] | None = None
+    # the quantized part of a run that does not place Q/DQ op by op (weight-only): shown
+    # instead of the decisions and the tensors with Q/DQ
+    body: Body | None = None
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -63,8 +73,45 @@ class Report:
         """Nodes left float, each with its reason."""
         return [d for d in self.decisions if not d.quantized]
 
+    def entries(self) -> dict[str, Any]:
+        """The JSON entries of the body and the sections, in order."""
+        out: dict[str, Any] = {}
+        for section in [*([self.body] if self.body is not None else []), *self.sections]:
+            out.update(section.to_dict())
+        return out
+
+    @property
+    def mixed_precision(self) -> dict[str, Any] | None:
+        """The accuracy target's search as the JSON report holds it; None: no search."""
+        entry: dict[str, Any] | None = self.entries().get("mixed_precision")
+        return entry
+
+    @property
+    def recovery(self) -> dict[str, Any]:
+        """The recovery steps' records as the JSON report holds them (empty: none ran)."""
+        entry: dict[str, Any] = self.entries().get("recovery", {})
+        return entry
+
+    @property
+    def bias_corrections(self) -> list[Any]:
+        """The shifts bias correction removed, one record per layer (the ``corrections`` its
+        section carries)."""
+        return [c for s in self.sections for c in getattr(s, "corrections", ())]
+
+    @property
+    def layers(self) -> list[Any]:
+        """A weight-only run's layers, one record each (other runs: none)."""
+        return list(self.body.layers) if self.body is not None else []
+
+    @property
+    def skipped(self) -> list[tuple[str, str, str]]:
+        """A weight-only run's weighted ops left float: (node, op type, reason)."""
+        return list(self.body.skipped) if self.body is not None else []
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
+        if self.body is not None:
+            return self._body_dict(self.body)
         from onnxq.version import __version__
 
         return {
@@ -110,13 +157,7 @@ class Report:
                 }
                 for d in self.float_ops
             ],
-            "bias_corrections": [asdict(c) for c in self.bias_corrections],
-            **(
-                {"mixed_precision": self.mixed_precision}
-                if self.mixed_precision is not None
-                else {}
-            ),
-            **({"recovery": self.recovery} if self.recovery else {}),
+            **self.entries(),
             "fidelity": {
                 "mode": self.fidelity_mode,
                 "outputs": [asdict(f, dict_factory=_listed) for f in self.fidelity],
@@ -126,6 +167,31 @@ class Report:
                     else {}
                 ),
             },
+            "violations": [asdict(v) for v in self.violations],
+            "notes": self.notes,
+            "warnings": self.warnings,
+        }
+
+    def _body_dict(self, body: Body) -> dict[str, Any]:
+        """The JSON-ready dict of a run whose quantized part is ``body`` (weight-only)."""
+        from onnxq.version import __version__
+
+        before, after = self.weight_bytes or (0, 0)
+        return {
+            "onnxq_version": __version__,
+            "model": self.model,
+            "backend": self.backend,
+            "mode": body.mode,
+            "config": self.config,
+            "simplify_passes": self.simplify_passes,
+            "summary": {
+                **body.figures(),
+                "calibration_batches": self.calibration_batches,
+                "weight_bytes_float": before,
+                "weight_bytes_stored": after,
+            },
+            **self.entries(),
+            "fidelity": {"mode": self.fidelity_mode, "outputs": [asdict(f) for f in self.fidelity]},
             "violations": [asdict(v) for v in self.violations],
             "notes": self.notes,
             "warnings": self.warnings,
@@ -158,6 +224,8 @@ class Report:
         """A few readable lines for the terminal; ``timing``: with the latency measured in
         onnxruntime's default session (it changes from run to run, so the report file, and
         the HTML page, leave it out)."""
+        if self.body is not None:
+            return "\n".join(self._body_summary(self.body))
         lines = [
             self._headline(),
             *([describe_target(self.target_cpu)] if self.target_cpu else []),
@@ -169,78 +237,35 @@ class Report:
                 lines.append(f"  {count:4d} x {reason}")
             if len(reasons) > 12:
                 lines.append(f"  ... {len(reasons) - 12} more reasons in the report file")
-        if self.bias_corrections:
-            channels = sum(c.corrected for c in self.bias_corrections)
-            largest = max(self.bias_corrections, key=lambda c: c.max_shift)
-            lines.append(
-                f"bias correction: {channels} channels of {len(self.bias_corrections)} "
-                f"layers shifted back (largest {largest.max_shift:.3g} in "
-                f"{largest.node})"
-            )
-        if self.mixed_precision is not None:
-            from onnxq.mixed.search import summary_lines
-
-            lines.extend(summary_lines(self.mixed_precision))
-        if self.recovery:
-            from onnxq.recover.stages import summary
-
-            lines.append("recovery: " + summary(self.recovery))
-        for f in self.fidelity:
-            if f.selected_by:
-                lines.append(
-                    f"fidelity {f.name}: rows selected by {f.selected_by}, compared "
-                    "by position (other detections or another order count as "
-                    "differences): " + f.difference()
-                )
-            elif f.compared == "cosine":
-                top1 = (
-                    "" if f.top1_agreement is None else f", top-1 agreement {f.top1_agreement:.2%}"
-                ) + (
-                    ""
-                    if f.threshold_agreement is None
-                    else f", {f.threshold_agreement:.2%} on the same side of {f.threshold:g}"
-                )
-                worst = (
-                    ""
-                    if f.worst_slice_cosine is None
-                    else f", worst of {f.slices} slices along axis {f.slice_axis}: cosine "
-                    f"{f.worst_slice_cosine:.6f} (index {f.worst_slice})"
-                )
-                padded = (
-                    ""
-                    if not f.padding_left_out
-                    else f", {f.padding_left_out} padded positions (mask 0) left out"
-                )
-                # shown when a few samples dominate the whole cosine
-                per_sample = (
-                    ""
-                    if f.sample_cosine_mean is None or f.sample_cosine_mean >= f.cosine - 0.01
-                    else f", per sample {f.sample_cosine_mean:.6f} on average (worst "
-                    f"{f.worst_sample_cosine:.6f}"
-                    + (
-                        f", held samples {', '.join(map(str, f.worst_samples))}"
-                        if f.worst_samples
-                        else ""
-                    )
-                    + ")"
-                )
-                lines.append(
-                    f"fidelity {f.name} ({self.fidelity_mode}): cosine {f.cosine:.6f}, "
-                    f"max abs error {f.max_abs_error:.4g} (float range "
-                    f"{f.float_max_abs:.4g}){top1}{worst}{padded}{per_sample}"
-                )
-            elif f.compared == "agreement":
-                lines.append(
-                    f"fidelity {f.name} ({self.fidelity_mode}): equal to the float "
-                    f"model's in {f.cosine:.1%} of its values on the held batches"
-                )
-            else:
-                lines.append(f"fidelity {f.name}: {f.compared}")
+        for section in self.sections:
+            lines.extend(section.summary_lines())
+        lines.extend(fidelity_lines(self.fidelity, self.fidelity_mode))
         if self.default_session is not None:
-            lines.extend(_default_session_lines(self.default_session, timing))
+            lines.extend(default_session_lines(self.default_session, timing))
         lines.extend(f"note: {n}" for n in self.notes)
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
+
+    def _body_summary(self, body: Body) -> list[str]:
+        """The summary of a run whose quantized part is ``body``: the weight sizes, the body's
+        lines and the sections', and fidelity in short (the run times nothing)."""
+        before, after = self.weight_bytes or (0, 0)
+        lines = [
+            f"backend {self.backend}, {body.mode}: {body.headline()}; weights "
+            f"{before / 2**20:.1f} MB -> {after / 2**20:.1f} MB"
+            + (
+                f"; {self.calibration_batches} calibration batches"
+                if self.calibration_batches
+                else ""
+            ),
+            *body.summary_lines(),
+        ]
+        for section in self.sections:
+            lines.extend(section.summary_lines())
+        lines.extend(brief_fidelity_lines(self.fidelity))
+        lines.extend(f"note: {n}" for n in self.notes)
+        lines.extend(f"warning: {w}" for w in self.warnings)
+        return lines
 
     def to_html(self) -> str:
         """A self-contained HTML page: summary, Q/DQ along the graph, reasons, tables."""
@@ -255,27 +280,6 @@ class Report:
         p = Path(path)
         text = self.to_html() if p.suffix.lower() in (".html", ".htm") else self.to_json()
         atomic_write_bytes(p, text.encode("utf-8"))
-
-
-def _default_session_lines(view: DefaultSessionView, timing: bool) -> list[str]:
-    """The default session's figures that differ beyond noise and, with ``timing``, its latency
-    (and the warning when it is slower than float: said here, once, not in the report file)."""
-    lines = [
-        f"fidelity {o.name} (onnxruntime's default session on this {view.cpu} machine, "
-        f"Q/DQ fused): {o.compared} {o.fused:.6f}, against {o.unfused:.6f} unfused"
-        for o in view.outputs
-        if o.beyond_noise
-    ]
-    if timing and view.latency is not None:
-        lines.append(
-            f"latency in onnxruntime's default session on this {view.cpu} machine (one "
-            f"thread, median of {view.latency.pairs}): {view.latency.quantized_ms:.3g} ms, "
-            f"float {view.latency.float_ms:.3g} ms"
-        )
-        slower = latency_warning(view.cpu, view.latency)
-        if slower is not None:
-            lines.append(f"warning: {slower}")
-    return lines
 
 
 def _placed(p: Placed) -> dict[str, Any]:
@@ -309,38 +313,6 @@ def _zero_points(zp: np.ndarray) -> int | float | list[int | float]:
     if zp.ndim == 0:
         return kind(zp)
     return sorted({kind(z) for z in zp.ravel()})
-
-
-_QUOTED = re.compile(r"'[^']*'")
-NAME_LIMIT = 60  # a quoted name longer than this is shown by its start and its end
-
-
-def reason_lines(float_ops: list[Decision]) -> dict[str, int]:
-    """One line per op type and reason -> its count.  Reasons that differ only in the names
-    they quote (a tensor, a node) share a line, which shows the first op's names and says how
-    many more there are: a line per op would bury the reasons."""
-    groups: dict[str, list[str]] = {}
-    for d in float_ops:
-        generic = _QUOTED.sub("''", d.reason)
-        groups.setdefault(f"{d.op_type}: {generic}", []).append(d.reason)
-    lines: dict[str, int] = {}
-    for key, texts in groups.items():
-        op_type = key.split(":", 1)[0]
-        line = f"{op_type}: {_QUOTED.sub(_short_name, texts[0])}"
-        others = len(texts) - 1
-        if len(set(texts)) > 1:
-            line += f" (and {others} more with other names)"
-        lines[line] = len(texts)
-    return lines
-
-
-def _short_name(quoted: re.Match[str]) -> str:
-    """A quoted name, shortened past :data:`NAME_LIMIT` to its start and its end (the end of
-    an exported name, ``.../MatMul_output_0``, is its most specific part)."""
-    name = quoted.group(0)[1:-1]
-    if len(name) <= NAME_LIMIT:
-        return quoted.group(0)
-    return f"'{name[:24]}…{name[-(NAME_LIMIT - 25) :]}'"
 
 
 def _finite(value: Any) -> Any:

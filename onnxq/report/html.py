@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from onnxq.backends.default_session import DefaultSessionView
 from onnxq.backends.validate import OutputFidelity
+from onnxq.ir.ops import WEIGHTED_OP_TYPES  # they carry INT8's speed-up (display only)
 from onnxq.materialize.qdq import Placed
 from onnxq.place.annotations import Decision
 from onnxq.report.page import (
@@ -31,6 +32,7 @@ from onnxq.report.page import (
     stacked_bars,
     table,
 )
+from onnxq.report.section import Body
 
 
 class Report(Protocol):
@@ -47,6 +49,9 @@ class Report(Protocol):
     notes: list[str]
     default_session: DefaultSessionView | None
     weight_bytes: tuple[int, int] | None
+    body: Body | None
+
+    def summary(self, timing: bool = True) -> str: ...
 
     @property
     def quantized_ops(self) -> list[Decision]: ...
@@ -55,14 +60,12 @@ class Report(Protocol):
     def float_ops(self) -> list[Decision]: ...
 
 
-# ops whose INT8 version carries the speed-up and the size reduction (display only: which of
-# them a backend quantizes is its profile's business)
-WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-
-
 def report_html(report: Report, d: dict[str, Any], reasons: dict[str, int]) -> str:
     """The report as one self-contained HTML page; ``d``: its JSON-ready dict, ``reasons``:
-    its float ops' reasons with their counts."""
+    its float ops' reasons with their counts.  A run whose quantized part is a body (weight-only)
+    shows its summary and the body's tables instead."""
+    if report.body is not None:
+        return body_html(report, report.body, d)
     body = [
         f"<h1>onnxq report: {esc(report.model)}</h1>",
         f"<p class='sub'>backend {esc(report.backend)} · onnxq {esc(d['onnxq_version'])} · "
@@ -76,7 +79,7 @@ def report_html(report: Report, d: dict[str, Any], reasons: dict[str, int]) -> s
         legend(
             [
                 (INT8_COLOR, "INT8 (Q/DQ on its inputs)"),
-                (ALERT_COLOR, f"float {'/'.join(WEIGHTED_OPS)}"),
+                (ALERT_COLOR, f"float {'/'.join(WEIGHTED_OP_TYPES)}"),
                 (FLOAT_COLOR, "other float op"),
             ]
         ),
@@ -95,10 +98,21 @@ def report_html(report: Report, d: dict[str, Any], reasons: dict[str, int]) -> s
     return page(f"onnxq report: {report.model}", "".join(body))
 
 
+def body_html(report: Report, body: Body, d: dict[str, Any]) -> str:
+    """The page of a run whose quantized part is ``body``: its summary, the body's tables, the
+    config."""
+    config = json.dumps(d["config"], indent=1, sort_keys=True, default=str)
+    return page(
+        "onnxq report",
+        f"<h1>onnxq {esc(body.mode)} report: {esc(report.model)}</h1>{pre(report.summary())}"
+        f"{body.html()}<h2>Config</h2>{pre(config)}",
+    )
+
+
 def summary_cards(report: Report) -> list[tuple[str, str]]:
     """The summary's figures as (value, label) pairs, most important first."""
     decisions = report.decisions
-    weighted = [x for x in decisions if x.op_type in WEIGHTED_OPS]
+    weighted = [x for x in decisions if x.op_type in WEIGHTED_OP_TYPES]
     items = [
         (
             f"{len(report.quantized_ops)} of {len(decisions)}",
@@ -106,7 +120,7 @@ def summary_cards(report: Report) -> list[tuple[str, str]]:
         ),
         (
             f"{sum(x.quantized for x in weighted)} of {len(weighted)}",
-            f"{'/'.join(WEIGHTED_OPS)} in INT8",
+            f"{'/'.join(WEIGHTED_OP_TYPES)} in INT8",
         ),
         (str(len(report.placed)), "tensors with Q/DQ"),
     ]
@@ -171,7 +185,7 @@ def _cells(report: Report) -> list[Cell]:
         if x.quantized:
             color, why = INT8_COLOR, f"INT8 by rule {x.rule}"
         else:
-            color = ALERT_COLOR if x.op_type in WEIGHTED_OPS else FLOAT_COLOR
+            color = ALERT_COLOR if x.op_type in WEIGHTED_OP_TYPES else FLOAT_COLOR
             why = f"float: {x.reason}"
         cells.append(Cell(color, f"{x.node} ({x.op_type}) {why}"))
     return cells
@@ -197,7 +211,7 @@ def _details(d: dict[str, Any]) -> str:
         (
             "Bias corrections",
             ["node", "bias", "channels", "corrected", "max_shift", "mean_abs_shift"],
-            d["bias_corrections"],
+            d.get("bias_corrections", []),
         ),
     ]
     out = ["<h2>Details</h2>"]

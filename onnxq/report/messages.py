@@ -1,7 +1,8 @@
 """The report's warnings and notes, built from the stage results by one pure function.
 
-:func:`messages` reads an :class:`Outcome` (what each stage returned) and says in words what
-deserves a warning (something the user should check or fix) or a note (a choice onnxq made).
+:func:`messages`, the one entry point, reads an :class:`Outcome` (what each stage of a Q/DQ run
+returned) or a :class:`LayerwiseOutcome` (a weight-only run's) and says in words what deserves
+a warning (something the user should check or fix) or a note (a choice onnxq made).
 Nothing here runs a model or parses a message: each sentence comes from data, and is built
 from data about the model (its inputs' kinds, its ops), not from fixed assumptions.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import onnx
 
@@ -23,7 +25,7 @@ from onnxq.config.options import CalibrationOptions, PlacementOptions
 from onnxq.data.inputs import InputSpec, input_kind
 from onnxq.errors import InternalError, OnnxqError
 from onnxq.materialize.qdq import Placed
-from onnxq.mixed.search import MixedPrecision
+from onnxq.mixed.record import MixedPrecision
 from onnxq.place.annotations import Annotations
 from onnxq.prepare.stage import Prepared
 from onnxq.recover.bias_correction import BiasCorrectionPass
@@ -89,6 +91,32 @@ class Outcome:
     recovery: Recovery | None = None  # what the accuracy-recovery steps did
 
 
+class LayerwiseOutcome(Protocol):
+    """What the messages read of a run that quantizes the weights layer by layer, with no
+    Q/DQ placement (the weight-only run: :class:`onnxq.weightonly.outcome.WeightOnlyOutcome`)."""
+
+    @property
+    def config(self) -> QuantConfig: ...
+
+    @property
+    def prepared(self) -> Prepared: ...
+
+    @property
+    def graph(self) -> GraphView: ...
+
+    @property
+    def verification(self) -> Verification: ...
+
+    @property
+    def calibration_batches(self) -> int:
+        """0: no calibration data, so no fidelity measured."""
+        ...
+
+    def notes(self) -> list[str]:
+        """What its layers have to say (shared weights, short blocks, the kernels' level)."""
+        ...
+
+
 @dataclass(frozen=True)
 class Messages:
     """The report's warnings and notes, in order."""
@@ -97,8 +125,10 @@ class Messages:
     notes: list[str] = field(default_factory=list)
 
 
-def messages(outcome: Outcome) -> Messages:
+def messages(outcome: Outcome | LayerwiseOutcome) -> Messages:
     """Every warning and note of a run, in the order the report lists them."""
+    if not isinstance(outcome, Outcome):
+        return layerwise_messages(outcome)
     o = outcome
     fidelity_warnings, fidelity_notes = verification_messages(o.verification)
     warnings = [
@@ -125,6 +155,25 @@ def messages(outcome: Outcome) -> Messages:
         *fidelity_notes,
     ]
     return Messages(warnings, notes)
+
+
+def layerwise_messages(outcome: LayerwiseOutcome) -> Messages:
+    """The warnings and notes of a weight-only run: the sentences about loading, patterns and
+    fidelity that every run has, and its layers' notes."""
+    o = outcome
+    if not o.calibration_batches:
+        fidelity_warnings: list[str] = []
+        fidelity_notes = [
+            "fidelity not measured: no calibration data (--calib) to run both models on"
+        ]
+    else:
+        fidelity_warnings, fidelity_notes = verification_messages(o.verification)
+    warnings = [
+        *unmatched_patterns(o.graph, o.config.placement),
+        *weight_inputs(o.prepared.weight_inputs),
+        *fidelity_warnings,
+    ]
+    return Messages(warnings, [*load_notes(o.prepared), *o.notes(), *fidelity_notes])
 
 
 def opset_conversion_hint(upgrade: ir.OpsetUpgrade) -> str:

@@ -1,6 +1,8 @@
 """What the stages of a weight-only run return, as data: per layer its record, the weighted
-ops left float, the weights several layers share, and the verification.  The messages
-(:mod:`onnxq.weightonly.messages`) and the report (:mod:`onnxq.weightonly.report`) read it."""
+ops left float, the weights several layers share, and the verification, with what its layers
+have to say (:meth:`WeightOnlyOutcome.notes`).  The messages
+(:func:`onnxq.report.messages.messages`) and the report (:mod:`onnxq.weightonly.report`) read
+it."""
 
 from __future__ import annotations
 
@@ -56,3 +58,43 @@ class WeightOnlyOutcome:
     accuracy_level: int | None  # MatMulNBits' (None: the backend writes none)
     calibration_batches: int  # 0: no calibration data
     verification: Verification
+
+    def notes(self) -> list[str]:
+        """What its layers have to say: the weights several layers share, the layers with a
+        short last block, the accuracy level of the kernels."""
+        return [
+            *shared_weights(self.shared),
+            *short_blocks(self.layers),
+            *accuracy_level(self.accuracy_level),
+        ]
+
+
+def shared_weights(shared: list[SharedWeight]) -> list[str]:
+    """A note per weight that several layers read."""
+    return [
+        f"weight {s.weight!r} is read by {len(s.readers)} layers ({', '.join(s.readers)}): "
+        f"stored once as {s.fmt.describe()}, rounded to nearest (no single input to calibrate "
+        "it against)"
+        for s in shared
+    ]
+
+
+def short_blocks(layers: list[Layer]) -> list[str]:
+    """Layers whose input size the block size does not divide."""
+    short = [x.node for x in layers if x.fmt.block_size and x.k % x.fmt.block_size]
+    if not short:
+        return []
+    return [
+        f"{len(short)} layer(s) have an input size that the block size does not divide "
+        f"(first: {short[0]}): their last block is shorter (padded with zeros in the file)"
+    ]
+
+
+def accuracy_level(level: int | None) -> list[str]:
+    """Which MatMulNBits accuracy level the output asks onnxruntime for."""
+    if level is None:
+        return []
+    return [
+        f"MatMulNBits accuracy_level {level}"
+        + (": onnxruntime computes with int8-quantized activations" if level == 4 else "")
+    ]

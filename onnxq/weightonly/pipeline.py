@@ -9,7 +9,9 @@ nothing for the placement loop to place or calibrate; the layers are found by
 :func:`onnxq.weightonly.targets.find_layers` and their weights measured layer group by layer
 group on the inputs the already-quantized model computes (:mod:`onnxq.weightonly.engine`),
 and written by :mod:`onnxq.materialize.blocked`.  Calibration data is optional: without it
-every layer is rounded to nearest.
+every layer is rounded to nearest.  The options it does not read (static INT8's target,
+recovery, calibration and placement options) are refused before it runs
+(:mod:`onnxq.config.modes`, called by :func:`onnxq.quantize`).
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ from onnxq.data.sources import check_batch, open_source
 from onnxq.errors import CalibrationDataError, ConfigError, UnsupportedModelError
 from onnxq.materialize.blocked import WeightOnlyLayer, materialize_weight_only
 from onnxq.prepare.stage import ModelLike, prepare
+from onnxq.report.compose import Report
 from onnxq.report.messages import GraphView, blame_conversion
 from onnxq.validate.verify import float_reference, verify
 from onnxq.weightonly.engine import quantize_layers
 from onnxq.weightonly.layers import record, resolve_algorithm, share_weights
 from onnxq.weightonly.outcome import SharedWeight, WeightOnlyOutcome
-from onnxq.weightonly.report import WeightOnlyReport, weight_only_report
+from onnxq.weightonly.report import weight_only_report
 from onnxq.weightonly.targets import Layer, Skipped, find_layers
 
 # measured defaults (docs/weight-only.md, scripts/bench_int4.py)
@@ -52,7 +55,7 @@ class WeightOnlyRun:
     """The quantized model, its report, and the file it came from (None: in memory)."""
 
     model: onnx.ModelProto
-    report: WeightOnlyReport
+    report: Report
     source: Path | None
 
 

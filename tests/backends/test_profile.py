@@ -2,29 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
-from onnxq.backends.profile import PROFILES, WEIGHT_AXES, WeightAxis
-
-
-@pytest.mark.parametrize(
-    ("op_type", "attrs", "rank", "axis"),
-    [
-        ("Conv", {}, 4, 0),
-        ("ConvTranspose", {"group": 2}, 4, 1),
-        ("Gemm", {"transB": 1}, 2, 0),
-        ("Gemm", {"transB": 0}, 2, 1),
-        ("Gemm", {}, 2, 1),
-        ("MatMul", {}, 2, 1),
-        ("MatMul", {}, 3, 2),
-    ],
-)
-def test_weight_axis_resolution(op_type, attrs, rank, axis):
-    assert WEIGHT_AXES[op_type].resolve(attrs, rank) == axis
-
-
-def test_weight_axis_of_a_scalar_is_zero():
-    assert WeightAxis(-1).resolve({}, 0) == 0
+from onnxq.backends.profile import PROFILES
 
 
 def test_profiles_differ_only_in_data():

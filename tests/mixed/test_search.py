@@ -228,3 +228,21 @@ def test_score_is_the_written_models_recovery_included():
     assert record["score"] == pytest.approx(expected, abs=1e-6)
     assert record["search_score"] == plain["search_score"]  # the trials run no recovery
     assert record["score"] != record["search_score"]
+
+
+@pytest.mark.parametrize("cle", [False, True])
+def test_analyze_sensitivity_ranks_the_graph_the_target_search_ranks(cle):
+    """``analyze --sensitivity`` and ``quantize --target`` share the first half of the run
+    (the float rewrites included): the same data gives the same held-out batches, all-INT8
+    score and ranking."""
+    from onnxq.config import QuantConfig
+    from onnxq.mixed.search import sensitivity_ranking
+
+    m = conv_chain()
+    data = graphs.random_batches(m, 16)
+    cfg = QuantConfig(target_accuracy="cosine=0.9999", heldout_batches=4, cle=cle, progress=False)
+    held, base, ranking = sensitivity_ranking(m, data, cfg)
+    record = onnxq.quantize(m, data, config=cfg).report.mixed_precision
+    assert record is not None and len(held.batches) == 4
+    assert base == pytest.approx(record["int8_score"], abs=1e-6)
+    assert [s.to_dict() for s in ranking] == record["sensitivity"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxq.recover.convengine import ConvGeometry, NumpyConv, TorchConv, conv_engine
+from onnxq.recover.convengine import ConvGeometry, NumpyConv, TorchConv
 
 torch = pytest.importorskip("torch")
 
@@ -41,8 +41,3 @@ def test_forward_and_gradients_match_autograd(case, engine):
     np.testing.assert_allclose(e.numpy(e.crop(dx, g)), xt.grad.numpy(), atol=1e-4)
     np.testing.assert_allclose(e.numpy(dw), wt.grad.numpy(), atol=1e-4)
     assert e.backward(padded, e.array(w), e.array(dy), g, need_x=False)[0] is None
-
-
-def test_engines_by_name():
-    assert conv_engine("numpy").name == "numpy"
-    assert conv_engine("torch").name == "torch"

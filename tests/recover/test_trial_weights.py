@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import onnxq
-import onnxq.recover.stages as stages
+import onnxq.recover.rounders as rounders
 from onnxq.backends.runs import run_outputs
 from onnxq.numerics.accuracy_target import AccuracyTarget
 from onnxq.recover.trial_weights import trial_weights
@@ -28,13 +28,13 @@ def run(model, target, **options):
 def counted_adaround(monkeypatch) -> list[int]:
     """Count the calls of float-mode AdaRound."""
     calls: list[int] = []
-    real = stages.adaround
+    real = rounders.adaround
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(stages, "adaround", counting)
+    monkeypatch.setattr(rounders, "adaround", counting)
     return calls
 
 

@@ -256,3 +256,106 @@ def test_html_shows_a_range_clipped_at_its_readers_bounds():
     html = result.report.to_html()
     assert "<th>bound</th>" in html
     assert "every reader saturates beyond</td>" in html
+
+
+class Step:
+    """A feature's record as the report sees it (onnxq.report.section.Section)."""
+
+    def __init__(self, key: str, lines: list[str]) -> None:
+        self.key, self.lines = key, lines
+
+    def to_dict(self) -> dict[str, object]:
+        return {self.key: {"lines": len(self.lines)}} if self.lines else {}
+
+    def summary_lines(self) -> list[str]:
+        return list(self.lines)
+
+
+def test_report_composes_its_sections_in_order_between_the_ops_and_fidelity():
+    report = Report(
+        "m.onnx",
+        "tensorrt",
+        {},
+        sections=[Step("second", ["b1", "b2"]), Step("empty", []), Step("first", ["a"])],
+        fidelity=[OutputFidelity("y", 0.99, 0.1, 1.0)],
+        fidelity_mode="m",
+    )
+    d = report.to_dict()
+    keys = list(d)
+    assert keys[keys.index("float_ops") + 1 : keys.index("fidelity")] == ["second", "first"]
+    assert d["second"] == {"lines": 2} and "empty" not in d
+    lines = report.summary().splitlines()
+    assert lines[1:4] == ["b1", "b2", "a"] and lines[4].startswith("fidelity y (m): cosine")
+    assert report.mixed_precision is None and report.recovery == {}
+
+
+def test_report_reads_its_sections_entries_back():
+    report = Report("m.onnx", "tensorrt", {}, sections=[Step("mixed_precision", ["x"])])
+    assert report.mixed_precision == {"lines": 1}
+    assert report.entries() == {"mixed_precision": {"lines": 1}}
+
+
+class Layers(Step):
+    """A weight-only body (onnxq.report.section.Body)."""
+
+    mode = "weight-only"
+    layers = ("q", "k")
+    skipped = (("v", "MatMul", "excluded"),)
+
+    def figures(self) -> dict[str, int]:
+        return {"layers": 2, "left_float": 1}
+
+    def headline(self) -> str:
+        return "2 layers quantized, 1 left float"
+
+    def html(self) -> str:
+        return "<h2>Layers</h2>"
+
+
+def test_a_body_replaces_the_ops_in_the_json_and_the_summary():
+    report = Report(
+        "m.onnx",
+        "onnxruntime",
+        {"weights": "int4"},
+        calibration_batches=4,
+        fidelity=[OutputFidelity("logits", 0.999, 0.5, 10.0, top1_agreement=1.0)],
+        fidelity_mode="m",
+        notes=["n"],
+        weight_bytes=(4 * 2**20, 2**20),
+        body=Layers("layers", ["  2 x int4"]),
+    )
+    d = report.to_dict()
+    assert list(d) == [
+        "onnxq_version",
+        "model",
+        "backend",
+        "mode",
+        "config",
+        "simplify_passes",
+        "summary",
+        "layers",
+        "fidelity",
+        "violations",
+        "notes",
+        "warnings",
+    ]
+    assert d["mode"] == "weight-only"
+    assert d["summary"] == {
+        "layers": 2,
+        "left_float": 1,
+        "calibration_batches": 4,
+        "weight_bytes_float": 4 * 2**20,
+        "weight_bytes_stored": 2**20,
+    }
+    assert report.summary().splitlines() == [
+        "backend onnxruntime, weight-only: 2 layers quantized, 1 left float; weights 4.0 MB -> "
+        "1.0 MB; 4 calibration batches",
+        "  2 x int4",
+        "fidelity logits: cosine 0.999000, max abs error 0.5 (float range 10), top-1 agreement "
+        "100.00%",
+        "note: n",
+    ]
+    assert report.layers == ["q", "k"] and report.skipped == [("v", "MatMul", "excluded")]
+    html = report.to_html()
+    assert "<h1>onnxq weight-only report: m.onnx</h1>" in html and "<h2>Layers</h2>" in html
+    assert html.startswith("<!doctype html><html lang='en'>")  # the shared page skeleton

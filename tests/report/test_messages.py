@@ -433,3 +433,38 @@ def test_messages_come_in_the_reports_order():
         "unfused",  # the profile's, after placement's
         budget_note(outcome.statistics, cfg.calibration)[0],
     ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Layerwise:
+    """A weight-only run's outcome as the messages read it (report.messages.LayerwiseOutcome)."""
+
+    config: QuantConfig
+    prepared: Prepared
+    graph: GraphView
+    verification: Verification
+    calibration_batches: int
+
+    def notes(self) -> list[str]:
+        return ["a layer note"]
+
+
+def test_a_weight_only_outcome_goes_through_the_same_entry_point():
+    model = graphs.conv_relu()
+    outcome = Layerwise(
+        config=QuantConfig(exclude=("nothing*",)),
+        prepared=prepared(weight_inputs=["w"], load=ir.LoadRecord(sorted_nodes=True)),
+        graph=GraphView.of(ir.Graph(model), TRT),
+        verification=Verification("m", [OutputFidelity("y", 0.5, 1.0, 1.0)]),
+        calibration_batches=0,
+    )
+    said = messages(outcome)
+    assert [w.split(" ")[0] for w in said.warnings] == ["--exclude", "1"]  # no fidelity: no data
+    assert said.notes[0].startswith("the model's nodes were not in topological order")
+    assert said.notes[1:] == [
+        "a layer note",
+        "fidelity not measured: no calibration data (--calib) to run both models on",
+    ]
+    measured = messages(dataclasses.replace(outcome, calibration_batches=2))
+    assert [w.split(" ")[0] for w in measured.warnings] == ["--exclude", "1", "output"]
+    assert measured.notes[1:2] == ["a layer note"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import onnx
+import pytest
 
 from onnxq.cli import main
 from tests.weightonly import models
@@ -62,3 +63,39 @@ def test_gptq_with_a_calibration_folder(tmp_path, capsys):
     )
     assert "gptq" in capsys.readouterr().out
     assert main(["check", str(out), "--backend", "tensorrt"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--target", "cosine=0.99"], "target_accuracy"),
+        (["--heldout", "held/"], "heldout"),
+        (["--cle"], "cle"),
+        (["--smoothquant", "0.5"], "smoothquant"),
+        (["--adaround"], "adaround"),
+        (["--calibration-mode", "prefix"], "calibration_mode"),
+        (["--bias-correction"], "bias_correction"),
+        (["--sequential-correction"], "sequential_correction"),
+        (["--range-search"], "range_search"),
+        (["--shift-activations"], "shift_activations"),
+        (["--dw-equalization"], "dw_equalization"),
+        (["--exclude-op-type", "Gather"], "exclude_op_types"),
+    ],
+)
+def test_a_static_option_with_weights_is_refused_in_one_line(tmp_path, capsys, flags, named):
+    src = tmp_path / "lm.onnx"
+    onnx.save(models.decoder(), str(src))
+    out = tmp_path / "out.onnx"
+    code = main(["quantize", str(src), "-o", str(out), "--weights", "int4", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists() and "Traceback" not in err
+    assert err.count("\n") == 1 and f"{named}: weight-only quantization" in err and "drop" in err
+
+
+def test_dynamic_with_weights_is_refused_in_one_line(tmp_path, capsys):
+    src = tmp_path / "lm.onnx"
+    onnx.save(models.decoder(), str(src))
+    args = ["quantize", str(src), "-o", str(tmp_path / "o.onnx"), "--weights", "int8"]
+    assert main([*args, "--backend", "onnxruntime", "--dynamic"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dynamic and weight_only are two kinds of run" in err

@@ -230,3 +230,28 @@ def test_on_tensorrt_a_layer_kept_at_8_bits_is_per_channel(monkeypatch):
     promoted = [r for r in q.report.layers if "int4 output error" in r.why]
     assert promoted and {r.format for r in promoted} == {"int8 sym per-channel"}
     assert check(q.model, PROFILES["tensorrt"]) == []
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"target": "cosine=0.99"}, "target_accuracy"),
+        ({"heldout": models.token_batches(1)}, "heldout"),
+        ({"cle": True}, "cle"),
+        ({"adaround": True}, "adaround"),
+        ({"calibration_mode": "prefix"}, "calibration_mode"),
+        ({"smoothquant": 0.5}, "smoothquant"),
+        ({"range_search": True}, "range_search"),
+        ({"device": "cuda"}, "device"),
+    ],
+)
+def test_a_static_option_is_refused_not_dropped(given, named):
+    with pytest.raises(ConfigError, match=rf"^{named}: weight-only quantization .*drop"):
+        onnxq.quantize(models.decoder(), weight_only="int4", progress=False, **given)
+
+
+def test_an_executor_is_refused_not_dropped():
+    from onnxq.scale.executor import InProcess
+
+    with pytest.raises(ConfigError, match=r"^executor: weight-only quantization"):
+        onnxq.quantize(models.decoder(), weight_only="int4", executor=InProcess())

@@ -21,7 +21,8 @@ from onnxq import ir
 from onnxq.numerics.qparams import one_scale_sqnr_db
 from onnxq.place.rules.gated import OutlierSplit, linear_factor, outlier_channels
 from onnxq.place.rules.pattern import Claim, Context, Decline, Match, Spec, claim, rule
-from onnxq.place.rules.static import activation, activation_problem, small_decline, weight_spec
+from onnxq.place.rules.specs import activation, activation_problem, weight_spec
+from onnxq.place.rules.weighted import small_decline
 
 # what a Decision says of the bias Add a DynamicQuantizeMatMul takes in
 KERNEL_BIAS = "kernel (it adds this bias itself)"
