@@ -22,7 +22,6 @@ layer search, layer-by-layer weight pass and writer.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,7 +36,8 @@ from onnxq.calibrate.cache import calibration_cache
 from onnxq.calibrate.engine import CalibrationResult
 from onnxq.calibrate.measure import statistics_source
 from onnxq.config import QuantConfig
-from onnxq.config.modes import refuse_unused
+from onnxq.config.modes import refuse_combinations, refuse_unused
+from onnxq.config.resolve import run_config
 from onnxq.errors import CalibrationDataError, ConfigError, OutputError
 from onnxq.materialize.metadata import Placed
 from onnxq.materialize.qdq import materialize
@@ -121,32 +121,6 @@ def check_paths(
         seen[key] = what
 
 
-def resolve_config(
-    config: QuantConfig | str | os.PathLike[str] | dict[str, Any] | None, **options: Any
-) -> QuantConfig:
-    """A config from a QuantConfig, a YAML path or a dict, with keyword options on top."""
-    if config is None:
-        base = QuantConfig()
-    elif isinstance(config, QuantConfig):
-        base = config
-    elif isinstance(config, dict):
-        base = QuantConfig.from_dict(config)
-    elif isinstance(config, (str, os.PathLike)):
-        base = QuantConfig.from_yaml(config)
-    else:
-        raise ConfigError(
-            f"config must be a QuantConfig, a dict or a YAML path, got {type(config).__name__}"
-        )
-    given = {k: v for k, v in options.items() if v is not None}
-    known = {f.name for f in dataclasses.fields(QuantConfig)}
-    unknown = sorted(set(given) - known)
-    if unknown:
-        raise ConfigError(
-            f"unknown option {unknown[0]!r}; valid options: {', '.join(sorted(known))}"
-        )
-    return base.replace(**given) if given else base
-
-
 def quantize(
     model: ModelLike,
     calibration: Any = None,
@@ -199,7 +173,7 @@ def quantize(
     Returns:
         A :class:`QuantizedModel` with ``.model``, ``.report`` and ``.save(path)``.
     """
-    cfg = _config(config, backend, method, exclude, options)
+    cfg = run_config(config, backend, method, exclude, options)
     refuse_unused(cfg, target=target, heldout=heldout, executor=executor)  # none is dropped
     if cfg.weight_only is not None:  # activations stay float: no placement loop to run
         from onnxq.weightonly.pipeline import quantize_weight_only
@@ -357,20 +331,6 @@ def _cache(statistics: CalibrationResult, graph: ir.Graph, backend: str) -> byte
     )
 
 
-def _config(
-    config: QuantConfig | str | os.PathLike[str] | dict[str, Any] | None,
-    backend: str | None,
-    method: str | None,
-    exclude: Iterable[str] | None,
-    options: dict[str, Any],
-) -> QuantConfig:
-    """The run's config: ``config`` with the keyword arguments of :func:`quantize` on top."""
-    if isinstance(exclude, (str, os.PathLike)):
-        exclude = [str(exclude)]  # one pattern, not its characters
-    patterns = tuple(exclude) if exclude is not None else None
-    return resolve_config(config, backend=backend, method=method, exclude=patterns, **options)
-
-
 def _report(outcome: Outcome) -> Report:
     """The report of a run: its decisions, its Q/DQ, its fidelity, and its messages."""
     o = outcome
@@ -419,17 +379,7 @@ def _check_sources(
             "drop --save-calibration / --load-calibration (--calib, if given, only feeds the "
             "fidelity check)"
         )
-    if cfg.dynamic and cfg.bias_correction:
-        raise ConfigError(
-            "bias_correction corrects the rounding of static quantization; --dynamic "
-            "quantizes activations at run time: drop one of them"
-        )
-    if cfg.shift_activations and cfg.adaround and cfg.adaround_mode != "float":
-        raise ConfigError(
-            f"shift_activations with adaround_mode {cfg.adaround_mode}: that mode learns each "
-            "weight on its layer's quantized input, and a shifted input is not the layer's "
-            "input; use adaround_mode float (--adaround) with --shift-activations, or drop one"
-        )
+    refuse_combinations(cfg)
     if cfg.dynamic:
         return
     if calibration is None and load_calibration is None:

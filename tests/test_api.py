@@ -10,9 +10,9 @@ import pytest
 
 import onnxq
 from onnxq import ir
-from onnxq.api import resolve_config
 from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
+from onnxq.config.resolve import resolve_config
 from onnxq.errors import (
     CalibrationDataError,
     ConfigError,

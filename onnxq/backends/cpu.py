@@ -74,6 +74,15 @@ CPU_CLASSES: dict[str, CpuClass] = {
 # /proc/cpuinfo flags of x86 int8 dot products that numpy's feature table does not report
 _X86_DOT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 _ARM_DOT_FLAGS = frozenset({"asimddp", "dotprod"})
+# features that both /proc/cpuinfo and numpy's table report: (OS flag, numpy name)
+_BOTH_REPORT = (
+    ("avx2", "AVX2"),
+    ("fma", "FMA3"),
+    ("f16c", "F16C"),
+    ("avx512f", "AVX512F"),
+    ("avx512bw", "AVX512BW"),
+    ("avx512_vnni", "AVX512VNNI"),
+)
 
 
 @dataclass(frozen=True)
@@ -132,9 +141,8 @@ def detect() -> str:
     machine = platform.machine().lower()
     if machine in ("x86_64", "amd64", "x86", "i386", "i686"):
         features = _numpy_features()
-        dot = features.get("AVX512VNNI", False) or bool(
-            _os_flags() & (_X86_DOT_FLAGS - {"avx512_vnni"})
-        )
+        flags = _os_flags() if _os_agrees(features) else frozenset()
+        dot = features.get("AVX512VNNI", False) or bool(flags & (_X86_DOT_FLAGS - {"avx512_vnni"}))
         if not features:  # no numpy table: the OS's flags alone
             dot = bool(_os_flags() & _X86_DOT_FLAGS)
         return "x86-vnni" if dot else "x86-avx2"
@@ -144,6 +152,14 @@ def detect() -> str:
         dot = _numpy_features().get("ASIMDDP", False) or bool(_os_flags() & _ARM_DOT_FLAGS)
         return "arm64-dot" if dot else "arm64"
     return "other"
+
+
+def _os_agrees(features: dict[str, bool]) -> bool:
+    """Whether the OS's flag list describes the CPU that runs us: under an emulator
+    (``qemu-x86_64 -cpu Haswell``) /proc/cpuinfo is the host's, and it then lists features
+    that cpuid (numpy's table) denies."""
+    flags = _os_flags()
+    return not any(flag in flags and features.get(key) is False for flag, key in _BOTH_REPORT)
 
 
 def _numpy_features() -> dict[str, bool]:

@@ -54,6 +54,13 @@ def add_recovery_flags(r: argparse._ActionsContainer) -> None:
         const=0.0,
         help="turn SmoothQuant off (the same as --smoothquant 0)",
     )
+    _reconstruction_flags(r)
+
+
+def _reconstruction_flags(r: argparse._ActionsContainer) -> None:
+    """The recovery options that need the statistics: prefix calibration, AdaRound, the
+    corrections and the range search."""
+    on_off = argparse.BooleanOptionalAction
     r.add_argument(
         "--calibration-mode",
         choices=CALIBRATION_MODES,

@@ -232,7 +232,7 @@ def inspect_command(args: argparse.Namespace) -> int:
 
 
 def explain_command(args: argparse.Namespace) -> int:
-    from onnxq.api import resolve_config
+    from onnxq.config.resolve import resolve_config
     from onnxq.place.engine import annotate
 
     cfg = resolve_config(

@@ -5,34 +5,43 @@ The same object is built from CLI flags, from Python keyword arguments and from 
 
 A field is declared once, in :class:`QuantConfig`: its type annotation says which Python
 values it takes (what YAML and ``from_dict`` accept, and what a wrong value's error names), and
-:func:`option` adds a value check and, for the few fields that take another form too, a
-parser.  A stage reads the fields it uses through its options view (:mod:`onnxq.config.options`).
+:func:`~onnxq.config.fields.option` adds a value check and, for the few fields that take another
+form too, a parser.  Each field belongs to one section (:mod:`onnxq.config.sections`), and a stage
+reads the fields it uses through its options view (:mod:`onnxq.config.options`).
 
-To add a field: declare it here with its check, document it in the docstring below and in
-``docs/config.md`` (a test holds the two together), and list it in the options view of the
-stage that reads it.
+To add a field: declare it here with its check, give it a section, document it in the docstring
+below and in ``docs/config.md`` (a test holds the two together), and list it in the options view
+of the stage that reads it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
-import types
-import typing
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from onnxq.backends.cpu import cpu_class
 from onnxq.backends.profile import BACKENDS
 from onnxq.config.choices import (
     ADAROUND_MODES,
     CALIBRATION_MODES,
     WEIGHT_ALGORITHMS,
     WEIGHT_ONLY,
+    WEIGHT_STORAGE,
     check_engine,
+)
+from onnxq.config.fields import (
+    check_cpu_class,
+    check_target,
+    checked_fields,
+    must,
+    one_of,
+    option,
+    plain_fields,
+    preprocess_spec,
+    read_yaml,
+    settle,
+    share_of,
 )
 from onnxq.config.options import (
     DYNAMIC_WEIGHT_SCALES,
@@ -52,81 +61,9 @@ from onnxq.config.overrides import (
     TensorSettings,
     check_method,
     check_precision,
-    parse_override,
 )
-from onnxq.errors import ConfigError
 from onnxq.numerics.qparams import WEIGHT_METHODS
 from onnxq.runtime.device import is_device
-
-WEIGHT_STORAGE = ("int8", "qdq")
-
-# a field's value check: (field name, value) -> raises ConfigError when the value is wrong
-Validate = Callable[[str, Any], None]
-
-
-def must(test: Callable[[Any], bool], text: str) -> Validate:
-    """A check that ``test`` holds (``None`` passes): ``"<field>: must <text>, got <value>"``."""
-
-    def validate(name: str, value: Any) -> None:
-        if value is not None and not test(value):
-            raise ConfigError(f"{name}: must {text}, got {value!r}")
-
-    return validate
-
-
-def one_of(values: Callable[[], Sequence[str]], what: str) -> Validate:
-    """A check that the value is one of ``values()``: ``"<field>: unknown <what> ..."``."""
-
-    def validate(name: str, value: Any) -> None:
-        if value not in values():
-            raise ConfigError(f"{name}: unknown {what} {value!r}; valid: {', '.join(values())}")
-
-    return validate
-
-
-def option(
-    default: Any,
-    validate: Validate | None = None,
-    *,
-    also: tuple[type, ...] = (),
-    parse: Callable[[Any], Any] | None = None,
-) -> Any:
-    """A :class:`QuantConfig` field: its default, its value check, other Python types it
-    takes (``also``) besides its annotation's, and ``parse``, which turns such a value into
-    the annotated type."""
-    return field(default=default, metadata={"validate": validate, "also": also, "parse": parse})
-
-
-def _check_cpu_class(value: str | None, name: str) -> None:
-    if value is not None:
-        cpu_class(value, name)
-
-
-def share_of(value: float | str | None, name: str) -> float | None:
-    """A share from a number or a percentage string (``0.1``, ``"0.1"``, ``"10%"``); ``name``:
-    the field, for the error."""
-    if not isinstance(value, str):
-        return None if value is None else float(value)
-    text = value.strip()
-    try:
-        return float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise ConfigError(f"{name}: expected a share such as 0.1 or 10%, got {value!r}") from None
-
-
-def _check_target(value: str | None, name: str) -> None:
-    if value is not None:
-        from onnxq.numerics.accuracy_target import parse_target
-
-        parse_target(value, name)
-
-
-def _preprocess_spec(value: Any) -> Any:
-    if isinstance(value, dict):  # a mapping (YAML, Python) becomes its spec string
-        from onnxq.data.images import Preprocess
-
-        return Preprocess.from_spec(value).to_spec()
-    return value
 
 
 @dataclass(frozen=True)
@@ -312,16 +249,16 @@ class QuantConfig:
         "compare", one_of(lambda: SCORE_MAP_RANGES, "score-map range choice")
     )
     reduce_range: bool | None = option(None)
-    target_cpu: str | None = option(None, lambda name, value: _check_cpu_class(value, name))
+    target_cpu: str | None = option(None, lambda name, value: check_cpu_class(value, name))
     cost_table: str | None = option(None)
     memory_budget_mb: int = option(4096, must(lambda v: v >= 1, "be >= 1"))
     histogram_sample: int = option(65536, must(lambda v: v >= 0, "be >= 0"))
     histogram_budget: int = option(2**24, must(lambda v: v >= 0, "be >= 0"))
     agreement_threshold: float = option(0.5)
-    preprocess: str | None = option(None, also=(dict,), parse=_preprocess_spec)
+    preprocess: str | None = option(None, also=(dict,), parse=preprocess_spec)
     simplify: bool = option(True)
     progress: bool = option(True)
-    target_accuracy: str | None = option(None, lambda name, value: _check_target(value, name))
+    target_accuracy: str | None = option(None, lambda name, value: check_target(value, name))
     heldout_batches: int = option(16, must(lambda v: v >= 1, "be >= 1"))
     target_cost: str = option("layers", one_of(lambda: TARGET_COSTS, "cost"))
     target_max_float_macs: float | None = option(
@@ -352,12 +289,8 @@ class QuantConfig:
     range_search_batches: int | None = option(None, must(lambda v: v >= 2, "be >= 2"))
 
     def __post_init__(self) -> None:
-        # values from Python are checked like those from YAML: type first, then value
-        for f in dataclasses.fields(self):
-            object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name), "config"))
-        _check_values(vars(self), "")
+        settle(self)  # values from Python are checked like those from YAML: type, then value
 
-    # -- what the stages read -----------------------------------------------------------------
     @property
     def target(self) -> TargetOptions:
         """The options that choose the backend profile and the CPU class it is tuned for."""
@@ -393,7 +326,6 @@ class QuantConfig:
         """The options the accuracy-recovery steps (``onnxq.recover``) read."""
         return view(RecoveryOptions, self)
 
-    # -- queries (PlacementOptions answers them) ---------------------------------------------
     def node_excluded(self, node_name: str, op_type: str) -> str | None:
         """The pattern that keeps this node float, or ``None``."""
         return self.placement.node_excluded(node_name, op_type)
@@ -411,44 +343,20 @@ class QuantConfig:
         """The exclude patterns and overrides that match nothing (a typo)."""
         return self.placement.unmatched(nodes, tensors)
 
-    # -- (de)serialisation ------------------------------------------------------------------
     def replace(self, **changes: Any) -> QuantConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (YAML/JSON-ready), overrides as dicts without ``None`` fields."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "overrides":
-                value = [
-                    {k: v for k, v in dataclasses.asdict(o).items() if v is not None} for o in value
-                ]
-            elif isinstance(value, tuple):
-                value = list(value)
-            out[f.name] = value
-        return out
+        return plain_fields(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "config") -> QuantConfig:
         """Build from a dict, naming unknown keys and wrong types. Fields may be given flat
         (``adaround: true``) or under their section (``recovery: {adaround: true}``;
         :mod:`onnxq.config.sections`)."""
-        from onnxq.config.sections import flatten
-
-        if not isinstance(data, dict):
-            raise ConfigError(f"{where}: expected a mapping of options, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        kwargs: dict[str, Any] = {}
-        for key, value in flatten(data, where).items():
-            if key not in known:
-                raise ConfigError(
-                    f"{where}: unknown key {key!r}; valid keys: {', '.join(sorted(known))}"
-                )
-            kwargs[key] = _coerce(key, value, where)
-        _check_values(kwargs, f"{where}: ")  # before QuantConfig checks them: name the file
-        return cls(**kwargs)
+        return cls(**checked_fields(cls, data, where))
 
     @classmethod
     def from_sparsebit(cls, doc: dict[str, Any], where: str = "config") -> QuantConfig:
@@ -461,91 +369,18 @@ class QuantConfig:
     def from_yaml(cls, path: str | os.PathLike[str]) -> QuantConfig:
         """Load a YAML config file (safe loader: no code runs); a Sparsebit qconfig (top-level
         ``BACKEND`` / ``W`` / ``A``) is read as :meth:`from_sparsebit` reads it."""
-        import yaml
-
         from onnxq.config.sparsebit import is_sparsebit
 
-        p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}".replace("\n", " ")) from None
+        data = read_yaml(path)
         if is_sparsebit(data):
-            return cls.from_sparsebit(data, where=str(p))
-        return cls.from_dict(data or {}, where=str(p))
+            return cls.from_sparsebit(data, where=str(path))
+        return cls.from_dict(data or {}, where=str(path))
 
     def to_yaml(self) -> str:
         """YAML text that :meth:`from_yaml` reads back to an equal config."""
         import yaml
 
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
-
-
-@functools.cache
-def _fields() -> dict[str, tuple[Any, dataclasses.Field[Any]]]:
-    """Field name -> (its resolved type annotation, the field)."""
-    hints = typing.get_type_hints(QuantConfig)
-    return {f.name: (hints[f.name], f) for f in dataclasses.fields(QuantConfig)}
-
-
-def _check_values(values: dict[str, Any], prefix: str) -> None:
-    """Run each given field's value check; errors name the field after ``prefix``."""
-    for key, value in values.items():
-        validate = _fields()[key][1].metadata["validate"]
-        if validate is not None:
-            validate(f"{prefix}{key}", value)
-
-
-def _accepted(hint: Any) -> tuple[type, ...]:
-    """The Python types a value of annotation ``hint`` may have (before parsing)."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return tuple(t for arg in typing.get_args(hint) for t in _accepted(arg))
-    if hint is float:
-        return (int, float)
-    if typing.get_origin(hint) is tuple:
-        return (list, tuple)
-    return (hint,)
-
-
-def _coerce(key: str, value: Any, where: str) -> Any:
-    """``value`` checked against field ``key``'s type and brought to it (a list becomes a
-    tuple, a mapping of overrides an :class:`Override`, a preprocess mapping its spec)."""
-    hint, spec = _fields()[key]
-    expected = _accepted(hint) + spec.metadata["also"]
-    if isinstance(value, bool) and bool not in expected:
-        raise ConfigError(f"{where}: {key}: expected {_names(expected)}, got a boolean")
-    if not isinstance(value, expected):
-        raise ConfigError(
-            f"{where}: {key}: expected {_names(expected)}, got {type(value).__name__} {value!r}"
-        )
-    if spec.metadata["parse"] is not None:
-        return spec.metadata["parse"](value)
-    if typing.get_origin(hint) is tuple:
-        item = typing.get_args(hint)[0]
-        if item is Override:
-            return tuple(parse_override(i, v, where) for i, v in enumerate(value))
-        if not all(isinstance(v, item) for v in value):
-            raise ConfigError(f"{where}: {key}: expected a list of {_names((item,))}s")
-        return tuple(value)
-    return value
-
-
-def _names(types_: tuple[type, ...]) -> str:
-    names = {
-        int: "integer",
-        float: "number",
-        str: "string",
-        bool: "boolean",
-        list: "list",
-        tuple: "list",
-        dict: "mapping",
-        type(None): "null",
-    }
-    return " or ".join(dict.fromkeys(names.get(t, t.__name__) for t in types_))
 
 
 __all__ = [

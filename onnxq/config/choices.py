@@ -11,6 +11,7 @@ from onnxq.errors import ConfigError
 CALIBRATION_MODES = ("float", "prefix")
 ADAROUND_ENGINES = ("numpy", "torch")
 ADAROUND_MODES = ("float", "sequential", "block")
+WEIGHT_STORAGE = ("int8", "qdq")  # how static weights are stored (``weight_storage``)
 WEIGHT_ONLY = ("int4", "int8")  # the widths of ``--weights`` / ``QuantConfig.weight_only``
 WEIGHT_ALGORITHMS = ("auto", "rtn", "gptq", "awq", "awq+gptq")
 

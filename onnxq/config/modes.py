@@ -10,6 +10,9 @@ option silently.  An option counts as given when its value is not QuantConfig's 
 * A dynamic run ignores :data:`DYNAMIC_IGNORES`: with no activation ranges there is nothing to
   calibrate, search or shift, and its kernels take round-to-nearest int8 weights.
 * A static or dynamic run ignores the weight-only fields (:data:`WEIGHT_ONLY_FIELDS`).
+
+:func:`refuse_combinations` refuses options that contradict each other (bias correction of a
+dynamic run; the half-range shift with an AdaRound mode that learns on the quantized input).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from onnxq.config import QuantConfig
 from onnxq.errors import ConfigError
 
 WEIGHT_ONLY_FIELDS = ("block_size", "weight_algorithm", "weight_symmetric", "weight_accuracy_level")
@@ -60,7 +62,7 @@ DYNAMIC_IGNORES = (
 CALL_OPTIONS = {"target": "target_accuracy", "heldout": "heldout", "executor": "executor"}
 
 
-def refuse_unused(cfg: QuantConfig, **given: Any) -> None:
+def refuse_unused(cfg: Any, **given: Any) -> None:
     """Raise :class:`ConfigError` for the first option of ``cfg`` (or of ``given``: the
     ``target``/``heldout``/``executor`` arguments of :func:`onnxq.quantize`, None: not given)
     that its kind of run would ignore."""
@@ -87,10 +89,10 @@ def refuse_unused(cfg: QuantConfig, **given: Any) -> None:
             )
 
 
-def _set_fields(cfg: QuantConfig) -> list[str]:
+def _set_fields(cfg: Any) -> list[str]:
     """The fields of ``cfg`` whose value is not the default (nor another "off" value)."""
     out = []
-    for f in dataclasses.fields(QuantConfig):
+    for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if value != f.default and value not in OFF.get(f.name, ()):
             out.append(f.name)
@@ -115,4 +117,25 @@ def _weight_only_refusal(name: str, width: str) -> str:
     )
 
 
-__all__ = ["DYNAMIC_IGNORES", "WEIGHT_ONLY_FIELDS", "WEIGHT_ONLY_READS", "refuse_unused"]
+def refuse_combinations(cfg: Any) -> None:
+    """Raise :class:`ConfigError` for options that contradict each other."""
+    if cfg.dynamic and cfg.bias_correction:
+        raise ConfigError(
+            "bias_correction corrects the rounding of static quantization; --dynamic "
+            "quantizes activations at run time: drop one of them"
+        )
+    if cfg.shift_activations and cfg.adaround and cfg.adaround_mode != "float":
+        raise ConfigError(
+            f"shift_activations with adaround_mode {cfg.adaround_mode}: that mode learns each "
+            "weight on its layer's quantized input, and a shifted input is not the layer's "
+            "input; use adaround_mode float (--adaround) with --shift-activations, or drop one"
+        )
+
+
+__all__ = [
+    "DYNAMIC_IGNORES",
+    "WEIGHT_ONLY_FIELDS",
+    "WEIGHT_ONLY_READS",
+    "refuse_combinations",
+    "refuse_unused",
+]

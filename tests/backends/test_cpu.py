@@ -37,6 +37,16 @@ def fake_cpu(monkeypatch):
         ("AMD64", {"AVX2": True, "AVX512VNNI": False}, {"amx_int8"}, "x86-vnni"),
         # an emulator (qemu -cpu Haswell) shows the host's /proc/cpuinfo: cpuid decides
         ("x86_64", {"AVX2": True, "AVX512VNNI": False}, {"avx512_vnni"}, "x86-avx2"),
+        # ... also of the dot products only the OS lists, when the host has them (Sapphire
+        # Rapids: avx_vnni, amx_int8): the OS's list names AVX-512, which cpuid denies
+        (
+            "x86_64",
+            {"AVX2": True, "AVX512F": False, "AVX512VNNI": False},
+            {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8"},
+            "x86-avx2",
+        ),
+        # a real AVX-VNNI CPU without AVX-512: the lists agree, the OS's flag counts
+        ("x86_64", {"AVX2": True, "AVX512F": False}, {"avx2", "avx_vnni"}, "x86-vnni"),
         # no numpy feature table: the OS's flags alone
         ("x86_64", {}, {"avx512_vnni"}, "x86-vnni"),
         ("aarch64", {"ASIMD": True, "ASIMDDP": True}, set(), "arm64-dot"),

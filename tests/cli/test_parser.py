@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from onnxq.cli.parser import FIRST_LEVEL, build_parser
+from onnxq.cli.parser import build_parser
 from onnxq.cli.quantize import with_settings
+from onnxq.cli.quantize_flags import FIRST_LEVEL
 from onnxq.config.sections import SECTIONS
 from onnxq.errors import ConfigError
 

@@ -1,0 +1,105 @@
+"""Flag helpers shared by the ``onnxq`` subcommands: the help epilog, the precision flags,
+the positive-integer argument type."""
+
+from __future__ import annotations
+
+import argparse
+
+EPILOG = """\
+calibration data (--calib):
+  a folder of .npz files, one batch per file, keys = model input names (file-name order);
+  a folder of .npy files (single-input models); one .npz whose arrays share a leading
+  sample axis (cut into --batch-size batches); or a folder of images (jpg/png/bmp/webp)
+  with --preprocess (imagenet | 0-1 | tf | a spec, see docs/calibration.md).
+
+examples:
+  onnxq quantize model.onnx -o model.int8.onnx --calib calib/
+  onnxq quantize lm.onnx -o lm.int4.onnx --weights int4 --calib calib/ --backend onnxruntime
+  onnxq quantize model.onnx -o out.onnx --calib calib/ --backend onnxruntime --report r.json
+  onnxq check model.int8.onnx --backend tensorrt
+  onnxq explain model.onnx --backend tensorrt
+
+exit codes: 0 ok, 1 check found violations (or an accuracy target was missed), 2 user
+error (bad input, options or data), 3 internal error (a bug in onnxq: please report it),
+130 interrupted.
+"""
+
+Flags = argparse._ActionsContainer  # a parser or one of its argument groups
+
+
+def precision_flags(parser: Flags, placement: Flags | None = None) -> None:
+    """--precision, --dynamic and (in ``placement``, else ``parser``) --dynamic-weight-scales
+    (docs/precisions.md)."""
+    from onnxq.config.options import DYNAMIC_WEIGHT_SCALES
+    from onnxq.numerics.precisions import PRECISIONS
+
+    parser.add_argument(
+        "--precision",
+        choices=list(PRECISIONS),
+        help="element type of the quantized tensors: int8 (default), int16 (16-bit "
+        "activations, 8-bit weights; --backend onnxruntime) or fp8 (FP8 E4M3; --backend "
+        "tensorrt); docs/precisions.md",
+    )
+    parser.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="dynamic quantization (--backend onnxruntime): int8 weights, activations "
+        "quantized at run time; no --calib needed (given, it feeds the fidelity check)",
+    )
+    (placement or parser).add_argument(
+        "--dynamic-weight-scales",
+        choices=list(DYNAMIC_WEIGHT_SCALES),
+        help="with --dynamic: one scale per weight where that keeps its SQNR >= 30 dB, else "
+        "one per output column (auto, default; onnxruntime runs one scale faster on few rows, "
+        "as in a one-token generation step), one per column everywhere (channel: most "
+        "accurate) or one per weight everywhere (tensor: fastest)",
+    )
+
+
+def positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def selection_flags(parser: Flags) -> None:
+    """--exclude-op-type and --exclude-module (placement selections beside --exclude)."""
+    parser.add_argument(
+        "--exclude-op-type",
+        action="append",
+        metavar="GLOB",
+        default=None,
+        help="op type that stays float, e.g. Softmax (glob, repeatable)",
+    )
+    parser.add_argument(
+        "--exclude-module",
+        action="append",
+        metavar="GLOB",
+        default=None,
+        help="exporter module path whose nodes stay float, e.g. 'encoder.*.attn*' (glob over "
+        "the nodes' module metadata of a torch.onnx dynamo export, else over TorchScript "
+        "node-name scopes; repeatable)",
+    )
+
+
+def target_flags(parser: Flags) -> None:
+    """--target-cpu and --cost-table (the onnxruntime backend's CPU tuning)."""
+    from onnxq.backends.cpu import CPU_CLASSES
+
+    parser.add_argument(
+        "--target-cpu",
+        choices=list(CPU_CLASSES),
+        help="CPU class the onnxruntime output is tuned for (default: this machine's, or "
+        "$ONNXQ_TARGET_CPU): uint8-stored weights on x86-avx2, cost thresholds",
+    )
+    parser.add_argument(
+        "--cost-table",
+        metavar="FILE.json",
+        help="cost thresholds measured by `onnxq tune-cpu` (default: the shipped table of "
+        "the target class)",
+    )
