@@ -20,9 +20,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from onnxq.config.sections import SECTIONS
 from onnxq.errors import ConfigError
 
-WEIGHT_ONLY_FIELDS = ("block_size", "weight_algorithm", "weight_symmetric", "weight_accuracy_level")
+# the weight-only section's fields besides the width itself
+WEIGHT_ONLY_FIELDS = tuple(n for n in SECTIONS["weightonly"][1] if n != "weight_only")
 
 # the QuantConfig fields a weight-only run reads (its WeightOnlyOptions and what it prepares
 # and reads data with)

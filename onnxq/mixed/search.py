@@ -44,6 +44,7 @@ from onnxq.backends.profile import BackendProfile
 from onnxq.backends.runs import run_outputs
 from onnxq.calibrate.measure import statistics_source
 from onnxq.config import QuantConfig
+from onnxq.ir.ops import WEIGHTED_OPS
 from onnxq.mixed.confirm import confirm
 from onnxq.mixed.float_budget import ceiling, ceiling_warning, within_ceiling
 from onnxq.mixed.float_cost import choose_by_macs, layer_neighbours, macs_known, placement_cost
@@ -51,7 +52,6 @@ from onnxq.mixed.front import FloatGraph, float_graph
 from onnxq.mixed.heldout import HeldOut
 from onnxq.mixed.record import MixedPrecision, summary_lines
 from onnxq.mixed.sensitivity import (
-    WEIGHTED_OPS,
     LayerSensitivity,
     Trials,
     candidates,

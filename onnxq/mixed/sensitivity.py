@@ -278,7 +278,6 @@ def boundary_elements(graph: ir.Graph, node: onnx.NodeProto) -> int | None:
 
 
 __all__ = [
-    "WEIGHTED_OPS",
     "LayerSensitivity",
     "Trials",
     "boundary_elements",
