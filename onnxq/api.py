@@ -13,8 +13,9 @@ integer weights, bias corrections) in :func:`onnxq.recover.pipeline.after_calibr
 ``materialize``.  A pass returns its result as data, which goes into
 :class:`onnxq.report.messages.Outcome` and the report.
 
-An option that the run's kind does not read is refused first (:mod:`onnxq.config.modes`).  A
-weight-only run (``weight_only``: int4/int8 MatMul weights, float activations) has no
+The options become the run's recipe first (:mod:`onnxq.config.recipes`: static, dynamic or
+weight-only), which refuses an option its kind would ignore.  A weight-only run
+(``weight_only``: int4/int8 MatMul weights, float activations) has no
 activations to place or calibrate: :func:`onnxq.weightonly.pipeline.quantize_weight_only`
 runs it, with the same ``prepare``, ``float_reference`` and ``verify`` stages around its own
 layer search, layer-by-layer weight pass and writer.
@@ -22,8 +23,8 @@ layer search, layer-by-layer weight pass and writer.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,9 @@ from onnxq.backends.target import target_record
 from onnxq.calibrate.cache import calibration_cache
 from onnxq.calibrate.engine import CalibrationResult
 from onnxq.calibrate.measure import statistics_source
-from onnxq.config import QuantConfig
-from onnxq.config.modes import refuse_combinations, refuse_unused
-from onnxq.config.resolve import run_config
-from onnxq.errors import CalibrationDataError, ConfigError, OutputError
+from onnxq.config.recipes import ActivationRecipe, WeightOnlyRecipe, refuse_call_options
+from onnxq.config.resolve import ConfigLike, run_config
+from onnxq.errors import CalibrationDataError, OutputError
 from onnxq.materialize.metadata import Placed
 from onnxq.materialize.qdq import materialize
 from onnxq.mixed.front import FloatGraph, float_graph
@@ -124,82 +124,65 @@ def check_paths(
 def quantize(
     model: ModelLike,
     calibration: Any = None,
+    config: ConfigLike = None,
     *,
-    backend: str | None = None,
-    method: str | None = None,
-    exclude: Iterable[str] | None = None,
-    config: QuantConfig | str | os.PathLike[str] | dict[str, Any] | None = None,
-    batch_size: int = 1,
-    save_calibration: str | os.PathLike[str] | None = None,
-    load_calibration: str | os.PathLike[str] | None = None,
     target: AccuracyTarget | str | None = None,
-    heldout: Any = None,
     executor: Executor | None = None,
     **options: Any,
 ) -> QuantizedModel:
     """Quantize ``model`` to a Q/DQ model (INT8, or the config's ``precision``), with
-    ``dynamic`` to onnxruntime's dynamically quantized kernels, or with
+    ``dynamic=True`` to onnxruntime's dynamically quantized kernels, or with
     ``weight_only="int4"|"int8"`` its MatMul/Gemm weights alone (docs/weight-only.md).
 
     Args:
         model: an ONNX file path or an ``onnx.ModelProto`` (never modified).
         calibration: a folder of ``.npz``/``.npy`` batches, one ``.npz`` with a leading sample
-            axis, or any iterable of ``{input_name: np.ndarray}`` (optional with ``dynamic``:
+            axis (``batch_size`` samples per batch), or any iterable of
+            ``{input_name: np.ndarray}`` (optional with ``dynamic`` or ``load_calibration``:
             then it only feeds the fidelity check).
-        backend: ``tensorrt`` (default) or ``onnxruntime``.
-        method: activation range method (``onnxq.numerics.observers.METHODS``).
-        exclude: glob patterns over node names that stay float.
-        config: a :class:`QuantConfig`, a dict of its fields, or a YAML file; the keyword
-            arguments above (and ``options``, any QuantConfig field) override it.
-        batch_size: batch size when ``calibration`` is one ``.npz`` of samples.
-        save_calibration: write the observed statistics to this JSON file (histograms for
-            every tensor, so any method can be used when it is loaded).
-        load_calibration: quantize from statistics saved earlier instead of data;
-            ``calibration`` is then optional and, if given, used only to measure fidelity.
+        config: a :class:`QuantConfig`, a recipe (``onnxq.config.recipes``), a dict of its
+            fields (flat or by section) or a YAML file; ``options`` override it.
         target: an accuracy target to meet by keeping the fewest, most harmful layers float
-            (``onnxq.mixed.search``): ``"cosine=0.999"`` (the config's
-            ``target_accuracy``), or an :class:`~onnxq.numerics.accuracy_target.AccuracyTarget`
-            whose metric may be a callable ``metric(reference, quantized) -> float`` over the float
-            and quantized outputs of the held-out batches (higher is better).  The report's
+            (``onnxq.mixed.search``): ``"cosine=0.999"`` (as the config's
+            ``target_accuracy``), or an :class:`~onnxq.numerics.accuracy_target.AccuracyTarget`,
+            whose metric may be a callable ``metric(reference, quantized) -> float`` and whose
+            ``heldout`` the data to measure it on (default: the first ``heldout_batches``
+            calibration batches, which calibration then skips).  The report's
             ``mixed_precision`` says what was kept and whether the target was met; a missed
             target is a warning, and the best model found is returned.
-        heldout: data to measure the target on (any calibration source); default: the first
-            ``heldout_batches`` calibration batches, which calibration then skips.
         executor: where the calibration batches are observed, in shards whose statistics
             merge exactly, and where the accuracy target's trials run
-            (``onnxq.scale.RayExecutor("auto")``: a Ray cluster); the output is the same as
-            without it.
+            (``onnxq.scale.RayExecutor("auto")``: a Ray cluster); the output is the same.
+        options: config fields by name (docs/config.md), e.g. ``backend="onnxruntime"``,
+            ``method="entropy"``, ``exclude=["head*"]``, ``batch_size=8``,
+            ``save_calibration="stats.json"``, ``adaround=True``.
 
     Returns:
         A :class:`QuantizedModel` with ``.model``, ``.report`` and ``.save(path)``.
     """
-    cfg = run_config(config, backend, method, exclude, options)
-    refuse_unused(cfg, target=target, heldout=heldout, executor=executor)  # none is dropped
-    if cfg.weight_only is not None:  # activations stay float: no placement loop to run
+    recipe = run_config(config, options).recipe()  # an option its kind ignores: refused
+    refuse_call_options(recipe, target=target, executor=executor)
+    if isinstance(recipe, WeightOnlyRecipe):  # activations stay float: nothing to place
         from onnxq.weightonly.pipeline import quantize_weight_only
 
-        run = quantize_weight_only(
-            model, calibration, cfg, batch_size, save_calibration, load_calibration
-        )
+        run = quantize_weight_only(model, calibration, recipe)
         return QuantizedModel(run.model, run.report, run.source)
-    _check_sources(model, calibration, save_calibration, load_calibration, cfg)
-    args = (model, calibration, batch_size, save_calibration, load_calibration, target, heldout)
-    compare = cfg.score_map_ranges == "compare" and _can_compare(
-        cfg, calibration, target, save_calibration, load_calibration
+    _check_sources(model, calibration, recipe)
+    compare = recipe.placement.score_map_ranges == "compare" and _can_compare(
+        recipe, calibration, target
     )
-    first, by_scores = _quantize_static(cfg, executor, *args)
+    first, by_scores = _quantize_static(recipe, executor, model, calibration, target)
     if not (compare and by_scores):
         return first
-    second, _ = _quantize_static(cfg.replace(score_map_ranges="auto"), executor, *args)
+    per_tensor = dataclasses.replace(recipe.placement, score_map_ranges="auto")
+    second, _ = _quantize_static(
+        recipe.replace(placement=per_tensor), executor, model, calibration, target
+    )
     return _better_score_map_run(first, second)
 
 
 def _can_compare(
-    cfg: QuantConfig,
-    calibration: Any,
-    target: AccuracyTarget | str | None,
-    save_calibration: str | os.PathLike[str] | None,
-    load_calibration: str | os.PathLike[str] | None,
+    cfg: ActivationRecipe, calibration: Any, target: AccuracyTarget | str | None
 ) -> bool:
     """Whether ``score_map_ranges: compare`` may quantize a score-map model twice: not with
     an accuracy target (its search would run twice) nor a calibration cache (one run's
@@ -209,8 +192,8 @@ def _can_compare(
     rereadable = isinstance(calibration, (str, os.PathLike)) or (
         calibration is not None and iter(calibration) is not calibration
     )
-    cached = save_calibration is not None or load_calibration is not None
-    return goal is None and not cached and not cfg.dynamic and rereadable
+    cached = cfg.calibration.save_calibration is not None or cfg.calibration.load_calibration
+    return goal is None and not cached and not cfg.profile.dynamic and rereadable
 
 
 def _worst_cosine(run: QuantizedModel) -> float | None:
@@ -240,26 +223,25 @@ def _better_score_map_run(minmax: QuantizedModel, per_tensor: QuantizedModel) ->
 
 
 def _quantize_static(
-    cfg: QuantConfig,
+    cfg: ActivationRecipe,
     executor: Executor | None,
     model: ModelLike,
     calibration: Any,
-    batch_size: int,
-    save_calibration: str | os.PathLike[str] | None,
-    load_calibration: str | os.PathLike[str] | None,
     target: AccuracyTarget | str | None,
-    heldout: Any,
 ) -> tuple[QuantizedModel, bool]:
     """One static (or dynamic) run of :func:`quantize`; also whether ``auto`` calibrated the
     activations with the head method because the outputs are score maps."""
     goal = accuracy_target(cfg.accuracy.target_accuracy, target)
+    save_calibration = cfg.calibration.save_calibration
+    load_calibration = cfg.calibration.load_calibration
     cached = save_calibration is not None or load_calibration is not None
     front = float_graph(
-        model, cfg, calibration, batch_size, hold=goal is not None, heldout=heldout,
-        cached=cached, guard=blame_conversion,
+        model, cfg, calibration, hold=goal is not None,
+        heldout=goal.heldout if goal is not None else None, cached=cached,
+        guard=blame_conversion,
     )  # fmt: skip
     prepared, profile, steps = front.prepared, front.profile, front.steps
-    with blame_conversion(prepared.load.opset_upgrade), using(SessionSettings(cfg.device)):
+    with blame_conversion(prepared.load.opset_upgrade), using(SessionSettings(cfg.run.device)):
         measure = statistics_source(
             prepared.model, front.facts, profile, front.data, front.inputs, cfg.calibration,
             save_calibration is not None, load_calibration, executor,
@@ -287,7 +269,9 @@ def _quantize_static(
             mixed = mixed.as_written(prepared.model)
         if ir.external.lazy_nbytes(prepared.model) < ir.external.LAZY_BYTES:
             ir.external.load_all(prepared.model)  # float weights that stayed float (biases)
-        verification = verify(prepared.model, reference, held, profile, cfg.agreement_threshold)
+        verification = verify(
+            prepared.model, reference, held, profile, cfg.validate.agreement_threshold
+        )
     report = _report(_outcome(cfg, front, annotations, recovered, placed, verification, mixed))
     report.weight_bytes = (float_weight_bytes, ir.weight_nbytes(prepared.model))
     if save_calibration is not None and cache is not None:
@@ -297,7 +281,7 @@ def _quantize_static(
 
 
 def _outcome(
-    cfg: QuantConfig,
+    cfg: ActivationRecipe,
     front: FloatGraph,
     annotations: Annotations,
     recovered: Recovered,
@@ -357,32 +341,20 @@ def _report(outcome: Outcome) -> Report:
     )
 
 
-def _check_sources(
-    model: ModelLike,
-    calibration: Any,
-    save_calibration: str | os.PathLike[str] | None,
-    load_calibration: str | os.PathLike[str] | None,
-    cfg: QuantConfig,
-) -> None:
-    """Refuse a run without data or statistics (``--dynamic`` needs neither, and keeps none),
-    and a cache that would overwrite an input."""
+def _check_sources(model: ModelLike, calibration: Any, cfg: ActivationRecipe) -> None:
+    """Refuse a run without data or statistics (``--dynamic`` needs neither), and a cache
+    that would overwrite an input."""
+    save, load = cfg.calibration.save_calibration, cfg.calibration.load_calibration
     check_paths(
-        {"calibration cache to save": save_calibration},
+        {"calibration cache to save": save},
         {
             "input model": model if isinstance(model, (str, os.PathLike)) else None,
-            "calibration cache to load": load_calibration,
+            "calibration cache to load": load,
         },
     )
-    if cfg.dynamic and (save_calibration is not None or load_calibration is not None):
-        raise ConfigError(
-            "--dynamic quantizes activations at run time and keeps no calibration statistics: "
-            "drop --save-calibration / --load-calibration (--calib, if given, only feeds the "
-            "fidelity check)"
-        )
-    refuse_combinations(cfg)
-    if cfg.dynamic:
+    if cfg.profile.dynamic:
         return
-    if calibration is None and load_calibration is None:
+    if calibration is None and load is None:
         raise CalibrationDataError(
             "no calibration data given; pass --calib DATA (a folder of "
             ".npz batches, a .npz of samples, or .npy files) or "

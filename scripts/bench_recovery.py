@@ -50,11 +50,12 @@ SETTINGS: dict[str, list[str]] = {
         "--calibration-mode", "prefix", "--adaround-mode", "sequential", "--sequential-correction",
     ],
     "block-adaround": [
-        "--adaround-mode", "block", "--adaround-steps", "200", "--adaround-engine", "torch",
+        "--adaround-mode", "block", "--set", "recovery.adaround_steps=200",
+        "--adaround-engine", "torch",
     ],
     "prefix+dw-equalization+block-adaround": [
         "--calibration-mode", "prefix", "--dw-equalization", "--adaround-mode", "block",
-        "--adaround-steps", "200", "--adaround-engine", "torch",
+        "--set", "recovery.adaround_steps=200", "--adaround-engine", "torch",
     ],
     "shift-activations": ["--shift-activations"],
     "adaround+shift-activations": ["--adaround", "--shift-activations"],

@@ -8,6 +8,7 @@ same on every machine.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,10 +20,9 @@ from onnxq.numerics.precisions import PRECISIONS
 
 
 class TargetOptions(Protocol):
-    """What choosing a run's profile reads (:class:`onnxq.config.options.TargetOptions` is the
-    config's view that provides it): the backend, the CPU class and cost table it is tuned for,
-    the weight range, the run's precision and the precisions its overrides name, and whether
-    activations are quantized at run time."""
+    """What choosing a run's profile reads (:class:`onnxq.config.options.ProfileOptions`, the
+    config's profile section, provides it): the backend, the CPU class and cost table it is
+    tuned for, the weight range, and whether activations are quantized at run time."""
 
     @property
     def backend(self) -> str: ...
@@ -33,23 +33,23 @@ class TargetOptions(Protocol):
     @property
     def cost_table(self) -> str | None: ...
     @property
-    def precision(self) -> str: ...
-    @property
     def dynamic(self) -> bool: ...
-    def precisions(self) -> list[str]: ...
 
 
-def profile_for(options: TargetOptions) -> tuple[BackendProfile, str]:
+def profile_for(
+    options: TargetOptions, precisions: Sequence[str] = ("int8",)
+) -> tuple[BackendProfile, str]:
     """The profile of a run: the backend's, tuned for the CPU class it targets, with the
     fields its precision (or ``dynamic``) changes; and a note on the weight range (empty when
-    weights have their full range).
+    weights have their full range).  ``precisions``: the run's precision first, then those its
+    overrides name (``PlacementOptions.precisions()``).
 
     A :class:`ConfigError` when the backend cannot run a precision the options name, or has
     no dynamic quantization: raised before anything is loaded or written.  Everything here
     reads profile data (``precisions``, ``precision_refusals``, ``dynamic_changes``).
     """
     backend = PROFILES[options.backend]
-    refusal = precision_refusal(backend, options)
+    refusal = precision_refusal(backend, options, precisions)
     if refusal is not None:
         raise ConfigError(refusal)
     if options.dynamic:
@@ -59,19 +59,21 @@ def profile_for(options: TargetOptions) -> tuple[BackendProfile, str]:
         profile, note = tune_profile(backend.replace(**dynamic), options)
         return profile.replace(**dynamic), note
     profile, note = tune_profile(backend, options)
-    changes = dict(profile.precisions[options.precision])
+    changes = dict(profile.precisions[precisions[0]])
     # a precision an override names needs its opset too (FP8 Q/DQ: 19)
-    opsets = [profile.precisions[p].get("min_opset", 0) for p in options.precisions()]
+    opsets = [profile.precisions[p].get("min_opset", 0) for p in precisions]
     opset = max(profile.min_opset, *(o for o in opsets if isinstance(o, int)))
     if opset != profile.min_opset:
         changes["min_opset"] = opset
     return (profile.replace(**changes) if changes else profile), note
 
 
-def precision_refusal(profile: BackendProfile, options: TargetOptions) -> str | None:
+def precision_refusal(
+    profile: BackendProfile, options: TargetOptions, precisions: Sequence[str] = ("int8",)
+) -> str | None:
     """Why ``profile``'s backend cannot run the precisions (or the dynamic quantization)
     ``options`` ask for, in one line; None when it can."""
-    for name in options.precisions():
+    for name in precisions:
         if name not in profile.precisions:
             why = profile.precision_refusals.get(
                 name, f"{profile.name} has no {PRECISIONS[name].summary} kernels"
@@ -81,7 +83,7 @@ def precision_refusal(profile: BackendProfile, options: TargetOptions) -> str | 
         return None
     if profile.dynamic_changes is None:
         return f"--dynamic with --backend {profile.name}: {profile.dynamic_refusal}"
-    others = [p for p in options.precisions() if p != "int8"]
+    others = [p for p in precisions if p != "int8"]
     if others:
         return (
             "--dynamic quantizes to int8 only (onnxruntime's dynamic kernels take 8-bit "

@@ -19,7 +19,7 @@ from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.calibrate.cache import cached_control_flow, load_calibration
 from onnxq.calibrate.engine import CalibrationResult, calibrate
-from onnxq.config.options import CalibrationOptions
+from onnxq.config.calibration import CalibrationOptions
 from onnxq.data.inputs import Batch, InputSpec
 from onnxq.errors import InternalError
 from onnxq.place.facts import GraphFacts

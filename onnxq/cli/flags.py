@@ -1,9 +1,46 @@
 """Flag helpers shared by the ``onnxq`` subcommands: the help epilog, the precision flags,
-the positive-integer argument type."""
+the positive-integer argument type, and the flags that moved to ``--set``."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+
+# flags of ``onnxq quantize`` that moved to ``--set SECTION.FIELD=VALUE``, and where they went;
+# one of them on the command line is a one-line error that says so (refuse_moved)
+MOVED: dict[str, str] = {
+    "--histogram-sample": "calibration.histogram_sample",
+    "--histogram-budget": "calibration.histogram_budget",
+    "--adaround-steps": "recovery.adaround_steps",
+    "--range-search-batches": "recovery.range_search_batches",
+    "--heldout-batches": "accuracy.heldout_batches",
+}
+
+
+def refuse_moved(argv: Sequence[str]) -> None:
+    """Raise :class:`~onnxq.errors.ConfigError` naming the ``--set`` path of the first flag of
+    ``onnxq quantize ARGV`` that moved (:data:`MOVED`; also as ``--flag=VALUE``), before the
+    parser would call it unknown; the value given, if any, goes into the ``--set`` it names."""
+    from onnxq.errors import ConfigError
+
+    words = list(argv)
+    command = next((w for w in words if not w.startswith("-")), None)
+    if command != "quantize":
+        return
+    for i, word in enumerate(words):
+        if word == "--":  # the rest are operands, not flags
+            return
+        flag, eq, value = word.partition("=")
+        if flag not in MOVED:
+            continue
+        if not eq:
+            after = words[i + 1] if i + 1 < len(words) else ""
+            value = after if after and not after.startswith("-") else ""
+        raise ConfigError(
+            f"{flag} moved: use --set {MOVED[flag]}={value or 'N'} "
+            "(onnxq quantize --help-all lists every field)"
+        )
+
 
 EPILOG = """\
 calibration data (--calib):
@@ -30,7 +67,7 @@ Flags = argparse._ActionsContainer  # a parser or one of its argument groups
 def precision_flags(parser: Flags, placement: Flags | None = None) -> None:
     """--precision, --dynamic and (in ``placement``, else ``parser``) --dynamic-weight-scales
     (docs/precisions.md)."""
-    from onnxq.config.options import DYNAMIC_WEIGHT_SCALES
+    from onnxq.config.placement import DYNAMIC_WEIGHT_SCALES
     from onnxq.numerics.precisions import PRECISIONS
 
     parser.add_argument(

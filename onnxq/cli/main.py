@@ -13,6 +13,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from onnxq.cli.flags import refuse_moved
 from onnxq.cli.parser import build_parser
 from onnxq.errors import (
     REPORT_REQUEST,
@@ -39,7 +40,13 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``onnxq`` console script."""
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    try:
+        refuse_moved(words)  # a flag that moved to --set: say where, before argparse's error
+    except OnnxqError as exc:
+        print(f"onnxq: error: {one_line(exc)}", file=sys.stderr)
+        return exit_code(exc)
+    args = build_parser().parse_args(words)
     # Ctrl-C and SIGTERM become KeyboardInterrupt, held off while a scratch folder is made or
     # removed (onnxq.ir.scratch): an interrupted run leaves nothing behind
     from onnxq.ir.scratch import interrupt

@@ -9,9 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxq.cli.parser import selections
-from onnxq.errors import (
-    AccuracyError,
-)
+from onnxq.errors import AccuracyError
 
 
 def quantize_command(args: argparse.Namespace) -> int:
@@ -24,40 +22,40 @@ def quantize_command(args: argparse.Namespace) -> int:
             f"output {args.output!r} is not a file path; give e.g. -o model.int8.onnx"
         )
     out = Path(args.output)
+    options = with_settings(_flag_fields(args), args.set)
+    save, load = _path_of(options, "save_calibration"), _path_of(options, "load_calibration")
     check_paths(
-        {"output": out, "report": args.report, "calibration cache to save": args.save_calibration},
+        {"output": out, "report": args.report, "calibration cache to save": save},
         {
             "input model": args.model,
             "config": args.config,
-            "calibration cache to load": args.load_calibration,
+            "calibration cache to load": load,
             "calibration data": args.calib,
         },
     )
     for target in (out, Path(args.report) if args.report else None):
         if target is not None and not target.parent.is_dir():
             raise OutputError(f"output folder does not exist: {target.parent}")
-    new_cache = args.save_calibration is not None and not Path(args.save_calibration).exists()
+    new_cache = Path(save) if save is not None and not Path(save).exists() else None
+    config = _with_method_overrides(args.config, args.method_for)
     result = quantize(
         args.model,
         args.calib,
-        config=_with_method_overrides(args.config, args.method_for),
-        batch_size=args.batch_size,
-        save_calibration=args.save_calibration,
-        load_calibration=args.load_calibration,
-        heldout=args.heldout,
+        config,
+        target=_heldout_target(args.heldout, config, options),
         executor=_ray_executor(args.ray, args.device),
-        **with_settings(_flag_fields(args), args.set),
+        **options,
     )
     try:
         written = result.save(
             out, report=args.report, external_data=True if args.external_data else None
         )
     except BaseException:  # an error or Ctrl-C: leave no file of this run behind
-        if new_cache:
-            Path(args.save_calibration).unlink(missing_ok=True)
+        if new_cache is not None:
+            new_cache.unlink(missing_ok=True)
         raise
-    if args.save_calibration is not None:
-        written.append(Path(args.save_calibration))
+    if save is not None:
+        written.append(Path(save))
     if not args.quiet:
         print(result.report.summary())
         print("wrote " + ", ".join(str(w) for w in written))
@@ -80,11 +78,12 @@ def _flag_fields(args: argparse.Namespace) -> dict[str, Any]:
         "exclude": args.exclude,
         "percentile": args.percentile,
         "max_batches": args.max_batches,
+        "batch_size": args.batch_size,
+        "save_calibration": args.save_calibration,
+        "load_calibration": args.load_calibration,
         "simplify": False if args.no_simplify else None,
         "progress": False if args.quiet else None,
         "memory_budget_mb": args.memory_budget,
-        "histogram_sample": args.histogram_sample,
-        "histogram_budget": args.histogram_budget,
         "target_cpu": args.target_cpu,
         "cost_table": args.cost_table,
         "preprocess": args.preprocess,
@@ -95,13 +94,43 @@ def _flag_fields(args: argparse.Namespace) -> dict[str, Any]:
         "block_size": args.block_size,
         "weight_algorithm": args.algorithm,
         "target_accuracy": args.target,
-        "heldout_batches": args.heldout_batches,
         "target_cost": args.target_cost,
         "target_max_float_macs": args.target_max_float_macs,
         "device": args.device,
         **selections(args),
         **recovery_options(args),
     }
+
+
+def _heldout_target(heldout: str | None, config: Any, options: dict[str, Any]) -> Any:
+    """The accuracy target that ``--heldout DATA`` is measured on: ``--target``, else the
+    config's ``target_accuracy``, with ``heldout`` its data (None without ``--heldout``: the
+    config's target, if any, is measured on held-out calibration batches)."""
+    if heldout is None:
+        return None
+    from onnxq.config.recipes import weight_only_refusal
+    from onnxq.config.resolve import run_config
+    from onnxq.errors import ConfigError
+    from onnxq.numerics.accuracy_target import AccuracyTarget, parse_target
+
+    cfg = run_config(config, options)
+    width = cfg.weightonly.weight_only
+    if width is not None:  # a weight-only run has no target to measure
+        raise ConfigError(weight_only_refusal("heldout", width))
+    text = cfg.accuracy.target_accuracy
+    if text is None:
+        raise ConfigError(
+            "--heldout DATA is the data --target is measured on: add --target METRIC=VALUE"
+        )
+    goal = parse_target(text, "--target" if options.get("target_accuracy") else "target_accuracy")
+    return AccuracyTarget(goal.metric, goal.threshold, heldout=heldout)
+
+
+def _path_of(options: dict[str, Any], name: str) -> str | None:
+    """The file a path field of ``options`` names (a flag's or ``--set``'s; None: not given,
+    or not a path, which the config then refuses)."""
+    value = options.get(name)
+    return value if isinstance(value, str) else None
 
 
 def with_settings(fields: dict[str, Any], settings: list[str]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from onnxq.backends.profile import BACKENDS
-from onnxq.cli.flags import EPILOG, Flags, positive, precision_flags, selection_flags, target_flags
+from onnxq.cli.flags import EPILOG, Flags, precision_flags, selection_flags, target_flags
 from onnxq.config.options import TARGET_COSTS
 from onnxq.config.sections import SECTIONS
 
@@ -76,7 +76,10 @@ def set_fields_text(parser: argparse.ArgumentParser) -> str:
     from onnxq.config.sections import SECTIONS
 
     defaults = QuantConfig().to_dict()
-    flag_of = {a.dest: a.option_strings[-1] for a in parser._actions if a.option_strings}
+    flag_of: dict[str, str] = {}
+    for action in parser._actions:
+        if action.option_strings:
+            flag_of.setdefault(action.dest, flag_name(action))
     lines = ["config fields (--set SECTION.FIELD=VALUE; a YAML file may nest them the same way):"]
     for section, (what, names) in SECTIONS.items():
         lines.append(f"  {section}: {what}")
@@ -85,6 +88,13 @@ def set_fields_text(parser: argparse.ArgumentParser) -> str:
             also = f"  ({flag})" if flag else ""
             lines.append(f"    {section}.{name}={defaults[name]!r}{also}")
     return "\n".join(lines) + "\n"
+
+
+def flag_name(action: argparse.Action) -> str:
+    """The name of an option as the help names it: its long form, ``--cle`` rather than
+    ``--no-cle`` for an on/off pair."""
+    longs = [s for s in action.option_strings if s.startswith("--")] or action.option_strings
+    return next((s for s in longs if not s.startswith("--no-")), longs[0])
 
 
 # config fields whose flag has another name
@@ -97,6 +107,7 @@ _FLAG_OF_FIELD = {
     "progress": "--quiet",
     "exclude_op_types": "--exclude-op-type",
     "exclude_modules": "--exclude-module",
+    "overrides": "--method-for",
 }
 
 
@@ -189,7 +200,6 @@ def _data_flags(q: Flags, sec: Groups) -> None:
     q.add_argument(
         "--batch-size",
         type=int,
-        default=1,
         help="batch size when --calib is one .npz of samples (default 1)",
     )
     q.add_argument(
@@ -210,21 +220,6 @@ def _data_flags(q: Flags, sec: Groups) -> None:
         help="activation memory per batch during calibration (default 4096); "
         "above it tensors are observed in several passes",
     )
-    sec["calibration"].add_argument(
-        "--histogram-sample",
-        type=int,
-        metavar="N",
-        help="values per sample that enter a histogram (default 65536; larger "
-        "samples contribute every s-th value; 0 = every value, slower)",
-    )
-    sec["calibration"].add_argument(
-        "--histogram-budget",
-        type=int,
-        metavar="N",
-        help="values one tensor's histogram counts over the whole calibration "
-        "(default 16777216): beyond 256 samples each contributes fewer; 0 = no "
-        "budget",
-    )
 
 
 def _accuracy_flags(q: Flags, sec: Groups) -> None:
@@ -239,13 +234,8 @@ def _accuracy_flags(q: Flags, sec: Groups) -> None:
     sec["accuracy"].add_argument(
         "--heldout",
         metavar="DATA",
-        help="data to measure --target on (default: the first --heldout-batches calibration "
-        "batches, which calibration then skips)",
-    )
-    sec["accuracy"].add_argument(
-        "--heldout-batches",
-        type=positive,
-        help="batches held out for --target (default 16)",
+        help="data to measure --target on (default: the first accuracy.heldout_batches "
+        "calibration batches, which calibration then skips)",
     )
     sec["accuracy"].add_argument(
         "--target-cost",
@@ -282,7 +272,7 @@ def _run_flags(q: Flags, sec: Groups) -> None:
     _weight_only_flags(q, sec["weightonly"])
     from onnxq.cli.recovery import add_recovery_flags
 
-    add_recovery_flags(sec["recovery"])
+    add_recovery_flags(sec["recovery"], sec["placement"])
     sec["run"].add_argument("--no-simplify", action="store_true", help="skip the simplify passes")
     q.add_argument(
         "--external-data",
@@ -300,7 +290,7 @@ def _run_flags(q: Flags, sec: Groups) -> None:
 def _weight_only_flags(q: Flags, weightonly: Flags) -> None:
     """--weights, and (in ``weightonly``) --block-size, --algorithm: weight-only quantization
     (docs/weight-only.md)."""
-    from onnxq.config.choices import WEIGHT_ALGORITHMS, WEIGHT_ONLY
+    from onnxq.config.weightonly import WEIGHT_ALGORITHMS, WEIGHT_ONLY
 
     q.add_argument(
         "--weights",

@@ -5,14 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from onnxq.config.choices import ADAROUND_ENGINES, ADAROUND_MODES, CALIBRATION_MODES
+from onnxq.config.recovery import ADAROUND_ENGINES, ADAROUND_MODES, CALIBRATION_MODES
 from onnxq.recover.dwequal import DEFAULT_MAX_SCALE
 from onnxq.recover.smoothquant import DEFAULT_ALPHA
 
 
-def add_recovery_flags(r: argparse._ActionsContainer) -> None:
+def add_recovery_flags(
+    r: argparse._ActionsContainer, placement: argparse._ActionsContainer
+) -> None:
     """Add the accuracy-recovery options to ``r`` (``quantize``'s recovery section;
-    docs/accuracy.md)."""
+    docs/accuracy.md), and --shift-activations, a placement field, to ``placement``."""
     on_off = argparse.BooleanOptionalAction
     r.add_argument(
         "--cle",
@@ -30,7 +32,7 @@ def add_recovery_flags(r: argparse._ActionsContainer) -> None:
         "the Conv before it (weights quantized per channel do not change); channels are "
         f"scaled up by at most MAX_SCALE (default {DEFAULT_MAX_SCALE:g})",
     )
-    r.add_argument(
+    placement.add_argument(
         "--shift-activations",
         action=on_off,
         help="tensorrt: quantize each non-negative activation that only Conv/Gemm layers read "
@@ -84,12 +86,6 @@ def _reconstruction_flags(r: argparse._ActionsContainer) -> None:
         "drops; implies --adaround",
     )
     r.add_argument(
-        "--adaround-steps",
-        type=int,
-        metavar="N",
-        help="AdaRound steps per layer (per block in block mode; default 500)",
-    )
-    r.add_argument(
         "--adaround-engine",
         choices=ADAROUND_ENGINES,
         help="what AdaRound's optimisation runs on: numpy (default) or torch (when installed; "
@@ -110,12 +106,6 @@ def _reconstruction_flags(r: argparse._ActionsContainer) -> None:
         "and the mse range (about 1 + candidates/2 passes over the data per tensor)",
     )
     r.add_argument(
-        "--range-search-batches",
-        type=int,
-        metavar="N",
-        help="the range search reads at most N calibration batches (default: all)",
-    )
-    r.add_argument(
         "--bias-correction",
         action=on_off,
         help="subtract each layer's mean output shift from weight rounding from its bias",
@@ -132,10 +122,8 @@ def recovery_options(args: argparse.Namespace) -> dict[str, Any]:
         "calibration_mode": args.calibration_mode,
         "adaround": True if args.adaround is None and args.adaround_mode else args.adaround,
         "adaround_mode": args.adaround_mode,
-        "adaround_steps": args.adaround_steps,
         "adaround_engine": args.adaround_engine,
         "bias_correction": args.bias_correction,
         "sequential_correction": args.sequential_correction,
         "range_search": args.range_search,
-        "range_search_batches": args.range_search_batches,
     }

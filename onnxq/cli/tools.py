@@ -13,6 +13,7 @@ from onnxq.cli.parser import selections
 if TYPE_CHECKING:
     from onnxq.backends.profile import BackendProfile
     from onnxq.config import QuantConfig
+    from onnxq.config.recipes import ActivationRecipe
     from onnxq.place.facts import GraphFacts
 
 
@@ -182,10 +183,13 @@ def analyze_command(args: argparse.Namespace) -> int:
 def _print_sensitivity(args: argparse.Namespace) -> None:
     """The layers of the float model ranked by sensitivity (``analyze --sensitivity``)."""
     from onnxq.config import QuantConfig
+    from onnxq.config.recipes import ActivationRecipe
     from onnxq.mixed.search import sensitivity_ranking
 
     cfg = QuantConfig(backend=args.sensitivity, preprocess=args.preprocess, progress=True)
-    held, base, ranking = sensitivity_ranking(args.float_model, args.calib, cfg)
+    recipe = cfg.recipe()
+    assert isinstance(recipe, ActivationRecipe)  # no weight_only given: a static recipe
+    held, base, ranking = sensitivity_ranking(args.float_model, args.calib, recipe)
     print(
         f"sensitivity ({args.sensitivity}, on {held.source}): all INT8 cosine {base:.6f}; "
         f"the {min(args.top, len(ranking))} layers whose float alone gains most:"
@@ -246,8 +250,9 @@ def explain_command(args: argparse.Namespace) -> int:
         progress=False,
         **selections(args),
     )
-    facts, profile = _explained_graph(args.model, cfg)
-    ann = annotate(facts, profile, cfg.placement)
+    recipe = _placed_recipe(cfg)
+    facts, profile = _explained_graph(args.model, recipe)
+    ann = annotate(facts, profile, recipe.placement)
     width = max((len(d.node) for d in ann.decisions), default=10)
     for d in ann.decisions:
         if d.quantized:
@@ -268,13 +273,30 @@ def explain_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _explained_graph(model: str, cfg: QuantConfig) -> tuple[GraphFacts, BackendProfile]:
+def _placed_recipe(cfg: QuantConfig) -> ActivationRecipe:
+    """The recipe whose Q/DQ placement ``explain`` shows (static or dynamic), or a
+    :class:`ConfigError` for a weight-only config: its activations stay float, so there is no
+    placement to explain."""
+    from onnxq.config.recipes import ActivationRecipe
+    from onnxq.errors import ConfigError
+
+    width = cfg.weightonly.weight_only
+    recipe = None if width is not None else cfg.recipe()
+    if not isinstance(recipe, ActivationRecipe):  # before the options a weight-only run refuses
+        raise ConfigError(
+            f"weight_only: {width}: onnxq explain shows where the Q/DQ of weights and "
+            "activations go, and a weight-only run places none (its activations stay float); "
+            "drop weight_only from the config to explain INT8 placement"
+        )
+    return recipe
+
+
+def _explained_graph(model: str, cfg: ActivationRecipe) -> tuple[GraphFacts, BackendProfile]:
     """The graph facts and profile that ``onnxq quantize`` places ``model`` with
     (:func:`onnxq.mixed.front.float_graph`: prepared, the float rewrites that need no data
     applied); for a model that quantize refuses as already quantized, a warning that says so,
     and the facts of the model as it is."""
     from onnxq import ir
-    from onnxq.backends.target import profile_for
     from onnxq.errors import UnsupportedModelError
     from onnxq.mixed.front import float_graph
     from onnxq.place.facts import GraphFacts
@@ -284,7 +306,7 @@ def _explained_graph(model: str, cfg: QuantConfig) -> tuple[GraphFacts, BackendP
     try:
         front = float_graph(model, cfg)
     except UnsupportedModelError as refused:
-        profile, _ = profile_for(cfg.target)
+        profile, _ = cfg.backend_profile()
         loaded = ir.load_model(model, profile.min_opset)
         try:
             refuse_quantized(loaded, Path(model), profile)

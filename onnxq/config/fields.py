@@ -1,4 +1,4 @@
-"""How a :class:`~onnxq.config.QuantConfig` field is declared and checked: :func:`option` gives
+"""How a field of a config section is declared and checked: :func:`option` gives
 its default, value check and other accepted types; :func:`coerce` brings a value from Python or
 YAML to the field's type, naming the field when it cannot; :func:`check_values` runs the value
 checks."""
@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from onnxq.backends.cpu import cpu_class
-from onnxq.config.overrides import Override, parse_override
 from onnxq.errors import ConfigError
 
 # a field's value check: (field name, value) -> raises ConfigError when the value is wrong
@@ -48,11 +47,11 @@ def option(
     validate: Validate | None = None,
     *,
     also: tuple[type, ...] = (),
-    parse: Callable[[Any], Any] | None = None,
+    parse: Callable[[Any, str], Any] | None = None,
 ) -> Any:
-    """A :class:`QuantConfig` field: its default, its value check, other Python types it
-    takes (``also``) besides its annotation's, and ``parse``, which turns such a value into
-    the annotated type."""
+    """A field of a config section: its default, its value check, other Python types it
+    takes (``also``) besides its annotation's, and ``parse(value, where)``, which turns an
+    accepted value into the annotated type (errors naming ``where``)."""
     return field(default=default, metadata={"validate": validate, "also": also, "parse": parse})
 
 
@@ -97,8 +96,8 @@ def _accepted(hint: Any) -> tuple[type, ...]:
 
 def coerce(cls: type, key: str, value: Any, where: str) -> Any:
     """``value`` checked against the type of ``cls``'s field ``key`` and brought to it (a list
-    becomes a tuple, a mapping of overrides an :class:`Override`, a preprocess mapping its
-    spec)."""
+    becomes a tuple; the field's ``parse`` turns a mapping of overrides into
+    :class:`~onnxq.config.overrides.Override` values, a preprocess mapping into its spec)."""
     hint, spec = _fields(cls)[key]
     expected = _accepted(hint) + spec.metadata["also"]
     if isinstance(value, bool) and bool not in expected:
@@ -108,11 +107,9 @@ def coerce(cls: type, key: str, value: Any, where: str) -> Any:
             f"{where}: {key}: expected {_names(expected)}, got {type(value).__name__} {value!r}"
         )
     if spec.metadata["parse"] is not None:
-        return spec.metadata["parse"](value)
+        return spec.metadata["parse"](value, where)
     if typing.get_origin(hint) is tuple:
         item = typing.get_args(hint)[0]
-        if item is Override:
-            return tuple(parse_override(i, v, where) for i, v in enumerate(value))
         if not all(isinstance(v, item) for v in value):
             raise ConfigError(f"{where}: {key}: expected a list of {_names((item,))}s")
         return tuple(value)
@@ -149,26 +146,6 @@ def plain_fields(config: Any) -> dict[str, Any]:
     return out
 
 
-def checked_fields(cls: type, data: Any, where: str) -> dict[str, Any]:
-    """The keyword arguments of ``cls`` from a config mapping (flat, or fields under their
-    sections: :mod:`onnxq.config.sections`): unknown keys, wrong types and invalid values are
-    a :class:`ConfigError` that names ``where`` and the key."""
-    from onnxq.config.sections import flatten
-
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping of options, got {type(data).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, value in flatten(data, where).items():
-        if key not in known:
-            raise ConfigError(
-                f"{where}: unknown key {key!r}; valid keys: {', '.join(sorted(known))}"
-            )
-        kwargs[key] = coerce(cls, key, value, where)
-    check_values(cls, kwargs, f"{where}: ")  # before the class checks them: name the file
-    return kwargs
-
-
 def read_yaml(path: str | os.PathLike[str]) -> Any:
     """The parsed YAML of a config file (safe loader: no code runs); an unreadable file or
     invalid YAML is a :class:`ConfigError` naming the file."""
@@ -199,7 +176,7 @@ def check_target(value: str | None, name: str) -> None:
         parse_target(value, name)
 
 
-def preprocess_spec(value: Any) -> Any:
+def preprocess_spec(value: Any, where: str = "config") -> Any:
     """A preprocess mapping (YAML, Python) as its spec string; other values as given."""
     if isinstance(value, dict):  # a mapping (YAML, Python) becomes its spec string
         from onnxq.data.images import Preprocess

@@ -1,272 +1,161 @@
-"""What each stage of the pipeline reads of a :class:`~onnxq.config.QuantConfig`.
+"""The small sections of a :class:`~onnxq.config.QuantConfig`: the backend profile, how weights
+are stored, the accuracy target, the fidelity check and the run itself; with the values each
+field allows.  The larger sections have modules of their own: :mod:`onnxq.config.placement`,
+:mod:`onnxq.config.calibration`, :mod:`onnxq.config.recovery`,
+:mod:`onnxq.config.weightonly`.
 
-A stage takes the small value it uses, not the whole config: choosing the backend profile (and
-the CPU class it is tuned for) a :class:`TargetOptions`, placement a :class:`PlacementOptions`,
-calibration a :class:`CalibrationOptions`, the weight passes (materialize, bias correction) a
-:class:`WeightOptions`, a weight-only run (``onnxq.weightonly``) a :class:`WeightOnlyOptions`, the
-accuracy-recovery steps a :class:`RecoveryOptions`.
-Each is a view over QuantConfig fields of the same names and types (``QuantConfig.placement``
-and friends build them; a test holds the two declarations together), so a field is declared
-once, in QuantConfig, and a stage that needs it lists it here.  They have no defaults of their
-own: the defaults are QuantConfig's (``QuantConfig().placement``).
+A section is a frozen dataclass whose fields are declared once, with their defaults and
+checks (:func:`~onnxq.config.fields.option`); a stage takes the sections it reads, not the
+whole config.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import fnmatch
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
-from onnxq.config.overrides import Override, TensorSettings
+from onnxq.backends.profile import BACKENDS
+from onnxq.config.fields import (
+    check_cpu_class,
+    check_target,
+    must,
+    one_of,
+    option,
+    settle,
+    share_of,
+)
+from onnxq.numerics.qparams import WEIGHT_METHODS
+from onnxq.runtime.device import is_device
 
-
-@dataclass(frozen=True)
-class TargetOptions:
-    """What choosing the run's backend profile reads (``onnxq.backends.target.profile_for``):
-    the backend; for a backend whose output depends on the CPU the class it is tuned for, the
-    cost table of that class and the weight range; the precisions the run and its overrides
-    name, and whether activations are quantized at run time (``dynamic``)."""
-
-    backend: str
-    reduce_range: bool | None
-    target_cpu: str | None
-    cost_table: str | None
-    precision: str
-    dynamic: bool
-    overrides: tuple[Override, ...]
-
-    def precisions(self) -> list[str]:
-        """The precisions the run names: its own, then its overrides' (each once)."""
-        named = [self.precision, *(ov.precision for ov in self.overrides if ov.precision)]
-        return list(dict.fromkeys(named))
+WEIGHT_STORAGE = ("int8", "qdq")  # how static weights are stored (``weight_storage``)
+TARGET_COSTS = ("layers", "macs")  # what the accuracy target's search minimises
 
 
 @dataclass(frozen=True)
-class PlacementOptions:
-    """What placement reads: which nodes and tensors stay float, the per-tensor settings (the
-    run's precision among them), the small-op threshold, the thresholds of the data-driven
-    exclusions (:data:`onnxq.place.exclusions.EXCLUSIONS` names each by its field), how a
-    dynamic kernel's weight is scaled and whether non-negative activations are shifted onto
-    the whole symmetric grid (:mod:`onnxq.place.shift`)."""
+class ProfileOptions:
+    """What chooses the run's backend profile (``onnxq.backends.target.profile_for``):
+    the backend, dynamic quantization, and for onnxruntime the CPU class it is tuned for.
 
-    method: str
-    precision: str
-    exclude: tuple[str, ...]
-    exclude_op_types: tuple[str, ...]
-    exclude_modules: tuple[str, ...]
-    overrides: tuple[Override, ...]
-    min_channels: int | None
-    mask_threshold: float
-    concat_range_ratio: float
-    weak_channel_fraction: float
-    weak_position_fraction: float
-    dynamic_weight_scales: str
-    score_map_ranges: str
-    shift_activations: bool
+    Attributes:
+        backend: ``tensorrt`` (symmetric int8, per-channel weights; the default) or
+            ``onnxruntime`` (Q/DQ groups that onnxruntime's CPU kernels fuse).
+        dynamic: dynamic quantization (onnxruntime backend): int8 weights written ahead of
+            time; activations quantized at run time by onnxruntime's
+            DynamicQuantizeMatMul / MatMulIntegerToFloat / DynamicQuantizeLSTM kernels.  No
+            calibration data is needed (given, it only feeds the fidelity check).
+        reduce_range: 7-bit int8 weights for the onnxruntime backend (its u8s8 CPU kernels
+            saturate int16 sums on x86 CPUs without VNNI), or full-range int8 (False);
+            ``None`` decides from ``target_cpu`` (uint8-stored 8-bit weights on ``x86-avx2``).
+        target_cpu: the CPU class an onnxruntime output is tuned for (weight range, cost
+            thresholds): ``x86-avx2``, ``x86-vnni``, ``arm64``, ``arm64-dot``, ``other``;
+            ``None``: the ``ONNXQ_TARGET_CPU`` environment variable, else this machine's.
+        cost_table: a cost-threshold table written by ``onnxq tune-cpu`` (JSON) to use instead
+            of the shipped table of the target class.
+    """
 
-    def node_excluded(self, node_name: str, op_type: str) -> str | None:
-        """The pattern that keeps this node float, or ``None``."""
-        return node_excluded(self.exclude, self.overrides, node_name, op_type)
+    backend: str = option("tensorrt", one_of(lambda: BACKENDS, "backend"))
+    dynamic: bool = option(False)
+    reduce_range: bool | None = option(None)
+    target_cpu: str | None = option(None, lambda name, value: check_cpu_class(value, name))
+    cost_table: str | None = option(None)
 
-    def tensor_excluded(self, tensor_name: str) -> str | None:
-        """The override that keeps this tensor float, or ``None``."""
-        for ov in self.overrides:
-            if ov.exclude and ov.matches_tensor(tensor_name):
-                return f"override {ov.describe()} exclude"
-        return None
-
-    def settings_for(self, tensor_name: str, consumers: list[tuple[str, str]]) -> TensorSettings:
-        """Method, bits, scheme and precision of a tensor: overrides apply in order, field by
-        field.
-
-        ``consumers`` lists ``(node_name, op_type)`` of the nodes that read the tensor.
-        """
-        out = TensorSettings(self.method, precision=self.precision)
-        for ov in self.overrides:
-            if not (
-                ov.matches_tensor(tensor_name) or any(ov.matches_node(n, t) for n, t in consumers)
-            ):
-                continue
-            out = TensorSettings(
-                ov.method if ov.method is not None else out.method,
-                ov.bits if ov.bits is not None else out.bits,
-                ov.per_channel if ov.per_channel is not None else out.per_channel,
-                ov.symmetric if ov.symmetric is not None else out.symmetric,
-                ov.precision if ov.precision is not None else out.precision,
-            )
-        return out
-
-    def unmatched(self, nodes: list[tuple[str, str]], tensors: set[str]) -> list[str]:
-        """The exclude patterns and overrides that match none of ``nodes`` ((name, op_type)
-        pairs) and ``tensors``: a typo that would silently change nothing."""
-        out = [
-            f"--exclude {p!r}"
-            for p in self.exclude
-            if not any(fnmatch.fnmatchcase(name, p) for name, _ in nodes)
-            and not any(fnmatch.fnmatchcase(t, p) for t in tensors)  # its producer stays float
-        ]
-
-        def key(ov: Override) -> tuple[object, ...]:
-            # `--method-for GLOB=M` is two overrides, node=GLOB and tensor=GLOB: one suffices
-            return (
-                {ov.node, ov.op_type, ov.tensor} - {None},
-                ov.method,
-                ov.exclude,
-                ov.bits,
-                ov.per_channel,
-                ov.symmetric,
-                ov.precision,
-                ov.block_size,
-                ov.algorithm,
-            )
-
-        hit = [
-            (
-                (ov.node is not None or ov.op_type is not None)
-                and any(ov.matches_node(name, op) for name, op in nodes)
-            )
-            or any(ov.matches_tensor(t) for t in tensors)
-            for ov in self.overrides
-        ]
-        matched = [key(ov) for ov, h in zip(self.overrides, hit, strict=True) if h]
-        for ov, h in zip(self.overrides, hit, strict=True):
-            if not h and key(ov) not in matched:
-                matched.append(key(ov))  # said once
-                out.append(f"override {ov.describe()}")
-        return out
-
-
-@dataclass(frozen=True)
-class CalibrationOptions:
-    """What calibration reads: how many batches, how much memory, how histograms sample, and
-    the percentile that turns statistics into a range."""
-
-    max_batches: int | None
-    fidelity_batches: int
-    memory_budget_mb: int
-    histogram_sample: int
-    histogram_budget: int
-    percentile: float
-    progress: bool
+    def __post_init__(self) -> None:
+        settle(self)  # values from Python are checked like those from YAML: type, then value
 
 
 @dataclass(frozen=True)
 class WeightOptions:
-    """What the weight passes read (materialize, bias correction): how weights are stored and
-    how their per-channel range is chosen."""
+    """How static weights are stored and their per-channel range chosen (materialize, bias
+    correction).
 
-    weight_storage: str
-    weight_method: str
+    Attributes:
+        weight_storage: ``int8`` (int8 initializer + DequantizeLinear) or ``qdq`` (float
+            initializer + QuantizeLinear -> DequantizeLinear).
+        weight_method: per-channel weight range: ``minmax`` (each channel's largest
+            magnitude) or ``mse`` (the per-channel clip with the least squared error).
+    """
 
+    weight_storage: str = option("int8", one_of(lambda: WEIGHT_STORAGE, "weight storage"))
+    weight_method: str = option("mse", one_of(lambda: WEIGHT_METHODS, "weight method"))
 
-# what the accuracy target's search minimises (onnxq.mixed.float_cost)
-DYNAMIC_WEIGHT_SCALES = ("auto", "channel", "tensor")
-"""``dynamic_weight_scales``: a dynamic kernel's weight scales: one per output column
-(``channel``), one for the whole weight (``tensor``), or per weight by
-:data:`onnxq.place.rules.dynamic.ONE_SCALE_SQNR_DB` (``auto``)."""
-
-SCORE_MAP_RANGES = ("compare", "minmax", "auto")
-"""``score_map_ranges``: what ``method: auto`` means for the activations of a model whose
-outputs are per-element sigmoid scores: ``minmax`` for every one (scores and boxes live in the
-extremes that clipping cuts), the per-tensor choice of any other model (``auto``), or both
-tried and the one with the better fidelity kept (``compare``)."""
-
-TARGET_COSTS = ("layers", "macs")
+    def __post_init__(self) -> None:
+        settle(self)  # values from Python are checked like those from YAML: type, then value
 
 
 @dataclass(frozen=True)
 class AccuracyOptions:
-    """What the mixed-precision search reads (``onnxq.mixed.search``): the accuracy target
-    (``METRIC=VALUE``; None: no search), how many batches are held out to measure it, what the
-    search minimises and the most multiply-adds it may leave float (a share; None: any)."""
+    """An accuracy target and its search (``onnxq.mixed.search``).
 
-    target_accuracy: str | None
-    heldout_batches: int
-    target_cost: str
-    target_max_float_macs: float | None
+    Attributes:
+        target_accuracy: ``METRIC=VALUE`` (``cosine=0.999``; metrics in
+            ``onnxq.numerics.accuracy_target.METRICS``): keep the fewest, most harmful layers float
+            until the metric reaches VALUE on held-out batches (``onnxq.mixed.search``);
+            ``None``: no search.
+        heldout_batches: batches held out to measure the accuracy target: the first ones of
+            the calibration data, which calibration then skips (at most a quarter of them),
+            unless held-out data is given.
+        target_cost: what the accuracy target's search minimises: ``layers`` (the fewest
+            float layers, most sensitive first) or ``macs`` (the fewest multiply-adds left out
+            of INT8: layers by gain per multiply-add; ``onnxq.mixed.float_cost``).
+        target_max_float_macs: the most of the model's multiply-adds the accuracy target's
+            search may leave out of INT8, a share (``0.1``, or ``"10%"``); the search keeps
+            the best model within it and says when the target is missed
+            (``onnxq.mixed.float_budget``); ``None``: no ceiling.
+    """
 
+    target_accuracy: str | None = option(None, lambda name, value: check_target(value, name))
+    heldout_batches: int = option(16, must(lambda v: v >= 1, "be >= 1"))
+    target_cost: str = option("layers", one_of(lambda: TARGET_COSTS, "cost"))
+    target_max_float_macs: float | None = option(
+        None,
+        must(lambda v: 0 <= v <= 1, "be a share in [0, 1]"),
+        also=(str,),
+        parse=lambda value, _: share_of(value, "target_max_float_macs"),
+    )
 
-@dataclass(frozen=True)
-class WeightOnlyOptions:
-    """What a weight-only run reads (``onnxq.weightonly``): the width, block size, algorithm
-    and scheme of the layers, which nodes stay float and the per-layer overrides, how many
-    calibration batches it uses and keeps for the fidelity check, and progress output."""
-
-    weight_only: str | None
-    block_size: int | None
-    weight_algorithm: str
-    weight_symmetric: bool
-    weight_accuracy_level: int | None
-    exclude: tuple[str, ...]
-    overrides: tuple[Override, ...]
-    max_batches: int | None
-    fidelity_batches: int
-    progress: bool
-
-    def node_excluded(self, node_name: str, op_type: str) -> str | None:
-        """The pattern that keeps this layer float, or ``None``."""
-        return node_excluded(self.exclude, self.overrides, node_name, op_type)
-
-
-def node_excluded(
-    exclude: tuple[str, ...], overrides: tuple[Override, ...], node_name: str, op_type: str
-) -> str | None:
-    """The ``exclude`` pattern or excluding override that keeps this node float, or ``None``."""
-    for pattern in exclude:
-        if fnmatch.fnmatchcase(node_name, pattern):
-            return f"--exclude {pattern}"
-    for ov in overrides:
-        if ov.exclude and ov.matches_node(node_name, op_type):
-            return f"override {ov.describe()} exclude"
-    return None
+    def __post_init__(self) -> None:
+        settle(self)  # values from Python are checked like those from YAML: type, then value
 
 
 @dataclass(frozen=True)
-class RecoveryOptions:
-    """What the accuracy-recovery steps read (``onnxq.recover``): which algorithms run, and
-    AdaRound's effort."""
+class ValidateOptions:
+    """The fidelity check against the float model (``onnxq.validate``).
 
-    cle: bool
-    dw_equalization: float
-    smoothquant: float
-    smoothquant_min_spread: float
-    calibration_mode: str
-    adaround: bool
-    adaround_steps: int
-    adaround_rows: int
-    adaround_engine: str
-    adaround_mode: str
-    sequential_correction: bool
-    range_search: bool
-    range_search_batches: int | None
+    Attributes:
+        agreement_threshold: the fidelity check compares each sigmoid output of the model at
+            this threshold too (the share of values on the same side in both models).
+    """
+
+    agreement_threshold: float = option(0.5)
+
+    def __post_init__(self) -> None:
+        settle(self)  # values from Python are checked like those from YAML: type, then value
 
 
-View = TypeVar(
-    "View",
-    TargetOptions,
-    PlacementOptions,
-    CalibrationOptions,
-    WeightOptions,
-    AccuracyOptions,
-    WeightOnlyOptions,
-    RecoveryOptions,
-)
+@dataclass(frozen=True)
+class RunOptions:
+    """The run itself: the simplify passes and the device its sessions run on.
 
+    Attributes:
+        simplify: run the simplify passes before placing Q/DQ.
+        device: where the calibration and validation sessions run: ``cpu``, or ``cuda`` /
+            ``cuda:N`` (onnxruntime's CUDA execution provider: the ``onnxruntime-gpu``
+            package and a CUDA device; ``onnxq.runtime.device``).
+    """
 
-def view(cls: type[View], config: Any) -> View:
-    """The stage options ``cls`` with the values of ``config``'s fields of the same names."""
-    return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+    simplify: bool = option(True)
+    device: str = option("cpu", must(is_device, "be cpu, cuda or cuda:N"))
+
+    def __post_init__(self) -> None:
+        settle(self)  # values from Python are checked like those from YAML: type, then value
 
 
 __all__ = [
     "TARGET_COSTS",
+    "WEIGHT_METHODS",
+    "WEIGHT_STORAGE",
     "AccuracyOptions",
-    "CalibrationOptions",
-    "PlacementOptions",
-    "RecoveryOptions",
-    "TargetOptions",
-    "WeightOnlyOptions",
+    "ProfileOptions",
+    "RunOptions",
+    "ValidateOptions",
     "WeightOptions",
-    "view",
 ]

@@ -100,7 +100,7 @@ def check_override(fields: Mapping[str, Any], where: str) -> None:
 def check_weight_only_fields(fields: Mapping[str, Any], where: str) -> None:
     """Raise :class:`ConfigError` unless the override's weight-only ``block_size`` and
     ``algorithm`` (those given) are valid."""
-    from onnxq.config.choices import WEIGHT_ALGORITHMS
+    from onnxq.config.weightonly import WEIGHT_ALGORITHMS
 
     block = fields.get("block_size")
     if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 0):
@@ -130,6 +130,11 @@ def check_precision(name: str, where: str) -> None:
 
     if name not in PRECISIONS:
         raise ConfigError(f"{where}: unknown precision {name!r}; valid: {', '.join(PRECISIONS)}")
+
+
+def parse_overrides(value: Any, where: str) -> tuple[Override, ...]:
+    """The ``overrides`` field from a list of mappings or Overrides (:func:`parse_override`)."""
+    return tuple(parse_override(i, v, where) for i, v in enumerate(value))
 
 
 def parse_override(index: int, value: Any, where: str) -> Override:

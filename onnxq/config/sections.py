@@ -1,103 +1,82 @@
-"""The sections of a :class:`~onnxq.config.QuantConfig`: each field belongs to exactly one,
-named after the stage that reads it.
+"""The sections of a :class:`~onnxq.config.QuantConfig`, by name: each is a frozen dataclass
+(:mod:`onnxq.config.options` and the modules beside it) whose fields are declared there once,
+and each field belongs to exactly one section, named after the stage that reads it.
 
-The sections group the options for the command line's ``--set SECTION.FIELD=VALUE`` and its
-``--help-all``, and for a YAML file, which may nest fields under their section
-(``recovery: {adaround: true}``) or give them flat as before (``adaround: true``). A test
-holds this table and QuantConfig's fields together: a new field must be given a section here.
+The names serve the command line's ``--set SECTION.FIELD=VALUE`` and its ``--help-all``, and
+a YAML file, which may nest fields under their section (``recovery: {adaround: true}``) or give
+them flat as before (``adaround: true``).  QuantConfig holds one value of each section; the
+recipes (:mod:`onnxq.config.recipes`) hold the sections their kind of run reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from onnxq.config.calibration import CalibrationOptions
+from onnxq.config.fields import check_values, coerce
+from onnxq.config.options import (
+    AccuracyOptions,
+    ProfileOptions,
+    RunOptions,
+    ValidateOptions,
+    WeightOptions,
+)
+from onnxq.config.placement import PlacementOptions
+from onnxq.config.recovery import RecoveryOptions
+from onnxq.config.weightonly import WeightOnlyOptions
 from onnxq.errors import ConfigError
 
-# section -> (what it is, its fields); the order is the order of ``--help-all``
-SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "profile": (
-        "the backend profile: backend, precision, the CPU class it is tuned for",
-        ("backend", "precision", "dynamic", "reduce_range", "target_cpu", "cost_table"),
-    ),
+# section -> (what it is, its class); the order is the order of ``--help-all``, of
+# ``QuantConfig.to_dict`` and of a YAML file that ``to_yaml`` writes
+SECTION_TYPES: dict[str, tuple[str, type]] = {
+    "profile": ("the backend profile: backend, dynamic quantization, CPU class", ProfileOptions),
     "placement": (
-        "where Q/DQ go: range method, what stays float, the data-driven exclusions",
-        (
-            "method",
-            "exclude",
-            "exclude_op_types",
-            "exclude_modules",
-            "overrides",
-            "min_channels",
-            "mask_threshold",
-            "concat_range_ratio",
-            "weak_channel_fraction",
-            "weak_position_fraction",
-            "dynamic_weight_scales",
-            "score_map_ranges",
-        ),
+        "where Q/DQ go: range method, precision, what stays float, the data-driven exclusions",
+        PlacementOptions,
     ),
     "calibration": (
-        "how the batches are read and observed",
-        (
-            "percentile",
-            "max_batches",
-            "memory_budget_mb",
-            "histogram_sample",
-            "histogram_budget",
-            "preprocess",
-        ),
+        "how the batches are read, observed, cached and shown",
+        CalibrationOptions,
     ),
-    "weights": (
-        "how weights are stored and their ranges chosen",
-        ("weight_storage", "weight_method"),
-    ),
+    "weights": ("how weights are stored and their ranges chosen", WeightOptions),
     "recovery": (
-        "accuracy recovery: equalization, SmoothQuant, the shift, AdaRound, corrections",
-        (
-            "cle",
-            "dw_equalization",
-            "smoothquant",
-            "smoothquant_min_spread",
-            "shift_activations",
-            "calibration_mode",
-            "adaround",
-            "adaround_steps",
-            "adaround_rows",
-            "adaround_engine",
-            "adaround_mode",
-            "sequential_correction",
-            "range_search",
-            "range_search_batches",
-            "bias_correction",
-        ),
+        "accuracy recovery: equalization, SmoothQuant, AdaRound, corrections, range search",
+        RecoveryOptions,
     ),
-    "accuracy": (
-        "an accuracy target (--target) and its search",
-        ("target_accuracy", "heldout_batches", "target_cost", "target_max_float_macs"),
-    ),
-    "weightonly": (
-        "weight-only runs (--weights int4|int8)",
-        (
-            "weight_only",
-            "block_size",
-            "weight_algorithm",
-            "weight_symmetric",
-            "weight_accuracy_level",
-        ),
-    ),
-    "validate": (
-        "the fidelity check against the float model",
-        ("fidelity_batches", "agreement_threshold"),
-    ),
-    "run": (
-        "the run itself: simplify passes, progress bar, device",
-        ("simplify", "progress", "device"),
-    ),
+    "accuracy": ("an accuracy target (--target) and its search", AccuracyOptions),
+    "weightonly": ("weight-only runs (--weights int4|int8)", WeightOnlyOptions),
+    "validate": ("the fidelity check against the float model", ValidateOptions),
+    "run": ("the run itself: simplify passes, device", RunOptions),
+}
+
+# section -> (what it is, its fields)
+SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    name: (what, tuple(f.name for f in dataclasses.fields(cls)))
+    for name, (what, cls) in SECTION_TYPES.items()
 }
 
 SECTION_OF: dict[str, str] = {
     name: section for section, (_, names) in SECTIONS.items() for name in names
 }
+
+
+def checked_fields(data: Any, where: str) -> dict[str, Any]:
+    """The fields of a :class:`~onnxq.config.QuantConfig` from a config mapping (flat, or
+    fields under their sections: :mod:`onnxq.config.sections`), by name: unknown keys, wrong
+    types and invalid values are a :class:`ConfigError` that names ``where`` and the key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of options, got {type(data).__name__}")
+    kwargs: dict[str, Any] = {}
+    for key, value in flatten(data, where).items():
+        if key not in SECTION_OF:
+            raise ConfigError(
+                f"{where}: unknown key {key!r}; valid keys: {', '.join(sorted(SECTION_OF))}"
+            )
+        cls = SECTION_TYPES[SECTION_OF[key]][1]
+        kwargs[key] = coerce(cls, key, value, where)
+        check_values(cls, {key: kwargs[key]}, f"{where}: ")  # before the section: name the file
+    return kwargs
 
 
 def flatten(data: dict[str, Any], where: str) -> dict[str, Any]:

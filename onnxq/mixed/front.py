@@ -20,8 +20,7 @@ from typing import Any
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.backends.target import profile_for
-from onnxq.config import QuantConfig
+from onnxq.config.recipes import ActivationRecipe
 from onnxq.data.inputs import Batch, InputSpec
 from onnxq.data.sources import model_inputs, open_source
 from onnxq.mixed.heldout import HeldOut, hold_out
@@ -56,9 +55,8 @@ class FloatGraph:
 
 def float_graph(
     model: ModelLike,
-    cfg: QuantConfig,
+    cfg: ActivationRecipe,
     calibration: Any = None,
-    batch_size: int = 1,
     *,
     hold: bool = False,
     heldout: Any = None,
@@ -70,23 +68,24 @@ def float_graph(
     warning), ``hold``: hold out the accuracy target's batches (``heldout``: from that source,
     else the first of ``calibration``); ``cached``: the run saves or loads a calibration cache
     (the float rewrites are skipped); ``guard``: what wraps the steps after ``prepare``."""
-    profile, profile_note = profile_for(cfg.target)  # or a refusal: nothing loaded yet
-    check_device(cfg.device)
-    prepared = prepare(model, profile, cfg.simplify)
+    profile, profile_note = cfg.backend_profile()  # or a refusal: nothing loaded yet
+    check_device(cfg.run.device)
+    prepared = prepare(model, profile, cfg.run.simplify)
     wrap = guard if guard is not None else (lambda _: contextlib.nullcontext())
-    with wrap(prepared.load.opset_upgrade), using(SessionSettings(cfg.device)):
+    with wrap(prepared.load.opset_upgrade), using(SessionSettings(cfg.run.device)):
         inputs = model_inputs(ir.Graph(prepared.model))
+        batch_size, preprocess = cfg.calibration.batch_size, cfg.calibration.preprocess
         data = None
         if calibration is not None:
-            data = open_source(calibration, inputs, batch_size, cfg.preprocess)
+            data = open_source(calibration, inputs, batch_size, preprocess)
         kept_out = None
         if hold:
             kept_out, data = hold_out(
-                data, heldout, inputs, cfg.accuracy.heldout_batches, batch_size, cfg.preprocess
+                data, heldout, inputs, cfg.accuracy.heldout_batches, batch_size, preprocess
             )
         steps = Steps(
             profile, cfg.recovery, cfg.calibration, cfg.weights, data, inputs, Recovery(),
-            cfg.bias_correction,
+            cfg.recovery.bias_correction,
         )  # fmt: skip
         prepared.model = before_calibration(steps, prepared.model, cfg.placement, cached)
         graph = ir.Graph(prepared.model)

@@ -43,7 +43,7 @@ from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.backends.runs import run_outputs
 from onnxq.calibrate.measure import statistics_source
-from onnxq.config import QuantConfig
+from onnxq.config.recipes import ActivationRecipe
 from onnxq.ir.ops import WEIGHTED_OPS
 from onnxq.mixed.confirm import confirm
 from onnxq.mixed.float_budget import ceiling, ceiling_warning, within_ceiling
@@ -102,9 +102,9 @@ def find_mixed_precision(
     held-out batches came from; ``remeasure``: the statistics the run writes a placement with,
     where they are not the trials' (:func:`onnxq.recover.confirm.written_statistics`)."""
     base, ranking = rank_layers(trials, candidates(first.annotations), progress)
-    cost = trials.config.target_cost if macs_known(ranking) else "layers"
+    cost = trials.config.accuracy.target_cost if macs_known(ranking) else "layers"
     kept = choose(trials, base, ranking, cost)
-    share = trials.config.target_max_float_macs
+    share = trials.config.accuracy.target_max_float_macs
     every, int8_float = model_macs(trials.facts.graph, first.annotations)
     note = None if share is None else ceiling_warning(share, every, int8_float)
     limit = ceiling(share, every if macs_known(ranking) else None)
@@ -156,7 +156,7 @@ def search(
     model: onnx.ModelProto,
     facts: GraphFacts,
     profile: BackendProfile,
-    config: QuantConfig,
+    config: ActivationRecipe,
     measure: Callable[[Mapping[str, bool]], Statistics],
     first: Placement[Any],
     executor: Executor | None = None,
@@ -174,7 +174,9 @@ def search(
         model, facts, profile, config, measure, heldout.batches, reference, target,
         executor=executor, chosen=dict(chosen or {}),
     )  # fmt: skip
-    found = find_mixed_precision(trials, first, heldout.source, config.progress, remeasure)
+    found = find_mixed_precision(
+        trials, first, heldout.source, config.calibration.progress, remeasure
+    )
     return replace(found, rescore=functools.partial(score_model, trials.context()))
 
 
@@ -218,7 +220,7 @@ def choose(
 def target_search(
     target: AccuracyTarget,
     front: FloatGraph,
-    config: QuantConfig,
+    config: ActivationRecipe,
     measure: Measure,
     first: Placement[Any],
     executor: Executor | None = None,
@@ -241,15 +243,15 @@ def target_search(
 
 
 def sensitivity_ranking(
-    model: Any, calibration: Any, config: QuantConfig, batch_size: int = 1
+    model: Any, calibration: Any, config: ActivationRecipe
 ) -> tuple[HeldOut, float, list[LayerSensitivity]]:
     """Calibrate ``model`` once as :func:`onnxq.quantize` would with ``config`` (the same
     first half, :func:`onnxq.mixed.front.float_graph`: the float rewrites included) and rank
     its quantized layers by sensitivity (``onnxq analyze --sensitivity``): the held-out
     batches, the all-INT8 score of the config's target (cosine when it has none), and the
     ranking."""
-    target = accuracy_target(config.target_accuracy, None) or AccuracyTarget("cosine", 1.0)
-    front = float_graph(model, config, calibration, batch_size, hold=True)
+    target = accuracy_target(config.accuracy.target_accuracy, None) or AccuracyTarget("cosine", 1.0)
+    front = float_graph(model, config, calibration, hold=True)
     held, graph_model, profile = front.heldout, front.prepared.model, front.profile
     assert held is not None
     measure = statistics_source(
@@ -260,7 +262,7 @@ def sensitivity_ranking(
     trials = Trials(
         graph_model, front.facts, profile, config, measure, held.batches, reference, target
     )
-    base, ranking = rank_layers(trials, candidates(first.annotations), config.progress)
+    base, ranking = rank_layers(trials, candidates(first.annotations), config.calibration.progress)
     return held, base, ranking
 
 

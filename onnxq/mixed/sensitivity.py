@@ -33,7 +33,7 @@ from onnx import helper
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.calibrate.ranges import activation_ranges
-from onnxq.config import QuantConfig
+from onnxq.config.recipes import ActivationRecipe
 from onnxq.data.inputs import Batch
 from onnxq.ir.ops import WEIGHTED_OPS  # the layers the search may keep float (most MACs)
 from onnxq.mixed.trials import TrialContext, TrialShard, score_trial, trial_worker
@@ -59,7 +59,7 @@ class Trials:
     model: onnx.ModelProto
     facts: GraphFacts
     profile: BackendProfile
-    config: QuantConfig
+    config: ActivationRecipe
     measure: Callable[[Mapping[str, bool]], Statistics]
     heldout: list[Batch]
     reference: Outputs
@@ -151,7 +151,7 @@ class Trials:
                 Annotations(missing, []),
                 placement.statistics.stats,
                 self.profile,
-                self.config.percentile,
+                self.config.calibration.percentile,
             )
             for tensor in missing:
                 self.qparams[keys[tensor]] = ranges.qparams.get(tensor)

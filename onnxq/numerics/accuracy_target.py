@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -138,11 +139,13 @@ METRICS: dict[str, Metric] = {
 class AccuracyTarget:
     """A metric (a name from :data:`METRICS`, or a callable ``metric(reference, quantized)``
     over held-out outputs, higher is better) and the value it must reach.  ``name`` is how
-    reports call a callable metric."""
+    reports call a callable metric; ``heldout``: the data to measure it on (any calibration
+    source; None: the first ``heldout_batches`` batches of the calibration data)."""
 
     metric: str | Metric
     threshold: float
     name: str = ""
+    heldout: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.metric, str) and self.metric not in METRICS:

@@ -18,7 +18,7 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.config.options import PlacementOptions
+from onnxq.config.placement import PlacementOptions
 from onnxq.errors import ConfigError
 from onnxq.numerics.precisions import check_bits, tensor_qtype
 from onnxq.place.annotations import Annotations, Decision, Excluded, TensorAnnotation

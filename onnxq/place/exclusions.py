@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from onnxq.config.options import PlacementOptions
+from onnxq.config.placement import PlacementOptions
 from onnxq.numerics.tensor_stats import TensorStats
 from onnxq.place.annotations import Annotations, Decision, Excluded, TensorAnnotation
 from onnxq.place.facts import GraphFacts

@@ -24,7 +24,7 @@ from typing import Generic, Protocol, TypeVar
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.config.options import PlacementOptions
+from onnxq.config.placement import PlacementOptions
 from onnxq.errors import InternalError
 from onnxq.numerics.observers import HISTOGRAM_METHODS
 from onnxq.numerics.tensor_stats import TensorStats

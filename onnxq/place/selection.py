@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from onnxq.config.options import PlacementOptions
+from onnxq.config.placement import PlacementOptions
 from onnxq.config.scopes import module_pattern, scope_modules
 from onnxq.errors import ConfigError
 

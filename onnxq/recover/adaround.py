@@ -30,7 +30,9 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.config.options import CalibrationOptions, RecoveryOptions, WeightOptions
+from onnxq.config.calibration import CalibrationOptions
+from onnxq.config.options import WeightOptions
+from onnxq.config.recovery import RecoveryOptions
 from onnxq.data.inputs import Batch, InputSpec
 from onnxq.numerics.qparams import QParams, weight_qparams
 from onnxq.place.annotations import Annotations

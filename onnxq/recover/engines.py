@@ -20,7 +20,7 @@ class RoundingEngine:
     layer_in_torch: bool
 
 
-# the values of ``adaround_engine`` (onnxq.config.choices.ADAROUND_ENGINES lists the same names:
+# the values of ``adaround_engine`` (onnxq.config.recovery.ADAROUND_ENGINES lists the same names:
 # the config, a lower band, checks them before any engine is built)
 ENGINES: dict[str, RoundingEngine] = {
     "numpy": RoundingEngine(conv=NumpyConv, layer_in_torch=False),

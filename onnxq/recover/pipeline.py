@@ -19,7 +19,7 @@ import onnx
 
 from onnxq.calibrate.engine import CalibrationResult
 from onnxq.calibrate.ranges import ActivationRanges
-from onnxq.config.options import PlacementOptions
+from onnxq.config.placement import PlacementOptions
 from onnxq.place.annotations import Annotations
 from onnxq.recover.adaround import ChosenWeight
 from onnxq.recover.bias_correction import BiasCorrectionPass, bias_correction_pass

@@ -24,7 +24,8 @@ import onnx
 
 from onnxq.backends.profile import BackendProfile
 from onnxq.calibrate.engine import CalibrationResult, calibrate
-from onnxq.config.options import CalibrationOptions, WeightOptions
+from onnxq.config.calibration import CalibrationOptions
+from onnxq.config.options import WeightOptions
 from onnxq.data.inputs import Batch, InputSpec
 from onnxq.numerics.observers import HISTOGRAM_METHODS
 from onnxq.numerics.qparams import QParams

@@ -13,7 +13,7 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.runs import padding_masks
-from onnxq.config.options import CalibrationOptions
+from onnxq.config.calibration import CalibrationOptions
 from onnxq.data.inputs import Batch, InputSpec
 from onnxq.data.sources import check_batch
 from onnxq.ir.split import cut_after

@@ -32,7 +32,8 @@ import numpy as np
 import onnx
 
 from onnxq.backends.profile import BackendProfile
-from onnxq.config.options import CalibrationOptions, WeightOptions
+from onnxq.config.calibration import CalibrationOptions
+from onnxq.config.options import WeightOptions
 from onnxq.numerics.observers import MethodOptions
 from onnxq.numerics.precisions import tensor_qtype
 from onnxq.numerics.qparams import QParams, activation_qparams

@@ -12,7 +12,9 @@ from typing import Any
 import onnx
 
 from onnxq.backends.profile import BackendProfile
-from onnxq.config.options import CalibrationOptions, RecoveryOptions, WeightOptions
+from onnxq.config.calibration import CalibrationOptions
+from onnxq.config.options import WeightOptions
+from onnxq.config.recovery import RecoveryOptions
 from onnxq.data.inputs import Batch, InputSpec
 from onnxq.errors import ConfigError
 from onnxq.numerics.qparams import QParams
@@ -108,7 +110,7 @@ def block_rounding(
     return chosen, section
 
 
-# the values of ``adaround_mode`` (onnxq.config.choices.ADAROUND_MODES lists the same names, in
+# the values of ``adaround_mode`` (onnxq.config.recovery.ADAROUND_MODES lists the same names, in
 # this order: the config, a lower band, checks them before any rounder runs)
 ROUNDERS: dict[str, Rounder] = {
     "float": float_rounding,

@@ -39,7 +39,9 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.config.options import CalibrationOptions, RecoveryOptions, WeightOptions
+from onnxq.config.calibration import CalibrationOptions
+from onnxq.config.options import WeightOptions
+from onnxq.config.recovery import RecoveryOptions
 from onnxq.data.inputs import Batch, InputSpec
 from onnxq.data.sources import batches_total, check_batch
 from onnxq.numerics.qparams import QParams

@@ -27,12 +27,10 @@ from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.calibrate.engine import CalibrationResult
 from onnxq.calibrate.ranges import ActivationRanges, activation_ranges
-from onnxq.config.options import (
-    CalibrationOptions,
-    PlacementOptions,
-    RecoveryOptions,
-    WeightOptions,
-)
+from onnxq.config.calibration import CalibrationOptions
+from onnxq.config.options import WeightOptions
+from onnxq.config.placement import PlacementOptions
+from onnxq.config.recovery import RecoveryOptions
 from onnxq.data.inputs import Batch, InputSpec
 from onnxq.numerics.qparams import QParams
 from onnxq.place.annotations import Annotations

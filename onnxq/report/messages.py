@@ -20,8 +20,9 @@ from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.calibrate.engine import CalibrationResult
 from onnxq.calibrate.ranges import RangeRemark
-from onnxq.config import QuantConfig
-from onnxq.config.options import CalibrationOptions, PlacementOptions
+from onnxq.config.calibration import CalibrationOptions
+from onnxq.config.placement import PlacementOptions
+from onnxq.config.recipes import ActivationRecipe, WeightOnlyRecipe
 from onnxq.data.inputs import InputSpec, input_kind
 from onnxq.errors import InternalError, OnnxqError
 from onnxq.materialize.qdq import Placed
@@ -75,7 +76,7 @@ class GraphView:
 class Outcome:
     """What the stages of one run returned, as far as the messages need it."""
 
-    config: QuantConfig
+    config: ActivationRecipe
     profile: BackendProfile
     profile_note: str  # why the profile's weights lose precision (7-bit weights)
     prepared: Prepared
@@ -96,7 +97,7 @@ class LayerwiseOutcome(Protocol):
     Q/DQ placement (the weight-only run: :class:`onnxq.weightonly.outcome.WeightOnlyOutcome`)."""
 
     @property
-    def config(self) -> QuantConfig: ...
+    def config(self) -> WeightOnlyRecipe: ...
 
     @property
     def prepared(self) -> Prepared: ...
@@ -143,7 +144,7 @@ def messages(outcome: Outcome | LayerwiseOutcome) -> Messages:
         *recovery_out_of_reach(o.recovery, o.bias, o.annotations, o.prepared.model),
         *nothing_quantized(len(o.placed), o.profile),
         *fidelity_warnings,
-        *score_map_hint(o.config.method, o.annotations, o.verification),
+        *score_map_hint(o.config.placement.method, o.annotations, o.verification),
         *(o.mixed_precision.warnings() if o.mixed_precision is not None else []),
     ]
     notes = [

@@ -8,6 +8,6 @@ by stage (``onnxq.ir.stages``) and ``stats`` folds into ``X^T X``; ``onnxq.mater
 writes them; ``messages`` and ``report`` say what happened.  See docs/weight-only.md.
 """
 
-from onnxq.config.choices import WEIGHT_ALGORITHMS, WEIGHT_ONLY
+from onnxq.config.weightonly import WEIGHT_ALGORITHMS, WEIGHT_ONLY
 
 __all__ = ["WEIGHT_ALGORITHMS", "WEIGHT_ONLY"]

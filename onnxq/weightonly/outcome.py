@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onnxq.backends.profile import BackendProfile
-from onnxq.config import QuantConfig
+from onnxq.config.recipes import WeightOnlyRecipe
 from onnxq.numerics.blocks import BlockFormat
 from onnxq.prepare.stage import Prepared
 from onnxq.report.messages import GraphView
@@ -46,7 +46,7 @@ class SharedWeight:
 class WeightOnlyOutcome:
     """What the stages of a weight-only run returned."""
 
-    config: QuantConfig
+    config: WeightOnlyRecipe  # what the run read, section by section
     profile: BackendProfile
     prepared: Prepared
     graph: GraphView  # the simplified graph the layers were found in

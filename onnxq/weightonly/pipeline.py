@@ -9,14 +9,15 @@ nothing for the placement loop to place or calibrate; the layers are found by
 :func:`onnxq.weightonly.targets.find_layers` and their weights measured layer group by layer
 group on the inputs the already-quantized model computes (:mod:`onnxq.weightonly.engine`),
 and written by :mod:`onnxq.materialize.blocked`.  Calibration data is optional: without it
-every layer is rounded to nearest.  The options it does not read (static INT8's target,
-recovery, calibration and placement options) are refused before it runs
-(:mod:`onnxq.config.modes`, called by :func:`onnxq.quantize`).
+every layer is rounded to nearest.  It runs a :class:`~onnxq.config.recipes.WeightOnlyRecipe`
+and reads each option from its section; the options it does not read (static INT8's target,
+recovery, calibration and placement options) are refused when the recipe is made
+(:mod:`onnxq.config.recipes`, by :meth:`onnxq.config.QuantConfig.recipe` in
+:func:`onnxq.quantize`).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -27,8 +28,10 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import PROFILES, BackendProfile
-from onnxq.config import QuantConfig
-from onnxq.config.options import WeightOnlyOptions
+from onnxq.config.calibration import CalibrationOptions
+from onnxq.config.placement import PlacementOptions
+from onnxq.config.recipes import WeightOnlyRecipe
+from onnxq.config.weightonly import WeightOnlyOptions
 from onnxq.data.inputs import Batch, model_inputs
 from onnxq.data.sources import check_batch, open_source
 from onnxq.errors import CalibrationDataError, ConfigError, UnsupportedModelError
@@ -62,29 +65,21 @@ class WeightOnlyRun:
 def quantize_weight_only(
     model: ModelLike,
     calibration: Any,
-    cfg: QuantConfig,
-    batch_size: int = 1,
-    save_calibration: str | os.PathLike[str] | None = None,
-    load_calibration: str | os.PathLike[str] | None = None,
+    recipe: WeightOnlyRecipe,
 ) -> WeightOnlyRun:
-    """Quantize the weights of ``model``'s MatMul/Gemm layers (``cfg.weight_only``); see
+    """Quantize the weights of ``model``'s MatMul/Gemm layers (``recipe.weightonly``); see
     :func:`onnxq.quantize`, which calls this when ``weight_only`` is set."""
-    if save_calibration is not None or load_calibration is not None:
-        raise ConfigError(
-            "weight-only quantization keeps no calibration statistics: drop "
-            "--save-calibration / --load-calibration"
-        )
-    options = cfg.weight_only_options
-    profile = weight_only_profile(PROFILES[cfg.backend], options)
-    prepared = prepare(model, profile, cfg.simplify)
+    options, placement, calib = recipe.weightonly, recipe.placement, recipe.calibration
+    profile = weight_only_profile(PROFILES[recipe.profile.backend], options, placement)
+    prepared = prepare(model, profile, recipe.run.simplify)
     with blame_conversion(prepared.load.opset_upgrade):
         graph = ir.Graph(prepared.model)
         view = GraphView.of(graph, profile)
-        layers, skipped, shared = _layers(graph, profile, options, prepared.source)
-        batches = _batches(graph, calibration, options, batch_size, cfg.preprocess, layers)
+        layers, skipped, shared = _layers(graph, profile, options, placement, prepared.source)
+        batches = _batches(graph, calibration, calib, layers)
         layers = [resolve_algorithm(x, batches is not None) for x in layers]
-        held = (batches or [])[: min(options.fidelity_batches, FIDELITY_BATCHES)]
-        results = quantize_layers(prepared.model, layers, batches, _progress(options))
+        held = (batches or [])[: min(calib.fidelity_batches, FIDELITY_BATCHES)]
+        results = quantize_layers(prepared.model, layers, batches, _progress(calib.progress))
         # the float outputs first: their session is gone before the quantized model is built
         reference = float_reference(prepared.take_reference(), prepared.model, held, profile)
         level = _accuracy_level(profile, options)
@@ -101,7 +96,7 @@ def quantize_weight_only(
         verification = verify(prepared.model, reference, held, profile)
     before = sum(x.k * x.n * 4 for x in {x.weight: x for x in layers}.values())
     outcome = WeightOnlyOutcome(
-        config=cfg,
+        config=recipe,
         profile=profile,
         prepared=prepared,
         graph=view,
@@ -117,14 +112,16 @@ def quantize_weight_only(
     return WeightOnlyRun(prepared.model, weight_only_report(outcome), prepared.source)
 
 
-def weight_only_profile(profile: BackendProfile, options: WeightOnlyOptions) -> BackendProfile:
+def weight_only_profile(
+    profile: BackendProfile, options: WeightOnlyOptions, placement: PlacementOptions
+) -> BackendProfile:
     """``profile`` for a weight-only run: the opset its blocked DequantizeLinear needs; a
-    backend without weight-only layers, or a block size it cannot run, is refused before any
-    work."""
+    backend without weight-only layers, or a block size it cannot run (the weight-only
+    section's or an override's in ``placement``), is refused before any work."""
     fmt = profile.weight_only
     if fmt is None:
         raise ConfigError(f"backend {profile.name} runs no weight-only layers")
-    sizes = [options.block_size] + [ov.block_size for ov in options.overrides]
+    sizes = [options.block_size] + [ov.block_size for ov in placement.overrides]
     for size in sizes:
         if not size:
             continue
@@ -149,11 +146,15 @@ def weight_only_profile(profile: BackendProfile, options: WeightOnlyOptions) -> 
 
 
 def _layers(
-    graph: ir.Graph, profile: BackendProfile, options: WeightOnlyOptions, source: Path | None
+    graph: ir.Graph,
+    profile: BackendProfile,
+    options: WeightOnlyOptions,
+    placement: PlacementOptions,
+    source: Path | None,
 ) -> tuple[list[Layer], list[Skipped], list[SharedWeight]]:
     """The layers to quantize (layers sharing a weight in one format), the weighted ops left
     float, and the shared weights; a model with no layer is refused."""
-    layers, skipped = find_layers(graph, profile, options)
+    layers, skipped = find_layers(graph, profile, options, placement)
     if not layers:
         first = (
             f" ({len(skipped)} weighted op(s) left float, first: {skipped[0].reason})"
@@ -173,13 +174,12 @@ def _layers(
 def _batches(
     graph: ir.Graph,
     calibration: Any,
-    options: WeightOnlyOptions,
-    batch_size: int,
-    preprocess: str | None,
+    options: CalibrationOptions,
     layers: list[Layer],
 ) -> list[Batch] | None:
-    """The calibration batches the run uses, checked against the model's inputs (None: no
-    data; an algorithm that needs data is then refused)."""
+    """The calibration batches the run uses (``options``: the calibration section's
+    ``max_batches``, ``batch_size`` and ``preprocess``), checked against the model's inputs
+    (None: no data; an algorithm that needs data is then refused)."""
     wants = {x.algorithm for x in layers} - {"auto", "rtn"}
     if calibration is None:
         if wants:
@@ -191,7 +191,9 @@ def _batches(
     inputs = model_inputs(graph)
     limit = options.max_batches or DEFAULT_BATCHES
     out: list[Batch] = []
-    for index, raw in enumerate(open_source(calibration, inputs, batch_size, preprocess)):
+    for index, raw in enumerate(
+        open_source(calibration, inputs, options.batch_size, options.preprocess)
+    ):
         out.append(check_batch(raw, inputs, index))
         if len(out) >= limit:
             break
@@ -208,8 +210,10 @@ def _accuracy_level(profile: BackendProfile, options: WeightOnlyOptions) -> int 
     return DEFAULT_ACCURACY_LEVEL if level is None else level
 
 
-def _progress(options: WeightOnlyOptions) -> Callable[[str], None] | None:
-    if not options.progress or not sys.stderr.isatty():
+def _progress(shown: bool) -> Callable[[str], None] | None:
+    """A progress line on stderr (``shown``: the calibration section's ``progress``), or None
+    when it is off or stderr is no terminal."""
+    if not shown or not sys.stderr.isatty():
         return None
     return lambda text: print(f"\r\033[K{text[:100]}", end="", file=sys.stderr, flush=True)
 

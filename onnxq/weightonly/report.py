@@ -12,7 +12,7 @@ from onnxq.weightonly.record import WeightOnlyLayers
 
 def weight_only_report(outcome: WeightOnlyOutcome) -> Report:
     """The report of a weight-only run: its layers, what stayed float, its fidelity, and its
-    messages."""
+    messages; its ``config`` is the recipe's fields (:meth:`WeightOnlyRecipe.to_dict`)."""
     o = outcome
     said = messages(o)
     return Report(

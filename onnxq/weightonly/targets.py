@@ -21,7 +21,9 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.config.options import WeightOnlyOptions
+from onnxq.config.overrides import Override
+from onnxq.config.placement import PlacementOptions
+from onnxq.config.weightonly import WeightOnlyOptions
 from onnxq.errors import ConfigError
 from onnxq.numerics.blocks import BlockFormat
 from onnxq.place.heads import head_nodes
@@ -64,10 +66,15 @@ class Skipped:
 
 
 def find_layers(
-    graph: ir.Graph, profile: BackendProfile, cfg: WeightOnlyOptions
+    graph: ir.Graph,
+    profile: BackendProfile,
+    options: WeightOnlyOptions,
+    placement: PlacementOptions,
 ) -> tuple[list[Layer], list[Skipped]]:
     """The layers of ``graph`` to quantize, in graph order, and the weighted ops left float
-    with reasons (those inside control-flow bodies among them)."""
+    with reasons (those inside control-flow bodies among them): their formats from the
+    weight-only section ``options``, what stays float and the overrides from ``placement``
+    (its ``exclude`` and ``overrides``)."""
     fmt = profile.weight_only
     assert fmt is not None
     heads = head_nodes(graph)
@@ -84,7 +91,9 @@ def find_layers(
             elif scope is not graph:
                 skipped.append(Skipped(node.name, node.op_type, IN_BODY))
             else:
-                found = _top_level_layer(graph, node, shape, profile, cfg, node.name in heads)
+                found = _top_level_layer(
+                    graph, node, shape, profile, options, placement, node.name in heads
+                )
                 if isinstance(found, Layer):
                     layers.append(found)
                 else:
@@ -97,14 +106,15 @@ def _top_level_layer(
     node: onnx.NodeProto,
     shape: tuple[int, int],
     profile: BackendProfile,
-    cfg: WeightOnlyOptions,
+    options: WeightOnlyOptions,
+    placement: PlacementOptions,
     head: bool,
 ) -> Layer | Skipped:
     """The layer of a weighted top-level ``node``, or why it stays float."""
-    excluded = cfg.node_excluded(node.name, node.op_type)
+    excluded = placement.node_excluded(node.name, node.op_type)
     if excluded:
         return Skipped(node.name, node.op_type, f"excluded by {excluded}")
-    return _layer(graph, node, shape, profile, cfg, head)
+    return _layer(graph, node, shape, profile, options, placement.overrides, head)
 
 
 def _weight_shape(graph: ir.Graph, node: onnx.NodeProto) -> tuple[int, int] | str:
@@ -135,7 +145,8 @@ def _layer(
     node: onnx.NodeProto,
     shape: tuple[int, int],
     profile: BackendProfile,
-    cfg: WeightOnlyOptions,
+    options: WeightOnlyOptions,
+    overrides: tuple[Override, ...],
     head: bool,
 ) -> Layer | Skipped:
     attrs = ir.node_attrs(node)
@@ -145,14 +156,14 @@ def _layer(
         transposed = node.op_type == "Gemm" and bool(attrs.get("transB", 0))
         weight, activation = node.input[1], node.input[0]
     k, n = (shape[1], shape[0]) if transposed else shape
-    bits, block, algorithm, why = _settings(node, weight, cfg, head)
+    bits, block, algorithm, why = _settings(node, weight, options, overrides, head)
     fmt = profile.weight_only
     assert fmt is not None
     if bits not in fmt.bits:
         return Skipped(node.name, node.op_type, f"{bits}-bit weights do not run on {profile.name}")
     if block and bits not in fmt.blocked_bits:
         block, why = 0, f"{why}; {profile.name} runs {bits}-bit weights per channel only"
-    symmetric = cfg.weight_symmetric or fmt.symmetric_only
+    symmetric = options.weight_symmetric or fmt.symmetric_only
     return Layer(
         node.name,
         node.op_type,
@@ -169,21 +180,25 @@ def _layer(
 
 
 def _settings(
-    node: onnx.NodeProto, weight: str, cfg: WeightOnlyOptions, head: bool
+    node: onnx.NodeProto,
+    weight: str,
+    options: WeightOnlyOptions,
+    overrides: tuple[Override, ...],
+    head: bool,
 ) -> tuple[int, int, str, str]:
-    """Bits, block size (0: per channel), algorithm and why, from the config, the measured
-    defaults and the overrides (the later override wins field by field)."""
-    bits = 4 if cfg.weight_only == "int4" else 8
+    """Bits, block size (0: per channel), algorithm and why, from the weight-only section, the
+    measured defaults and the overrides (the later override wins field by field)."""
+    bits = 4 if options.weight_only == "int4" else 8
     why = "default"
-    if cfg.weight_only == "int4" and head:
+    if options.weight_only == "int4" and head:
         bits, why = HEAD_BITS, "model head: kept at 8 bits (measured default)"
-    elif cfg.weight_only == "int4" and node.op_type == "Gather":
+    elif options.weight_only == "int4" and node.op_type == "Gather":
         bits, why = EMBEDDING_BITS, "embedding table: kept at 8 bits (measured default)"
-    block = cfg.block_size
+    block = options.block_size
     if block is None:  # int4: blocks of 128; int8: per output channel
         block = DEFAULT_BLOCK if bits == 4 else 0
-    algorithm = cfg.weight_algorithm
-    for ov in cfg.overrides:
+    algorithm = options.weight_algorithm
+    for ov in overrides:
         if not (ov.matches_node(node.name, node.op_type) or ov.matches_tensor(weight)):
             continue
         if ov.bits is not None:

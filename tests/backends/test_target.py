@@ -17,7 +17,7 @@ from onnxq.backends.cpu import ENV_VAR
 from onnxq.backends.profile import PROFILES, BackendProfile
 from onnxq.backends.target import profile_for, target_mismatch, tune_profile
 from onnxq.cli import main
-from onnxq.config.options import TargetOptions
+from onnxq.config.options import ProfileOptions
 from onnxq.errors import ConfigError
 from onnxq.materialize.qdq import read_metadata, read_target_cpu
 from tests import graphs
@@ -31,9 +31,7 @@ def tuned(
     target_cpu: str | None = None,
     cost_table: str | None = None,
 ) -> tuple[BackendProfile, str]:
-    return profile_for(
-        TargetOptions(backend, reduce_range, target_cpu, cost_table, "int8", False, ())
-    )
+    return profile_for(ProfileOptions(backend, False, reduce_range, target_cpu, cost_table))
 
 
 def test_tensorrt_is_the_same_for_every_cpu():
@@ -68,7 +66,7 @@ def test_reduce_range_on_x86_without_int8_dot_products_gives_7_bit_int8_but_8_bi
 def test_a_class_whose_storage_type_the_kernels_do_not_take_gets_7_bit_weights():
     int8_only = PROFILES["onnxruntime"].replace(stored_weight_dtypes=frozenset({"int8"}))
     profile, note = tune_profile(
-        int8_only, TargetOptions("onnxruntime", None, "x86-avx2", None, "int8", False, ())
+        int8_only, ProfileOptions("onnxruntime", False, None, "x86-avx2", None)
     )
     assert (profile.weight_dtype, profile.weight_qmax) == ("int8", 63)
     assert note.startswith("weights limited to +-63 (7-bit): the target CPU class x86-avx2")
@@ -291,7 +289,7 @@ def test_the_cli_takes_the_target_and_the_table(tmp_path, model_file, calib_dir,
 
 def test_dynamic_kernels_get_7_bit_int8_weights_where_the_class_stores_uint8():
     # DynamicQuantizeMatMul takes u8 x s8 only: the static kernels' uint8 storage is no way out
-    options = TargetOptions("onnxruntime", None, "x86-avx2", None, "int8", True, ())
+    options = ProfileOptions("onnxruntime", True, None, "x86-avx2", None)
     profile, note = profile_for(options)
     assert (profile.weight_dtype, profile.weight_qmax, profile.min_macs) == ("int8", 63, 0)
     assert "7-bit" in note

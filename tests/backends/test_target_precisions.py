@@ -9,7 +9,7 @@ import pytest
 
 import onnxq
 from onnxq.backends.profile import ONNXRUNTIME, TENSORRT, BackendProfile
-from onnxq.backends.target import profile_for, tune_profile
+from onnxq.backends.target import tune_profile
 from onnxq.cli import main
 from onnxq.config import Override, QuantConfig
 from onnxq.errors import ConfigError
@@ -18,13 +18,13 @@ from tests.numerics.test_precisions import FP8_MISSING
 
 
 def run_profile(config: QuantConfig) -> BackendProfile:
-    return profile_for(config.target)[0]
+    return config.backend_profile()[0]
 
 
 def test_int8_keeps_the_backends_tuned_profile():
     assert run_profile(QuantConfig()) is TENSORRT
     ort = QuantConfig(backend="onnxruntime", target_cpu="x86-vnni")
-    assert run_profile(ort) == tune_profile(ONNXRUNTIME, ort.target)[0]
+    assert run_profile(ort) == tune_profile(ONNXRUNTIME, ort.profile)[0]
 
 
 def test_fp8_raises_the_opset_and_limits_the_convs():
@@ -33,7 +33,7 @@ def test_fp8_raises_the_opset_and_limits_the_convs():
     assert not fp8.compare_default_session and "ORT_ENABLE_BASIC" in fp8.validation_note
     # an int8 run with one FP8 override still needs opset 19 for that pair
     mixed = QuantConfig(overrides=(Override(node="conv", precision="fp8"),))
-    assert mixed.target.precisions() == ["int8", "fp8"]
+    assert mixed.placement.precisions() == ["int8", "fp8"]
     assert run_profile(mixed).min_opset == 19
     assert run_profile(mixed).min_conv_channels == 0  # the run stays int8
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from onnxq import ir
-from onnxq.backends.target import profile_for
 from onnxq.calibrate.measure import (
     CachedStatistics,
     Calibration,
@@ -21,7 +20,7 @@ from tests import graphs
 
 def source(config: QuantConfig, data, cache=None):
     model = ir.infer_shapes(graphs.matmul_stack())
-    profile = profile_for(config.target)[0]
+    profile = config.backend_profile()[0]
     facts = GraphFacts.of(ir.Graph(model), profile)
     inputs = model_inputs(ir.Graph(model))
     return statistics_source(model, facts, profile, data, inputs, config.calibration, False, cache)

@@ -67,3 +67,52 @@ def test_set_applies_over_unset_flags_and_refuses_a_contradiction():
         with_settings({"percentile": 98.0}, ["calibration.percentile=99"])
     with pytest.raises(ConfigError, match="already set by --set"):
         with_settings({}, ["recovery.cle=true", "recovery.cle=false"])
+
+
+def test_help_all_lists_the_fields_of_moved_flags_under_set(capsys):
+    from onnxq.cli.flags import MOVED
+
+    q = _quantize_parser()
+    assert not set(MOVED) & {s for a in q._actions for s in a.option_strings}
+    with pytest.raises(SystemExit):
+        q.parse_args(["--help-all"])
+    lines = capsys.readouterr().out.splitlines()
+    for path in MOVED.values():
+        (line,) = [x for x in lines if x.startswith(f"    {path}=")]
+        assert "(--" not in line  # no flag sets it now: --set alone
+    assert "    calibration.histogram_sample=65536" in lines
+    assert "    recovery.adaround_steps=500" in lines
+
+
+def test_help_all_names_each_fields_flag_in_its_new_section(capsys):
+    q = _quantize_parser()
+    with pytest.raises(SystemExit):
+        q.parse_args(["--help-all"])
+    text = capsys.readouterr().out
+    for line in [
+        "    placement.precision='int8'  (--precision)",
+        "    placement.shift_activations=False  (--shift-activations)",
+        "    placement.overrides=[]  (--method-for)",
+        "    calibration.progress=True  (--quiet)",
+        "    calibration.batch_size=1  (--batch-size)",
+        "    calibration.save_calibration=None  (--save-calibration)",
+        "    recovery.cle=False  (--cle)",  # an on/off pair by its on flag
+        "    recovery.smoothquant=0.8  (--smoothquant)",
+    ]:
+        assert line + "\n" in text, line
+    assert "    calibration.fidelity_batches=4\n" in text
+
+
+def test_a_flag_that_sets_a_field_is_grouped_under_the_fields_section():
+    from onnxq.cli.quantize_flags import _FLAG_OF_FIELD
+    from onnxq.config.sections import SECTION_OF
+
+    q = _quantize_parser()
+    field_of_flag = {flag: name for name, flag in _FLAG_OF_FIELD.items()}
+    groups = {g.title.split(":")[0]: g._group_actions for g in q._action_groups}
+    for action in q._actions:
+        if action.dest in FIRST_LEVEL or not action.option_strings:
+            continue
+        name = field_of_flag.get(action.option_strings[-1], action.dest)
+        if name in SECTION_OF:
+            assert action in groups[SECTION_OF[name]], (action.option_strings, SECTION_OF[name])

@@ -60,7 +60,13 @@ def test_flags_set_the_fields_and_reach_the_report(files, tmp_path):
     report = tmp_path / "r.json"
     args = ["quantize", str(model), "-o", str(tmp_path / "out.onnx"), "--calib", str(calib)]
     args += ["--report", str(report), "-q", "--cle", "--smoothquant", "--adaround"]
-    args += ["--adaround-steps", "50", "--calibration-mode", "prefix", "--bias-correction"]
+    args += [
+        "--set",
+        "recovery.adaround_steps=50",
+        "--calibration-mode",
+        "prefix",
+        "--bias-correction",
+    ]
     assert main(args) == 0
     data = json.loads(report.read_text())
     cfg = data["config"]
@@ -84,7 +90,7 @@ def test_a_bad_flag_value_is_a_user_error(files, tmp_path, capsys):
 def test_the_terminal_summary_names_each_step(files, tmp_path, capsys):
     model, calib = files
     args = ["quantize", str(model), "-o", str(tmp_path / "o.onnx"), "--calib", str(calib)]
-    assert main([*args, "--cle", "--adaround", "--adaround-steps", "20"]) == 0
+    assert main([*args, "--cle", "--adaround", "--set", "recovery.adaround_steps=20"]) == 0
     out = capsys.readouterr().out
     assert "recovery: CLE equalized 2 of 2 Conv pairs; AdaRound learned" in out
 

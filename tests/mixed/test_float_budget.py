@@ -139,7 +139,7 @@ def test_cli_ceiling_missed_exits_1_and_writes_the_model(tmp_path, model_file, c
     out, report = tmp_path / "q.onnx", tmp_path / "r.json"
     code = main(["quantize", str(path), "-o", str(out), "--calib", str(calib), "-q", "--target",
                  "cosine=1.5", "--target-cost", "macs", "--target-max-float-macs", "25%",
-                 "--heldout-batches", "2", "--report", str(report)])  # fmt: skip
+                 "--set", "accuracy.heldout_batches=2", "--report", str(report)])  # fmt: skip
     assert code == 1 and out.exists()
     assert "raise --target-max-float-macs" in capsys.readouterr().err
     record = json.loads(report.read_text())["mixed_precision"]

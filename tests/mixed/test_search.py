@@ -3,6 +3,7 @@ split, determinism, and the CLI's exit code."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -15,7 +16,7 @@ from onnxq import ir
 from onnxq.backends.runs import run_outputs
 from onnxq.cli import main
 from onnxq.errors import CalibrationDataError, ConfigError
-from onnxq.numerics.accuracy_target import AccuracyTarget
+from onnxq.numerics.accuracy_target import AccuracyTarget, parse_target
 from tests import graphs
 
 
@@ -48,7 +49,9 @@ def conv_chain(
     )
 
 
-def run(model, target, n=16, **options):
+def run(model, target, n=16, heldout=None, **options):
+    if heldout is not None:  # the held-out data travels with the target
+        target = dataclasses.replace(parse_target(target), heldout=heldout)
     return onnxq.quantize(
         model, graphs.random_batches(model, n), progress=False, target=target, **options
     )
@@ -181,7 +184,7 @@ def test_cli_target_missed_writes_the_model_and_exits_1(tmp_path, model_file, ca
     calib = calib_dir(conv_chain(), n=8)
     out = tmp_path / "q.onnx"
     code = main(["quantize", str(path), "-o", str(out), "--calib", str(calib), "-q",
-                 "--target", "cosine=1.5", "--heldout-batches", "2"])  # fmt: skip
+                 "--target", "cosine=1.5", "--set", "accuracy.heldout_batches=2"])  # fmt: skip
     assert code == 1 and out.exists()
     assert "not met" in capsys.readouterr().err
 

@@ -11,7 +11,7 @@ import pytest
 from onnxq import ir
 from onnxq.backends.profile import PROFILES
 from onnxq.config import QuantConfig
-from onnxq.config.options import PlacementOptions
+from onnxq.config.placement import PlacementOptions
 from onnxq.numerics.tensor_stats import TensorStats
 from onnxq.place.annotations import Annotations, Decision, Excluded, TensorAnnotation
 from onnxq.place.exclusions import (

@@ -105,7 +105,15 @@ def test_the_flag_turns_block_reconstruction_on(tmp_path):
         np.savez(calib / f"{i:04d}.npz", **batch)
     report = tmp_path / "r.json"
     args = ["quantize", str(model), "-o", str(tmp_path / "out.onnx"), "--calib", str(calib)]
-    args += ["--report", str(report), "-q", "--adaround-mode", "block", "--adaround-steps", "20"]
+    args += [
+        "--report",
+        str(report),
+        "-q",
+        "--adaround-mode",
+        "block",
+        "--set",
+        "recovery.adaround_steps=20",
+    ]
     assert main(args) == 0
     data = json.loads(report.read_text())
     assert (data["config"]["adaround"], data["config"]["adaround_mode"]) == (True, "block")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from onnxq.config.choices import ADAROUND_ENGINES
+from onnxq.config.recovery import ADAROUND_ENGINES
 from onnxq.errors import ConfigError
 from onnxq.recover.engines import ENGINES, get_engine
 

@@ -95,9 +95,8 @@ def test_sample_errors_weigh_each_sample_alone():
 
 
 def _calibration(cfg: QuantConfig):
-    from onnxq.config.options import CalibrationOptions, view
 
-    return view(CalibrationOptions, cfg)
+    return cfg.calibration
 
 
 def _qparams_in(quantized: onnx.ModelProto, tensor_name: str):

@@ -62,7 +62,7 @@ def test_a_source_read_once_skips_it_with_a_warning():
 
 def test_the_cli_flag_sets_the_config_field():
     parser = argparse.ArgumentParser()
-    add_recovery_flags(parser)
+    add_recovery_flags(parser, parser)
     assert recovery_options(parser.parse_args(["--range-search"]))["range_search"] is True
     assert recovery_options(parser.parse_args([]))["range_search"] is None
 
@@ -86,7 +86,7 @@ def test_the_cli_runs_it_and_the_summary_and_report_say_what_it_changed(tmp_path
         np.savez(calib / f"{i:04d}.npz", **batch)
     report = tmp_path / "r.json"
     args = ["quantize", str(model_path), "-o", str(tmp_path / "o.onnx"), "--calib", str(calib)]
-    args += ["--report", str(report), "--range-search", "--range-search-batches", "4"]
+    args += ["--report", str(report), "--range-search", "--set", "recovery.range_search_batches=4"]
     assert main(args) == 0
     data = json.loads(report.read_text())
     assert (data["config"]["range_search"], data["config"]["range_search_batches"]) == (True, 4)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from onnxq.config.choices import ADAROUND_MODES
+from onnxq.config.recovery import ADAROUND_MODES
 from onnxq.errors import ConfigError
 from onnxq.recover.rounders import ROUNDERS, block_rounding, get_rounder, sequential_rounding
 

@@ -168,7 +168,7 @@ def test_the_flag_turns_adaround_on_in_sequential_mode(tmp_path):
     report = tmp_path / "r.json"
     args = ["quantize", str(model), "-o", str(tmp_path / "out.onnx"), "--calib", str(calib)]
     args += ["--report", str(report), "-q", "--adaround-mode", "sequential"]
-    assert main([*args, "--adaround-steps", "50"]) == 0
+    assert main([*args, "--set", "recovery.adaround_steps=50"]) == 0
     data = json.loads(report.read_text())
     assert (data["config"]["adaround"], data["config"]["adaround_mode"]) == (True, "sequential")
     assert data["recovery"]["adaround"]["mode"] == "sequential"

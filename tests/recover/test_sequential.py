@@ -208,6 +208,6 @@ def test_a_source_read_once_skips_it_with_a_warning():
 
 def test_the_cli_flag_sets_the_config_field():
     parser = argparse.ArgumentParser()
-    add_recovery_flags(parser)
+    add_recovery_flags(parser, parser)
     assert recovery_options(parser.parse_args(["--sequential-correction"]))["sequential_correction"]
     assert recovery_options(parser.parse_args([]))["sequential_correction"] is None

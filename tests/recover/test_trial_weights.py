@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import onnxq
 import onnxq.recover.rounders as rounders
 from onnxq.backends.runs import run_outputs
-from onnxq.numerics.accuracy_target import AccuracyTarget
+from onnxq.numerics.accuracy_target import AccuracyTarget, parse_target
 from onnxq.recover.trial_weights import trial_weights
 from tests import graphs
 from tests.mixed.test_search import conv_chain, dequantized_inputs
@@ -19,8 +21,7 @@ def run(model, target, **options):
         model,
         graphs.random_batches(model, 16),
         progress=False,
-        target=target,
-        heldout=held,
+        target=dataclasses.replace(parse_target(target), heldout=held),
         **options,
     ), held
 

@@ -21,7 +21,6 @@ import pytest
 import onnxq
 import onnxq.mixed.sensitivity
 from onnxq import ir
-from onnxq.backends.target import profile_for
 from onnxq.cli import main
 from onnxq.config import QuantConfig
 from onnxq.errors import ConfigError, ModelLoadError, ResourceError
@@ -138,7 +137,7 @@ def test_a_worker_that_cannot_read_the_weights_gives_the_error_of_one_process(
     lazy = ir.load_model(path)
     assert external.has_lazy(lazy)
     (tmp_path / "model.data").unlink()  # what a node without the shared folder sees
-    profile, _ = profile_for(QuantConfig().target)
+    profile, _ = QuantConfig().backend_profile()
     context = TrialContext(
         lazy, graphs.random_batches(model, 2), [], AccuracyTarget("cosine", 0.5), profile,
         QuantConfig().weights,

@@ -10,7 +10,6 @@ import onnxq
 from onnxq import ir
 from onnxq.backends import default_session
 from onnxq.backends.profile import PROFILES
-from onnxq.backends.target import profile_for
 from onnxq.config import QuantConfig
 from onnxq.validate.verify import (
     FIDELITY_MODES,
@@ -81,7 +80,7 @@ def test_the_default_session_runs_for_a_qdq_model_validated_unfused(backend, opt
 
 
 def test_the_fidelity_mode_says_how_the_model_runs():
-    dynamic = profile_for(QuantConfig(backend="onnxruntime", dynamic=True).target)[0]
+    dynamic = QuantConfig(backend="onnxruntime", dynamic=True).backend_profile()[0]
     assert fidelity_mode(TRT) == FIDELITY_MODES["unfused"]
     assert fidelity_mode(ORT) == FIDELITY_MODES["fused"]
     assert fidelity_mode(dynamic) == FIDELITY_MODES["dynamic"]
@@ -91,7 +90,7 @@ def test_the_fidelity_mode_says_how_the_model_runs():
 @pytest.mark.skipif(FP8_MISSING is not None, reason=FP8_MISSING or "")
 def test_an_fp8_model_is_neither_timed_nor_compared_in_the_default_session():
     # onnxruntime 1.32's default session computes FP8 Q/DQ wrong (its validation note says so)
-    fp8 = profile_for(QuantConfig(precision="fp8").target)[0]
+    fp8 = QuantConfig(precision="fp8").backend_profile()[0]
     assert not compares_default_session(fp8) and compares_default_session(TRT)
     model, held = _quantized("tensorrt", precision="fp8")
     float_model = graphs.conv_relu()
@@ -102,7 +101,7 @@ def test_an_fp8_model_is_neither_timed_nor_compared_in_the_default_session():
 
 
 def test_a_dynamic_run_without_data_says_so():
-    dynamic = profile_for(QuantConfig(backend="onnxruntime", dynamic=True).target)[0]
+    dynamic = QuantConfig(backend="onnxruntime", dynamic=True).backend_profile()[0]
     model = onnxq.quantize(graphs.matmul_stack(), backend="onnxruntime", dynamic=True).model
     verification = verify(model, FloatReference(None), [], dynamic)
     assert verification.unmeasured == "no batches held (dynamic)"

@@ -7,6 +7,7 @@ from threadpoolctl import threadpool_info
 from onnxq import ir
 from onnxq.backends.profile import PROFILES
 from onnxq.config import QuantConfig
+from onnxq.config.recipes import WeightOnlyRecipe
 from onnxq.runtime.blas import BLAS_THREADS
 from onnxq.weightonly import engine
 from onnxq.weightonly.layers import resolve_algorithm
@@ -22,8 +23,11 @@ def test_layer_groups_are_quantized_with_one_blas_thread_and_the_limit_is_lifted
     monkeypatch,
 ):
     model = models.decoder()
-    options = QuantConfig(weight_only="int4", block_size=32).weight_only_options
-    layers, _ = find_layers(ir.Graph(model), PROFILES["onnxruntime"], options)
+    recipe = QuantConfig(weight_only="int4", block_size=32).recipe()
+    assert isinstance(recipe, WeightOnlyRecipe)
+    layers, _ = find_layers(
+        ir.Graph(model), PROFILES["onnxruntime"], recipe.weightonly, recipe.placement
+    )
     layers = [resolve_algorithm(x, True) for x in layers]
     seen: list[set[int]] = []
     quantize_group = engine._quantize_group

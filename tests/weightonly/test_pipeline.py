@@ -13,6 +13,7 @@ from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
 from onnxq.errors import CalibrationDataError, ConfigError, UnsupportedModelError
 from onnxq.ir import external
+from onnxq.numerics.accuracy_target import AccuracyTarget
 from tests import graphs
 from tests.weightonly import models
 
@@ -236,7 +237,12 @@ def test_on_tensorrt_a_layer_kept_at_8_bits_is_per_channel(monkeypatch):
     ("given", "named"),
     [
         ({"target": "cosine=0.99"}, "target_accuracy"),
-        ({"heldout": models.token_batches(1)}, "heldout"),
+        (
+            {"target": AccuracyTarget("cosine", 0.99, heldout=models.token_batches(1))},
+            "target_accuracy",
+        ),
+        ({"save_calibration": "stats.json"}, "save_calibration"),
+        ({"load_calibration": "stats.json"}, "load_calibration"),
         ({"cle": True}, "cle"),
         ({"adaround": True}, "adaround"),
         ({"calibration_mode": "prefix"}, "calibration_mode"),

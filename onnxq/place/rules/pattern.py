@@ -18,7 +18,7 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.config.options import PlacementOptions
+from onnxq.config.placement import PlacementOptions
 from onnxq.place.facts import GraphFacts
 
 Kind = Literal["activation", "weight", "bias", "shared"]

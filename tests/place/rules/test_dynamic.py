@@ -6,7 +6,6 @@ import numpy as np
 
 from onnxq import ir
 from onnxq.backends.profile import ONNXRUNTIME, TENSORRT
-from onnxq.backends.target import profile_for
 from onnxq.config import QuantConfig
 from onnxq.place.engine import annotate
 from onnxq.place.facts import GraphFacts
@@ -14,7 +13,7 @@ from tests import graphs
 
 BASE = {"backend": "onnxruntime", "dynamic": True, "target_cpu": "x86-vnni"}
 CFG = QuantConfig(**BASE)
-DYNAMIC = profile_for(CFG.target)[0]
+DYNAMIC = CFG.backend_profile()[0]
 
 
 def decisions(model, profile=DYNAMIC, config=CFG):
@@ -65,7 +64,7 @@ def test_the_threshold_counts_the_weight_range_of_the_target_cpu():
     m = with_weight(graphs.matmul_stack(), "w1", w)
     assert weight_axes(m)["w1"] is None
     avx2 = QuantConfig(**{**BASE, "target_cpu": "x86-avx2"})
-    assert weight_axes(m, avx2, profile_for(avx2.target)[0])["w1"] == 1
+    assert weight_axes(m, avx2, avx2.backend_profile()[0])["w1"] == 1
 
 
 def test_the_up_projection_whose_outlier_columns_are_divided_keeps_per_column_scales():

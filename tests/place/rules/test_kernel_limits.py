@@ -11,7 +11,6 @@ from onnx import helper
 import onnxq
 from onnxq import ir
 from onnxq.backends.profile import TENSORRT
-from onnxq.backends.target import profile_for
 from onnxq.config import QuantConfig
 from onnxq.place.engine import annotate
 from onnxq.place.facts import GraphFacts
@@ -23,7 +22,7 @@ from onnxq.place.rules.kernel_limits import (
 )
 from tests import graphs
 
-FP8 = profile_for(QuantConfig(precision="fp8").target)[0]
+FP8 = QuantConfig(precision="fp8").backend_profile()[0]
 
 
 def conv(out_c: int, in_c: int, kernel: int):
