@@ -35,18 +35,21 @@ from onnxq import ir
 from onnxq.backends.target import target_record
 from onnxq.calibrate.cache import calibration_cache
 from onnxq.calibrate.engine import CalibrationResult
-from onnxq.calibrate.measure import statistics_source
+from onnxq.calibrate.measure import RuntimeQuantization, statistics_source
 from onnxq.config.recipes import ActivationRecipe, WeightOnlyRecipe, refuse_call_options
 from onnxq.config.resolve import ConfigLike, run_config
 from onnxq.errors import CalibrationDataError, OutputError
 from onnxq.materialize.metadata import Placed
+from onnxq.materialize.precision_record import PrecisionSplit
 from onnxq.materialize.qdq import materialize
+from onnxq.materialize.typing import write_precisions
 from onnxq.mixed.front import FloatGraph, float_graph
 from onnxq.mixed.record import MixedPrecision, SearchRecord
 from onnxq.mixed.search import accuracy_target, target_search
 from onnxq.numerics.accuracy_target import AccuracyTarget
 from onnxq.place.annotations import Annotations
 from onnxq.place.loop import place
+from onnxq.place.precision import LOW_TYPES, float_activations, plan_precisions
 from onnxq.prepare.stage import ModelLike
 from onnxq.recover.pipeline import Recovered, after_calibration
 from onnxq.recover.record import BiasCorrectionRecord, RecoveryRecord
@@ -246,6 +249,8 @@ def _quantize_static(
             prepared.model, front.facts, profile, front.data, front.inputs, cfg.calibration,
             save_calibration is not None, load_calibration, executor,
         )  # fmt: skip
+        if profile.high_precision in LOW_TYPES and not isinstance(measure, RuntimeQuantization):
+            measure.observe_also(float_activations(prepared.model))  # the plan reads them
         placement = place(front.facts, profile, cfg.placement, measure)
         mixed, learned = None, None  # learned: AdaRound's weights, learned for the trials
         if goal is not None:
@@ -265,6 +270,7 @@ def _quantize_static(
         placed = materialize(
             prepared.model, annotations, qparams, profile, cfg.weights, recovered.chosen
         )
+        precision = typed(prepared.model, profile.high_precision, placement.statistics, cfg)
         if mixed is not None:  # the target's verdict on the model written, recovery included
             mixed = mixed.as_written(prepared.model)
         if ir.external.lazy_nbytes(prepared.model) < ir.external.LAZY_BYTES:
@@ -272,12 +278,25 @@ def _quantize_static(
         verification = verify(
             prepared.model, reference, held, profile, cfg.validate.agreement_threshold
         )
-    report = _report(_outcome(cfg, front, annotations, recovered, placed, verification, mixed))
+    outcome = _outcome(cfg, front, annotations, recovered, placed, verification, mixed)
+    report = _report(dataclasses.replace(outcome, precision=precision))
     report.weight_bytes = (float_weight_bytes, ir.weight_nbytes(prepared.model))
     if save_calibration is not None and cache is not None:
         ir.atomic_write_bytes(save_calibration, cache)
     quantized = QuantizedModel(prepared.model, report, prepared.source)
     return quantized, annotations.score_map_method is not None
+
+
+def typed(
+    model: onnx.ModelProto, high: str, statistics: CalibrationResult, cfg: ActivationRecipe
+) -> PrecisionSplit:
+    """Plan the precision of what stays float (``onnxq.place.precision``) from the peaks the
+    calibration measured, write it into ``model`` (``onnxq.materialize.typing``), and say
+    the split for the report."""
+    peaks = {n: max(abs(s.min), abs(s.max)) for n, s in statistics.stats.items() if s.count}
+    plan = plan_precisions(model, peaks, high, statistics.unobservable)
+    record = write_precisions(model, plan, cfg.placement.keep_io_types)
+    return PrecisionSplit.of(model, plan, record)
 
 
 def _outcome(
@@ -336,6 +355,7 @@ def _report(outcome: Outcome) -> Report:
             BiasCorrectionRecord.of(o.bias),
             *([SearchRecord.of(o.mixed_precision)] if o.mixed_precision is not None else []),
             RecoveryRecord.of(o.recovery),
+            *([o.precision] if o.precision is not None else []),
         ],
         default_session=o.verification.default_session,
     )

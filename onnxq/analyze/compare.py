@@ -54,9 +54,7 @@ def analyze(
     ]
     if not held:
         raise CalibrationDataError("no batches to analyze; give calibration data with --calib")
-    if ir.opset_version(float_model) < ir.opset_version(quant_model):
-        float_model = ir.upgrade_opset(float_model, ir.opset_version(quant_model), "float model")
-    twin = ir.twin_model(float_model, quant_model)
+    twin = ir.twin_model(float_model, quant_model)  # converts the float model's opset up
     pairs = _pairs(shared, twin)
     sums = _measure(twin, pairs, held, fused, memory_budget, _sizes(float_model, held[0]))
     return [_layer(name, fg, qg, twin, sums) for name in shared]
@@ -192,7 +190,7 @@ def _layer(
     sums: dict[tuple[str, str], ErrorSums],
 ) -> LayerError:
     acc, local = sums[name, twin.accumulated(name)], sums[name, twin.local(name)]
-    node, qnode = fg.producer[name], qg.producer[name]
+    node, qnode = fg.producer[name], _writer(qg, name, fg.producer[name])
     quantized = quantized_op(qg, qnode)
     inputs = [
         sums[x, dq]
@@ -224,6 +222,21 @@ def _layer(
     return replace(layer, advice=advise(layer, local, inputs))
 
 
+def _writer(qg: ir.Graph, name: str, node: onnx.NodeProto) -> onnx.NodeProto:
+    """The node of the quantized model that computes the float model's ``name`` (written by
+    ``node``): its producer, or, where the quantized model computes it in FP16/BF16 and casts
+    it back under its name (a graph output, ``onnxq.materialize.typing``), the node before
+    that Cast (the same node as the float model's, by name; by op type when unnamed)."""
+    qnode = qg.producer[name]
+    if qnode.op_type != "Cast" or (node.op_type == "Cast" and qnode.name == node.name):
+        return qnode
+    inner = qg.producer.get(qnode.input[0]) if qnode.input else None
+    if inner is None or inner.op_type in ir.QDQ_OPS:
+        return qnode
+    same = inner.name == node.name if node.name else inner.op_type == node.op_type
+    return inner if same else qnode
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
@@ -244,10 +257,17 @@ def _random_draws(graph: ir.Graph) -> set[str]:
 
 
 def _same_inputs(want: list[InputSpec], have: list[InputSpec]) -> None:
-    """The quantized model must read the float model's inputs (names and element types)."""
+    """The quantized model must read the float model's inputs (names and element types; an
+    FP32 input may be FP16/BF16 there: a model written without ``keep_io_types``, which the
+    comparison model feeds through a Cast)."""
     mine = {spec.name: spec.dtype for spec in want}
     theirs = {spec.name: spec.dtype for spec in have}
-    if mine != theirs:
+    lowered = {
+        name: mine[name]
+        for name, dtype in theirs.items()
+        if str(dtype) in ("float16", "bfloat16") and mine.get(name) == np.float32
+    }
+    if mine != {**theirs, **lowered}:
 
         def show(specs: dict[str, np.dtype]) -> str:  # type: ignore[type-arg]
             return ", ".join(f"{n} ({d})" for n, d in sorted(specs.items())) or "none"

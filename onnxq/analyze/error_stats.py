@@ -29,7 +29,11 @@ class ErrorSums:
     def add(self, a: np.ndarray, b: np.ndarray, samples: int) -> None:
         """Add one batch: ``a`` the reference, ``b`` the compared value; ``samples`` is the
         batch's sample count (a tensor whose leading axis has that size is split per sample).
-        Sums run in float64 over the float32 values, row by row (one pass per sum)."""
+        Sums run in float64 over the float32 values, row by row (one pass per sum); values of
+        two types (a quantized model's FP16 tensor against the float model's FP32 one) are
+        compared in float64, where both are exact."""
+        if a.dtype != b.dtype:
+            a, b = a.astype(np.float64), b.astype(np.float64)
         finite = np.isfinite(a) & np.isfinite(b)
         if not finite.all():
             odd = ~finite

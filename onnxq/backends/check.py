@@ -2,7 +2,8 @@
 
 It reads only the graph, so it runs everywhere (no GPU, no TensorRT).  What it enforces comes
 from the profile: symmetric zero points, allowed Q/DQ element types, per-axis scales only on
-constants, the weight axis of each op, the minimum opset for ``axis``, forbidden op types.
+constants, the weight axis of each op, the minimum opset for ``axis``, forbidden op types;
+for a strongly typed backend, the typing rules of :mod:`onnxq.backends.typing_rules`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from onnxq import ir
 from onnxq.backends.check_blocked import check_blocked_dq, check_weight_only_op, is_blocked
 from onnxq.backends.check_precision import DYNAMIC_KERNELS, check_dynamic, check_qtype
 from onnxq.backends.profile import BackendProfile
+from onnxq.backends.typing_rules import check_typing
 from onnxq.errors import Violation
 from onnxq.numerics.precisions import CONTRIB_DOMAIN
 
@@ -46,6 +48,8 @@ def check(model: onnx.ModelProto, profile: BackendProfile) -> list[Violation]:
                 out.extend(check_weight_only_op(node, name, index, profile))
             if node.domain == CONTRIB_DOMAIN and node.op_type in DYNAMIC_KERNELS:
                 out.extend(check_dynamic(node, name, index))
+    if profile.strong_typing:
+        out.extend(check_typing(model))
     return out
 
 

@@ -25,7 +25,7 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.cpu import this_machine
-from onnxq.backends.runs import padding_masks, run_outputs
+from onnxq.backends.runs import padding_masks, run_outputs, typed_feed
 from onnxq.backends.validate import OutputFidelity, class_axes, fidelity
 from onnxq.errors import UnsupportedModelError
 from onnxq.runtime import device
@@ -177,7 +177,7 @@ def time_default_sessions(
     spent = 0.0
     for i in range(TIMING_PAIRS + 1):
         for label, sess in sessions.items():
-            seconds = timer(label, functools.partial(sess.run, None, batch))
+            seconds = timer(label, functools.partial(sess.run, None, typed_feed(sess, batch)))
             spent += seconds
             if i:  # the first pair warms up
                 times[label].append(seconds)

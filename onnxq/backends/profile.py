@@ -158,6 +158,12 @@ class BackendProfile:
         residual_sums: an Add of two activations that only a LayerNormalization reads is
             written as Sum, which onnxruntime does not fuse into its SkipLayerNormalization
             (a scalar CPU kernel, 4-5x the time of the two ops: ``onnxq.place.rules.residual_sum``).
+        strong_typing: the backend takes its precisions from the ONNX tensor types (TensorRT
+            11's strongly typed networks): the checker also runs the typing rules
+            (``onnxq.backends.typing_rules``).
+        high_precision: what a run's float compute is written in when the config does not
+            say (``high_precision``): ``fp16`` where the graph's types are the precisions
+            (TensorRT 11), ``fp32`` for onnxruntime's CPU kernels (``onnxq.place.precision``).
     """
 
     name: str
@@ -214,6 +220,8 @@ class BackendProfile:
     compare_default_session: bool = True
     weight_only: WeightOnlyFormat | None = None
     residual_sums: bool = False
+    strong_typing: bool = False
+    high_precision: str = "fp32"
 
     def replace(self, **changes: object) -> BackendProfile:
         """A copy with some fields changed."""
@@ -257,6 +265,8 @@ TENSORRT = BackendProfile(
     precision_refusals={"int16": TENSORRT_INT16_REFUSAL},
     dynamic_refusal=TENSORRT_DYNAMIC_REFUSAL,
     float_op_reasons=dict.fromkeys(RECURRENT_OPS, TENSORRT_RECURRENT_REASON),
+    strong_typing=True,
+    high_precision="fp16",
     # TensorRT's IDequantizeLayer: block quantization for INT4 weights only, blocks of 64 or
     # 128 along one of the last two axes, a 2-D scale, zero points absent or 0 (TensorRT
     # docs, "Quantization Schemes"); int8 weights per channel

@@ -36,13 +36,22 @@ class TargetOptions(Protocol):
     def dynamic(self) -> bool: ...
 
 
+# the opset a graph computing in FP16/BF16 needs: FP16/BF16 Q/DQ scales from 19 (ONNX
+# QuantizeLinear-19: x and y_scale of one type, DequantizeLinear-19's output the scale's type);
+# BF16 forms of Conv, Gemm and the normalisations from 22
+HIGH_PRECISION_OPSET = {"fp16": 19, "bf16": 22}
+
+
 def profile_for(
-    options: TargetOptions, precisions: Sequence[str] = ("int8",)
+    options: TargetOptions,
+    precisions: Sequence[str] = ("int8",),
+    high_precision: str | None = None,
 ) -> tuple[BackendProfile, str]:
     """The profile of a run: the backend's, tuned for the CPU class it targets, with the
     fields its precision (or ``dynamic``) changes; and a note on the weight range (empty when
     weights have their full range).  ``precisions``: the run's precision first, then those its
-    overrides name (``PlacementOptions.precisions()``).
+    overrides name (``PlacementOptions.precisions()``); ``high_precision``: what the float
+    compute is written in (None: the backend's ``high_precision``).
 
     A :class:`ConfigError` when the backend cannot run a precision the options name, or has
     no dynamic quantization: raised before anything is loaded or written.  Everything here
@@ -60,8 +69,12 @@ def profile_for(
         return profile.replace(**dynamic), note
     profile, note = tune_profile(backend, options)
     changes = dict(profile.precisions[precisions[0]])
-    # a precision an override names needs its opset too (FP8 Q/DQ: 19)
+    high = high_precision or profile.high_precision
+    if high != profile.high_precision:
+        changes["high_precision"] = high
+    # a precision an override names needs its opset too (FP8 Q/DQ: 19), and FP16 compute
     opsets = [profile.precisions[p].get("min_opset", 0) for p in precisions]
+    opsets.append(HIGH_PRECISION_OPSET.get(high, 0))
     opset = max(profile.min_opset, *(o for o in opsets if isinstance(o, int)))
     if opset != profile.min_opset:
         changes["min_opset"] = opset

@@ -59,6 +59,8 @@ def _observe_peaks(
     joined: np.ndarray,
     index: int,
 ) -> None:
+    if joined.size == 0:  # a batch without samples: nothing to record
+        return
     joined = joined.reshape(joined.shape[0], -1)  # per-channel maxima of every plan, joined
     if joined.shape[1] != starts[-1]:
         raise UnsupportedModelError(

@@ -110,6 +110,11 @@ def load_calibration(
     return out
 
 
+def cached_tensors(path: str | os.PathLike[str]) -> set[str]:
+    """The tensors a calibration cache has statistics for."""
+    return set(_read_cache(Path(path)).get("tensors", {}))
+
+
 def _read_cache(p: Path) -> dict[str, Any]:
     """The JSON document of a calibration cache, checked for its format and version."""
     import json

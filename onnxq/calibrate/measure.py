@@ -17,11 +17,11 @@ import onnx
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
-from onnxq.calibrate.cache import cached_control_flow, load_calibration
+from onnxq.calibrate.cache import cached_control_flow, cached_tensors, load_calibration
 from onnxq.calibrate.engine import CalibrationResult, calibrate
 from onnxq.config.calibration import CalibrationOptions
 from onnxq.data.inputs import Batch, InputSpec
-from onnxq.errors import InternalError
+from onnxq.errors import CalibrationDataError, InternalError
 from onnxq.place.facts import GraphFacts
 from onnxq.scale.executor import Executor
 
@@ -55,9 +55,18 @@ class Calibration:
         self._positions = frozenset(facts.position_norm_convs.values())
         self._reiterable = iter(data) is not data
         self.result: CalibrationResult | None = None
+        self._also: dict[str, bool] = {}
+
+    def observe_also(self, names: Iterable[str]) -> None:
+        """Observe the minimum and maximum of ``names`` too, in the first pass (the peaks a
+        precision plan reads: ``onnxq.place.precision``); placement never asks for them."""
+        self._also = dict.fromkeys(names, False)
 
     def __call__(self, wanted: Mapping[str, bool]) -> CalibrationResult:
         result = self.result
+        asked = set(wanted)
+        if result is None and self._also:
+            wanted = {**self._also, **wanted}
         missing = {
             t: self._all_histograms or hist
             for t, hist in wanted.items()
@@ -67,11 +76,32 @@ class Calibration:
             why = "was not observed (the calibration source can be read only once)"
             unobservable = {t: f"tensor {t!r} {why}" for t in missing}
             return _with(result, unobservable={**result.unobservable, **unobservable})
+        if result is None and self._also:
+            fresh = self._first_with_peaks(missing, asked)
+            self.result = fresh
+            return fresh
         if result is None or missing:
             fresh = self._observe(missing, hold=result is None)
             result = fresh if result is None else _merged(result, fresh)
         self.result = result
         return result
+
+    def _first_with_peaks(self, wanted: dict[str, bool], asked: set[str]) -> CalibrationResult:
+        """The first pass, with the tensors of :meth:`observe_also` too; when one of those
+        has NaN/Inf values (a model whose own output overflows), the pass again without
+        them (the data permitting), every one of them unobservable with the reason."""
+        try:
+            return self._observe(wanted, hold=True)
+        except CalibrationDataError as exc:
+            extra = [t for t in self._also if t not in asked]
+            bad = [t for t in extra if f"tensor {t!r} has NaN or Inf" in str(exc)]
+            if not bad or not self._reiterable:
+                raise
+        why = f"{bad[0]!r} has NaN or Inf values on the calibration data"
+        placed = {t: h for t, h in wanted.items() if t in asked}
+        first = self._observe(placed, hold=True)
+        lost = {t: why for t in wanted if t not in asked}
+        return _with(first, unobservable={**first.unobservable, **lost})
 
     def _observe(self, tensors: dict[str, bool], hold: bool) -> CalibrationResult:
         o = self._options
@@ -100,8 +130,23 @@ class CachedStatistics:
         self, path: str | os.PathLike[str], graph: ir.Graph, backend: str, held: list[Batch]
     ) -> None:
         self._path, self._graph, self._backend, self._held = Path(path), graph, backend, held
+        self._also: dict[str, bool] = {}
+        self._uncached: dict[str, str] = {}
+
+    def observe_also(self, names: Iterable[str]) -> None:
+        """Read the statistics of ``names`` too, those the cache has (a cache saved from data
+        has every float activation's when its run planned FP16)."""
+        cached = cached_tensors(self._path)
+        names = list(names)
+        self._also = {n: False for n in names if n in cached}
+        self._uncached = {
+            n: "the calibration cache has no statistics for it (saved with high_precision fp32)"
+            for n in names
+            if n not in cached
+        }
 
     def __call__(self, wanted: Mapping[str, bool]) -> CalibrationResult:
+        wanted = {**self._also, **wanted}
         stats = load_calibration(self._path, self._graph, dict(wanted), self._backend)
         runs, unobserved = cached_control_flow(self._path)
         samples = max((s.samples for s in stats.values()), default=0)
@@ -111,7 +156,10 @@ class CachedStatistics:
             0,
             self._held,
             samples=samples,
-            unobservable={t: why for t, why in unobserved.items() if t in wanted},
+            unobservable={
+                **self._uncached,
+                **{t: why for t, why in unobserved.items() if t in wanted},
+            },
             body_runs=runs,
         )
 

@@ -64,10 +64,13 @@ error (bad input, options or data), 3 internal error (a bug in onnxq: please rep
 Flags = argparse._ActionsContainer  # a parser or one of its argument groups
 
 
-def precision_flags(parser: Flags, placement: Flags | None = None) -> None:
-    """--precision, --dynamic and (in ``placement``, else ``parser``) --dynamic-weight-scales
+def precision_flags(
+    parser: Flags, placement: Flags | None = None, high_precision: bool = True
+) -> None:
+    """--precision, --high-precision, --dynamic and (in ``placement``, else ``parser``)
+    --dynamic-weight-scales
     (docs/precisions.md)."""
-    from onnxq.config.placement import DYNAMIC_WEIGHT_SCALES
+    from onnxq.config.placement import DYNAMIC_WEIGHT_SCALES, HIGH_PRECISIONS
     from onnxq.numerics.precisions import PRECISIONS
 
     parser.add_argument(
@@ -83,6 +86,15 @@ def precision_flags(parser: Flags, placement: Flags | None = None) -> None:
         help="dynamic quantization (--backend onnxruntime): int8 weights, activations "
         "quantized at run time; no --calib needed (given, it feeds the fidelity check)",
     )
+    if high_precision:  # quantize's alone: the plan reads the calibration's peaks
+        parser.add_argument(
+            "--high-precision",
+            choices=list(HIGH_PRECISIONS),
+            help="what the float compute onnxq does not quantize is written in: fp16 "
+            "(TensorRT's default: its networks are strongly typed since TensorRT 11; FP32 "
+            "where the calibration data overflows FP16, with the reason), bf16, or fp32 "
+            "(onnxruntime's default); docs/tensorrt11.md",
+        )
     (placement or parser).add_argument(
         "--dynamic-weight-scales",
         choices=list(DYNAMIC_WEIGHT_SCALES),

@@ -48,8 +48,9 @@ def _check(sub: Any) -> None:
     c.add_argument(
         "--engine",
         action="store_true",
-        help="also build a TensorRT engine and report per-layer precision (needs the "
-        "tensorrt package and an NVIDIA GPU)",
+        help="also build a TensorRT engine (10.x or 11.x) and report each layer's precision "
+        "and the quantized ONNX nodes that do not run in INT8 (needs the tensorrt package "
+        "and an NVIDIA GPU)",
     )
     c.add_argument(
         "--shape",
@@ -134,7 +135,7 @@ def _explain(sub: Any) -> None:
     e.add_argument("--exclude", action="append", metavar="GLOB", default=None)
     selection_flags(e)
     target_flags(e)
-    precision_flags(e)
+    precision_flags(e, high_precision=False)
 
 
 def _tune(sub: Any) -> None:

@@ -88,6 +88,7 @@ def _flag_fields(args: argparse.Namespace) -> dict[str, Any]:
         "cost_table": args.cost_table,
         "preprocess": args.preprocess,
         "precision": args.precision,
+        "high_precision": args.high_precision,
         "dynamic": True if args.dynamic else None,
         "dynamic_weight_scales": args.dynamic_weight_scales,
         "weight_only": args.weights,

@@ -23,6 +23,7 @@ FIRST_LEVEL = frozenset(
         "backend",
         "method",
         "precision",
+        "high_precision",
         "dynamic",
         "weights",
         "config",

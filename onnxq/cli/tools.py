@@ -90,17 +90,25 @@ def check_command(args: argparse.Namespace) -> int:
 def _no_qdq_note(model: Any, backend: str) -> str:
     """What a model without Q/DQ nodes means: onnxq's own output where INT8 paid for no op (its
     metadata says onnxq wrote it), or a float model to quantize first."""
+    from onnxq.backends.profile import PROFILES
     from onnxq.materialize.qdq import read_metadata
 
+    typed = PROFILES[backend].strong_typing  # its typing rules ran all the same
+    checked = (
+        "there was nothing to check but its typing (TensorRT 11's strong typing rules)"
+        if typed
+        else "there was nothing to check"
+    )
     if read_metadata(model) is None:
         return (
-            "note: the model has no Q/DQ nodes, so there was nothing to check; quantize it "
-            "first (onnxq quantize)"
+            f"note: the model has no Q/DQ nodes, so {checked}; quantize it first (onnxq quantize)"
         )
     return (
         "note: onnxq quantized this model (its metadata says so) and placed no Q/DQ: INT8 "
         "paid for none of its ops on the backend it was quantized for, so it computes what "
-        "the float model does; the quantize report (--report) gives each op's reason, and "
+        "the float model does"
+        + (" (in the precisions its types say)" if typed else "")
+        + "; the quantize report (--report) gives each op's reason, and "
         f"`onnxq explain FLOAT.onnx --backend {backend}` shows them for the float model"
     )
 

@@ -138,7 +138,7 @@ class QuantConfig:
         """The run's backend profile and its weight-range note
         (:func:`onnxq.backends.target.profile_for` of the profile section and the precisions
         placement names), or a :class:`ConfigError` when the backend cannot run them."""
-        return profile_for(self.profile, self.placement.precisions())
+        return profile_for(self.profile, self.placement.precisions(), self.placement.high_precision)
 
     def node_excluded(self, node_name: str, op_type: str) -> str | None:
         """The pattern that keeps this node float, or ``None``."""

@@ -25,6 +25,9 @@ DYNAMIC_WEIGHT_SCALES = ("auto", "channel", "tensor")
 (``channel``), one for the whole weight (``tensor``), or per weight by
 :data:`onnxq.place.rules.dynamic.ONE_SCALE_SQNR_DB` (``auto``)."""
 
+HIGH_PRECISIONS = ("fp16", "bf16", "fp32")
+"""``high_precision``: what the float compute a run does not quantize is written in."""
+
 SCORE_MAP_RANGES = ("compare", "minmax", "auto")
 """``score_map_ranges``: what ``method: auto`` means for the activations of a model whose
 outputs are per-element sigmoid scores: ``minmax`` for every one (scores and boxes live in the
@@ -82,6 +85,13 @@ class PlacementOptions:
             whole grid, ``R`` its range, and add ``R/2`` back through the readers' biases
             (and a Pad of ``-R/2`` where the reader pads): twice the steps over the same
             range, exact in float (``onnxq.place.shift``).
+        high_precision: what the float compute the run does not quantize is written in:
+            ``fp16`` or ``bf16`` (each node, with FP32 where the calibration data or the op
+            says so, with the reason; ``onnxq.place.precision``) or ``fp32``; ``None``: the
+            backend's choice (``fp16`` for TensorRT, whose networks are strongly typed since
+            TensorRT 11; ``fp32`` for onnxruntime).  FP16/BF16 Q/DQ scales need opset 19.
+        keep_io_types: graph inputs and outputs keep their FP32 type (a Cast at each edge
+            where the graph computes in FP16/BF16); ``false`` gives them the low type.
     """
 
     method: str = option("auto", lambda name, value: check_method(value, name))
@@ -102,6 +112,10 @@ class PlacementOptions:
         "compare", one_of(lambda: SCORE_MAP_RANGES, "score-map range choice")
     )
     shift_activations: bool = option(False)
+    high_precision: str | None = option(
+        None, must(lambda v: v in HIGH_PRECISIONS, "be fp16, bf16 or fp32")
+    )
+    keep_io_types: bool = option(True)
 
     def __post_init__(self) -> None:
         settle(self)  # values from Python are checked like those from YAML: type, then value
@@ -196,4 +210,10 @@ def node_excluded(
     return None
 
 
-__all__ = ["DYNAMIC_WEIGHT_SCALES", "SCORE_MAP_RANGES", "PlacementOptions", "node_excluded"]
+__all__ = [
+    "DYNAMIC_WEIGHT_SCALES",
+    "HIGH_PRECISIONS",
+    "SCORE_MAP_RANGES",
+    "PlacementOptions",
+    "node_excluded",
+]

@@ -118,7 +118,7 @@ class ActivationRecipe:
 
     def backend_profile(self) -> tuple[BackendProfile, str]:
         """The run's backend profile and its weight-range note (``QuantConfig.backend_profile``)."""
-        return profile_for(self.profile, self.placement.precisions())
+        return profile_for(self.profile, self.placement.precisions(), self.placement.high_precision)
 
     def replace(self, **sections: Any) -> Any:
         """A copy with some sections replaced, checked again."""
@@ -154,7 +154,13 @@ class StaticRecipe(ActivationRecipe):
 # the options a dynamic run ignores, by section: with no activation ranges there is nothing
 # to calibrate, search or shift, and its kernels take round-to-nearest int8 weights
 DYNAMIC_IGNORES: dict[str, tuple[str, ...]] = {
-    "placement": ("method", "score_map_ranges", "shift_activations"),
+    "placement": (
+        "method",
+        "score_map_ranges",
+        "shift_activations",
+        "high_precision",
+        "keep_io_types",
+    ),
     "calibration": ("percentile", "histogram_sample", "histogram_budget"),
     "weights": ("weight_storage",),
     "recovery": (

@@ -52,17 +52,41 @@ def upgrade_opset(
             f"needs, and the upgrade failed ({first_line(exc)}); re-export the model with "
             f"opset >= {min_opset}"
         ) from None
+    _restore_node_metadata(model.graph, restored.graph)
     if record is not None:
         record.opset_upgrade = OpsetUpgrade(current, min_opset)
     return restored
 
 
+def _restore_node_metadata(original: onnx.GraphProto, converted: onnx.GraphProto) -> None:
+    """onnx's version converter keeps node names but drops their ``metadata_props`` (the
+    exporter's module scopes, which ``exclude_modules`` reads): copy them back by name, in
+    control-flow bodies too."""
+    props = {n.name: n for n in original.node if n.name and n.metadata_props}
+    for node in converted.node:
+        source = props.get(node.name)
+        if source is not None and not node.metadata_props:
+            node.metadata_props.extend(source.metadata_props)
+    bodies = {(n.name, a.name): a for n in original.node if n.name for a in n.attribute}
+    for node in converted.node:
+        for attr in node.attribute:
+            before = bodies.get((node.name, attr.name))
+            if before is None:
+                continue
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _restore_node_metadata(before.g, attr.g)
+            for old, new in zip(before.graphs, attr.graphs, strict=False):
+                _restore_node_metadata(old, new)
+
+
 def opset_purpose(opset: int) -> str:
-    """What needs the opset onnxq converts a model to (INT4 and 16-bit Q/DQ from 21, FP8 Q/DQ
-    from 19, per-channel Q/DQ from 13)."""
+    """What needs the opset onnxq converts a model to (BF16 forms of the ops from 22, INT4 and
+    16-bit Q/DQ from 21, FP16 and FP8 Q/DQ from 19, per-channel Q/DQ from 13)."""
+    if opset >= 22:
+        return "BF16 compute"
     if opset >= 21:
         return "INT4 / 16-bit Q/DQ"
-    return "FP8 Q/DQ" if opset >= 19 else "per-channel Q/DQ"
+    return "FP16 or FP8 Q/DQ" if opset >= 19 else "per-channel Q/DQ"
 
 
 def _per_channel_prelu_slopes(model: onnx.ModelProto) -> None:

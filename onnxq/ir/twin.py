@@ -10,6 +10,15 @@ the quantized copies get a suffix (:data:`ACCUMULATED`, :data:`LOCAL`); their in
 shared by both copies (:data:`QUANT_INIT` where a name is also the float model's).  Names read
 inside control-flow bodies from the enclosing graph are renamed there too; quantization inside
 bodies stays accumulated in the local copy (only top-level QuantizeLinear nodes are rewired).
+
+A Q/DQ model may compute in FP16 (or BF16) what the float model computes in FP32
+(``onnxq.materialize.typing``, TensorRT's default): a rewired local-copy node then reads the
+float tensor through a Cast to the type the Q/DQ model holds it in, as its own node would,
+also where the Q/DQ model reads it under another name (a boundary Cast's ``x_fp16``, a graph
+output's ``y_fp16`` before the Cast back to ``y``); a graph input the Q/DQ model reads in FP16
+(written without ``keep_io_types``) reaches both copies through a Cast of the float model's.
+A graph output written low and cast back keeps its name, so both copies' ``y`` are FP32 and
+compare with the float model's.
 """
 
 from __future__ import annotations
@@ -20,11 +29,13 @@ from dataclasses import dataclass
 
 import onnx
 
+from onnxq.ir.opset import opset_version, upgrade_opset
 from onnxq.ir.order import attr_graphs, outer_reads
 
 ACCUMULATED = "@onnxq_acc"
 LOCAL = "@onnxq_local"
 QUANT_INIT = "@onnxq_q"
+_LOW_FLOATS = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
 
 @dataclass(frozen=True)
@@ -50,7 +61,11 @@ class Twin:
 
 def twin_model(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> Twin:
     """The float model with the accumulated and local copies of ``quant_model`` beside it
-    (both models read the same graph inputs and have the same default-domain opset)."""
+    (both models read the same graph inputs; a float model of a lower default-domain opset
+    is converted to the quantized model's, which onnxq may have raised: FP16 Q/DQ scales
+    need opset 19)."""
+    if opset_version(float_model) < opset_version(quant_model):
+        float_model = upgrade_opset(float_model, opset_version(quant_model), "float model")
     fgraph, qgraph = float_model.graph, quant_model.graph
     inputs = {i.name for i in fgraph.input}
     float_names = _defined(fgraph)
@@ -70,20 +85,42 @@ def twin_model(float_model: onnx.ModelProto, quant_model: onnx.ModelProto) -> Tw
             g.initializer.append(t)
             g.initializer[-1].name = init_names[t.name]
     produced = {o for n in qgraph.node for o in n.output if o}
+    qtypes = {
+        vi.name: vi.type.tensor_type.elem_type
+        for vi in [*qgraph.input, *qgraph.value_info, *qgraph.output]
+        if vi.type.HasField("tensor_type")
+    }
     shifts = _shift_subs(qgraph, float_names)
+    casts: dict[str, onnx.NodeProto] = {}  # float tensors the copies read in the Q/DQ's type
+    # graph inputs the Q/DQ model reads in FP16/BF16 (written without keep_io_types): both
+    # copies read the float model's FP32 input through a Cast
+    ftypes = {vi.name: vi.type.tensor_type.elem_type for vi in fgraph.input}
+    retyped = {
+        x: _retyped(x, qtypes[x], casts)
+        for x in inputs
+        if ftypes.get(x) == onnx.TensorProto.FLOAT and qtypes.get(x) in _LOW_FLOATS
+    }
+    sources = _FloatSources(qgraph, float_names - float_inits, qtypes)
+    copies: list[onnx.NodeProto] = []
     rewired: dict[str, str] = {}  # a local QuantizeLinear's output -> the float tensor it reads
     for suffix in (ACCUMULATED, LOCAL):
-        names = {**init_names, **{o: o + suffix for o in produced}}
+        names = {**init_names, **retyped, **{o: o + suffix for o in produced}}
         for node in qgraph.node:
-            copy = g.node.add()
+            copy = onnx.NodeProto()
             copy.CopyFrom(node)
             copy.name = node.name + suffix if node.name else ""
             _rename(copy, names)
-            if suffix == LOCAL:
-                rewired.update(_read_float(copy, node, float_names, float_inits, suffix))
-                if node.name in shifts and node.input[0] in float_names - float_inits:
-                    copy.input[0] = node.input[0]  # a shifted activation's Sub (see below)
+            # the local copy's activation QuantizeLinear, and a shifted activation's Sub (see
+            # _shift_subs), read the float copy's tensor
+            reads = node.op_type == "QuantizeLinear" or bool(node.name and node.name in shifts)
+            source = sources.of(node.input[0]) if suffix == LOCAL and reads else None
+            if source is not None:
+                copy.input[0] = _retyped(*source, casts)
+                if node.op_type == "QuantizeLinear":
+                    rewired[node.output[0] + suffix] = source[0]
+            copies.append(copy)
         g.value_info.extend(_renamed_infos(qgraph, produced, suffix))
+    g.node.extend([*casts.values(), *copies])  # the Casts read float tensors: before the copies
     fake = {
         n.output[0]: rewired[n.input[0]]
         for n in g.node
@@ -183,21 +220,52 @@ def _shift_subs(graph: onnx.GraphProto, float_names: set[str]) -> set[str]:
     }
 
 
-def _read_float(
-    copy: onnx.NodeProto,
-    node: onnx.NodeProto,
-    float_names: set[str],
-    float_inits: set[str],
-    suffix: str,
-) -> dict[str, str]:
-    """Make a local-copy QuantizeLinear of an activation read the float copy's tensor;
-    returns {its output: the float tensor it now reads}."""
-    if node.op_type != "QuantizeLinear" or not node.input or node.input[0] not in float_names:
-        return {}
-    if node.input[0] in float_inits:  # a constant: not an activation
-        return {}
-    copy.input[0] = node.input[0]  # a graph input keeps its name; other tensors lose the suffix
-    return {node.output[0] + suffix: node.input[0]}
+class _FloatSources:
+    """Which activation of the float model a tensor of the Q/DQ model holds, and in which type:
+    the tensor itself; or, where ``onnxq.materialize.typing`` wrote the Q/DQ model in FP16 or
+    BF16, the tensor a boundary Cast converts (``x -> Cast -> x_fp16``), or the one a kept
+    name is cast back to (a graph output or a tensor a body reads, written low as
+    ``y_fp16 -> Cast -> y``)."""
+
+    def __init__(
+        self, graph: onnx.GraphProto, activations: set[str], types: dict[str, int]
+    ) -> None:
+        self.activations, self.types = activations, types
+        self.cast_from: dict[str, tuple[str, int]] = {}  # a Cast's output -> (input, to)
+        self.cast_back: dict[str, str] = {}  # a kept name's low tensor -> the kept name
+        for node in graph.node:
+            if node.op_type != "Cast" or not node.input or not node.output:
+                continue
+            to = next((int(a.i) for a in node.attribute if a.name == "to"), 0)
+            source, target = node.input[0], node.output[0]
+            if source in activations and target not in activations:
+                self.cast_from[target] = (source, to)
+            back = to == onnx.TensorProto.FLOAT and types.get(source) in _LOW_FLOATS
+            if back and target in activations and source.startswith(target + "_"):
+                self.cast_back[source] = target
+
+    def of(self, name: str) -> tuple[str, int] | None:
+        """(the float model's activation, the type the Q/DQ model holds it in) for ``name``;
+        None: it is no activation of the float model (a constant, a tensor onnxq made)."""
+        if name in self.activations:
+            return name, self.types.get(name, onnx.TensorProto.FLOAT)
+        if name in self.cast_back:
+            return self.cast_back[name], self.types[name]
+        return self.cast_from.get(name)
+
+
+def _retyped(name: str, to: int, casts: dict[str, onnx.NodeProto]) -> str:
+    """The float model's tensor ``name`` in type ``to``, the type the Q/DQ model holds it in,
+    for a copy's node that reads it (a local QuantizeLinear, a shifted activation's Sub, a
+    graph input read in FP16): itself when that is FP32, else a Cast to it (FP16/BF16,
+    ``onnxq.materialize.typing``), so the node reads it as the quantized model's own node
+    does (the float value, rounded to the quantized model's type); one Cast per tensor."""
+    if to in (onnx.TensorProto.FLOAT, onnx.TensorProto.UNDEFINED):
+        return name
+    cast = f"{name}{LOCAL}_cast{to}"
+    if cast not in casts:
+        casts[cast] = onnx.helper.make_node("Cast", [name], [cast], name=cast, to=to)
+    return cast
 
 
 def _renamed_infos(

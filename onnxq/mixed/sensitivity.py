@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
@@ -42,6 +41,7 @@ from onnxq.numerics.qparams import QParams
 from onnxq.place.annotations import Annotations, Excluded
 from onnxq.place.facts import GraphFacts
 from onnxq.place.loop import Placement, Statistics, place
+from onnxq.place.macs import layer_macs, static_shape
 from onnxq.runtime.progress import counted
 from onnxq.scale.executor import Executor, InProcess
 
@@ -223,54 +223,12 @@ def _progress(scores: Iterator[float], total: int, enabled: bool) -> Iterator[fl
     return counted(scores, "sensitivity", enabled and total >= 2, total, unit="trial")
 
 
-def _static(shape: tuple[int | str | None, ...] | None) -> list[int] | None:
-    """The shape with its first (batch) axis as 1, when the other axes are static."""
-    if shape is None or not shape or not all(isinstance(d, int) and d > 0 for d in shape[1:]):
-        return None
-    return [1, *(int(d) for d in shape[1:])]  # type: ignore[arg-type]
-
-
-def layer_macs(graph: ir.Graph, node: onnx.NodeProto) -> int | None:
-    """Multiply-adds per sample of a Conv/ConvTranspose/Gemm/MatMul (the first axis of its
-    output is the batch), or None when a shape is not static."""
-    out = _static(graph.shape(node.output[0]))
-    x = _static(graph.shape(node.input[0]))
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    w = _static(graph.shape(node.input[1])) if len(node.input) > 1 else None
-    if out is None:
-        return None
-    per_output: int | None
-    if node.op_type == "Conv" and w is not None:
-        per_output = math.prod(w[1:])
-    elif node.op_type == "ConvTranspose" and w is not None and x is not None:
-        return math.prod(x[1:]) * math.prod(w[1:])
-    elif node.op_type in ("Gemm", "MatMul"):
-        per_output = _reduction(graph, node, x, attrs)
-    else:
-        return None
-    return None if per_output is None else math.prod(out[1:]) * per_output
-
-
-def _reduction(
-    graph: ir.Graph, node: onnx.NodeProto, x: list[int] | None, attrs: dict[str, Any]
-) -> int | None:
-    """The products a Gemm/MatMul sums per output value: from its left input's shape, else
-    from a constant right-hand side's (a flattened input whose width shape inference lost)."""
-    if x is not None:
-        return x[0] if node.op_type == "Gemm" and attrs.get("transA", 0) else x[-1]
-    w = graph.shape(node.input[1]) if graph.is_const(node.input[1]) else None
-    if w is None or len(w) < 2 or not all(isinstance(d, int) and d > 0 for d in w):
-        return None
-    trans_b = node.op_type == "Gemm" and attrs.get("transB", 0)
-    return int(w[-1] if trans_b else w[-2])  # type: ignore[arg-type]
-
-
 def boundary_elements(graph: ir.Graph, node: onnx.NodeProto) -> int | None:
     """Activation values per sample at the edges of ``node`` alone float: its non-constant
     inputs and its output (each needs a DequantizeLinear or a QuantizeLinear)."""
     total = 0
     for name in [*(i for i in node.input if i and not graph.is_const(i)), node.output[0]]:
-        shape = _static(graph.shape(name))
+        shape = static_shape(graph.shape(name))
         if shape is None:
             return None
         total += math.prod(shape[1:]) if len(shape) > 1 else shape[0]
@@ -282,6 +240,5 @@ __all__ = [
     "Trials",
     "boundary_elements",
     "candidates",
-    "layer_macs",
     "rank_layers",
 ]

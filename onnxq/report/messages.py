@@ -25,6 +25,7 @@ from onnxq.config.placement import PlacementOptions
 from onnxq.config.recipes import ActivationRecipe, WeightOnlyRecipe
 from onnxq.data.inputs import InputSpec, input_kind
 from onnxq.errors import InternalError, OnnxqError
+from onnxq.materialize.precision_record import PrecisionSplit
 from onnxq.materialize.qdq import Placed
 from onnxq.mixed.record import MixedPrecision
 from onnxq.place.annotations import Annotations
@@ -90,6 +91,7 @@ class Outcome:
     verification: Verification
     mixed_precision: MixedPrecision | None = None  # the accuracy target's search
     recovery: Recovery | None = None  # what the accuracy-recovery steps did
+    precision: PrecisionSplit | None = None  # what the float compute is written in
 
 
 class LayerwiseOutcome(Protocol):
@@ -267,8 +269,9 @@ def half_precision(graph: GraphView, profile: BackendProfile) -> list[str]:
     return [
         f"{len(graph.half_precision)} {'/'.join(sorted(profile.weight_axes))} op(s) compute in "
         f"float16 or bfloat16 (first: {graph.half_precision[0]!r}); onnxq quantizes float32 "
-        "tensors, so they stay float: quantize the float32 original instead (TensorRT still "
-        "builds it with FP16 and INT8 enabled)"
+        "tensors, so they stay float: quantize the float32 original instead (for --backend "
+        "tensorrt onnxq writes FP16 for the float compute it does not quantize: "
+        "high_precision fp16, docs/tensorrt11.md)"
     ]
 
 

@@ -205,11 +205,15 @@ def test_local_and_accumulated_error_match_onnxruntime_on_the_op_alone(tmp_path)
         str(tmp_path / "q.onnx"), str(tmp_path / "alone.onnx"), ["skip"], ["conv2_out"]
     )
     alone = onnx.load(tmp_path / "alone.onnx")
+    # tensorrt's default output computes in FP16: its Q/DQ reads `skip` in FP16, and the local
+    # copy reads the float `skip` rounded to FP16, as here
+    (held,) = alone.graph.input
+    assert held.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
     ref, skip, acc = [], [], []
     for b in batches:
         r, s = _run(model, ["conv2_out", "skip"], b)
         ref.append(r)
-        skip.append(s)
+        skip.append(s.astype(np.float16))
         acc.append(_run(quant, ["conv2_out"], b)[0])
     local = [_run(alone, ["conv2_out"], {"skip": s})[0] for s in skip]
     conv2 = layers["conv2_out"]
@@ -223,6 +227,56 @@ def test_local_and_accumulated_error_match_onnxruntime_on_the_op_alone(tmp_path)
     assert conv2.weight_sqnr_db is not None and conv2.input_sqnr_db is not None
     assert not layers["skip"].quantized and layers["skip"].advice is None
     assert "--exclude 'conv2' keeps it float" in (conv2.advice or "")
+
+
+def test_an_fp16_output_is_compared_as_its_fp32_twin_is():
+    """tensorrt's default output computes in FP16 and writes its graph output ``y`` as
+    ``y_fp16 -> Cast -> y``: every tensor is compared, ``y`` under its own op (the Add, not
+    the Cast back), and the numbers are the FP32 output's up to FP16's rounding."""
+    model = graphs.residual_add()
+    batches = graphs.random_batches(model, 3)
+    fp16 = onnxq.quantize(model, batches, progress=False).model
+    fp32 = onnxq.quantize(model, batches, progress=False, high_precision="fp32").model
+    (cast_back,) = [n for n in fp16.graph.node if n.output[0] == "y"]
+    assert cast_back.op_type == "Cast"  # the FP16 Add writes y_fp16
+    low, high = analyze(model, fp16, batches), analyze(model, fp32, batches)
+    assert [(x.tensor, x.producer, x.op_type, x.quantized) for x in low] == [
+        (x.tensor, x.producer, x.op_type, x.quantized) for x in high
+    ]
+    by_name = {x.tensor: x for x in low}
+    assert by_name["y"].producer == "add" and by_name["y"].quantized
+    for a, b in zip(low, high, strict=True):
+        for field in ("sqnr_db", "local_sqnr_db", "input_sqnr_db", "weight_sqnr_db"):
+            if getattr(b, field) is None:
+                assert getattr(a, field) is None
+            else:  # FP16 rounding is far below INT8's (~40 dB here)
+                assert getattr(a, field) == pytest.approx(getattr(b, field), abs=0.3)
+
+
+def test_an_fp16_graph_input_is_fed_the_float_models_input_through_a_cast():
+    """A model written without ``keep_io_types`` may read an FP32 input of the float model in
+    FP16: it is the same input, fed the same values (rounded to FP16)."""
+    from onnx import helper
+
+    r = graphs.rng(0)
+    nodes = [
+        helper.make_node("Sigmoid", ["x"], ["s"], name="sig"),
+        helper.make_node("Conv", ["s", "w"], ["y"], name="conv", pads=[1, 1, 1, 1]),
+    ]
+    shape = [1, 16, 8, 8]
+    model = graphs.model(
+        nodes, [graphs.tensor("x", shape)], [graphs.tensor("y", shape)],
+        [graphs.init("w", graphs.weight(r, 16, 16, 3, 3))],
+    )  # fmt: skip
+    batches = graphs.random_batches(model, 3)
+    fp32 = onnxq.quantize(model, batches, progress=False, high_precision="fp32").model
+    low = onnxq.quantize(model, batches, progress=False, keep_io_types=False).model
+    assert low.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    got = {x.tensor: x for x in analyze(model, low, batches)}
+    want = {x.tensor: x for x in analyze(model, fp32, batches)}
+    assert got.keys() == want.keys() == {"s", "y"} and got["y"].quantized
+    assert got["y"].local_sqnr_db == pytest.approx(want["y"].local_sqnr_db, abs=0.3)
+    assert got["y"].input_sqnr_db == pytest.approx(want["y"].input_sqnr_db, abs=0.3)
 
 
 def test_a_memory_budget_splits_the_comparison_into_passes_with_the_same_result(monkeypatch):

@@ -68,12 +68,36 @@ def test_a_cache_of_another_model_names_the_missing_tensors(tmp_path):
 
 
 def test_a_cache_of_another_backend_says_which_backend(tmp_path):
+    # onnxruntime keeps a ConvTranspose float (no integer kernel): its cache holds nothing
+    # that tensorrt, which quantizes it, needs
+    model = graphs.with_tail(graphs.conv_transpose())
+    cache = tmp_path / "calib.json"
+    batches = graphs.random_batches(model, 2)
+    onnxq.quantize(model, batches, backend="onnxruntime", progress=False, save_calibration=cache)
+    assert json.loads(cache.read_text())["backend"] == "onnxruntime"
+    with pytest.raises(CalibrationDataError, match="saved with --backend onnxruntime") as err:
+        onnxq.quantize(model, None, backend="tensorrt", progress=False, load_calibration=cache)
+    assert "--backend tensorrt quantizes other tensors" in str(err.value)
+
+
+def test_a_tensorrt_cache_holds_what_onnxruntime_quantizes_too(tmp_path):
+    """tensorrt's FP16 precision plan reads the peak of every float activation, so its cache
+    holds them all: an onnxruntime run loads it and writes what calibrating gives."""
     model = graphs.residual_add()
     cache = tmp_path / "calib.json"
-    onnxq.quantize(model, graphs.random_batches(model, 2), progress=False, save_calibration=cache)
+    batches = graphs.random_batches(model, 2)
+    onnxq.quantize(model, batches, progress=False, save_calibration=cache)
     assert json.loads(cache.read_text())["backend"] == "tensorrt"
+    loaded = onnxq.quantize(
+        model, None, backend="onnxruntime", progress=False, load_calibration=cache
+    )
+    calibrated = onnxq.quantize(model, batches, backend="onnxruntime", progress=False)
+    assert ir.serialize(loaded.model) == ir.serialize(calibrated.model)
+    # without the plan (fp32) it observes only what it quantizes: onnxruntime quantizes more
+    fp32 = tmp_path / "fp32.json"
+    onnxq.quantize(model, batches, progress=False, save_calibration=fp32, high_precision="fp32")
     with pytest.raises(CalibrationDataError, match="saved with --backend tensorrt") as err:
-        onnxq.quantize(model, None, backend="onnxruntime", progress=False, load_calibration=cache)
+        onnxq.quantize(model, None, backend="onnxruntime", progress=False, load_calibration=fp32)
     assert "--backend onnxruntime quantizes other tensors" in str(err.value)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,20 +16,6 @@ from onnxq.backends.check import check
 from onnxq.backends.profile import PROFILES
 from onnxq.cli import main
 from tests import graphs
-
-
-@pytest.fixture(autouse=True)
-def keep_sigterm_handler():
-    """main() installs a SIGTERM handler; give pytest its own back."""
-    saved = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, saved)
-
-
-@pytest.fixture
-def conv_files(model_file, calib_dir) -> tuple[Path, Path]:
-    model = graphs.conv_relu()
-    return model_file(model), calib_dir(model, n=3)
 
 
 def run_module(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -226,6 +211,7 @@ def test_check_of_a_float_model_says_there_was_nothing_to_check(conv_files, caps
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == f"{model}: 0 {backend} violation(s), 0 Q/DQ nodes"
     assert lines[1].startswith("note: the model has no Q/DQ nodes, so there was nothing to check")
+    assert ("typing" in lines[1]) == (backend == "tensorrt")  # TensorRT's typing rules ran
     assert len(lines) == 2  # no "fused 0 of 0 groups" line for onnxruntime
 
 

@@ -4,10 +4,8 @@ which is the data of an accuracy target and needs one."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,20 +14,6 @@ from onnxq.cli import main
 from onnxq.cli.flags import MOVED
 from onnxq.config.sections import SECTIONS
 from tests import graphs
-
-
-@pytest.fixture(autouse=True)
-def keep_sigterm_handler():
-    """main() installs a SIGTERM handler; give pytest its own back."""
-    saved = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, saved)
-
-
-@pytest.fixture
-def conv_files(model_file, calib_dir) -> tuple[Path, Path]:
-    model = graphs.conv_relu()
-    return model_file(model), calib_dir(model, n=3)
 
 
 def one_error_line(code: int, err: str) -> str:

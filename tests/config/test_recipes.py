@@ -67,6 +67,8 @@ NOT_DEFAULT = {
     "sequential_correction": True,
     "range_search": True,
     "range_search_batches": 4,
+    "high_precision": "fp16",
+    "keep_io_types": False,
     "save_calibration": "stats.json",
     "load_calibration": "stats.json",
 }

@@ -77,8 +77,19 @@ def test_a_shifted_activation_is_quantized_from_the_float_tensor_in_the_local_co
         progress=False,
     ).model
     twin = ir.twin_model(model, quant)
+    producer = {o: n for n in twin.model.graph.node for o in n.output}
+
+    def source(name: str) -> str:
+        # tensorrt's default output computes the Sub in FP16: the local copy's Sub reads the
+        # float tensor through a Cast to FP16, as the quantized model's Sub reads its input
+        cast = producer.get(name)
+        if cast is None or cast.op_type != "Cast":
+            return name
+        assert onnx.helper.get_attribute_value(cast.attribute[0]) == onnx.TensorProto.FLOAT16
+        return cast.input[0]
+
     subs = [n for n in twin.model.graph.node if n.op_type == "Sub"]
-    reads = sorted(n.input[0] for n in subs)
+    reads = sorted(source(n.input[0]) for n in subs)
     assert reads == sorted(["r1", "r2", ir.Twin.accumulated("r1"), ir.Twin.accumulated("r2")])
     assert not set(twin.fake_quantized.values()) & {"r1", "r2"}  # x - c is not r1 or r2
     local = ir.Twin.local("y")
@@ -108,3 +119,26 @@ def test_a_models_own_sub_before_a_quantized_conv_keeps_its_local_input():
     twin = ir.twin_model(model, quant).model
     (local_sub,) = [n for n in twin.graph.node if n.name == "sub" + ir.LOCAL]
     assert local_sub.input[0] == ir.Twin.local("r")
+
+
+def test_a_shifted_graph_output_is_read_from_the_float_tensor_too():
+    """An activation that is also a graph output is written in FP16 as ``r1_fp16`` and cast
+    back to ``r1`` (the output keeps its name and type); the shift's Sub reads ``r1_fp16``:
+    its local copy must still read the float ``r1`` (cast to FP16), not the local copy's own
+    ``r1_fp16``, which carries the error of the ops before it."""
+    from tests.recover.builders import conv_chain, image_batches
+
+    model = ir.infer_shapes(conv_chain())
+    model.graph.output.append(next(v for v in model.graph.value_info if v.name == "r1"))
+    quant = onnxq.quantize(
+        model, image_batches(model), backend="tensorrt", shift_activations=True,
+        min_channels=0, weak_channel_fraction=1.0, progress=False,
+    ).model  # fmt: skip
+    (sub,) = [n for n in quant.graph.node if n.op_type == "Sub" and n.input[0] != "r2"]
+    assert sub.input[0] == "r1_fp16"  # the FP16 Relu's output, cast back to the output r1
+    twin = ir.twin_model(model, quant).model
+    producer = {o: n for n in twin.graph.node for o in n.output}
+    (local,) = [n for n in twin.graph.node if n.name == sub.name + ir.LOCAL]
+    cast = producer[local.input[0]]
+    assert cast.op_type == "Cast" and list(cast.input) == ["r1"]
+    assert onnx.helper.get_attribute_value(cast.attribute[0]) == onnx.TensorProto.FLOAT16

@@ -20,7 +20,16 @@ from onnxq.cli import main
 from tests.graphs import init, model, rng, tensor, weight
 from tests.recover.builders import conv_act_conv, conv_chain, image_batches
 
-COMMON = {"backend": "tensorrt", "progress": False, "min_channels": 0, "weak_channel_fraction": 1.0}
+# high_precision fp32: the shift's exactness is a float32 identity (the Sub, the Pad and the
+# folded biases against the activations' Q/DQ taken out); FP16 typing is tested in
+# tests/materialize/test_typing.py
+COMMON = {
+    "backend": "tensorrt",
+    "progress": False,
+    "min_channels": 0,
+    "weak_channel_fraction": 1.0,
+    "high_precision": "fp32",
+}
 
 
 def run(m: onnx.ModelProto, batches: list[dict[str, np.ndarray]]) -> np.ndarray:
@@ -108,6 +117,24 @@ def test_the_shift_is_exact_in_float_and_halves_the_step(name):
         assert t["scale"] == pytest.approx(before[t["tensor"]]["scale"] / 2, rel=1e-6)
         assert t["range"] == before[t["tensor"]]["range"]
     assert check(shifted.model, PROFILES["tensorrt"]) == []
+
+
+def test_the_default_fp16_output_shifts_too_and_the_checker_accepts_it():
+    """tensorrt's default output computes the float ops in FP16: the Sub and the Pad are
+    typed with them, the output passes the strongly typed checker, and it computes what the
+    FP32 output computes up to FP16's rounding."""
+    m = conv_chain()
+    batches = image_batches(m)
+    fp16 = {**COMMON, "high_precision": None}  # the backend's choice: fp16
+    low = onnxq.quantize(m, batches, shift_activations=True, **fp16).model
+    high = onnxq.quantize(m, batches, shift_activations=True, **COMMON).model
+    consts = {t.name: t.data_type for t in low.graph.initializer}
+    for sub in ops(low, "Sub"):
+        assert consts[sub.input[1]] == onnx.TensorProto.FLOAT16
+    assert check(low, PROFILES["tensorrt"]) == []
+    fresh = image_batches(m, n=3, seed=9)
+    ref, got = run(high, fresh), run(low, fresh).astype(np.float32)
+    assert np.abs(got - ref).max() <= 0.02 * np.abs(ref).max()
 
 
 def test_the_output_error_drops():

@@ -55,5 +55,8 @@ def test_the_guard_wraps_the_steps_after_prepare():
         def __exit__(self, *exc: object) -> None:
             return None
 
+    # an opset-17 model: tensorrt's FP16 compute converts it to 19 (FP16 Q/DQ scales), and
+    # the guard is told; an FP32 run needs no more than 13 and converts nothing
     float_graph(graphs.conv_relu(), QuantConfig(), guard=Guard)
-    assert seen == [None]  # an opset-13 model: nothing converted
+    float_graph(graphs.conv_relu(), QuantConfig(high_precision="fp32"), guard=Guard)
+    assert seen == [ir.OpsetUpgrade(17, 19), None]

@@ -6,7 +6,8 @@ import pytest
 
 import onnxq
 from onnxq import ir
-from onnxq.mixed.sensitivity import boundary_elements, layer_macs
+from onnxq.mixed.sensitivity import boundary_elements
+from onnxq.place.macs import layer_macs
 from tests import graphs
 from tests.mixed.test_search import conv_chain
 

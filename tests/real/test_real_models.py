@@ -138,8 +138,9 @@ def scale_activations(model: onnx.ModelProto, factor: float) -> tuple[onnx.Model
         names = {n.input[1] for n in graph.node if n.op_type == "QuantizeLinear"}
         for init in graph.initializer:
             if init.name in names:
-                value = onnx.numpy_helper.to_array(init) * np.float32(factor)
-                init.CopyFrom(onnx.numpy_helper.from_array(value.astype(np.float32), init.name))
+                value = onnx.numpy_helper.to_array(init)  # FP32, or FP16 in a TensorRT output
+                scaled = (value * np.float32(factor)).astype(value.dtype)
+                init.CopyFrom(onnx.numpy_helper.from_array(scaled, init.name))
                 changed += 1
     return broken, changed
 

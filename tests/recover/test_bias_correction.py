@@ -85,7 +85,9 @@ def oracle_shift(model, weight, axis, batches, channel_axis, drop=()) -> np.ndar
 def test_conv_bias_loses_exactly_the_measured_weight_error():
     model = graphs.conv_relu(seed=3)
     batches = offset_batches(model)
-    q = onnxq.quantize(model, batches, bias_correction=True, progress=False)
+    # high_precision fp32: the removed shift is compared to float32 arithmetic; FP16
+    # would round the stored bias (FP16: test_the_fp16_bias_is_the_corrected_bias_rounded)
+    q = onnxq.quantize(model, batches, bias_correction=True, progress=False, high_precision="fp32")
     expected = oracle_shift(model, "conv.weight", 0, batches, 1, drop=("conv.bias",))
     removed = bias_of(model, "conv.bias") - bias_of(q.model, "conv.bias")
     (entry,) = q.report.bias_corrections
@@ -114,7 +116,9 @@ def test_gemm_correction_is_divided_by_beta():
         ],
     )
     batches = offset_batches(model)
-    q = onnxq.quantize(model, batches, bias_correction=True, progress=False)
+    # high_precision fp32: the removed shift is compared to float32 arithmetic; FP16
+    # would round the stored bias (FP16: test_the_fp16_bias_is_the_corrected_bias_rounded)
+    q = onnxq.quantize(model, batches, bias_correction=True, progress=False, high_precision="fp32")
     expected = oracle_shift(model, "gemm.weight", 0, batches, 1, drop=("gemm.bias",)) / 0.5
     removed = bias_of(model, "gemm.bias") - bias_of(q.model, "gemm.bias")
     corrected = removed != 0
@@ -144,13 +148,31 @@ def matmul_add(batch: int | str = 1) -> onnx.ModelProto:
 def test_matmul_correction_goes_into_the_following_add_weighted_by_batch_size():
     model = matmul_add("N")
     batches = offset_batches(model, n=6, sizes=(1, 3))  # the mean is over values, not batches
-    q = onnxq.quantize(model, batches, bias_correction=True, progress=False)
+    # high_precision fp32: the removed shift is compared to float32 arithmetic; FP16
+    # would round the stored bias (FP16: test_the_fp16_bias_is_the_corrected_bias_rounded)
+    q = onnxq.quantize(model, batches, bias_correction=True, progress=False, high_precision="fp32")
     expected = oracle_shift(model, "fc.weight", 1, batches, 2, drop=("fc.bias",))
     removed = bias_of(model, "fc.bias") - bias_of(q.model, "fc.bias")
     corrected = removed != 0
     assert corrected.sum() >= 12
     np.testing.assert_allclose(removed[corrected], expected[corrected], rtol=1e-3, atol=1e-6)
     assert [c.node for c in q.report.bias_corrections] == ["fc"]
+
+
+def test_the_fp16_bias_is_the_corrected_bias_rounded():
+    """tensorrt's default output stores the bias a layer reads in FP16: the corrected FP32
+    bias, rounded once (the correction is measured before the typing)."""
+    model = graphs.conv_relu(seed=3)
+    batches = offset_batches(model)
+    high = onnxq.quantize(
+        model, batches, bias_correction=True, progress=False, high_precision="fp32"
+    )
+    low = onnxq.quantize(model, batches, bias_correction=True, progress=False)
+    assert low.report.bias_corrections == high.report.bias_corrections
+    conv = ir.Graph(low.model).node_by_name("conv")
+    stored = bias_of(low.model, conv.input[2])
+    assert stored.dtype == np.float16
+    np.testing.assert_array_equal(stored, bias_of(high.model, "conv.bias").astype(np.float16))
 
 
 # --------------------------------------------------------------------------- where it applies

@@ -19,7 +19,9 @@ from onnxq.recover.rangegrid import Candidate
 from tests.graphs import init, model, residual_add, tensor
 from tests.recover.builders import conv_chain, image_batches
 
-SETTINGS = {"progress": False, "min_channels": 0, "fidelity_batches": 2}
+# high_precision fp32: the range search scores candidates on the FP32 Q/DQ graph (it runs
+# before the FP16 typing), and its score is compared to the written model's
+SETTINGS = {"progress": False, "min_channels": 0, "fidelity_batches": 2, "high_precision": "fp32"}
 
 
 @pytest.mark.parametrize(("dtype", "symmetric"), [("int8", True), ("uint8", False)])

@@ -64,9 +64,13 @@ def prefix_errors(quant, nearest, float_model, node: str, batches) -> tuple[floa
 def test_every_layer_beats_round_to_nearest_on_the_quantized_prefix(builder):
     m = builder()
     batches = smooth_batches(m, n=24)  # half fit the rounding, half judge it
-    nearest = onnxq.quantize(m, batches, progress=False)
+    # high_precision fp32: the rounding is fitted on, and judged against, the Q/DQ graph's
+    # float32 arithmetic (recovery runs before the FP16 typing, which is tested in
+    # tests/materialize/test_typing.py)
+    fp32 = {"progress": False, "high_precision": "fp32"}
+    nearest = onnxq.quantize(m, batches, **fp32)
     learned = onnxq.quantize(
-        m, batches, adaround=True, adaround_mode="sequential", adaround_steps=300, progress=False
+        m, batches, adaround=True, adaround_mode="sequential", adaround_steps=300, **fp32
     )
     section = learned.report.to_dict()["recovery"]["adaround"]
     assert section["mode"] == "sequential"

@@ -42,7 +42,11 @@ def counted_adaround(monkeypatch) -> list[int]:
 def test_trials_score_the_weights_the_run_writes(monkeypatch):
     calls = counted_adaround(monkeypatch)
     m = conv_chain()
-    result, held = run(m, "cosine=0.0", adaround=True, adaround_steps=50)
+    # high_precision fp32: the search's trials are FP32 Q/DQ graphs; so is the model written
+    # here, so that the trial is exactly the written model (the score of an FP16 one:
+    # tests/mixed/test_search.py::test_score_is_the_written_models_recovery_included)
+    fp32 = {"high_precision": "fp32"}
+    result, held = run(m, "cosine=0.0", adaround=True, adaround_steps=50, **fp32)
     record = result.report.mixed_precision
     assert len(calls) == 1  # learned once, before the search; reused for the model written
     assert record["kept_float"] == []
@@ -52,7 +56,7 @@ def test_trials_score_the_weights_the_run_writes(monkeypatch):
     written = run_outputs(result.model, held, False, "quantized", ours=True)
     expected = AccuracyTarget("cosine", 0.0).evaluate(reference, written)
     assert record["score"] == pytest.approx(expected, abs=1e-6)
-    plain, _ = run(m, "cosine=0.0")
+    plain, _ = run(m, "cosine=0.0", **fp32)
     assert plain.report.mixed_precision["search_score"] != record["search_score"]
     learned = result.report.recovery["adaround"]["layers"]
     assert [layer["node"] for layer in learned] == ["conv0", "conv1", "conv2", "conv3"]

@@ -98,7 +98,12 @@ def test_summary_lines(residual_report):
     )
     assert lines[1] == "left float:"
     assert lines[2].strip() == "1 x Relu: no tensorrt rule quantizes Relu: it stays float"
-    assert lines[3].startswith("fidelity y (onnxruntime, fusion off")
+    # tensorrt computes what stays float in FP16: the Relu and the Add; y is cast back to FP32
+    assert lines[3] == (
+        "precision: float compute in fp16; multiply-adds 100.0% int8; ops 2 fp16, 2 int8; "
+        "1 Cast(s) at precision boundaries"
+    )
+    assert lines[4].startswith("fidelity y (onnxruntime, fusion off")
 
 
 def test_summary_groups_reasons_and_truncates():

@@ -90,11 +90,12 @@ def test_load_notes_say_what_loading_changed():
     ]
 
 
-def test_an_upgrade_to_opset_19_says_fp8_needs_it():
+def test_an_upgrade_to_opset_19_says_fp16_or_fp8_needs_it():
+    # tensorrt's default FP16 compute (FP16 Q/DQ scales) and FP8 Q/DQ both need opset 19
     record = ir.LoadRecord(opset_upgrade=ir.OpsetUpgrade(13, 19))
     assert load_notes(prepared(load=record)) == [
-        "the model's opset 13 was converted to 19 (FP8 Q/DQ needs it): the output is an "
-        "opset-19 model"
+        "the model's opset 13 was converted to 19 (FP16 or FP8 Q/DQ needs it): the output is "
+        "an opset-19 model"
     ]
 
 

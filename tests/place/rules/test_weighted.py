@@ -177,9 +177,8 @@ def test_conv_qdq_count(builder, backend, expected):
 
 
 def test_conv_qdq_wiring_tensorrt():
-    out = onnxq.quantize(
-        graphs.conv_relu(), graphs.random_batches(graphs.conv_relu(), 2), progress=False
-    ).model
+    model = graphs.conv_relu()
+    out = onnxq.quantize(model, graphs.random_batches(model, 2), progress=False).model
     g = ir.Graph(out)
     conv = g.node_by_name("conv")
     act_dq = g.producer[conv.input[0]]
@@ -189,7 +188,12 @@ def test_conv_qdq_wiring_tensorrt():
     w_dq = g.producer[conv.input[1]]
     assert w_dq.op_type == "DequantizeLinear"
     assert g.const_value(w_dq.input[0]).dtype.name == "int8"
-    assert conv.input[2] == "conv.bias"  # TensorRT keeps a float bias
+    # TensorRT keeps a float bias: a constant the Conv reads (no DequantizeLinear of int32),
+    # the float model's, in the type the Conv computes in (FP16 in the default output)
+    bias = g.const_value(conv.input[2])
+    assert conv.input[2] not in g.producer and bias is not None and bias.dtype.kind == "f"
+    want = ir.Graph(model).const_value("conv.bias")
+    assert want is not None and (bias == want.astype(bias.dtype)).all()
 
 
 # ------------------------------------------------------------------------------- gemm
