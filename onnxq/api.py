@@ -270,7 +270,10 @@ def _quantize_static(
         placed = materialize(
             prepared.model, annotations, qparams, profile, cfg.weights, recovered.chosen
         )
-        precision = typed(prepared.model, profile.high_precision, placement.statistics, cfg)
+        precision = typed(
+            prepared.model, profile.high_precision, placement.statistics, cfg,
+            prepared.load.half_io,
+        )  # fmt: skip
         if mixed is not None:  # the target's verdict on the model written, recovery included
             mixed = mixed.as_written(prepared.model)
         if ir.external.lazy_nbytes(prepared.model) < ir.external.LAZY_BYTES:
@@ -288,14 +291,19 @@ def _quantize_static(
 
 
 def typed(
-    model: onnx.ModelProto, high: str, statistics: CalibrationResult, cfg: ActivationRecipe
+    model: onnx.ModelProto,
+    high: str,
+    statistics: CalibrationResult,
+    cfg: ActivationRecipe,
+    io_types: dict[str, int],
 ) -> PrecisionSplit:
     """Plan the precision of what stays float (``onnxq.place.precision``) from the peaks the
     calibration measured, write it into ``model`` (``onnxq.materialize.typing``), and say
-    the split for the report."""
+    the split for the report; ``io_types``: an FP16/BF16 model's input and output types,
+    which the output gets back."""
     peaks = {n: max(abs(s.min), abs(s.max)) for n, s in statistics.stats.items() if s.count}
     plan = plan_precisions(model, peaks, high, statistics.unobservable)
-    record = write_precisions(model, plan, cfg.placement.keep_io_types)
+    record = write_precisions(model, plan, cfg.placement.keep_io_types, io_types)
     return PrecisionSplit.of(model, plan, record)
 
 

@@ -380,7 +380,7 @@ def test_an_already_quantized_model_is_refused_with_a_clear_error(first):
         quantize(quantized, backend="tensorrt")
 
 
-def test_a_float16_model_stays_float_with_a_warning_that_says_what_to_do():
+def test_a_float16_model_is_quantized_and_keeps_its_types():
     model = graphs.conv_relu()
     for t in model.graph.initializer:
         half = onnx.numpy_helper.to_array(t).astype(np.float16)
@@ -391,8 +391,9 @@ def test_a_float16_model_stays_float_with_a_warning_that_says_what_to_do():
         {k: v.astype(np.float16) for k, v in b.items()} for b in graphs.random_batches(model, 2)
     ]
     result = onnxq.quantize(model, batches, progress=False)
-    assert "QuantizeLinear" not in graphs.op_types(result.model)
-    assert any("float16" in w and "float32 original" in w for w in result.report.warnings)
+    assert "QuantizeLinear" in graphs.op_types(result.model)  # (tests/prepare/test_upcast.py)
+    assert not any("float32 original" in w for w in result.report.warnings)
+    assert [i.type.tensor_type.elem_type for i in result.model.graph.input] == [10]
     onnx.checker.check_model(result.model, full_check=True)
 
 

@@ -3,7 +3,7 @@ converter misses), lowering the IR version where nothing is lost, and what loadi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx
 from onnx import TensorProto
@@ -28,6 +28,10 @@ class LoadRecord:
 
     sorted_nodes: bool = False  # the nodes were not in topological order; onnxq sorted them
     opset_upgrade: OpsetUpgrade | None = None
+    # an FP16/BF16 model's inputs and outputs -> their element type, before onnxq widened
+    # the model to FP32 (onnxq.prepare.upcast); the output gets them back
+    half_io: dict[str, int] = field(default_factory=dict)
+    widened: tuple[str, ...] = ()  # the half types (float16, bfloat16) it was widened from
 
 
 def upgrade_opset(

@@ -60,16 +60,27 @@ class TypingRecord:
     converted_constants: int = 0
 
 
+# the low type of a plan without one (FP32): no tensor has it, so nothing is written low
+NO_LOW = -1
+
+
 def write_precisions(
-    model: onnx.ModelProto, plan: PrecisionPlan, keep_io_types: bool = True
+    model: onnx.ModelProto,
+    plan: PrecisionPlan,
+    keep_io_types: bool = True,
+    io_types: dict[str, int] | None = None,
 ) -> TypingRecord:
-    """Type ``model`` (in place) by ``plan`` (see the module)."""
+    """Type ``model`` (in place) by ``plan`` (see the module).  ``io_types``: the element type
+    each graph input and output had before onnxq widened an FP16/BF16 model to FP32
+    (:mod:`onnxq.prepare.upcast`), given back to them (with ``keep_io_types``)."""
     record = TypingRecord(plan.high)
     low = plan.low_type
-    if low is None or not plan.low:
+    restore = dict(io_types or {}) if keep_io_types else {}
+    if (low is None or not plan.low) and not restore:
         return record
     ir.infer_shapes(model)
-    writer = _Writer(model, plan, low, keep_io_types, record)
+    writer = _Writer(model, plan, low if low is not None else NO_LOW, keep_io_types, record)
+    writer.restore = restore
     writer.run()
     return record
 
@@ -90,6 +101,7 @@ class _Writer:
         # (tensor, type) -> the name that holds the tensor in that type
         self.held: dict[tuple[str, int], str] = {}
         self.types: dict[str, int] = {}
+        self.restore: dict[str, int] = {}  # graph input/output -> the type it is given back
         kept = set(self.graph.subgraph_reads)
         if keep_io:
             kept |= set(self.graph.graph_outputs)
@@ -115,7 +127,7 @@ class _Writer:
     def _takes_low(self, node: onnx.NodeProto, index: int) -> bool:
         """Whether ``node`` reads its input ``index`` in the low type (a low node's tied input,
         or any input of a node that follows its inputs)."""
-        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+        if self.low == NO_LOW or node.op_type in ("QuantizeLinear", "DequantizeLinear"):
             return False
         if node.name in self.plan.low:
             constraints = float_constraints(node, self.graph, self.opset) or set()
@@ -124,11 +136,12 @@ class _Writer:
             return False
         return self._admits_low(node)
 
-    def _admits_low(self, node: onnx.NodeProto) -> bool:
-        """Whether ``node``'s schema takes the low type where it takes FLOAT (NonMaxSuppression's
-        boxes are FLOAT only)."""
+    def _admits_low(self, node: onnx.NodeProto, t: int | None = None) -> bool:
+        """Whether ``node``'s schema takes type ``t`` (default: the low type) where it takes
+        FLOAT (NonMaxSuppression's boxes are FLOAT only)."""
         constraints = float_constraints(node, self.graph, self.opset)
-        return constraints is not None and allows(node, self.opset, constraints, self.low)
+        want = self.low if t is None else t
+        return constraints is not None and allows(node, self.opset, constraints, want)
 
     def _tied(self, node: onnx.NodeProto) -> set[str]:
         """The float tensors of ``node`` that share its precision."""
@@ -147,7 +160,10 @@ class _Writer:
         g = self.graph
         for name in g.graph_inputs:
             t = g.elem_type(name) or 0
-            if not self.keep_io and t == FLOAT and self._all_readers_low(name, quantize=True):
+            if name in self.restore:  # an FP16/BF16 model's input: its type again
+                t = self.restore[name]
+                _set_declared(self.model.graph.input, name, t)
+            elif not self.keep_io and t == FLOAT and self._all_readers_low(name, quantize=True):
                 _set_declared(self.model.graph.input, name, self.low)
                 t = self.low
             self.types[name] = t
@@ -178,17 +194,19 @@ class _Writer:
             return
         mode = self._mode(node)
         tied = self._tied(node)
-        floats = (FLOAT, self.low)
+        floats = (FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
         typed = [self.types[x] for x in node.input if x in tied and self.types.get(x) in floats]
         if mode == "low":
             want = self.low
-        elif mode == "follow" and typed and len(set(typed)) == 1 and self._admits_low(node):
+        elif (
+            mode == "follow" and typed and len(set(typed)) == 1 and self._admits_low(node, typed[0])
+        ):
             want = typed[0]
         else:
             want = FLOAT
         fixed = set(fixed_float(node, self.opset))
         for i, name in enumerate(node.input):
-            if name and name in fixed and self.types.get(name) == self.low:
+            if name and name in fixed and self.types.get(name) in floats[1:]:
                 node.input[i] = self._as(name, FLOAT)  # typed FLOAT alone by the schema
             elif name and name in tied and self.types.get(name) in floats:
                 node.input[i] = self._as(name, want)
@@ -211,7 +229,7 @@ class _Writer:
     def _written(self, node: onnx.NodeProto, out: str, t: int) -> None:
         """Record that ``node`` writes ``out`` in type ``t``; a kept name (a graph output, an
         outer tensor a body reads) written low is renamed and cast back under its name."""
-        original = self.graph.elem_type(out) or t
+        original = self.restore.get(out) or self.graph.elem_type(out) or t
         if t != original and out in self.kept_names:
             renamed = self.graph.unique_name(f"{out}_{SUFFIX[t]}")
             for i, name in enumerate(node.output):

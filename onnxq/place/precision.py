@@ -122,7 +122,14 @@ def allows(node: onnx.NodeProto, opset: int, constraints: set[str], low: int) ->
     schema = _schema(node, opset)
     if schema is None:
         return False
-    wanted = "tensor(" + ("float16" if low == onnx.TensorProto.FLOAT16 else "bfloat16") + ")"
+    names: dict[int, str] = {
+        onnx.TensorProto.FLOAT16: "float16",
+        onnx.TensorProto.BFLOAT16: "bfloat16",
+        onnx.TensorProto.FLOAT: "float",
+    }
+    if low not in names:
+        return False
+    wanted = f"tensor({names[low]})"
     allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
     return all(wanted in allowed.get(c, set()) for c in constraints)
 

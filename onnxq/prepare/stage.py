@@ -18,6 +18,7 @@ from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.errors import ConfigError, UnsupportedModelError
 from onnxq.prepare.simplify import simplify
+from onnxq.prepare.upcast import HALF_NAMES, half_types, upcast
 
 ModelLike = str | os.PathLike[str] | onnx.ModelProto
 
@@ -61,11 +62,19 @@ class Prepared:
         return reference
 
 
-def prepare(model: ModelLike, profile: BackendProfile, simplify_graph: bool = True) -> Prepared:
-    """Load ``model`` for ``profile`` and make it ready for placement (see the module)."""
+def prepare(
+    model: ModelLike, profile: BackendProfile, simplify_graph: bool = True, widen: bool = True
+) -> Prepared:
+    """Load ``model`` for ``profile`` and make it ready for placement (see the module);
+    ``widen``: an FP16/BF16 model is worked on in its FP32 form (:mod:`onnxq.prepare.upcast`;
+    the weight-only run keeps the model's types)."""
     record = ir.LoadRecord()
     loaded, source = load(model, profile, record)
     refuse_quantized(loaded, source, profile)
+    if widen:  # an FP16/BF16 model: computed in FP32 while onnxq works on it
+        kinds = half_types(loaded)
+        record.half_io = upcast(loaded)
+        record.widened = tuple(HALF_NAMES[k] for k in sorted(kinds))
     weight_inputs = ir.drop_initializer_inputs(loaded)
     downgrade = _fit_ir_version(loaded)
     reference = _float_reference(loaded)

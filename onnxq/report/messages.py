@@ -14,8 +14,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import onnx
-
 from onnxq import ir
 from onnxq.backends.profile import BackendProfile
 from onnxq.calibrate.engine import CalibrationResult
@@ -49,27 +47,18 @@ SAMPLE_HINTS = {
 @dataclass(frozen=True)
 class GraphView:
     """What the messages read of the graph as placement saw it (materialize edits the graph
-    afterwards): its nodes and tensors, and the weighted ops that compute in half precision."""
+    afterwards): its nodes and tensors, in its If/Loop/Scan bodies too."""
 
     nodes: tuple[tuple[str, str], ...]  # (name, op type)
     tensors: frozenset[str]
-    half_precision: tuple[str, ...]
 
     @classmethod
     def of(cls, graph: ir.Graph, profile: BackendProfile) -> GraphView:
-        """The view of ``graph`` and its If/Loop/Scan bodies, with ``profile``'s weighted ops."""
-        half = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+        """The view of ``graph`` and its If/Loop/Scan bodies (``profile``: the run's)."""
         scoped = [(scope, n) for scope in ir.scopes(graph) for n in scope.nodes]
         return cls(
             tuple((n.name, n.op_type) for _, n in scoped),
             frozenset(t for _, n in scoped for t in (*n.input, *n.output) if t),
-            tuple(
-                n.name
-                for scope, n in scoped
-                if n.op_type in profile.weight_axes
-                and n.input
-                and scope.elem_type(n.input[0]) in half
-            ),
         )
 
 
@@ -139,7 +128,6 @@ def messages(outcome: Outcome | LayerwiseOutcome) -> Messages:
         *range_warnings(o.remarks),
         *unmatched_patterns(o.graph, o.config.placement),
         *few_samples(o.statistics, o.inputs),
-        *half_precision(o.graph, o.profile),
         *weight_inputs(o.prepared.weight_inputs),
         *bias_correction_skipped(o.bias),
         *(o.recovery.warnings if o.recovery is not None else []),
@@ -209,6 +197,13 @@ def load_notes(prepared: Prepared) -> list[str]:
             "the model's nodes were not in topological order (ONNX requires it; "
             "onnxruntime sorts them itself): onnxq sorted them"
         )
+    if prepared.load.widened:
+        kinds = " and ".join(prepared.load.widened)
+        notes.append(
+            f"the model computes in {kinds}: onnxq calibrated and quantized its FP32 form (the "
+            "same values, widened) and wrote the float compute back in the run's "
+            "high_precision; its inputs and outputs keep their types"
+        )
     if (up := prepared.load.opset_upgrade) is not None:
         notes.append(
             f"the model's opset {up.from_opset} was converted to {up.to_opset} "
@@ -259,19 +254,6 @@ def unmatched_patterns(graph: GraphView, options: PlacementOptions) -> list[str]
         f"{what} matches no node or tensor of the model (after simplification; "
         "`onnxq explain MODEL` lists the node names): it changes nothing"
         for what in options.unmatched(list(graph.nodes), set(graph.tensors))
-    ]
-
-
-def half_precision(graph: GraphView, profile: BackendProfile) -> list[str]:
-    """Why a float16/bfloat16 model comes out with nothing quantized, and what to do."""
-    if not graph.half_precision:
-        return []
-    return [
-        f"{len(graph.half_precision)} {'/'.join(sorted(profile.weight_axes))} op(s) compute in "
-        f"float16 or bfloat16 (first: {graph.half_precision[0]!r}); onnxq quantizes float32 "
-        "tensors, so they stay float: quantize the float32 original instead (for --backend "
-        "tensorrt onnxq writes FP16 for the float compute it does not quantize: "
-        "high_precision fp16, docs/tensorrt11.md)"
     ]
 
 

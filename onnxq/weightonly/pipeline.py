@@ -71,7 +71,7 @@ def quantize_weight_only(
     :func:`onnxq.quantize`, which calls this when ``weight_only`` is set."""
     options, placement, calib = recipe.weightonly, recipe.placement, recipe.calibration
     profile = weight_only_profile(PROFILES[recipe.profile.backend], options, placement)
-    prepared = prepare(model, profile, recipe.run.simplify)
+    prepared = prepare(model, profile, recipe.run.simplify, widen=False)  # keeps its types
     with blame_conversion(prepared.load.opset_upgrade):
         graph = ir.Graph(prepared.model)
         view = GraphView.of(graph, profile)

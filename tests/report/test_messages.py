@@ -36,7 +36,6 @@ from onnxq.report.messages import (
     bias_correction_skipped,
     budget_note,
     few_samples,
-    half_precision,
     load_notes,
     messages,
     nothing_quantized,
@@ -137,15 +136,6 @@ def test_patterns_that_match_nothing_are_warned_about():
     assert unmatched_patterns(graph, QuantConfig(exclude=("conv",)).placement) == []
     (warning,) = unmatched_patterns(graph, QuantConfig(exclude=("cnv*",)).placement)
     assert warning.startswith("--exclude 'cnv*' matches no node or tensor of the model")
-
-
-def test_half_precision_ops_are_named():
-    assert half_precision(GraphView.of(ir.Graph(graphs.conv_relu()), TRT), TRT) == []
-    model = graphs.conv_relu()
-    model.graph.input[0].type.tensor_type.elem_type = 10  # float16
-    (warning,) = half_precision(GraphView.of(ir.Graph(model), TRT), TRT)
-    assert warning.startswith("1 Conv/ConvTranspose/Gemm/MatMul op(s) compute in float16")
-    assert "(first: 'conv')" in warning
 
 
 # ---------------------------------------------------------------------------- calibration
