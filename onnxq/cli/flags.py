@@ -92,8 +92,9 @@ def precision_flags(
             choices=list(HIGH_PRECISIONS),
             help="what the float compute onnxq does not quantize is written in: fp16 "
             "(TensorRT's default: its networks are strongly typed since TensorRT 11; FP32 "
-            "where the calibration data overflows FP16, with the reason), bf16, or fp32 "
-            "(onnxruntime's default); docs/tensorrt11.md",
+            "where the calibration data overflows FP16, with the reason) or fp32 "
+            "(onnxruntime's default); bf16 is refused until onnxruntime can check it; "
+            "docs/tensorrt11.md",
         )
     (placement or parser).add_argument(
         "--dynamic-weight-scales",

@@ -86,8 +86,9 @@ class PlacementOptions:
             (and a Pad of ``-R/2`` where the reader pads): twice the steps over the same
             range, exact in float (``onnxq.place.shift``).
         high_precision: what the float compute the run does not quantize is written in:
-            ``fp16`` or ``bf16`` (each node, with FP32 where the calibration data or the op
-            says so, with the reason; ``onnxq.place.precision``) or ``fp32``; ``None``: the
+            ``fp16`` (each node, with FP32 where the calibration data or the op says so, with
+            the reason; ``onnxq.place.precision``) or ``fp32``; ``bf16`` is refused until
+            onnxruntime can check a BF16 output; ``None``: the
             backend's choice (``fp16`` for TensorRT, whose networks are strongly typed since
             TensorRT 11; ``fp32`` for onnxruntime).  FP16/BF16 Q/DQ scales need opset 19.
         keep_io_types: graph inputs and outputs keep their FP32 type (a Cast at each edge

@@ -149,3 +149,11 @@ def test_a_custom_domain_reader_gets_fp32_and_tensorrt_checks_the_typing():
     assert check_typing(out) == []
     assert PROFILES["tensorrt"].high_precision == "fp16"
     assert PROFILES["onnxruntime"].high_precision == "fp32"
+
+
+def test_bf16_is_refused_in_one_line_until_onnxruntime_can_check_it():
+    import pytest
+
+    m = graphs.conv_relu()
+    with pytest.raises(onnxq.ConfigError, match=r"^high_precision bf16: .* use fp16"):
+        onnxq.quantize(m, graphs.random_batches(m, 2), progress=False, high_precision="bf16")
