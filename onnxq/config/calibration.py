@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from onnxq.config.fields import must, option, preprocess_spec, settle
+from onnxq.config.fields import Section, must, option, preprocess_spec
 
 
 def _path(value: Any, _: str) -> str | None:
@@ -21,7 +21,7 @@ def _path(value: Any, _: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class CalibrationOptions:
+class CalibrationOptions(Section):
     """How the calibration batches are read, observed, cached and shown.
 
     Attributes:
@@ -61,9 +61,6 @@ class CalibrationOptions:
     progress: bool = option(True)
     save_calibration: str | None = option(None, also=(os.PathLike,), parse=_path)
     load_calibration: str | None = option(None, also=(os.PathLike,), parse=_path)
-
-    def __post_init__(self) -> None:
-        settle(self)  # values from Python are checked like those from YAML: type, then value
 
 
 __all__ = ["CalibrationOptions"]

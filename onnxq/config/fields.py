@@ -185,6 +185,14 @@ def preprocess_spec(value: Any, where: str = "config") -> Any:
     return value
 
 
+class Section:
+    """A config section (a frozen dataclass of :func:`option` fields): checked when it is
+    built, values from Python like those from YAML, type then value."""
+
+    def __post_init__(self) -> None:
+        settle(self)
+
+
 def settle(config: Any) -> None:
     """Bring each field of frozen dataclass ``config`` to its type (:func:`coerce`), then run
     the value checks: values from Python are checked like those from YAML."""

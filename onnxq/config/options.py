@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 from onnxq.backends.profile import BACKENDS
 from onnxq.config.fields import (
+    Section,
     check_cpu_class,
     check_target,
     must,
     one_of,
     option,
-    settle,
     share_of,
 )
 from onnxq.numerics.qparams import WEIGHT_METHODS
@@ -31,7 +31,7 @@ TARGET_COSTS = ("layers", "macs")  # what the accuracy target's search minimises
 
 
 @dataclass(frozen=True)
-class ProfileOptions:
+class ProfileOptions(Section):
     """What chooses the run's backend profile (``onnxq.backends.target.profile_for``):
     the backend, dynamic quantization, and for onnxruntime the CPU class it is tuned for.
 
@@ -58,12 +58,9 @@ class ProfileOptions:
     target_cpu: str | None = option(None, lambda name, value: check_cpu_class(value, name))
     cost_table: str | None = option(None)
 
-    def __post_init__(self) -> None:
-        settle(self)  # values from Python are checked like those from YAML: type, then value
-
 
 @dataclass(frozen=True)
-class WeightOptions:
+class WeightOptions(Section):
     """How static weights are stored and their per-channel range chosen (materialize, bias
     correction).
 
@@ -77,12 +74,9 @@ class WeightOptions:
     weight_storage: str = option("int8", one_of(lambda: WEIGHT_STORAGE, "weight storage"))
     weight_method: str = option("mse", one_of(lambda: WEIGHT_METHODS, "weight method"))
 
-    def __post_init__(self) -> None:
-        settle(self)  # values from Python are checked like those from YAML: type, then value
-
 
 @dataclass(frozen=True)
-class AccuracyOptions:
+class AccuracyOptions(Section):
     """An accuracy target and its search (``onnxq.mixed.search``).
 
     Attributes:
@@ -112,12 +106,9 @@ class AccuracyOptions:
         parse=lambda value, _: share_of(value, "target_max_float_macs"),
     )
 
-    def __post_init__(self) -> None:
-        settle(self)  # values from Python are checked like those from YAML: type, then value
-
 
 @dataclass(frozen=True)
-class ValidateOptions:
+class ValidateOptions(Section):
     """The fidelity check against the float model (``onnxq.validate``).
 
     Attributes:
@@ -127,12 +118,9 @@ class ValidateOptions:
 
     agreement_threshold: float = option(0.5)
 
-    def __post_init__(self) -> None:
-        settle(self)  # values from Python are checked like those from YAML: type, then value
-
 
 @dataclass(frozen=True)
-class RunOptions:
+class RunOptions(Section):
     """The run itself: the simplify passes and the device its sessions run on.
 
     Attributes:
@@ -144,9 +132,6 @@ class RunOptions:
 
     simplify: bool = option(True)
     device: str = option("cpu", must(is_device, "be cpu, cuda or cuda:N"))
-
-    def __post_init__(self) -> None:
-        settle(self)  # values from Python are checked like those from YAML: type, then value
 
 
 __all__ = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from onnxq.config.fields import must, one_of, option, settle
+from onnxq.config.fields import Section, must, one_of, option
 from onnxq.config.overrides import (
     Override,
     TensorSettings,
@@ -36,7 +36,7 @@ tried and the one with the better fidelity kept (``compare``)."""
 
 
 @dataclass(frozen=True)
-class PlacementOptions:
+class PlacementOptions(Section):
     """Where Q/DQ go: the range method and precision, what stays float, the data-driven
     exclusions' thresholds, a dynamic kernel's weight scales and the half-range shift.
 
@@ -117,9 +117,6 @@ class PlacementOptions:
         None, must(lambda v: v in HIGH_PRECISIONS, "be fp16, bf16 or fp32")
     )
     keep_io_types: bool = option(True)
-
-    def __post_init__(self) -> None:
-        settle(self)  # values from Python are checked like those from YAML: type, then value
 
     def precisions(self) -> list[str]:
         """The precisions the run names: its own, then its overrides' (each once)."""

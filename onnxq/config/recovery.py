@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from onnxq.config.fields import must, one_of, option, settle
+from onnxq.config.fields import Section, must, one_of, option
 from onnxq.errors import ConfigError
 
 CALIBRATION_MODES = ("float", "prefix")
@@ -31,7 +31,7 @@ def check_engine(name: str, value: Any) -> None:
 
 
 @dataclass(frozen=True)
-class RecoveryOptions:
+class RecoveryOptions(Section):
     """Which accuracy-recovery algorithms run, and their effort.
 
     Attributes:
@@ -89,9 +89,6 @@ class RecoveryOptions:
     range_search: bool = option(False)
     range_search_batches: int | None = option(None, must(lambda v: v >= 2, "be >= 2"))
     bias_correction: bool = option(False)
-
-    def __post_init__(self) -> None:
-        settle(self)  # values from Python are checked like those from YAML: type, then value
 
 
 __all__ = [

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnxq.config.fields import must, one_of, option, settle
+from onnxq.config.fields import Section, must, one_of, option
 
 WEIGHT_ONLY = ("int4", "int8")  # the widths of ``--weights`` / ``weightonly.weight_only``
 WEIGHT_ALGORITHMS = ("auto", "rtn", "gptq", "awq", "awq+gptq")
 
 
 @dataclass(frozen=True)
-class WeightOnlyOptions:
+class WeightOnlyOptions(Section):
     """A weight-only run's width, block size, algorithm and scheme.
 
     Attributes:
@@ -37,9 +37,6 @@ class WeightOnlyOptions:
     weight_algorithm: str = option("auto", one_of(lambda: WEIGHT_ALGORITHMS, "algorithm"))
     weight_symmetric: bool = option(True)
     weight_accuracy_level: int | None = option(None, must(lambda v: 0 <= v <= 4, "be 0..4"))
-
-    def __post_init__(self) -> None:
-        settle(self)  # values from Python are checked like those from YAML: type, then value
 
 
 __all__ = ["WEIGHT_ALGORITHMS", "WEIGHT_ONLY", "WeightOnlyOptions"]
