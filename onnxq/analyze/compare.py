@@ -21,7 +21,7 @@ from onnxq.analyze.advice import advise, half_grid_input, quantized_op, weight_s
 from onnxq.analyze.error_stats import ErrorSums
 from onnxq.analyze.layer_error import LayerError
 from onnxq.analyze.view import print_analysis, write_analysis
-from onnxq.calibrate.plan import DEFAULT_MEMORY_BUDGET
+from onnxq.calibrate.plan import DEFAULT_MEMORY_BUDGET, budget_groups
 from onnxq.calibrate.session import augmented_session, run_batch
 from onnxq.data.sources import Batch, InputSpec, check_batch, model_inputs
 from onnxq.errors import CalibrationDataError, UnsupportedModelError
@@ -151,16 +151,8 @@ def _measure(
 
 def _groups(pairs: dict[str, list[str]], sizes: dict[str, int], budget: int) -> list[list[str]]:
     """Float tensors in groups whose exposed values (each with its copies) fit ``budget``."""
-    groups: list[list[str]] = [[]]
-    used = 0
-    for ref, others in pairs.items():
-        size = sizes.get(ref, 4 * 2**20) * (1 + len(others))
-        if groups[-1] and used + size > budget:
-            groups.append([])
-            used = 0
-        groups[-1].append(ref)
-        used += size
-    return groups
+    exposed = {ref: sizes.get(ref, 4 * 2**20) * (1 + len(o)) for ref, o in pairs.items()}
+    return budget_groups(list(pairs), exposed, budget)
 
 
 def _add(sums: ErrorSums, name: str, a: Any, b: Any, index: int, samples: int) -> None:

@@ -41,11 +41,14 @@ class TargetOptions(Protocol):
 # BF16 forms of Conv, Gemm and the normalisations from 22
 HIGH_PRECISION_OPSET = {"fp16": 19, "bf16": 22}
 
-BF16_REFUSAL = (
-    "high_precision bf16: onnxq runs every output in onnxruntime to check and measure it, and "
-    "onnxruntime's CPU provider has no BF16 DequantizeLinear (NOT_IMPLEMENTED): use fp16 "
-    "(TensorRT's default; FP32 where the calibration data passes FP16's range) or fp32"
-)
+# high precisions no run can take yet, and why: onnxq runs every output in onnxruntime
+HIGH_PRECISION_REFUSALS = {
+    "bf16": (
+        "high_precision bf16: onnxq runs every output in onnxruntime to check and measure it, "
+        "and onnxruntime's CPU provider has no BF16 DequantizeLinear (NOT_IMPLEMENTED): use "
+        "fp16 (TensorRT's default; FP32 where the calibration data passes FP16's range) or fp32"
+    ),
+}
 
 
 def profile_for(
@@ -76,8 +79,8 @@ def profile_for(
     profile, note = tune_profile(backend, options)
     changes = dict(profile.precisions[precisions[0]])
     high = high_precision or profile.high_precision
-    if high == "bf16":
-        raise ConfigError(BF16_REFUSAL)
+    if high in HIGH_PRECISION_REFUSALS:
+        raise ConfigError(HIGH_PRECISION_REFUSALS[high])
     if high != profile.high_precision:
         changes["high_precision"] = high
     # a precision an override names needs its opset too (FP8 Q/DQ: 19), and FP16 compute

@@ -93,7 +93,7 @@ def plan_calibration(
         if tensors[name]
     }
     budget_sampled = _budget_sampled(strides, shapes, axes, share, histogram_sample)
-    groups = _groups(names, sizes, memory_budget)
+    groups = budget_groups(names, sizes, memory_budget)
     _check_passes(groups, names, source)
     return CalibrationPlan(
         tensors=dict(tensors),
@@ -318,7 +318,7 @@ def _concrete_shapes(
     return {name: concrete[name] for name in names if name in concrete}
 
 
-def _groups(names: list[str], sizes: dict[str, int], budget: int) -> list[list[str]]:
+def budget_groups(names: list[str], sizes: dict[str, int], budget: int) -> list[list[str]]:
     """Split tensors so that one batch of each group stays under ``budget`` bytes."""
     groups: list[list[str]] = [[]]
     used = 0
